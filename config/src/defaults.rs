@@ -1,0 +1,166 @@
+//! Defaults that are not plain text in the key table, and
+//! [`documented_defaults`], the key table rendered as a commented TOML file.
+
+use std::path::{Path, PathBuf};
+
+use crate::keys::{find, DefaultValue, KEYS};
+use crate::kinds::Shape;
+use crate::{Config, LogFormat};
+
+/// The machine's hostname made into a valid node name: characters outside
+/// `A-Za-z0-9._-` become `-`, at most 63 characters, `localhost` when unknown.
+pub(crate) fn hostname() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    if name.is_empty() {
+        "localhost".to_owned()
+    } else {
+        name
+    }
+}
+
+/// The derived store URL for a state directory.
+pub(crate) fn store_in(state_dir: &Path) -> String {
+    format!("sqlite://{}", state_dir.join("state.db").display())
+}
+
+/// A placeholder that the key defaults are applied over when loading starts;
+/// every field has a key, so none of these values survives.
+pub(crate) fn placeholder() -> Config {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::Duration;
+    let nowhere = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+    Config {
+        node: crate::NodeConfig {
+            host: String::new(),
+            block: String::new(),
+            runtime_dir: PathBuf::new(),
+            state_dir: PathBuf::new(),
+        },
+        listen: crate::ListenConfig {
+            socks: nowhere,
+            http: nowhere,
+            wg: nowhere,
+            status: nowhere,
+        },
+        store: crate::StoreConfig { url: String::new() },
+        egress: crate::EgressConfig {
+            allow: Vec::new(),
+            sources: Vec::new(),
+            tun: crate::TunConfig {
+                name: String::new(),
+                out_interface: String::new(),
+                manage: false,
+            },
+        },
+        wireguard: crate::WireguardConfig {
+            endpoint: None,
+            pool: ipnet::IpNet::from(std::net::IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+        },
+        drain: crate::DrainConfig {
+            grace: Duration::ZERO,
+            lame_duck: Duration::ZERO,
+        },
+        proxy: crate::ProxyConfig {
+            connect_timeout: Duration::ZERO,
+            handshake_timeout: Duration::ZERO,
+            idle_timeout: Duration::ZERO,
+        },
+        deploy: crate::DeployConfig {
+            ready_budget: Duration::ZERO,
+        },
+        log: crate::LogConfig {
+            format: LogFormat::Human,
+            level: String::new(),
+        },
+    }
+}
+
+/// A TOML document listing every key with its default value and a comment
+/// saying what it is for and what a valid value looks like.
+///
+/// It is rendered from the same key table that drives parsing, so it cannot
+/// drift. Keys without a fixed default (`node.host`: this machine's hostname,
+/// `store.url`: derived from `node.state_dir`, `wireguard.endpoint`: unset) are
+/// shown commented out. Parsing the document back gives the defaults.
+pub fn documented_defaults() -> String {
+    let mut out = String::from(
+        "# blipless configuration: every key with its default value.\n\
+         # One file serves blipless-ingress and blipless-device (--config FILE).\n\
+         # Precedence: built-in defaults < this file < BLIPLESS_* environment\n\
+         # variables < --set key=value flags.\n\
+         # The variable for a key is BLIPLESS_ + the key in upper case with dots as\n\
+         # underscores (egress.tun.name: BLIPLESS_EGRESS_TUN_NAME); lists are\n\
+         # comma-separated there. Other BLIPLESS_* variables (BLIPLESS_CONFIG,\n\
+         # BLIPLESS_LOG) belong to the binaries and are ignored here.\n",
+    );
+    let mut table = None;
+    for key in KEYS.iter() {
+        if table != Some(key.table()) {
+            table = Some(key.table());
+            out.push_str(&format!("\n[{}]\n", key.table()));
+        }
+        out.push_str(&format!("# {}\n# Value: {}.\n", key.doc, key.expected));
+        // Defaults that depend on the machine or on another key are shown
+        // commented out, so that a copy of this file used elsewhere, or with
+        // another state_dir, still gets them right.
+        let (text, commented) = match key.default {
+            DefaultValue::Text(text) => (text.to_owned(), false),
+            DefaultValue::Hostname => (hostname(), true),
+            DefaultValue::StoreInStateDir => (store_in(&default_state_dir()), true),
+            DefaultValue::Unset { example } => (example.to_owned(), true),
+        };
+        let value = toml_value(&text, key.shape);
+        let prefix = if commented { "# " } else { "" };
+        out.push_str(&format!("{prefix}{} = {value}\n", key.leaf()));
+    }
+    out
+}
+
+/// The default `node.state_dir`, which the default `store.url` is made from.
+fn default_state_dir() -> PathBuf {
+    match find("node.state_dir").map(|key| key.default) {
+        Some(DefaultValue::Text(dir)) => PathBuf::from(dir),
+        _ => PathBuf::from("/var/lib/blipless"),
+    }
+}
+
+/// Default text (as an environment variable would give it) in TOML syntax.
+fn toml_value(text: &str, shape: Shape) -> toml::Value {
+    match shape {
+        Shape::Text => toml::Value::String(text.to_owned()),
+        Shape::Bool => toml::Value::Boolean(text == "true"),
+        Shape::List => toml::Value::Array(
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::{Input, Kind, Name};
+
+    #[test]
+    fn hostname_is_a_valid_name() {
+        let host = hostname();
+        assert!(!host.is_empty() && host.len() <= 63);
+        let input = Input::Text(&host);
+        assert!(Name::parse(&input).is_some(), "{host}");
+    }
+}

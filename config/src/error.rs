@@ -1,0 +1,130 @@
+//! What can be wrong with a configuration, and the list of every problem found.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// One problem in the configuration, naming where the bad value came from.
+///
+/// The `origin` of a value is the file path, `environment variable BLIPLESS_...`
+/// or `--set key=value`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// Why reading it failed.
+        source: std::io::Error,
+    },
+
+    /// The file is not valid TOML; `message` carries the line and column.
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// Where the text came from.
+        origin: String,
+        /// The TOML parser's message, with line information.
+        message: String,
+    },
+
+    /// A key or table that does not exist, with the closest known key if one is
+    /// near enough to be a likely typo.
+    #[error("unknown key `{key}` in {origin}{}", did_you_mean(suggestion))]
+    UnknownKey {
+        /// Where the key was written.
+        origin: String,
+        /// The dotted key as written.
+        key: String,
+        /// A known key it was probably meant to be.
+        suggestion: Option<String>,
+    },
+
+    /// A known key with a value of the wrong type or form.
+    #[error("{key} = {value} in {origin}: expected {expected}")]
+    InvalidValue {
+        /// Where the value came from.
+        origin: String,
+        /// The dotted key.
+        key: String,
+        /// The value as written (TOML syntax).
+        value: String,
+        /// What a valid value looks like.
+        expected: String,
+    },
+
+    /// Values that are fine alone but not together, e.g. two listeners on one
+    /// address.
+    #[error("{message}")]
+    Conflict {
+        /// What clashes with what, and where each value came from.
+        message: String,
+    },
+}
+
+fn did_you_mean(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(key) => format!(" (did you mean `{key}`?)"),
+        None => String::new(),
+    }
+}
+
+/// Every problem found while loading a configuration (never empty when returned
+/// by [`Config::load`](crate::Config::load)).
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        let noun = if n == 1 { "problem" } else { "problems" };
+        write!(f, "{n} {noun} in the configuration:")?;
+        for error in &self.0 {
+            // Multi-line messages (TOML syntax errors) stay under their bullet.
+            let text = error.to_string().replace('\n', "\n    ");
+            write!(f, "\n  - {text}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_read_well() {
+        let errors = ConfigErrors(vec![
+            ConfigError::UnknownKey {
+                origin: "blipless.toml".into(),
+                key: "listen.sock".into(),
+                suggestion: Some("listen.socks".into()),
+            },
+            ConfigError::InvalidValue {
+                origin: "environment variable BLIPLESS_LISTEN_SOCKS".into(),
+                key: "listen.socks".into(),
+                value: "\"x\"".into(),
+                expected: "an address like 127.0.0.1:1080".into(),
+            },
+        ]);
+        assert_eq!(
+            errors.to_string(),
+            "2 problems in the configuration:\n  \
+             - unknown key `listen.sock` in blipless.toml (did you mean `listen.socks`?)\n  \
+             - listen.socks = \"x\" in environment variable BLIPLESS_LISTEN_SOCKS: \
+             expected an address like 127.0.0.1:1080"
+        );
+    }
+
+    #[test]
+    fn one_problem_is_singular() {
+        let errors = ConfigErrors(vec![ConfigError::Conflict {
+            message: "clash".into(),
+        }]);
+        assert_eq!(
+            errors.to_string(),
+            "1 problem in the configuration:\n  - clash"
+        );
+    }
+}

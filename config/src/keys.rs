@@ -1,0 +1,358 @@
+//! The key table: every configuration key with its kind, default and description.
+//!
+//! Parsing, environment variable names, typo suggestions and
+//! [`documented_defaults`](crate::documented_defaults) are all driven by
+//! [`KEYS`]; adding a key is adding one entry here and one field to [`Config`].
+
+use std::sync::LazyLock;
+
+use crate::kinds::{
+    Addr, Cidr, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind, Name, NetList,
+    OptionalHostPort, Shape, SocketDir, StoreUrl,
+};
+use crate::Config;
+
+/// Where a key's default comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DefaultValue {
+    /// This text, parsed like an environment variable's value.
+    Text(&'static str),
+    /// The machine's hostname.
+    Hostname,
+    /// `sqlite://<state_dir>/state.db`, from the final `node.state_dir`.
+    StoreInStateDir,
+    /// No value; the example shows what one looks like.
+    Unset { example: &'static str },
+}
+
+type Apply = Box<dyn Fn(&mut Config, &Input<'_>) -> bool + Send + Sync>;
+
+/// One configuration key.
+pub(crate) struct Key {
+    /// The dotted key, e.g. `egress.tun.name`.
+    pub path: &'static str,
+    /// One line for the documented defaults.
+    pub doc: &'static str,
+    pub default: DefaultValue,
+    pub shape: Shape,
+    /// What a valid value looks like.
+    pub expected: &'static str,
+    /// Parses an input into the key's field; `false` when the input is invalid.
+    apply: Apply,
+}
+
+impl Key {
+    fn new<K: Kind + 'static>(
+        path: &'static str,
+        default: DefaultValue,
+        doc: &'static str,
+        field: fn(&mut Config) -> &mut K::Out,
+    ) -> Key {
+        Key {
+            path,
+            doc,
+            default,
+            shape: K::SHAPE,
+            expected: K::EXPECTED,
+            apply: Box::new(move |config, input| match K::parse(input) {
+                Some(value) => {
+                    *field(config) = value;
+                    true
+                }
+                None => false,
+            }),
+        }
+    }
+
+    /// Sets the key in `config` from `input`; `false` (and `config` unchanged)
+    /// when the input is not valid for this key.
+    pub(crate) fn apply(&self, config: &mut Config, input: &Input<'_>) -> bool {
+        (self.apply)(config, input)
+    }
+
+    /// `BLIPLESS_` + the key in upper case, dots as underscores.
+    pub(crate) fn env_name(&self) -> String {
+        format!("BLIPLESS_{}", self.path.to_uppercase().replace('.', "_"))
+    }
+
+    /// The table the key lives in (`egress.tun` for `egress.tun.name`).
+    pub(crate) fn table(&self) -> &'static str {
+        self.path.rsplit_once('.').map_or("", |(table, _)| table)
+    }
+
+    /// The key's name within its table.
+    pub(crate) fn leaf(&self) -> &'static str {
+        self.path
+            .rsplit_once('.')
+            .map_or(self.path, |(_, leaf)| leaf)
+    }
+}
+
+use DefaultValue::{Hostname, StoreInStateDir, Text, Unset};
+
+/// Every key, in the order they are documented.
+pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+    vec![
+        Key::new::<Name>(
+            "node.host",
+            Hostname,
+            "This node's name in shared state keys (default: the hostname); unique per node.",
+            |c| &mut c.node.host,
+        ),
+        Key::new::<Name>(
+            "node.block",
+            Text("0"),
+            "The block (group of nodes) this node belongs to, also part of its state keys.",
+            |c| &mut c.node.block,
+        ),
+        Key::new::<SocketDir>(
+            "node.runtime_dir",
+            Text("/run/blipless"),
+            "Directory of device.sock, control.sock and handoff.sock.",
+            |c| &mut c.node.runtime_dir,
+        ),
+        Key::new::<Dir>(
+            "node.state_dir",
+            Text("/var/lib/blipless"),
+            "Directory of persistent state (the embedded store by default).",
+            |c| &mut c.node.state_dir,
+        ),
+        Key::new::<Addr>(
+            "listen.socks",
+            Text("127.0.0.1:1080"),
+            "SOCKS5 listener (TCP).",
+            |c| &mut c.listen.socks,
+        ),
+        Key::new::<Addr>(
+            "listen.http",
+            Text("127.0.0.1:8080"),
+            "HTTP proxy listener (TCP): CONNECT and absolute-form requests.",
+            |c| &mut c.listen.http,
+        ),
+        Key::new::<Addr>(
+            "listen.wg",
+            Text("127.0.0.1:51820"),
+            "WireGuard listener (UDP); may share its port with a TCP listener.",
+            |c| &mut c.listen.wg,
+        ),
+        Key::new::<Addr>(
+            "listen.status",
+            Text("127.0.0.1:9180"),
+            "HTTP listener for /status and /metrics (TCP).",
+            |c| &mut c.listen.status,
+        ),
+        Key::new::<StoreUrl>(
+            "store.url",
+            StoreInStateDir,
+            "State store (default: sqlite://<node.state_dir>/state.db).",
+            |c| &mut c.store.url,
+        ),
+        Key::new::<NetList>(
+            "egress.allow",
+            Text(""),
+            "Destinations allowed despite the default deny (private, loopback, metadata...).",
+            |c| &mut c.egress.allow,
+        ),
+        Key::new::<IpList>(
+            "egress.sources",
+            Text(""),
+            "Source addresses the direct egress binds clients to, one per client, sticky.",
+            |c| &mut c.egress.sources,
+        ),
+        Key::new::<Interface>(
+            "egress.tun.name",
+            Text("blip0"),
+            "TUN device for packet egress of WireGuard clients.",
+            |c| &mut c.egress.tun.name,
+        ),
+        Key::new::<Interface>(
+            "egress.tun.out_interface",
+            Text("eth0"),
+            "Interface packet egress is masqueraded out of.",
+            |c| &mut c.egress.tun.out_interface,
+        ),
+        Key::new::<Flag>(
+            "egress.tun.manage",
+            Text("false"),
+            "true: the device plane sets up the TUN device, routes and nftables rules.",
+            |c| &mut c.egress.tun.manage,
+        ),
+        Key::new::<OptionalHostPort>(
+            "wireguard.endpoint",
+            Unset {
+                example: "vpn.example.com:51820",
+            },
+            "What client WireGuard configs dial (default: unset).",
+            |c| &mut c.wireguard.endpoint,
+        ),
+        Key::new::<Cidr>(
+            "wireguard.pool",
+            Text("10.64.0.0/16"),
+            "Network client tunnel addresses are taken from.",
+            |c| &mut c.wireguard.pool,
+        ),
+        Key::new::<Dur>(
+            "drain.grace",
+            Text("120s"),
+            "How long a draining process may finish what it cannot hand over.",
+            |c| &mut c.drain.grace,
+        ),
+        Key::new::<Dur>(
+            "drain.lame_duck",
+            Text("2s"),
+            "How long /status reports draining before listeners are given up.",
+            |c| &mut c.drain.lame_duck,
+        ),
+        Key::new::<Dur>(
+            "proxy.connect_timeout",
+            Text("10s"),
+            "Limit on connecting to a destination.",
+            |c| &mut c.proxy.connect_timeout,
+        ),
+        Key::new::<Dur>(
+            "proxy.handshake_timeout",
+            Text("10s"),
+            "Limit on a client's SOCKS5 or HTTP handshake.",
+            |c| &mut c.proxy.handshake_timeout,
+        ),
+        Key::new::<Dur>(
+            "proxy.idle_timeout",
+            Text("15m"),
+            "A tunnel with no traffic either way for this long is closed.",
+            |c| &mut c.proxy.idle_timeout,
+        ),
+        Key::new::<Dur>(
+            "deploy.ready_budget",
+            Text("60s"),
+            "How long a new device plane has to pre-warm and report Ready.",
+            |c| &mut c.deploy.ready_budget,
+        ),
+        Key::new::<Format>(
+            "log.format",
+            Text("human"),
+            "Log lines for people (human) or machines (json).",
+            |c| &mut c.log.format,
+        ),
+        Key::new::<Filter>(
+            "log.level",
+            Text("info"),
+            "A tracing filter; BLIPLESS_LOG, read by the binaries, overrides it.",
+            |c| &mut c.log.level,
+        ),
+    ]
+});
+
+/// The key with this dotted path.
+pub(crate) fn find(path: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|key| key.path == path)
+}
+
+/// The key whose environment variable is `name`.
+pub(crate) fn find_env(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|key| key.env_name() == name)
+}
+
+/// Whether `path` is a table that holds keys (`node`, `egress.tun`, ...).
+pub(crate) fn is_table(path: &str) -> bool {
+    KEYS.iter().any(|key| {
+        key.path
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The known key or table `unknown` was most likely meant to be: the nearest by
+/// edit distance (at most 2), or else the only key with the same last component
+/// (`node.grace` suggests `drain.grace`).
+pub(crate) fn suggest(unknown: &str) -> Option<String> {
+    let tables = KEYS.iter().flat_map(|key| {
+        let mut prefixes = Vec::new();
+        let mut rest = key.path;
+        while let Some((table, _)) = rest.rsplit_once('.') {
+            prefixes.push(table);
+            rest = table;
+        }
+        prefixes
+    });
+    let nearest = KEYS
+        .iter()
+        .map(|key| key.path)
+        .chain(tables)
+        .map(|known| (edit_distance(unknown, known), known))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance);
+    if let Some((_, known)) = nearest {
+        return Some(known.to_owned());
+    }
+    let leaf = unknown.rsplit_once('.').map_or(unknown, |(_, leaf)| leaf);
+    let mut same_leaf = KEYS.iter().filter(|key| key.leaf() == leaf);
+    match (same_leaf.next(), same_leaf.next()) {
+        (Some(key), None) => Some(key.path.to_owned()),
+        _ => None,
+    }
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn paths_and_env_names_are_unique() {
+        let paths: HashSet<_> = KEYS.iter().map(|k| k.path).collect();
+        let envs: HashSet<_> = KEYS.iter().map(Key::env_name).collect();
+        assert_eq!(paths.len(), KEYS.len());
+        assert_eq!(envs.len(), KEYS.len());
+        assert_eq!(
+            find("egress.tun.out_interface")
+                .map(Key::env_name)
+                .as_deref(),
+            Some("BLIPLESS_EGRESS_TUN_OUT_INTERFACE")
+        );
+    }
+
+    #[test]
+    fn tables_are_known() {
+        for table in ["node", "listen", "egress", "egress.tun", "log"] {
+            assert!(is_table(table), "{table}");
+        }
+        for not in ["", "egress.tu", "node.host", "nodes"] {
+            assert!(!is_table(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(suggest("listen.sock").as_deref(), Some("listen.socks"));
+        assert_eq!(suggest("nod").as_deref(), Some("node"));
+        assert_eq!(
+            suggest("egress.tun.nmae").as_deref(),
+            Some("egress.tun.name")
+        );
+        assert_eq!(suggest("node.grace").as_deref(), Some("drain.grace"));
+        assert_eq!(suggest("completely.different"), None);
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("socks", "sokcs"), 2);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+}

@@ -1,0 +1,436 @@
+//! Value kinds: how a raw value (from TOML or from text) becomes a typed value.
+//!
+//! A raw value is first brought to the kind's [`Shape`] (a string, a list of
+//! strings or a boolean; text from the environment or `--set` is split or read
+//! as a boolean here), then the kind parses it. Each kind also says, in words,
+//! what a valid value looks like: that text is both the error message and the
+//! documentation.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::LogFormat;
+
+/// The TOML type a key takes in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// A TOML string.
+    Text,
+    /// A TOML array of strings (comma-separated as text).
+    List,
+    /// A TOML boolean (`true` / `false` as text).
+    Bool,
+}
+
+/// A raw value as found in one layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Raw<'a> {
+    /// A value from the TOML file.
+    Toml(&'a toml::Value),
+    /// A value from an environment variable or a `--set` flag.
+    Text(&'a str),
+}
+
+impl Raw<'_> {
+    /// The value as it was written, in TOML syntax, for error messages.
+    pub(crate) fn show(&self) -> String {
+        match self {
+            Raw::Toml(value) => value.to_string(),
+            Raw::Text(text) => toml::Value::String((*text).to_owned()).to_string(),
+        }
+    }
+}
+
+/// A raw value brought to a [`Shape`].
+#[derive(Debug)]
+pub(crate) enum Input<'a> {
+    Text(&'a str),
+    List(Vec<&'a str>),
+    Bool(bool),
+}
+
+impl<'a> Input<'a> {
+    /// Brings `raw` to `shape`; `None` when it has the wrong TOML type or the text
+    /// is not a boolean.
+    pub(crate) fn new(raw: Raw<'a>, shape: Shape) -> Option<Input<'a>> {
+        match (raw, shape) {
+            (Raw::Toml(toml::Value::String(s)), Shape::Text) => Some(Input::Text(s)),
+            (Raw::Toml(toml::Value::Boolean(b)), Shape::Bool) => Some(Input::Bool(*b)),
+            (Raw::Toml(toml::Value::Array(items)), Shape::List) => items
+                .iter()
+                .map(toml::Value::as_str)
+                .collect::<Option<Vec<_>>>()
+                .map(Input::List),
+            (Raw::Toml(_), _) => None,
+            (Raw::Text(s), Shape::Text) => Some(Input::Text(s.trim())),
+            (Raw::Text(s), Shape::List) => Some(Input::List(
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            )),
+            (Raw::Text(s), Shape::Bool) => match s.trim() {
+                "true" => Some(Input::Bool(true)),
+                "false" => Some(Input::Bool(false)),
+                _ => None,
+            },
+        }
+    }
+
+    fn text(&self) -> Option<&'a str> {
+        match self {
+            Input::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn list(&self) -> Option<&[&'a str]> {
+        match self {
+            Input::List(items) => Some(items),
+            _ => None,
+        }
+    }
+}
+
+/// A kind of value: its shape, its description and its parser.
+pub(crate) trait Kind {
+    /// The typed value.
+    type Out;
+    /// The TOML type it is written as.
+    const SHAPE: Shape;
+    /// What a valid value looks like, completing "expected ...".
+    const EXPECTED: &'static str;
+    /// The typed value, or `None` when `input` is not valid.
+    fn parse(input: &Input<'_>) -> Option<Self::Out>;
+}
+
+/// A node or block name.
+pub(crate) struct Name;
+impl Kind for Name {
+    type Out = String;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a name of 1 to 63 characters from A-Z a-z 0-9 . _ -";
+    fn parse(input: &Input<'_>) -> Option<String> {
+        let s = input.text()?;
+        let ok = (1..=63).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        ok.then(|| s.to_owned())
+    }
+}
+
+/// A directory that holds Unix sockets: short enough that
+/// `<dir>/handoff.sock` fits in `sun_path` (107 bytes and a NUL).
+pub(crate) struct SocketDir;
+impl Kind for SocketDir {
+    type Out = PathBuf;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "a directory path of at most 94 bytes (Unix socket paths are limited to 107)";
+    fn parse(input: &Input<'_>) -> Option<PathBuf> {
+        let s = input.text()?;
+        (!s.is_empty() && s.len() <= 94).then(|| PathBuf::from(s))
+    }
+}
+
+/// A directory path.
+pub(crate) struct Dir;
+impl Kind for Dir {
+    type Out = PathBuf;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a non-empty directory path";
+    fn parse(input: &Input<'_>) -> Option<PathBuf> {
+        let s = input.text()?;
+        (!s.is_empty()).then(|| PathBuf::from(s))
+    }
+}
+
+/// A socket address.
+pub(crate) struct Addr;
+impl Kind for Addr {
+    type Out = SocketAddr;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "an address like 127.0.0.1:1080 or [::1]:1080";
+    fn parse(input: &Input<'_>) -> Option<SocketAddr> {
+        input.text()?.parse().ok()
+    }
+}
+
+/// A store URL.
+pub(crate) struct StoreUrl;
+impl Kind for StoreUrl {
+    type Out = String;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "a URL like sqlite:///var/lib/blipless/state.db, redis://host:6379/0 or rediss://host:6380/0";
+    fn parse(input: &Input<'_>) -> Option<String> {
+        let s = input.text()?;
+        let rest = ["sqlite://", "redis://", "rediss://"]
+            .iter()
+            .find_map(|scheme| s.strip_prefix(scheme))?;
+        (!rest.is_empty()).then(|| s.to_owned())
+    }
+}
+
+/// A network, written with its prefix length; host bits must be zero.
+pub(crate) struct Cidr;
+impl Kind for Cidr {
+    type Out = IpNet;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a network like 10.64.0.0/16 (host bits zero)";
+    fn parse(input: &Input<'_>) -> Option<IpNet> {
+        network(input.text()?)
+    }
+}
+
+fn network(s: &str) -> Option<IpNet> {
+    let net: IpNet = s.parse().ok()?;
+    (net == net.trunc()).then_some(net)
+}
+
+/// A list of networks or bare addresses (a bare address is a /32 or /128).
+pub(crate) struct NetList;
+impl Kind for NetList {
+    type Out = Vec<IpNet>;
+    const SHAPE: Shape = Shape::List;
+    const EXPECTED: &'static str =
+        "a list of networks like 10.0.0.0/8 (host bits zero) or addresses like 192.0.2.7";
+    fn parse(input: &Input<'_>) -> Option<Vec<IpNet>> {
+        input
+            .list()?
+            .iter()
+            .map(|s| match s.parse::<IpAddr>() {
+                Ok(ip) => Some(IpNet::from(ip)),
+                Err(_) => network(s),
+            })
+            .collect()
+    }
+}
+
+/// A list of IP addresses.
+pub(crate) struct IpList;
+impl Kind for IpList {
+    type Out = Vec<IpAddr>;
+    const SHAPE: Shape = Shape::List;
+    const EXPECTED: &'static str = "a list of IP addresses like 192.0.2.7 or 2001:db8::7";
+    fn parse(input: &Input<'_>) -> Option<Vec<IpAddr>> {
+        input.list()?.iter().map(|s| s.parse().ok()).collect()
+    }
+}
+
+/// A network interface name, by the kernel's rules (`dev_valid_name`).
+pub(crate) struct Interface;
+impl Kind for Interface {
+    type Out = String;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "an interface name of 1 to 15 characters without '/', ':' or whitespace";
+    fn parse(input: &Input<'_>) -> Option<String> {
+        let s = input.text()?;
+        let ok = (1..=15).contains(&s.len())
+            && s != "."
+            && s != ".."
+            && !s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+        ok.then(|| s.to_owned())
+    }
+}
+
+/// A boolean.
+pub(crate) struct Flag;
+impl Kind for Flag {
+    type Out = bool;
+    const SHAPE: Shape = Shape::Bool;
+    const EXPECTED: &'static str = "true or false";
+    fn parse(input: &Input<'_>) -> Option<bool> {
+        match input {
+            Input::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+}
+
+/// An optional `host:port`; the empty string means unset.
+pub(crate) struct OptionalHostPort;
+impl Kind for OptionalHostPort {
+    type Out = Option<String>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "host:port like vpn.example.com:51820 or [2001:db8::1]:51820 (empty: unset)";
+    fn parse(input: &Input<'_>) -> Option<Option<String>> {
+        let s = input.text()?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        if s.parse::<SocketAddr>().is_ok() {
+            return Some(Some(s.to_owned()));
+        }
+        let (host, port) = s.rsplit_once(':')?;
+        let host_ok = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+        let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+        (host_ok && port_ok).then(|| Some(s.to_owned()))
+    }
+}
+
+/// A duration above zero.
+pub(crate) struct Dur;
+impl Kind for Dur {
+    type Out = Duration;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a duration above zero like 500ms, 120s, 2m or 1h 30m";
+    fn parse(input: &Input<'_>) -> Option<Duration> {
+        humantime::parse_duration(input.text()?)
+            .ok()
+            .filter(|d| !d.is_zero())
+    }
+}
+
+/// The log format.
+pub(crate) struct Format;
+impl Kind for Format {
+    type Out = LogFormat;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "human or json";
+    fn parse(input: &Input<'_>) -> Option<LogFormat> {
+        match input.text()? {
+            "human" => Some(LogFormat::Human),
+            "json" => Some(LogFormat::Json),
+            _ => None,
+        }
+    }
+}
+
+/// A `tracing` filter.
+pub(crate) struct Filter;
+impl Kind for Filter {
+    type Out = String;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a non-empty tracing filter like info or info,blipless=debug";
+    fn parse(input: &Input<'_>) -> Option<String> {
+        let s = input.text()?.trim();
+        (!s.is_empty()).then(|| s.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text<K: Kind>(s: &str) -> Option<K::Out> {
+        K::parse(&Input::new(Raw::Text(s), K::SHAPE)?)
+    }
+
+    fn toml<K: Kind>(v: toml::Value) -> Option<K::Out> {
+        K::parse(&Input::new(Raw::Toml(&v), K::SHAPE)?)
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(text::<Name>("node-1.a_b").as_deref(), Some("node-1.a_b"));
+        assert_eq!(text::<Name>(""), None);
+        assert_eq!(text::<Name>("a b"), None);
+        assert_eq!(text::<Name>(&"x".repeat(64)), None);
+        assert!(text::<Name>(&"x".repeat(63)).is_some());
+    }
+
+    #[test]
+    fn interfaces() {
+        assert!(text::<Interface>("blip0").is_some());
+        assert!(text::<Interface>("a-very-long-nam").is_some());
+        assert!(text::<Interface>("a-very-long-name").is_none());
+        assert!(text::<Interface>("a/b").is_none());
+        assert!(text::<Interface>("..").is_none());
+    }
+
+    #[test]
+    fn lists_from_text_and_toml() {
+        assert_eq!(text::<IpList>(""), Some(vec![]));
+        assert_eq!(
+            text::<IpList>("192.0.2.1, 2001:db8::1"),
+            Some(vec![
+                "192.0.2.1".parse().expect("ip"),
+                "2001:db8::1".parse().expect("ip")
+            ])
+        );
+        assert_eq!(text::<IpList>("192.0.2.1,nope"), None);
+        let nets = toml::<NetList>(toml::Value::Array(vec![
+            "10.0.0.0/8".into(),
+            "192.0.2.7".into(),
+            "::1".into(),
+        ]))
+        .expect("valid list");
+        let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
+        assert_eq!(text::<NetList>("10.0.0.1/8"), None, "host bits set");
+        assert_eq!(toml::<NetList>(toml::Value::Array(vec![1.into()])), None);
+        assert_eq!(toml::<NetList>("10.0.0.0/8".into()), None, "not an array");
+    }
+
+    #[test]
+    fn booleans() {
+        assert_eq!(text::<Flag>("true"), Some(true));
+        assert_eq!(text::<Flag>("false"), Some(false));
+        assert_eq!(text::<Flag>("yes"), None);
+        assert_eq!(toml::<Flag>(true.into()), Some(true));
+        assert_eq!(toml::<Flag>("true".into()), None);
+    }
+
+    #[test]
+    fn durations_are_positive() {
+        assert_eq!(text::<Dur>("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(text::<Dur>("1h 30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(text::<Dur>("0s"), None);
+        assert_eq!(text::<Dur>("soon"), None);
+        assert_eq!(toml::<Dur>(120.into()), None, "a number is not a duration");
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(text::<OptionalHostPort>(""), Some(None));
+        for ok in [
+            "vpn.example.com:51820",
+            "192.0.2.1:51820",
+            "[2001:db8::1]:51820",
+        ] {
+            assert_eq!(text::<OptionalHostPort>(ok), Some(Some(ok.to_owned())));
+        }
+        for bad in [
+            "vpn.example.com",
+            "vpn.example.com:0",
+            ":51820",
+            "a b:1",
+            "x:99999",
+        ] {
+            assert_eq!(text::<OptionalHostPort>(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn store_urls() {
+        assert!(text::<StoreUrl>("sqlite:///tmp/x.db").is_some());
+        assert!(text::<StoreUrl>("redis://127.0.0.1:6379/0").is_some());
+        assert!(text::<StoreUrl>("rediss://r.example.com").is_some());
+        assert!(text::<StoreUrl>("sqlite://").is_none());
+        assert!(text::<StoreUrl>("postgres://x").is_none());
+    }
+
+    #[test]
+    fn socket_dirs_fit_sun_path() {
+        let longest = format!("/{}", "d".repeat(93));
+        assert!(text::<SocketDir>(&longest).is_some());
+        assert_eq!(format!("{longest}/handoff.sock").len(), 107);
+        assert!(text::<SocketDir>(&format!("{longest}x")).is_none());
+        assert!(text::<SocketDir>("").is_none());
+    }
+
+    #[test]
+    fn raw_values_show_as_toml() {
+        assert_eq!(Raw::Text("x").show(), "\"x\"");
+        assert_eq!(Raw::Toml(&toml::Value::Integer(5)).show(), "5");
+    }
+}

@@ -1,0 +1,195 @@
+//! The one TOML file that both `blipless-ingress` and `blipless-device` read.
+//!
+//! Every key has a built-in default, so an empty file (or no file at all) is a
+//! working single-node setup. Values are layered, later layers winning:
+//!
+//! 1. built-in defaults,
+//! 2. the TOML file (`--config FILE`),
+//! 3. `BLIPLESS_*` environment variables,
+//! 4. `--set dotted.key=value` flags, in the order given.
+//!
+//! The environment variable for a key is `BLIPLESS_` followed by the key in upper
+//! case with dots turned into underscores: `egress.tun.name` is
+//! `BLIPLESS_EGRESS_TUN_NAME`. Variables that start with `BLIPLESS_` but name no
+//! key are ignored, because the binaries use a few of their own (`BLIPLESS_CONFIG`,
+//! `BLIPLESS_LOG`).
+//!
+//! In the file, lists are arrays of strings, booleans are TOML booleans and every
+//! other value is a string. In environment variables and `--set` flags every value
+//! is text: lists are comma-separated (an empty value is an empty list), booleans
+//! are `true` or `false`, durations are humantime (`120s`, `2m`, `1h 30m`).
+//!
+//! [`Config::load`] does not stop at the first mistake: it returns every problem it
+//! found ([`ConfigErrors`]), each naming where the bad value came from. A binary
+//! prints them and exits with [`EXIT_CONFIG_ERROR`].
+//!
+//! One table of key descriptors drives parsing, the environment variable
+//! names and [`documented_defaults`], so the documentation cannot drift from the
+//! parser.
+
+pub mod daemon;
+mod defaults;
+mod error;
+mod keys;
+mod kinds;
+mod load;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use defaults::documented_defaults;
+pub use error::{ConfigError, ConfigErrors};
+
+/// The exit status of a binary whose configuration is unusable (`EX_USAGE`).
+pub const EXIT_CONFIG_ERROR: i32 = 64;
+
+/// The resolved configuration of one node: every key has a value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Who this node is and where it keeps its files.
+    pub node: NodeConfig,
+    /// The customer-facing and status listeners.
+    pub listen: ListenConfig,
+    /// The state store (device plane only).
+    pub store: StoreConfig,
+    /// Where proxied traffic may go and how it leaves the node.
+    pub egress: EgressConfig,
+    /// WireGuard client settings.
+    pub wireguard: WireguardConfig,
+    /// How long draining may take.
+    pub drain: DrainConfig,
+    /// Proxy protocol timeouts.
+    pub proxy: ProxyConfig,
+    /// Device-plane rolling deploy.
+    pub deploy: DeployConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// `[node]`: this node's identity and directories.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    /// The node's name in shared state keys (default: the hostname).
+    pub host: String,
+    /// The block (group of nodes) this node belongs to.
+    pub block: String,
+    /// Directory of the Unix sockets (device, control, handoff).
+    pub runtime_dir: PathBuf,
+    /// Directory of persistent state (the embedded store by default).
+    pub state_dir: PathBuf,
+}
+
+/// `[listen]`: the addresses the ingress binds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenConfig {
+    /// SOCKS5 (TCP).
+    pub socks: SocketAddr,
+    /// HTTP proxy (TCP).
+    pub http: SocketAddr,
+    /// WireGuard (UDP).
+    pub wg: SocketAddr,
+    /// `/status` and `/metrics` (TCP, HTTP).
+    pub status: SocketAddr,
+}
+
+/// `[store]`: the state store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// `sqlite://<path>`, `redis://...` or `rediss://...`.
+    pub url: String,
+}
+
+/// `[egress]`: destinations and source addresses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressConfig {
+    /// Networks allowed despite the default deny of private, loopback and similar
+    /// ranges.
+    pub allow: Vec<ipnet::IpNet>,
+    /// Source addresses the direct egress binds clients to (one per client, sticky).
+    pub sources: Vec<IpAddr>,
+    /// Packet egress for WireGuard clients.
+    pub tun: TunConfig,
+}
+
+/// `[egress.tun]`: the TUN device used for packet egress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunConfig {
+    /// The TUN interface name.
+    pub name: String,
+    /// The interface traffic is masqueraded out of.
+    pub out_interface: String,
+    /// Whether the device plane creates the TUN device, routes and nftables rules.
+    pub manage: bool,
+}
+
+/// `[wireguard]`: what WireGuard clients are told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WireguardConfig {
+    /// The `host:port` client configs dial; `None` when not set.
+    pub endpoint: Option<String>,
+    /// The network client tunnel addresses are taken from.
+    pub pool: ipnet::IpNet,
+}
+
+/// `[drain]`: draining a process that is being replaced or stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrainConfig {
+    /// How long a draining process may finish what cannot be handed over.
+    pub grace: Duration,
+    /// How long `/status` reports draining before listeners are given up.
+    pub lame_duck: Duration,
+}
+
+/// `[proxy]`: proxy protocol timeouts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    /// Limit on connecting to a destination.
+    pub connect_timeout: Duration,
+    /// Limit on a client's SOCKS5 or HTTP handshake.
+    pub handshake_timeout: Duration,
+    /// A tunnel with no traffic either way for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// `[deploy]`: device-plane rolling deploys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeployConfig {
+    /// How long a new device plane has to pre-warm and report Ready.
+    pub ready_budget: Duration,
+}
+
+/// `[log]`: logging.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogConfig {
+    /// Human-readable or JSON lines.
+    pub format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `info,blipless_ingress=debug`.
+    pub level: String,
+}
+
+/// The log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Config {
+    /// Path of the device-plane channel socket: `<runtime_dir>/device.sock`.
+    pub fn device_socket(&self) -> PathBuf {
+        self.node.runtime_dir.join("device.sock")
+    }
+
+    /// Path of the operator control socket: `<runtime_dir>/control.sock`.
+    pub fn control_socket(&self) -> PathBuf {
+        self.node.runtime_dir.join("control.sock")
+    }
+
+    /// Path of the ingress handoff socket: `<runtime_dir>/handoff.sock`.
+    pub fn handoff_socket(&self) -> PathBuf {
+        self.node.runtime_dir.join("handoff.sock")
+    }
+}

@@ -1,0 +1,277 @@
+//! Loading: defaults, then the file, then the environment, then `--set` flags,
+//! collecting every problem on the way, then the checks across keys.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use crate::defaults;
+use crate::error::{ConfigError, ConfigErrors};
+use crate::keys::{self, DefaultValue, Key, KEYS};
+use crate::kinds::{Input, Raw};
+use crate::Config;
+
+impl Config {
+    /// Loads the configuration: the defaults, overlaid by the TOML `file` (if
+    /// any), then by every variable in `env` named `BLIPLESS_<KEY>` for a known
+    /// key (others are ignored), then by each `sets` entry `dotted.key=value` in
+    /// order.
+    ///
+    /// Returns every problem found (unreadable file, TOML syntax, unknown keys,
+    /// bad values, conflicts), not just the first.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        sets: &[String],
+    ) -> Result<Config, ConfigErrors> {
+        let mut loader = Loader::new();
+        if let Some(path) = file {
+            match std::fs::read_to_string(path) {
+                Ok(text) => loader.file(&text, &path.display().to_string()),
+                Err(source) => loader.errors.push(ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                }),
+            }
+        }
+        loader.env(env);
+        loader.sets(sets);
+        loader.finish()
+    }
+
+    /// Like [`Config::load`] with the file's text given directly; `origin` names
+    /// it in messages.
+    pub fn from_toml_str(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+        sets: &[String],
+    ) -> Result<Config, ConfigErrors> {
+        let mut loader = Loader::new();
+        loader.file(text, origin);
+        loader.env(env);
+        loader.sets(sets);
+        loader.finish()
+    }
+}
+
+/// The configuration being built, where each key's value came from, and the
+/// problems so far.
+struct Loader {
+    config: Config,
+    /// The origin of each key set by a layer above the defaults.
+    origins: HashMap<&'static str, String>,
+    /// Keys whose last value was invalid: left out of the checks across keys.
+    invalid: HashSet<&'static str>,
+    errors: Vec<ConfigError>,
+}
+
+impl Loader {
+    /// Starts from every key's default.
+    fn new() -> Loader {
+        let mut loader = Loader {
+            config: defaults::placeholder(),
+            origins: HashMap::new(),
+            invalid: HashSet::new(),
+            errors: Vec::new(),
+        };
+        for key in KEYS.iter() {
+            let text = match key.default {
+                DefaultValue::Text(text) => text.to_owned(),
+                DefaultValue::Hostname => defaults::hostname(),
+                DefaultValue::Unset { .. } => String::new(),
+                // Derived in `finish`, from the final state_dir.
+                DefaultValue::StoreInStateDir => continue,
+            };
+            loader.set(key, Raw::Text(&text), "the built-in default");
+        }
+        loader.origins.clear();
+        loader
+    }
+
+    /// Sets `key` from `raw`, or records why it cannot.
+    fn set(&mut self, key: &'static Key, raw: Raw<'_>, origin: &str) {
+        let applied =
+            Input::new(raw, key.shape).is_some_and(|input| key.apply(&mut self.config, &input));
+        if applied {
+            self.origins.insert(key.path, origin.to_owned());
+            self.invalid.remove(key.path);
+        } else {
+            self.invalid.insert(key.path);
+            self.errors.push(ConfigError::InvalidValue {
+                origin: origin.to_owned(),
+                key: key.path.to_owned(),
+                value: raw.show(),
+                expected: key.expected.to_owned(),
+            });
+        }
+    }
+
+    /// Overlays a TOML document.
+    fn file(&mut self, text: &str, origin: &str) {
+        match text.parse::<toml::Table>() {
+            Ok(table) => self.table("", &table, origin),
+            Err(error) => self.errors.push(ConfigError::Syntax {
+                origin: origin.to_owned(),
+                message: error.to_string().trim_end().to_owned(),
+            }),
+        }
+    }
+
+    /// Overlays one TOML table, whose dotted path is `prefix`.
+    fn table(&mut self, prefix: &str, table: &toml::Table, origin: &str) {
+        for (name, value) in table {
+            let path = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            if let Some(key) = keys::find(&path) {
+                self.set(key, Raw::Toml(value), origin);
+            } else if keys::is_table(&path) {
+                match value {
+                    toml::Value::Table(inner) => self.table(&path, inner, origin),
+                    other => self.errors.push(ConfigError::InvalidValue {
+                        origin: origin.to_owned(),
+                        key: path.clone(),
+                        value: other.to_string(),
+                        expected: format!("a table [{path}]"),
+                    }),
+                }
+            } else {
+                self.errors.push(ConfigError::UnknownKey {
+                    origin: origin.to_owned(),
+                    suggestion: keys::suggest(&path),
+                    key: path,
+                });
+            }
+        }
+    }
+
+    /// Overlays the `BLIPLESS_<KEY>` variables; other variables are ignored.
+    fn env(&mut self, env: impl IntoIterator<Item = (String, String)>) {
+        for (name, value) in env {
+            if let Some(key) = keys::find_env(&name) {
+                self.set(
+                    key,
+                    Raw::Text(&value),
+                    &format!("environment variable {name}"),
+                );
+            }
+        }
+    }
+
+    /// Overlays `dotted.key=value` entries, in order.
+    fn sets(&mut self, sets: &[String]) {
+        for entry in sets {
+            let origin = format!("--set {entry}");
+            let Some((name, value)) = entry.split_once('=') else {
+                self.errors.push(ConfigError::InvalidValue {
+                    origin,
+                    key: entry.trim().to_owned(),
+                    value: "(no `=`)".to_owned(),
+                    expected: "key=value, like --set listen.socks=127.0.0.1:1080".to_owned(),
+                });
+                continue;
+            };
+            let name = name.trim();
+            match keys::find(name) {
+                Some(key) => self.set(key, Raw::Text(value), &origin),
+                None => self.errors.push(ConfigError::UnknownKey {
+                    origin,
+                    key: name.to_owned(),
+                    suggestion: keys::suggest(name),
+                }),
+            }
+        }
+    }
+
+    /// Derives what was not given, checks across keys, and returns the
+    /// configuration or every problem found.
+    fn finish(mut self) -> Result<Config, ConfigErrors> {
+        if !self.origins.contains_key("store.url") && !self.invalid.contains("store.url") {
+            self.config.store.url = defaults::store_in(&self.config.node.state_dir);
+        }
+        self.check_listeners();
+        if self.errors.is_empty() {
+            Ok(self.config)
+        } else {
+            Err(ConfigErrors(self.errors))
+        }
+    }
+
+    /// The TCP listeners need addresses that do not overlap. (The WireGuard
+    /// listener is UDP and may share a port with any of them.)
+    fn check_listeners(&mut self) {
+        let listen = &self.config.listen;
+        let tcp = [
+            ("listen.socks", listen.socks),
+            ("listen.http", listen.http),
+            ("listen.status", listen.status),
+        ];
+        for (i, &(a, addr_a)) in tcp.iter().enumerate() {
+            for &(b, addr_b) in &tcp[i + 1..] {
+                if self.invalid.contains(a) || self.invalid.contains(b) {
+                    continue;
+                }
+                if overlap(addr_a, addr_b) {
+                    let message = format!(
+                        "{a} = \"{addr_a}\" ({}) and {b} = \"{addr_b}\" ({}) overlap: \
+                         the TCP listeners need distinct addresses",
+                        self.origin(a),
+                        self.origin(b),
+                    );
+                    self.errors.push(ConfigError::Conflict { message });
+                }
+            }
+        }
+    }
+
+    fn origin(&self, key: &str) -> String {
+        match self.origins.get(key) {
+            Some(origin) => format!("from {origin}"),
+            None => "the default".to_owned(),
+        }
+    }
+}
+
+/// Whether two TCP listeners would take the same connections: same port (not
+/// 0, which the kernel picks) and the same address, or one of them a wildcard
+/// that covers the other (`::` also covers IPv4, as Linux binds it dual-stack).
+fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |wide: IpAddr, narrow: IpAddr| {
+        wide.is_unspecified() && (wide.is_ipv6() || narrow.is_ipv4())
+    };
+    let (ip_a, ip_b) = (a.ip().to_canonical(), b.ip().to_canonical());
+    a.port() == b.port()
+        && a.port() != 0
+        && (ip_a == ip_b || covers(ip_a, ip_b) || covers(ip_b, ip_a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("test address")
+    }
+
+    #[test]
+    fn overlapping_listeners() {
+        assert!(overlap(addr("127.0.0.1:80"), addr("127.0.0.1:80")));
+        assert!(overlap(addr("0.0.0.0:80"), addr("127.0.0.1:80")));
+        assert!(overlap(addr("[::]:80"), addr("127.0.0.1:80")));
+        assert!(overlap(addr("[::ffff:127.0.0.1]:80"), addr("127.0.0.1:80")));
+        assert!(!overlap(addr("0.0.0.0:80"), addr("[::1]:80")));
+        assert!(!overlap(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
+        assert!(!overlap(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
+        assert!(!overlap(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn every_default_applies() {
+        let loader = Loader::new();
+        assert!(loader.errors.is_empty(), "{:?}", loader.errors);
+        assert!(loader.origins.is_empty());
+    }
+}

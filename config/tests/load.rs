@@ -1,0 +1,421 @@
+//! Loading configurations through the public API: defaults, the documented
+//! sample, precedence, error collection and the documented defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use blipless_config::{documented_defaults, Config, ConfigError, ConfigErrors, LogFormat};
+
+/// The sample file from DESIGN.md section 9.
+const SAMPLE: &str = r#"
+[node]
+host = "node-1"                 # default: the hostname
+block = "0"
+runtime_dir = "/run/blipless"   # device.sock, control.sock, handoff.sock
+state_dir = "/var/lib/blipless"
+
+[listen]
+socks = "127.0.0.1:1080"
+http = "127.0.0.1:8080"
+wg = "127.0.0.1:51820"
+status = "127.0.0.1:9180"
+
+[store]
+url = "sqlite:///var/lib/blipless/state.db"   # or "redis://127.0.0.1:6379/0"
+
+[egress]
+allow = []                      # CIDRs allowed despite the default deny
+sources = []                    # source addresses the direct egress binds clients to,
+                                # one per client, sticky (the client's egress identity)
+
+[egress.tun]                    # packet egress for WireGuard clients
+name = "blip0"
+out_interface = "eth0"          # masquerade out of this interface
+manage = false                  # true: the device plane sets up TUN, routes, nftables
+
+[wireguard]
+endpoint = "vpn.example.com:51820"   # what client configs dial
+pool = "10.64.0.0/16"                # client tunnel addresses
+
+[drain]
+grace = "120s"
+"#;
+
+fn no_env() -> Vec<(String, String)> {
+    Vec::new()
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn sets(entries: &[&str]) -> Vec<String> {
+    entries.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("test address")
+}
+
+fn defaults() -> Config {
+    Config::load(None, no_env(), &[]).expect("the defaults are valid")
+}
+
+fn problems(result: Result<Config, ConfigErrors>) -> Vec<ConfigError> {
+    match result {
+        Ok(config) => panic!("expected errors, got {config:?}"),
+        Err(ConfigErrors(errors)) => errors,
+    }
+}
+
+/// A file in the temp dir, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!(
+            "blipless-config-{}-{name}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).expect("write temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn defaults_when_nothing_is_given() {
+    let config = defaults();
+    assert!(!config.node.host.is_empty());
+    assert_eq!(config.node.block, "0");
+    assert_eq!(config.node.runtime_dir, Path::new("/run/blipless"));
+    assert_eq!(config.node.state_dir, Path::new("/var/lib/blipless"));
+    assert_eq!(config.listen.socks, addr("127.0.0.1:1080"));
+    assert_eq!(config.listen.http, addr("127.0.0.1:8080"));
+    assert_eq!(config.listen.wg, addr("127.0.0.1:51820"));
+    assert_eq!(config.listen.status, addr("127.0.0.1:9180"));
+    assert_eq!(config.store.url, "sqlite:///var/lib/blipless/state.db");
+    assert!(config.egress.allow.is_empty());
+    assert!(config.egress.sources.is_empty());
+    assert_eq!(config.egress.tun.name, "blip0");
+    assert_eq!(config.egress.tun.out_interface, "eth0");
+    assert!(!config.egress.tun.manage);
+    assert_eq!(config.wireguard.endpoint, None);
+    assert_eq!(config.wireguard.pool.to_string(), "10.64.0.0/16");
+    assert_eq!(config.drain.grace, Duration::from_secs(120));
+    assert_eq!(config.drain.lame_duck, Duration::from_secs(2));
+    assert_eq!(config.proxy.connect_timeout, Duration::from_secs(10));
+    assert_eq!(config.proxy.handshake_timeout, Duration::from_secs(10));
+    assert_eq!(config.proxy.idle_timeout, Duration::from_secs(15 * 60));
+    assert_eq!(config.deploy.ready_budget, Duration::from_secs(60));
+    assert_eq!(config.log.format, LogFormat::Human);
+    assert_eq!(config.log.level, "info");
+
+    assert_eq!(
+        config.device_socket(),
+        Path::new("/run/blipless/device.sock")
+    );
+    assert_eq!(
+        config.control_socket(),
+        Path::new("/run/blipless/control.sock")
+    );
+    assert_eq!(
+        config.handoff_socket(),
+        Path::new("/run/blipless/handoff.sock")
+    );
+
+    let empty = Config::from_toml_str("", "empty.toml", no_env(), &[]).expect("empty file");
+    assert_eq!(empty, config);
+}
+
+#[test]
+fn design_sample_parses() {
+    let config = Config::from_toml_str(SAMPLE, "sample.toml", no_env(), &[]).expect("sample");
+    let mut expected = defaults();
+    expected.node.host = "node-1".into();
+    expected.wireguard.endpoint = Some("vpn.example.com:51820".into());
+    assert_eq!(config, expected);
+}
+
+#[test]
+fn store_url_follows_state_dir_unless_set() {
+    let file = "[node]\nstate_dir = \"/srv/blip\"\n";
+    let config = Config::from_toml_str(file, "f.toml", no_env(), &[]).expect("valid");
+    assert_eq!(config.store.url, "sqlite:///srv/blip/state.db");
+
+    // The final state_dir counts, whichever layer set it.
+    let config = Config::from_toml_str(file, "f.toml", no_env(), &sets(&["node.state_dir=/x"]))
+        .expect("valid");
+    assert_eq!(config.store.url, "sqlite:///x/state.db");
+
+    // An explicit url wins, from any layer.
+    let config = Config::from_toml_str(
+        file,
+        "f.toml",
+        env(&[("BLIPLESS_STORE_URL", "redis://127.0.0.1:6379/0")]),
+        &[],
+    )
+    .expect("valid");
+    assert_eq!(config.store.url, "redis://127.0.0.1:6379/0");
+}
+
+#[test]
+fn precedence_is_file_then_env_then_set() {
+    let file = TempFile::new(
+        "precedence",
+        "[listen]\nsocks = \"127.0.0.1:1001\"\nhttp = \"127.0.0.1:1002\"\nstatus = \"127.0.0.1:1003\"\n",
+    );
+    let env = env(&[
+        ("BLIPLESS_LISTEN_HTTP", "127.0.0.1:2002"),
+        ("BLIPLESS_LISTEN_STATUS", "127.0.0.1:2003"),
+        ("BLIPLESS_CONFIG", "/ignored.toml"),
+        ("BLIPLESS_LOG", "debug"),
+        ("BLIPLESS_NO_SUCH_KEY", "ignored"),
+        ("PATH", "/usr/bin"),
+    ]);
+    let sets = sets(&["listen.status=127.0.0.1:3003", "log.format = json"]);
+    let config = Config::load(Some(&file.0), env, &sets).expect("valid");
+    assert_eq!(config.listen.socks, addr("127.0.0.1:1001"));
+    assert_eq!(config.listen.http, addr("127.0.0.1:2002"));
+    assert_eq!(config.listen.status, addr("127.0.0.1:3003"));
+    assert_eq!(config.log.format, LogFormat::Json);
+    assert_eq!(config.log.level, "info", "BLIPLESS_LOG is not log.level");
+}
+
+#[test]
+fn text_values_from_env_and_set() {
+    let config = Config::load(
+        None,
+        env(&[
+            ("BLIPLESS_EGRESS_ALLOW", "10.0.0.0/8, 192.0.2.7"),
+            ("BLIPLESS_EGRESS_SOURCES", ""),
+            ("BLIPLESS_EGRESS_TUN_MANAGE", "true"),
+            ("BLIPLESS_DRAIN_GRACE", "2m 30s"),
+        ]),
+        &sets(&[
+            "egress.sources=192.0.2.1,192.0.2.2",
+            "wireguard.endpoint=vpn.example.com:51820",
+        ]),
+    )
+    .expect("valid");
+    assert_eq!(config.egress.allow.len(), 2);
+    assert_eq!(config.egress.allow[1].to_string(), "192.0.2.7/32");
+    assert_eq!(config.egress.sources.len(), 2);
+    assert!(config.egress.tun.manage);
+    assert_eq!(config.drain.grace, Duration::from_secs(150));
+    assert_eq!(
+        config.wireguard.endpoint.as_deref(),
+        Some("vpn.example.com:51820")
+    );
+}
+
+#[test]
+fn every_problem_in_a_file_is_reported() {
+    let file = r#"
+[listen]
+wg = "not an address"
+sock = "127.0.0.1:1080"
+http = "127.0.0.1:9180"
+
+[drain]
+grace = "forever"
+
+[wireguard]
+pool = "10.64.0.0/99"
+"#;
+    let errors = problems(Config::from_toml_str(file, "bad.toml", no_env(), &[]));
+    assert_eq!(errors.len(), 5, "{errors:#?}");
+
+    let invalid: Vec<(&str, &str)> = errors
+        .iter()
+        .filter_map(|e| match e {
+            ConfigError::InvalidValue {
+                origin, key, value, ..
+            } => {
+                assert_eq!(origin, "bad.toml");
+                Some((key.as_str(), value.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        invalid.contains(&("listen.wg", "\"not an address\"")),
+        "{invalid:?}"
+    );
+    assert!(
+        invalid.contains(&("drain.grace", "\"forever\"")),
+        "{invalid:?}"
+    );
+    assert!(
+        invalid.contains(&("wireguard.pool", "\"10.64.0.0/99\"")),
+        "{invalid:?}"
+    );
+
+    assert!(errors.iter().any(|e| matches!(e,
+        ConfigError::UnknownKey { key, suggestion: Some(s), origin }
+            if key == "listen.sock" && s == "listen.socks" && origin == "bad.toml")));
+    assert!(errors.iter().any(|e| matches!(e,
+        ConfigError::Conflict { message }
+            if message.contains("listen.http") && message.contains("listen.status"))));
+
+    let text = ConfigErrors(errors).to_string();
+    assert!(
+        text.starts_with("5 problems in the configuration:\n  - "),
+        "{text}"
+    );
+    assert!(text.contains("(did you mean `listen.socks`?)"), "{text}");
+}
+
+#[test]
+fn problems_name_their_origin() {
+    let errors = problems(Config::load(
+        None,
+        env(&[
+            ("BLIPLESS_LISTEN_SOCKS", "x"),
+            ("BLIPLESS_EGRESS_TUN_MANAGE", "yes"),
+        ]),
+        &sets(&["listen.sock=1", "drain.grace", "proxy.idle_timeout=0s"]),
+    ));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        [
+            "listen.socks = \"x\" in environment variable BLIPLESS_LISTEN_SOCKS: \
+             expected an address like 127.0.0.1:1080 or [::1]:1080",
+            "egress.tun.manage = \"yes\" in environment variable BLIPLESS_EGRESS_TUN_MANAGE: \
+             expected true or false",
+            "unknown key `listen.sock` in --set listen.sock=1 (did you mean `listen.socks`?)",
+            "drain.grace = (no `=`) in --set drain.grace: \
+             expected key=value, like --set listen.socks=127.0.0.1:1080",
+            "proxy.idle_timeout = \"0s\" in --set proxy.idle_timeout=0s: \
+             expected a duration above zero like 500ms, 120s, 2m or 1h 30m",
+        ]
+    );
+}
+
+#[test]
+fn wrong_toml_types_and_misplaced_tables() {
+    let file = "listen = 5\n[egress]\nsources = \"192.0.2.1\"\n[egress.tun]\nmanage = \"true\"\n[nod]\nhost = \"x\"\n";
+    let errors = problems(Config::from_toml_str(file, "t.toml", no_env(), &[]));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 4, "{text:#?}");
+    for expected in [
+        "listen = 5 in t.toml: expected a table [listen]",
+        "egress.sources = \"192.0.2.1\" in t.toml: expected a list of IP addresses",
+        "egress.tun.manage = \"true\" in t.toml: expected true or false",
+        "unknown key `nod` in t.toml (did you mean `node`?)",
+    ] {
+        assert!(
+            text.iter().any(|t| t.starts_with(expected)),
+            "{expected}: {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_value_fixed_by_a_later_layer_still_reports_the_bad_one() {
+    let errors = problems(Config::from_toml_str(
+        "[listen]\nsocks = \"x\"\n",
+        "f.toml",
+        no_env(),
+        &sets(&["listen.socks=127.0.0.1:1"]),
+    ));
+    assert_eq!(errors.len(), 1);
+}
+
+#[test]
+fn syntax_errors_are_reported_with_their_line() {
+    let errors = problems(Config::from_toml_str(
+        "[listen]\nsocks = \"127.0.0.1:1080\"\nhttp = \n",
+        "broken.toml",
+        env(&[("BLIPLESS_LISTEN_STATUS", "nope")]),
+        &[],
+    ));
+    assert_eq!(
+        errors.len(),
+        2,
+        "the env layer is still checked: {errors:#?}"
+    );
+    match &errors[0] {
+        ConfigError::Syntax { origin, message } => {
+            assert_eq!(origin, "broken.toml");
+            assert!(message.contains("line 3"), "{message}");
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+}
+
+#[test]
+fn unreadable_files_are_reported() {
+    let missing = std::env::temp_dir().join("blipless-config-no-such-file.toml");
+    let errors = problems(Config::load(Some(&missing), no_env(), &[]));
+    assert_eq!(errors.len(), 1);
+    match &errors[0] {
+        ConfigError::Read { path, source } => {
+            assert_eq!(path, &missing);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected a read error, got {other:?}"),
+    }
+    assert!(errors[0]
+        .to_string()
+        .starts_with(&format!("cannot read config file {}: ", missing.display())));
+
+    let errors = problems(Config::load(Some(&std::env::temp_dir()), no_env(), &[]));
+    assert!(matches!(errors[0], ConfigError::Read { .. }), "a directory");
+}
+
+#[test]
+fn documented_defaults_round_trip() {
+    let doc = documented_defaults();
+    let parsed = Config::from_toml_str(&doc, "documented defaults", no_env(), &[])
+        .unwrap_or_else(|e| panic!("{e}\n{doc}"));
+    assert_eq!(parsed, defaults());
+    // Every key is documented, and the unset one is shown commented out.
+    for line in [
+        "[egress.tun]",
+        "manage = false",
+        "allow = []",
+        "# host = ",
+        "# url = \"sqlite:///var/lib/blipless/state.db\"",
+        "# endpoint = ",
+    ] {
+        assert!(doc.lines().any(|l| l.starts_with(line)), "{line}:\n{doc}");
+    }
+    assert!(doc.contains("grace = \"120s\""), "{doc}");
+}
+
+#[test]
+fn ipv6_and_port_zero_listeners() {
+    let config = Config::load(
+        None,
+        no_env(),
+        &sets(&[
+            "listen.socks=[::1]:0",
+            "listen.http=[::1]:0",
+            "listen.status=127.0.0.1:0",
+            "listen.wg=127.0.0.1:1080",
+        ]),
+    )
+    .expect("port 0 never conflicts, and wg is UDP");
+    assert_eq!(config.listen.socks, addr("[::1]:0"));
+
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&["listen.socks=0.0.0.0:8080"]),
+    ));
+    assert!(
+        matches!(&errors[..], [ConfigError::Conflict { .. }]),
+        "{errors:?}"
+    );
+}

@@ -1,0 +1,214 @@
+//! The clients this device plane serves, kept in memory and kept current
+//! from the store's change feed.
+//!
+//! Authentication is a lookup here, never a store round trip. The initial
+//! load reads the change feed from the beginning (the same path every later
+//! change takes), then [`Directory::follow`] polls it. A removed client's
+//! `revoked` token is cancelled, which closes its open connections.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::credentials;
+use crate::store::{ClientRecord, Store, StoreError, Usage};
+
+/// Bytes and connections a client has used since the last flush.
+#[derive(Debug, Default)]
+pub struct Meter {
+    /// Bytes from the customer toward the destination.
+    pub up: AtomicU64,
+    /// Bytes from the destination to the customer.
+    pub down: AtomicU64,
+    /// Connections opened.
+    pub connections: AtomicU64,
+}
+
+impl Meter {
+    /// Takes the counts accumulated since the last take.
+    pub fn take(&self) -> Usage {
+        Usage {
+            bytes_up: self.up.swap(0, Ordering::Relaxed),
+            bytes_down: self.down.swap(0, Ordering::Relaxed),
+            connections: self.connections.swap(0, Ordering::Relaxed),
+        }
+    }
+}
+
+/// One known client.
+#[derive(Debug)]
+pub struct Client {
+    /// As stored.
+    pub record: ClientRecord,
+    /// Usage not yet flushed to the store.
+    pub meter: Arc<Meter>,
+    /// Cancelled when the client is removed or replaced.
+    pub revoked: CancellationToken,
+}
+
+/// Every client this plane knows, by name.
+#[derive(Debug)]
+pub struct Directory {
+    store: Arc<dyn Store>,
+    clients: RwLock<HashMap<String, Arc<Client>>>,
+    feed_position: AtomicU64,
+}
+
+const FEED_PAGE: usize = 1000;
+
+impl Directory {
+    /// Loads every client by replaying the change feed from the start.
+    pub async fn load(store: Arc<dyn Store>) -> Result<Arc<Self>, StoreError> {
+        let directory = Arc::new(Self {
+            store,
+            clients: RwLock::new(HashMap::new()),
+            feed_position: AtomicU64::new(0),
+        });
+        directory.catch_up().await?;
+        Ok(directory)
+    }
+
+    /// How many clients are known.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// True when no client is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Client>>> {
+        self.clients
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Client>>> {
+        self.clients
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The client whose name and secret these are, if any.
+    pub fn authenticate(&self, name: &[u8], secret: &[u8]) -> Option<Arc<Client>> {
+        let name = std::str::from_utf8(name).ok()?;
+        let secret = std::str::from_utf8(secret).ok()?;
+        let client = self.read().get(name).cloned()?;
+        credentials::verify(secret, &client.record.secret_hash).then_some(client)
+    }
+
+    /// Every client now.
+    pub fn all(&self) -> Vec<Arc<Client>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Applies every change after the last one seen; returns how many.
+    pub async fn catch_up(&self) -> Result<usize, StoreError> {
+        let mut applied = 0;
+        loop {
+            let after = self.feed_position.load(Ordering::SeqCst);
+            let changes = self.store.changes_since(after, FEED_PAGE).await?;
+            let Some(last) = changes.last().map(|c| c.seq) else {
+                return Ok(applied);
+            };
+            // Fetch each touched client once: its current record is the truth.
+            let names: BTreeSet<String> = changes.into_iter().map(|c| c.name).collect();
+            for name in names {
+                let record = self.store.get_client(&name).await?;
+                self.apply(&name, record);
+                applied += 1;
+            }
+            self.feed_position.store(last, Ordering::SeqCst);
+        }
+    }
+
+    fn apply(&self, name: &str, record: Option<ClientRecord>) {
+        let mut clients = self.write();
+        match record {
+            Some(record) => {
+                let unchanged = clients.get(name).is_some_and(|c| c.record == record);
+                if unchanged {
+                    return;
+                }
+                let meter = clients
+                    .get(name)
+                    .map(|c| c.meter.clone())
+                    .unwrap_or_default();
+                let replaced = clients.insert(
+                    name.to_string(),
+                    Arc::new(Client {
+                        record,
+                        meter,
+                        revoked: CancellationToken::new(),
+                    }),
+                );
+                if let Some(old) = replaced {
+                    // New credentials: connections made with the old ones close.
+                    old.revoked.cancel();
+                }
+                tracing::info!(client = name, "client loaded");
+            }
+            None => {
+                if let Some(old) = clients.remove(name) {
+                    old.revoked.cancel();
+                    tracing::info!(client = name, "client removed; closing its connections");
+                }
+            }
+        }
+    }
+
+    /// Polls the change feed every `interval` until `shutdown`.
+    pub async fn follow(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = shutdown.cancelled() => return,
+            }
+            match self.catch_up().await {
+                Ok(_) if failing => {
+                    tracing::info!("store reachable again; change feed resumed");
+                    failing = false;
+                }
+                Ok(_) => {}
+                Err(error) if !failing => {
+                    tracing::warn!(%error, "reading the change feed failed; serving the clients already loaded");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Adds every client's unflushed usage to the store. A failed write puts
+    /// the counts back, so the next flush carries them.
+    pub async fn flush_usage(&self) {
+        for client in self.all() {
+            let delta = client.meter.take();
+            if delta == Usage::default() {
+                continue;
+            }
+            match self.store.add_usage(&client.record.name, delta).await {
+                Ok(()) => {}
+                // Removed meanwhile: its usage went with it.
+                Err(StoreError::NotFound(_)) => {}
+                Err(error) => {
+                    tracing::warn!(client = %client.record.name, %error, "usage flush failed; will retry");
+                    client.meter.up.fetch_add(delta.bytes_up, Ordering::Relaxed);
+                    client
+                        .meter
+                        .down
+                        .fetch_add(delta.bytes_down, Ordering::Relaxed);
+                    client
+                        .meter
+                        .connections
+                        .fetch_add(delta.connections, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}

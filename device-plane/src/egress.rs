@@ -1,0 +1,297 @@
+//! Direct egress: resolve, check the address policy, connect.
+//!
+//! Default deny: loopback, private, link-local (metadata included), CGNAT,
+//! multicast, broadcast, reserved and unspecified addresses are refused
+//! unless `egress.allow` lists them. The check is on every *resolved*
+//! address, so a name that resolves to a private address is refused too.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Where a customer wants to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An address given literally.
+    Address(SocketAddr),
+    /// A name to resolve here.
+    Name {
+        /// The host name.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Address(address) => write!(f, "{address}"),
+            Target::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// Why a connection to a target was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// Every address of the target is refused by policy.
+    #[error("destination {0} is not allowed")]
+    Denied(String),
+    /// The name did not resolve.
+    #[error("cannot resolve {0}")]
+    Unresolvable(String),
+    /// The destination refused the connection.
+    #[error("connection refused by {0}")]
+    Refused(SocketAddr),
+    /// The network or host is unreachable.
+    #[error("{0} is unreachable: {1}")]
+    Unreachable(SocketAddr, std::io::Error),
+    /// No answer within the connect timeout.
+    #[error("no answer from {0} within the connect timeout")]
+    TimedOut(String),
+}
+
+/// The egress policy and connector.
+#[derive(Debug, Clone)]
+pub struct Egress {
+    allow: Vec<IpNet>,
+    sources: Vec<IpAddr>,
+    connect_timeout: Duration,
+}
+
+impl Egress {
+    /// An egress with this allow-list, source pool and connect timeout.
+    pub fn new(allow: Vec<IpNet>, sources: Vec<IpAddr>, connect_timeout: Duration) -> Self {
+        Self {
+            allow,
+            sources,
+            connect_timeout,
+        }
+    }
+
+    /// True when the policy lets customers reach `ip`.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.allow.iter().any(|net| net.contains(&ip)) || !denied_by_default(ip)
+    }
+
+    /// The source address `client` is bound to, if the pool has one of
+    /// `destination`'s family: sticky per client name.
+    fn source_for(&self, client: &str, destination: &SocketAddr) -> Option<IpAddr> {
+        let family: Vec<IpAddr> = self
+            .sources
+            .iter()
+            .copied()
+            .filter(|s| s.is_ipv4() == destination.is_ipv4())
+            .collect();
+        if family.is_empty() {
+            return None;
+        }
+        // FNV-1a: stable across processes and releases, unlike std's hasher.
+        let hash = client.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        family.get((hash % family.len() as u64) as usize).copied()
+    }
+
+    /// Resolves `target`, keeps the permitted addresses, and connects to the
+    /// first that answers.
+    pub async fn connect(&self, client: &str, target: &Target) -> Result<TcpStream, EgressError> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let candidates: Vec<SocketAddr> = match target {
+            Target::Address(address) => vec![*address],
+            Target::Name { host, port } => {
+                let resolved = tokio::time::timeout_at(
+                    deadline,
+                    tokio::net::lookup_host((host.as_str(), *port)),
+                )
+                .await
+                .map_err(|_| EgressError::TimedOut(target.to_string()))?
+                .map_err(|_| EgressError::Unresolvable(host.clone()))?;
+                resolved.collect()
+            }
+        };
+        if candidates.is_empty() {
+            return Err(EgressError::Unresolvable(target.to_string()));
+        }
+        let permitted: Vec<SocketAddr> = candidates
+            .into_iter()
+            .filter(|a| self.permits(a.ip()))
+            .collect();
+        if permitted.is_empty() {
+            return Err(EgressError::Denied(target.to_string()));
+        }
+        let mut last_error = EgressError::TimedOut(target.to_string());
+        for address in permitted {
+            let attempt = self.connect_one(client, address);
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Err(_) => return Err(EgressError::TimedOut(target.to_string())),
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(error)) => last_error = error,
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn connect_one(
+        &self,
+        client: &str,
+        address: SocketAddr,
+    ) -> Result<TcpStream, EgressError> {
+        let unreachable = |e| EgressError::Unreachable(address, e);
+        let socket = if address.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(unreachable)?;
+        if let Some(source) = self.source_for(client, &address) {
+            socket
+                .bind(SocketAddr::new(source, 0))
+                .map_err(|e| EgressError::Unreachable(address, e))?;
+        }
+        match socket.connect(address).await {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(EgressError::Refused(address))
+            }
+            Err(error) => Err(EgressError::Unreachable(address, error)),
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address is judged as the IPv4 address it carries.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+fn denied_by_default(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => denied_v4(ip),
+        IpAddr::V6(ip) => denied_v6(ip),
+    }
+}
+
+fn denied_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, _, _] = ip.octets();
+    ip.is_unspecified()
+        || a == 0                                   // 0.0.0.0/8 "this network"
+        || ip.is_loopback()                         // 127.0.0.0/8
+        || ip.is_private()                          // 10/8, 172.16/12, 192.168/16
+        || ip.is_link_local()                       // 169.254/16, metadata 169.254.169.254
+        || (a == 100 && (64..128).contains(&b))     // 100.64/10 CGNAT
+        || (a == 192 && b == 0 && ip.octets()[2] == 0) // 192.0.0.0/24 protocol assignments
+        || (a == 198 && (b == 18 || b == 19))       // 198.18/15 benchmarking
+        || ip.is_multicast()                        // 224/4
+        || a >= 240                                 // 240/4 reserved, broadcast
+        || ip.is_documentation()
+}
+
+fn denied_v6(ip: Ipv6Addr) -> bool {
+    let first = ip.segments()[0];
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00                // fc00::/7 unique local (fd00:ec2::254 metadata)
+        || (first & 0xffc0) == 0xfe80                // fe80::/10 link-local
+        || (first & 0xffc0) == 0xfec0                // fec0::/10 site-local
+        || ip.to_ipv4().is_some_and(|v4| ip.segments()[..6] == [0; 6] && denied_v4(v4)) // ::a.b.c.d
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
+        || (first == 0x0064 && ip.segments()[1] == 0xff9b && denied_v4(Ipv4Addr::from((u128::from(ip) & 0xffff_ffff) as u32)))
+    // NAT64 of a denied v4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn egress(allow: &[&str]) -> Egress {
+        let allow = allow.iter().map(|a| a.parse().expect("cidr")).collect();
+        Egress::new(allow, Vec::new(), Duration::from_secs(1))
+    }
+
+    #[test]
+    fn default_deny_covers_the_special_ranges() {
+        let e = egress(&[]);
+        for denied in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00:ec2::254",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::",
+        ] {
+            assert!(
+                !e.permits(denied.parse().expect("ip")),
+                "{denied} must be denied"
+            );
+        }
+        for allowed in ["1.1.1.1", "8.8.8.8", "2606:4700::1111", "100.128.0.1"] {
+            assert!(
+                e.permits(allowed.parse().expect("ip")),
+                "{allowed} must be allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_list_overrides_the_deny() {
+        let e = egress(&["127.0.0.1/32"]);
+        assert!(e.permits("127.0.0.1".parse().expect("ip")));
+        assert!(e.permits("::ffff:127.0.0.1".parse().expect("ip")));
+        assert!(!e.permits("127.0.0.2".parse().expect("ip")));
+    }
+
+    #[test]
+    fn source_choice_is_sticky_and_family_matched() {
+        let e = Egress::new(
+            Vec::new(),
+            vec![
+                "127.0.0.2".parse().expect("ip"),
+                "127.0.0.3".parse().expect("ip"),
+                "::1".parse().expect("ip"),
+            ],
+            Duration::from_secs(1),
+        );
+        let v4: SocketAddr = "1.1.1.1:80".parse().expect("addr");
+        let v6: SocketAddr = "[2606:4700::1111]:80".parse().expect("addr");
+        assert_eq!(e.source_for("alice", &v4), e.source_for("alice", &v4));
+        assert!(e.source_for("alice", &v4).is_some_and(|s| s.is_ipv4()));
+        assert_eq!(e.source_for("alice", &v6), Some("::1".parse().expect("ip")));
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_denied_address_is_denied() {
+        let e = egress(&[]);
+        let target = Target::Name {
+            host: "localhost".into(),
+            port: 9,
+        };
+        assert!(matches!(
+            e.connect("c", &target).await,
+            Err(EgressError::Denied(_))
+        ));
+    }
+}

@@ -1,0 +1,74 @@
+//! `blipless-device`: parse the command line and configuration, then run a
+//! device plane until the ingress says Drain or SIGTERM/SIGINT asks for one.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use blipless_config::{Config, EXIT_CONFIG_ERROR};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// The deployable plane of a blipless node: attaches to the ingress, serves
+/// SOCKS5 and HTTP proxy customers, and connects them out. Starting a second
+/// one beside a running one is a deploy: the new one takes over new
+/// connections and the old one drains and exits.
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_STORE_URL=sqlite:///tmp/state.db); precedence: defaults < file < environment < --set."
+)]
+struct Args {
+    /// The TOML configuration file shared with blipless-ingress.
+    #[arg(long, short, env = "BLIPLESS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Override one key, for example `--set drain.grace=30s` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Log as JSON lines instead of human-readable text (same as --set log.format=json).
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut sets = args.sets.clone();
+    if args.log_json {
+        sets.push("log.format=json".into());
+    }
+    let config = match Config::load(args.config.as_deref(), std::env::vars(), &sets) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("blipless-device: {errors}");
+            return ExitCode::from(EXIT_CONFIG_ERROR as u8);
+        }
+    };
+    blipless_config::daemon::init_logging(&config);
+    blipless_config::daemon::raise_fd_limit();
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("blipless-device: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let terminate = CancellationToken::new();
+        let signals = terminate.clone();
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sigterm.recv() => tracing::info!("SIGTERM: draining"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+            }
+            signals.cancel();
+        });
+        blipless_device::run(config, terminate).await
+    })
+}

@@ -1,0 +1,99 @@
+//! The contract every [`Store`] backend must meet, as a test suite shared by all of them.
+//!
+//! Each check is a generic async fn over `Arc<dyn Store>` (two handles on the same
+//! backend for the multi-process checks): [`clients`] for clients and the change feed,
+//! [`usage`] for counters, [`handles`] for several processes on one backend.
+//! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
+//! into one `#[tokio::test]` per check; the embedded store runs it below on a temp
+//! file, and a Redis backend will run the very same suite against its own
+//! `redis-server`.
+
+mod clients;
+mod handles;
+mod usage;
+
+use std::sync::Arc;
+
+pub(crate) use self::clients::*;
+pub(crate) use self::handles::*;
+pub(crate) use self::usage::*;
+use super::{ChangeKind, ClientRecord, Store};
+
+/// A backend to test: its URL, and a guard that keeps it alive (a temp dir, a child
+/// server) until the test ends.
+pub(crate) struct Fixture {
+    url: String,
+    _guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Fixture {
+    pub(crate) fn new(url: String, guard: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            url,
+            _guard: Box::new(guard),
+        }
+    }
+
+    /// A new handle on the backend, as a separate process would open it.
+    pub(crate) async fn handle(&self) -> Arc<dyn Store> {
+        match super::open(&self.url).await {
+            Ok(store) => store,
+            Err(err) => panic!("opening {}: {err}", self.url),
+        }
+    }
+}
+
+/// Instantiates the whole suite for a fixture expression (evaluated once per test).
+macro_rules! contract_tests {
+    ($fixture:expr) => {
+        contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
+            remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage);
+        contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles);
+    };
+    (@one $fixture:expr; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            let fixture = $fixture;
+            $crate::store::contract::$check(fixture.handle().await).await;
+        }
+    )*};
+    (@two $fixture:expr; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            let fixture = $fixture;
+            $crate::store::contract::$check(fixture.handle().await, fixture.handle().await)
+                .await;
+        }
+    )*};
+}
+
+/// A client record for tests, with every field set.
+pub(crate) fn client(name: &str) -> ClientRecord {
+    ClientRecord {
+        name: name.to_owned(),
+        secret_hash: crate::credentials::hash_secret(name),
+        created_at: 1_700_000_000,
+        wg_public_key: Some(format!("{name}-wg-key=")),
+        wg_address: Some("10.64.0.7".parse().expect("address literal")),
+    }
+}
+
+/// The whole change feed, as (name, kind) pairs.
+pub(crate) async fn feed(store: &Arc<dyn Store>) -> Vec<(String, ChangeKind)> {
+    let changes = store
+        .changes_since(0, usize::MAX)
+        .await
+        .expect("changes_since");
+    changes.into_iter().map(|c| (c.name, c.kind)).collect()
+}
+
+/// The embedded store, each test on a fresh file in its own temp dir.
+fn sqlite_fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    Fixture::new(url, dir)
+}
+
+mod sqlite {
+    contract_tests!(super::sqlite_fixture());
+}

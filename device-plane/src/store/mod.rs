@@ -1,0 +1,279 @@
+//! The device plane's state: proxy clients, their change feed and usage counters
+//! (DESIGN.md section 6).
+//!
+//! One object-safe [`Store`] trait, used as `Arc<dyn Store>`, with one implementation per
+//! backend and one contract test suite (`store::contract`, test builds only) that every backend must pass:
+//! - **embedded** (`sqlite://<path>`, the default): a SQLite file in WAL mode, safe for
+//!   several processes on one node (`blipless-ctl` adding a client while
+//!   `blipless-device` serves); see [`sqlite`].
+//! - **redis** (`redis://...`): not implemented yet; [`open`] answers
+//!   [`StoreError::Unsupported`] until the Redis backend lands.
+//!
+//! Pick a backend with [`open`]. Client names are checked by [`validate_name`]: they are
+//! proxy usernames and (with Redis) parts of keys.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub mod sqlite;
+
+#[cfg(test)]
+mod contract;
+
+pub use sqlite::SqliteStore;
+
+/// Longest client name accepted, in bytes (names are ASCII).
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A proxy client, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClientRecord {
+    /// Unique; also the proxy username. See [`validate_name`].
+    pub name: String,
+    /// Hex SHA-256 of the secret ([`crate::credentials::hash_secret`]); the secret
+    /// itself is never stored.
+    pub secret_hash: String,
+    /// When the client was created, in unix seconds.
+    pub created_at: i64,
+    /// WireGuard public key, stored and returned as given.
+    pub wg_public_key: Option<String>,
+    /// WireGuard tunnel address, stored and returned as given.
+    pub wg_address: Option<std::net::IpAddr>,
+}
+
+/// What happened to a client in the change feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    /// The client was added (or, later, updated): read it with [`Store::get_client`].
+    Upsert,
+    /// The client was removed.
+    Remove,
+}
+
+/// One entry of the change feed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Change {
+    /// Position in the feed: positive, strictly increasing, never reused.
+    pub seq: u64,
+    /// The client's name.
+    pub name: String,
+    /// What happened to it.
+    pub kind: ChangeKind,
+}
+
+/// A client's traffic counters, or a delta added to them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Bytes from the client to the destinations.
+    pub bytes_up: u64,
+    /// Bytes from the destinations to the client.
+    pub bytes_down: u64,
+    /// Connections (or tunnels) opened.
+    pub connections: u64,
+}
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store URL could not be parsed or names an unknown scheme.
+    #[error("invalid store URL {0:?}: expected sqlite://<path> or redis://<host>[:port][/db]")]
+    InvalidUrl(String),
+    /// The URL is well formed but this build cannot serve it yet.
+    #[error("unsupported store: {0}")]
+    Unsupported(String),
+    /// A client name is not 1..=64 characters of `[A-Za-z0-9._-]`.
+    #[error("invalid client name {0:?}: use 1 to 64 characters of A-Z a-z 0-9 . _ -")]
+    InvalidName(String),
+    /// A client of that name already exists.
+    #[error("client {0:?} already exists")]
+    AlreadyExists(String),
+    /// No client of that name exists (usage of an unknown client).
+    #[error("no client named {0:?}")]
+    NotFound(String),
+    /// The store was written by a newer version whose schema this one does not know.
+    #[error("store schema version {found} is newer than the {supported} this build supports")]
+    IncompatibleSchema {
+        /// The version found in the store.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The backend failed (a database error, a lost worker thread, a poisoned lock or
+    /// corrupt data); the message says what was being done.
+    #[error("store backend: {0}")]
+    Backend(String),
+    /// A filesystem operation failed (creating the store's directory).
+    #[error("store I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The device plane's state. Object safe: use it as `Arc<dyn Store>`.
+///
+/// Methods that take a name treat an invalid name (see [`validate_name`]) as a name
+/// that cannot exist: `get_client` answers `None`, `remove_client` `false`, the usage
+/// methods [`StoreError::NotFound`]. Only `add_client` answers
+/// [`StoreError::InvalidName`]. So untrusted input (a proxy username) can be looked up
+/// as it is.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Adds a client; `StoreError::AlreadyExists` if the name is taken,
+    /// `StoreError::InvalidName` if the name is invalid. Appends an Upsert change.
+    async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError>;
+    /// The client of that name, if any.
+    async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError>;
+    /// All clients, ordered by name.
+    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError>;
+    /// Removes a client (and its usage); Ok(false) if there was none. Appends a Remove
+    /// change (only when a client was removed).
+    async fn remove_client(&self, name: &str) -> Result<bool, StoreError>;
+    /// Changes with seq > `after`, oldest first, at most `limit`. `after = 0` reads the
+    /// feed from the start; follow it by passing the last seq seen.
+    async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError>;
+    /// Adds a usage delta to a client's counters (atomically; several processes may add
+    /// concurrently). Counters saturate at `i64::MAX` (2^63 - 1). `StoreError::NotFound` if the
+    /// client does not exist (for example, it was removed meanwhile).
+    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError>;
+    /// A client's counters (zero for a new client); `StoreError::NotFound` if the
+    /// client does not exist.
+    async fn usage(&self, name: &str) -> Result<Usage, StoreError>;
+}
+
+/// Whether `name` is a valid client name: 1..=64 characters of `[A-Za-z0-9._-]`.
+pub fn is_valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// Checks a client name: `StoreError::InvalidName` unless [`is_valid_name`].
+pub fn validate_name(name: &str) -> Result<(), StoreError> {
+    if is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidName(name.to_owned()))
+    }
+}
+
+/// A parsed store URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoreUrl {
+    /// `sqlite://<path>`: an absolute (`sqlite:///var/lib/x.db`) or relative
+    /// (`sqlite://state.db`) path.
+    Sqlite(PathBuf),
+    /// `redis://...` or `rediss://...`.
+    Redis,
+}
+
+fn parse_url(url: &str) -> Result<StoreUrl, StoreError> {
+    let invalid = || StoreError::InvalidUrl(url.to_owned());
+    let (scheme, rest) = url.split_once("://").ok_or_else(invalid)?;
+    if scheme.eq_ignore_ascii_case("sqlite") {
+        if rest.is_empty() || rest.ends_with('/') {
+            return Err(invalid());
+        }
+        Ok(StoreUrl::Sqlite(PathBuf::from(rest)))
+    } else if scheme.eq_ignore_ascii_case("redis") || scheme.eq_ignore_ascii_case("rediss") {
+        Ok(StoreUrl::Redis)
+    } else {
+        Err(invalid())
+    }
+}
+
+/// Opens the store a URL names:
+/// - `sqlite://<path>`: the embedded store; `<path>` is absolute
+///   (`sqlite:///var/lib/blipless/state.db`) or relative to the working directory
+///   (`sqlite://state.db`). Missing parent directories are created, and so is the file
+///   and its schema.
+/// - `redis://...`: `StoreError::Unsupported` for now (the Redis backend comes later).
+///
+/// Anything else is `StoreError::InvalidUrl`.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    match parse_url(url)? {
+        StoreUrl::Sqlite(path) => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                tokio::fs::create_dir_all(parent).await?;
+            }
+            let store = SqliteStore::open(path).await?;
+            Ok(Arc::new(store))
+        }
+        StoreUrl::Redis => Err(StoreError::Unsupported(format!(
+            "{url}: the Redis store is not implemented yet (a later release adds it); \
+             use sqlite://<path>"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "alice", "A.b_c-9", &"x".repeat(64)] {
+            assert!(is_valid_name(ok), "{ok}");
+            assert!(validate_name(ok).is_ok());
+        }
+        for bad in ["", "a b", "a:b", "a/b", "{x}", "é", "a\n", &"x".repeat(65)] {
+            assert!(!is_valid_name(bad), "{bad:?}");
+            assert!(matches!(
+                validate_name(bad),
+                Err(StoreError::InvalidName(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("sqlite:///var/lib/blipless/state.db").ok(),
+            Some(StoreUrl::Sqlite("/var/lib/blipless/state.db".into()))
+        );
+        assert_eq!(
+            parse_url("sqlite://state.db").ok(),
+            Some(StoreUrl::Sqlite("state.db".into()))
+        );
+        assert_eq!(
+            parse_url("sqlite://./data/x.db").ok(),
+            Some(StoreUrl::Sqlite("./data/x.db".into()))
+        );
+        assert_eq!(
+            parse_url("redis://127.0.0.1:6379/0").ok(),
+            Some(StoreUrl::Redis)
+        );
+        for bad in [
+            "",
+            "sqlite:",
+            "sqlite://",
+            "sqlite:///tmp/",
+            "state.db",
+            "mysql://x/y",
+        ] {
+            assert!(
+                matches!(parse_url(bad), Err(StoreError::InvalidUrl(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn open_dispatches_on_scheme() {
+        let err = open("redis://127.0.0.1:6379/0").await.err();
+        match err {
+            Some(StoreError::Unsupported(msg)) => assert!(msg.contains("Redis"), "{msg}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        assert!(matches!(
+            open("postgres://localhost/x").await.err(),
+            Some(StoreError::InvalidUrl(_))
+        ));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nested/deeper/state.db");
+        let store = open(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("open sqlite");
+        assert!(store.list_clients().await.expect("list").is_empty());
+        assert!(path.exists());
+    }
+}

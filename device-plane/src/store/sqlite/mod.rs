@@ -1,0 +1,361 @@
+//! The embedded [`Store`]: one SQLite file, safe for several processes on one node.
+//!
+//! - WAL journal mode, so readers (`blipless-device`) never block the writer
+//!   (`blipless-ctl client add`) and the other way round; a busy timeout of 5 s makes a
+//!   writer wait for another process's write instead of failing.
+//! - Multi-statement writes run in `BEGIN IMMEDIATE` transactions: the write lock is
+//!   taken up front, so two processes never deadlock upgrading a read to a write.
+//!   Usage adds are a single `UPDATE ... SET n = n + ?`, atomic across processes.
+//! - The schema is created idempotently; its version lives in `PRAGMA user_version`.
+//! - The change feed is a table whose `AUTOINCREMENT` key is the seq: strictly
+//!   increasing across processes (writes are serialized by SQLite) and never reused.
+//! - Every call runs on tokio's blocking pool (`spawn_blocking`); the connection sits in
+//!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
+
+mod schema;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+pub use self::schema::{BUSY_TIMEOUT, SCHEMA_VERSION};
+use super::{validate_name, Change, ChangeKind, ClientRecord, Store, StoreError, Usage};
+
+const CLIENT_COLUMNS: &str = "name, secret_hash, created_at, wg_public_key, wg_address";
+
+/// The embedded store on a SQLite file. Open it with [`super::open`] or
+/// [`SqliteStore::open`]; clone the `Arc<dyn Store>` to share it.
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps a rusqlite error to `StoreError::Backend`, saying what was being done.
+fn db(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |err| StoreError::Backend(format!("{context}: {err}"))
+}
+
+/// A u64 counter or delta as SQLite's i64, saturating.
+fn to_sql_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// An i64 read back from SQLite as u64; a negative value means corrupt data.
+fn from_sql_int(n: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Backend(format!("corrupt store: negative {what} {n}")))
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path`: sets WAL mode and the busy
+    /// timeout, and creates or checks the schema. The parent directory must exist
+    /// ([`super::open`] creates it).
+    pub async fn open(path: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let path = path.into();
+        let for_open = path.clone();
+        let conn = tokio::task::spawn_blocking(move || schema::open_connection(&for_open))
+            .await
+            .map_err(|err| StoreError::Backend(format!("opening store: worker failed: {err}")))??;
+        tracing::debug!(path = %path.display(), "opened embedded store");
+        Ok(Self {
+            path,
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().map_err(|_| {
+                StoreError::Backend("store connection lock poisoned by an earlier panic".into())
+            })?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|err| StoreError::Backend(format!("store worker failed: {err}")))?
+    }
+}
+
+fn kind_str(kind: ChangeKind) -> &'static str {
+    match kind {
+        ChangeKind::Upsert => "upsert",
+        ChangeKind::Remove => "remove",
+    }
+}
+
+fn append_change(conn: &Connection, name: &str, kind: ChangeKind) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO changes (name, kind) VALUES (?1, ?2)",
+        params![name, kind_str(kind)],
+    )
+    .map_err(db("appending change"))?;
+    Ok(())
+}
+
+/// A `clients` row as read (columns in `CLIENT_COLUMNS` order), before validation.
+type RawClient = (String, String, i64, Option<String>, Option<String>);
+
+fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+    ))
+}
+
+fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError> {
+    let (name, secret_hash, created_at, wg_public_key, wg_address) = raw;
+    let wg_address = match wg_address {
+        None => None,
+        Some(text) => Some(text.parse::<IpAddr>().map_err(|_| {
+            StoreError::Backend(format!(
+                "corrupt store: client {name:?} wg_address {text:?}"
+            ))
+        })?),
+    };
+    Ok(ClientRecord {
+        name,
+        secret_hash,
+        created_at,
+        wg_public_key,
+        wg_address,
+    })
+}
+
+fn read_usage(conn: &Connection, name: &str) -> Result<Usage, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT bytes_up, bytes_down, connections FROM usage WHERE name = ?1",
+            params![name],
+            |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(db("reading usage"))?;
+    match row {
+        Some((up, down, conns)) => Ok(Usage {
+            bytes_up: from_sql_int(up, "bytes_up")?,
+            bytes_down: from_sql_int(down, "bytes_down")?,
+            connections: from_sql_int(conns, "connections")?,
+        }),
+        None => Err(StoreError::NotFound(name.to_owned())),
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError> {
+        validate_name(&record.name)?;
+        self.with_conn(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db("beginning add_client"))?;
+            let inserted = tx
+                .execute(
+                    "INSERT OR IGNORE INTO clients (name, secret_hash, created_at, wg_public_key, \
+                     wg_address) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![
+                        record.name,
+                        record.secret_hash,
+                        record.created_at,
+                        record.wg_public_key,
+                        record.wg_address.map(|a| a.to_string()),
+                    ],
+                )
+                .map_err(db("inserting client"))?;
+            if inserted == 0 {
+                return Err(StoreError::AlreadyExists(record.name));
+            }
+            // A leftover row (there should be none) is reset: a new client starts at zero.
+            tx.execute(
+                "INSERT OR REPLACE INTO usage (name, bytes_up, bytes_down, connections) \
+                 VALUES (?1, 0, 0, 0)",
+                params![record.name],
+            )
+            .map_err(db("creating usage row"))?;
+            append_change(&tx, &record.name, ChangeKind::Upsert)?;
+            tx.commit().map_err(db("committing add_client"))
+        })
+        .await
+    }
+
+    async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError> {
+        if !super::is_valid_name(name) {
+            return Ok(None);
+        }
+        let name = name.to_owned();
+        self.with_conn(move |conn| {
+            let raw = conn
+                .query_row(
+                    &format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE name = ?1"),
+                    params![name],
+                    raw_client,
+                )
+                .optional()
+                .map_err(db("reading client"))?;
+            raw.map(client_from_raw).transpose()
+        })
+        .await
+    }
+
+    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        self.with_conn(|conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {CLIENT_COLUMNS} FROM clients ORDER BY name"
+                ))
+                .map_err(db("listing clients"))?;
+            let rows = stmt
+                .query_map([], raw_client)
+                .map_err(db("listing clients"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db("listing clients"))?;
+            rows.into_iter().map(client_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn remove_client(&self, name: &str) -> Result<bool, StoreError> {
+        if !super::is_valid_name(name) {
+            return Ok(false);
+        }
+        let name = name.to_owned();
+        self.with_conn(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(db("beginning remove_client"))?;
+            let removed = tx
+                .execute("DELETE FROM clients WHERE name = ?1", params![name])
+                .map_err(db("deleting client"))?;
+            if removed == 0 {
+                return Ok(false);
+            }
+            tx.execute("DELETE FROM usage WHERE name = ?1", params![name])
+                .map_err(db("deleting usage"))?;
+            append_change(&tx, &name, ChangeKind::Remove)?;
+            tx.commit().map_err(db("committing remove_client"))?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        // Seqs are positive i64s: nothing lies beyond i64::MAX.
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT seq, name, kind FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )
+                .map_err(db("reading changes"))?;
+            let rows = stmt
+                .query_map(params![after, limit], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(db("reading changes"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading changes"))?;
+            rows.into_iter()
+                .map(|(seq, name, kind)| {
+                    let kind = match kind.as_str() {
+                        "upsert" => ChangeKind::Upsert,
+                        "remove" => ChangeKind::Remove,
+                        other => {
+                            return Err(StoreError::Backend(format!(
+                                "corrupt store: change {seq} has kind {other:?}"
+                            )))
+                        }
+                    };
+                    Ok(Change {
+                        seq: from_sql_int(seq, "seq")?,
+                        name,
+                        kind,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
+        if !super::is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let name = name.to_owned();
+        self.with_conn(move |conn| {
+            // One statement: atomic across connections and processes. SQLite turns an
+            // overflowing integer sum into a float, so saturate at i64::MAX instead.
+            let updated = conn
+                .prepare_cached(
+                    "UPDATE usage SET \
+                     bytes_up = CASE WHEN bytes_up > 9223372036854775807 - ?2 \
+                         THEN 9223372036854775807 ELSE bytes_up + ?2 END, \
+                     bytes_down = CASE WHEN bytes_down > 9223372036854775807 - ?3 \
+                         THEN 9223372036854775807 ELSE bytes_down + ?3 END, \
+                     connections = CASE WHEN connections > 9223372036854775807 - ?4 \
+                         THEN 9223372036854775807 ELSE connections + ?4 END \
+                     WHERE name = ?1",
+                )
+                .map_err(db("adding usage"))?
+                .execute(params![
+                    name,
+                    to_sql_int(delta.bytes_up),
+                    to_sql_int(delta.bytes_down),
+                    to_sql_int(delta.connections),
+                ])
+                .map_err(db("adding usage"))?;
+            if updated == 0 {
+                return Err(StoreError::NotFound(name));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn usage(&self, name: &str) -> Result<Usage, StoreError> {
+        if !super::is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let name = name.to_owned();
+        self.with_conn(move |conn| read_usage(conn, &name)).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+//! The embedded store's SQLite settings and schema: opening a connection in WAL mode
+//! with a busy timeout, and creating (idempotently) or checking the versioned schema.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::db;
+use crate::store::StoreError;
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a write waits for another connection's lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SCHEMA_V1: &str = "
+CREATE TABLE IF NOT EXISTS clients (
+    name          TEXT PRIMARY KEY NOT NULL,
+    secret_hash   TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    wg_public_key TEXT,
+    wg_address    TEXT
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('upsert', 'remove'))
+);
+CREATE TABLE IF NOT EXISTS usage (
+    name        TEXT PRIMARY KEY NOT NULL,
+    bytes_up    INTEGER NOT NULL DEFAULT 0,
+    bytes_down  INTEGER NOT NULL DEFAULT 0,
+    connections INTEGER NOT NULL DEFAULT 0
+);
+";
+
+pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags).map_err(|err| {
+        StoreError::Backend(format!("opening store file {}: {err}", path.display()))
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(db("setting busy timeout"))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(db("setting WAL journal mode"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Backend(format!(
+            "store file {}: WAL journal mode unavailable (got {mode:?})",
+            path.display()
+        )));
+    }
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Creates the schema if the store is new; refuses a newer schema. Runs under the write
+/// lock, so processes opening a new store at once create it exactly once.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db("beginning schema transaction"))?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(db("reading schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::IncompatibleSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < SCHEMA_VERSION {
+        tx.execute_batch(SCHEMA_V1).map_err(db("creating schema"))?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(db("writing schema version"))?;
+    }
+    tx.commit().map_err(db("committing schema"))
+}

@@ -1,0 +1,140 @@
+//! The customer-facing TCP listeners: accept only while a device plane is
+//! active, and hand each accepted socket to it.
+//!
+//! While no plane is active the loop does not call accept at all, so new
+//! connections wait in the kernel's listen backlog (the client sees a
+//! completed TCP handshake and simply waits) until a plane attaches.
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blipless_protocol::channel::{Accepted, ListenerKind, Message};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::planes::{PlaneLink, Planes};
+
+/// Numbers every accepted connection, across listeners, for logs on both planes.
+#[derive(Debug, Default)]
+pub struct ConnectionIds(AtomicU64);
+
+impl ConnectionIds {
+    fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// Everything an accept loop needs.
+#[derive(Debug, Clone)]
+pub struct AcceptContext {
+    /// The attached planes.
+    pub planes: Arc<Planes>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Shared connection numbering.
+    pub ids: Arc<ConnectionIds>,
+}
+
+/// Accepts on `listener` until `shutdown`, then returns (dropping the
+/// listener closes it).
+pub async fn serve(
+    kind: ListenerKind,
+    listener: TcpListener,
+    context: AcceptContext,
+    shutdown: CancellationToken,
+) {
+    let mut active = context.planes.subscribe();
+    loop {
+        let Some(plane) = wait_for_plane(&mut active, &shutdown).await else {
+            return;
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = active.changed() => continue,
+            () = plane.closed.cancelled() => continue,
+            () = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                // EMFILE, ENOBUFS, ECONNABORTED: transient; the backlog keeps the rest.
+                tracing::warn!(listener = ?kind, %error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        context.metrics.count_accepted(kind);
+        let local = match stream.local_addr() {
+            Ok(local) => local,
+            Err(error) => {
+                tracing::debug!(%error, "accepted socket already gone");
+                continue;
+            }
+        };
+        let accepted = Accepted {
+            listener: kind,
+            connection_id: context.ids.next(),
+            peer,
+            local,
+        };
+        hand_over(stream, accepted, plane, &mut active, &context, &shutdown).await;
+    }
+}
+
+async fn wait_for_plane(
+    active: &mut tokio::sync::watch::Receiver<Option<Arc<PlaneLink>>>,
+    shutdown: &CancellationToken,
+) -> Option<Arc<PlaneLink>> {
+    loop {
+        if let Some(plane) = active.borrow_and_update().clone() {
+            if !plane.closed.is_cancelled() {
+                return Some(plane);
+            }
+        }
+        tokio::select! {
+            changed = active.changed() => if changed.is_err() { return None },
+            () = shutdown.cancelled() => return None,
+        }
+    }
+}
+
+/// Sends the connection to a plane; if that plane is gone, to the next
+/// active one. The connection is only dropped at shutdown.
+async fn hand_over(
+    stream: TcpStream,
+    accepted: Accepted,
+    mut plane: Arc<PlaneLink>,
+    active: &mut tokio::sync::watch::Receiver<Option<Arc<PlaneLink>>>,
+    context: &AcceptContext,
+    shutdown: &CancellationToken,
+) {
+    loop {
+        match plane
+            .send_if_active(&Message::Accepted(accepted), &[stream.as_fd()])
+            .await
+        {
+            Ok(false) => match wait_for_plane(active, shutdown).await {
+                // A newer plane took over between accept and send.
+                Some(next) => plane = next,
+                None => return,
+            },
+            Ok(true) => {
+                plane.count_handed();
+                context.metrics.count_handed();
+                tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(generation = plane.generation, %error, "could not hand a connection to the device plane; retrying with the next");
+                plane.closed.cancel();
+                match wait_for_plane(active, shutdown).await {
+                    Some(next) => plane = next,
+                    None => return,
+                }
+            }
+        }
+    }
+}

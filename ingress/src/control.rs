@@ -1,0 +1,84 @@
+//! The control socket: `blipless-ctl` sends one JSON request per line and
+//! reads one JSON response per line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use blipless_protocol::control::{ControlRequest, ControlResponse, MAX_REQUEST_LINE};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::node::Node;
+use crate::peercred;
+
+/// Serves operators until `shutdown`.
+pub async fn serve(listener: UnixListener, node: Arc<Node>, shutdown: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "control accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            if let Err(error) = serve_operator(stream, node).await {
+                tracing::debug!(%error, "control connection ended");
+            }
+        });
+    }
+}
+
+async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<()> {
+    let uid = stream.peer_cred()?.uid();
+    let (read, mut write) = stream.into_split();
+    if !peercred::is_allowed(uid) {
+        let response = ControlResponse::Error {
+            message: format!(
+                "uid {uid} may not use this control socket: run as uid {} or root",
+                peercred::own_uid()
+            ),
+        };
+        return write_line(&mut write, &response).await;
+    }
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_LINE as u64 + 1));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = tokio::time::timeout(Duration::from_secs(30), reader.read_line(&mut line)).await;
+        let Ok(read) = read else { return Ok(()) };
+        if read? == 0 {
+            return Ok(());
+        }
+        let response = if !line.ends_with('\n') {
+            let message = format!("request line over {MAX_REQUEST_LINE} bytes");
+            write_line(&mut write, &ControlResponse::Error { message }).await?;
+            return Ok(());
+        } else {
+            match serde_json::from_str::<ControlRequest>(line.trim_end()) {
+                Ok(ControlRequest::Status) => ControlResponse::Status(node.status_report()),
+                Err(error) => ControlResponse::Error {
+                    message: format!(
+                        "not a control request ({error}); this ingress understands: status"
+                    ),
+                },
+            }
+        };
+        write_line(&mut write, &response).await?;
+    }
+}
+
+async fn write_line(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    response: &ControlResponse,
+) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(response).map_err(std::io::Error::other)?;
+    line.push('\n');
+    write.write_all(line.as_bytes()).await
+}

@@ -1,0 +1,161 @@
+//! The ingress's Prometheus metrics, including the figures device planes report.
+
+use blipless_protocol::channel::ListenerKind;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::planes::{PlaneState, Planes};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabel {
+    listener: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+/// Every metric the ingress exposes on `/metrics`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    accepted: Family<ListenerLabel, Counter>,
+    handed: Counter,
+    ready: Gauge,
+    planes: Family<StateLabel, Gauge>,
+    connections_open: Gauge,
+    drain_remaining: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("blipless");
+        let accepted = Family::<ListenerLabel, Counter>::default();
+        registry.register(
+            "connections_accepted",
+            "Customer connections accepted, by listener",
+            accepted.clone(),
+        );
+        let handed = Counter::default();
+        registry.register(
+            "connections_handed",
+            "Connections handed to a device plane",
+            handed.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register("ready", "1 when /status answers ok", ready.clone());
+        let planes = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "device_planes",
+            "Attached device planes, by state",
+            planes.clone(),
+        );
+        let connections_open = Gauge::default();
+        registry.register(
+            "devices_live",
+            "Customer connections held by device planes",
+            connections_open.clone(),
+        );
+        let drain_remaining = Gauge::default();
+        registry.register(
+            "drain_active_remaining",
+            "Connections still held by draining device planes",
+            drain_remaining.clone(),
+        );
+        Self {
+            registry,
+            accepted,
+            handed,
+            ready,
+            planes,
+            connections_open,
+            drain_remaining,
+        }
+    }
+
+    /// Counts one accepted connection.
+    pub fn count_accepted(&self, kind: ListenerKind) {
+        let listener = match kind {
+            ListenerKind::Socks => "socks",
+            ListenerKind::Http => "http",
+        };
+        self.accepted
+            .get_or_create(&ListenerLabel {
+                listener: listener.into(),
+            })
+            .inc();
+    }
+
+    /// Connections accepted on every listener since start.
+    pub fn accepted_total(&self) -> u64 {
+        ["socks", "http"]
+            .iter()
+            .map(|listener| {
+                self.accepted
+                    .get_or_create(&ListenerLabel {
+                        listener: (*listener).into(),
+                    })
+                    .get()
+            })
+            .sum()
+    }
+
+    /// Counts one connection handed to a plane.
+    pub fn count_handed(&self) {
+        self.handed.inc();
+    }
+
+    /// Refreshes the gauges from the planes and renders the text exposition.
+    pub fn render(&self, planes: &Planes, ready: bool) -> String {
+        self.ready.set(i64::from(ready));
+        let mut open = 0u64;
+        let mut draining = 0u64;
+        for state in [
+            PlaneState::Standby,
+            PlaneState::Ready,
+            PlaneState::Active,
+            PlaneState::Draining,
+        ] {
+            self.planes
+                .get_or_create(&StateLabel {
+                    state: state.as_str().into(),
+                })
+                .set(0);
+        }
+        for plane in planes.all() {
+            let state = plane.state();
+            self.planes
+                .get_or_create(&StateLabel {
+                    state: state.as_str().into(),
+                })
+                .inc();
+            let held = plane.report().connections;
+            open += held;
+            if state == PlaneState::Draining {
+                draining += held;
+            }
+        }
+        self.connections_open.set(clamp(open));
+        self.drain_remaining.set(clamp(draining));
+        let mut text = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(%error, "encoding metrics failed");
+        }
+        text
+    }
+}
+
+fn clamp(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}

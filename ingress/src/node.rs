@@ -1,0 +1,92 @@
+//! The ingress's shared view of the node: readiness, planes, metrics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use blipless_protocol::control::{ListenerInfo, StatusReport};
+
+use crate::metrics::Metrics;
+use crate::planes::Planes;
+
+/// What `/status` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// No active device plane yet.
+    Starting,
+    /// Serving.
+    Ok,
+    /// A drain has started.
+    Draining,
+}
+
+impl Readiness {
+    /// The word on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Starting => "starting",
+            Readiness::Ok => "ok",
+            Readiness::Draining => "draining",
+        }
+    }
+}
+
+/// State shared by the ingress's tasks.
+#[derive(Debug)]
+pub struct Node {
+    /// Attached device planes.
+    pub planes: Arc<Planes>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Listening sockets, for status.
+    pub listeners: Vec<ListenerInfo>,
+    started: Instant,
+    draining: AtomicBool,
+}
+
+impl Node {
+    /// A node that has just started.
+    pub fn new(planes: Arc<Planes>, metrics: Arc<Metrics>, listeners: Vec<ListenerInfo>) -> Self {
+        Self {
+            planes,
+            metrics,
+            listeners,
+            started: Instant::now(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the node as draining (from then on `/status` answers 503).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Readiness now.
+    pub fn readiness(&self) -> Readiness {
+        if self.draining.load(Ordering::SeqCst) {
+            Readiness::Draining
+        } else if self.planes.active().is_some() {
+            Readiness::Ok
+        } else {
+            Readiness::Starting
+        }
+    }
+
+    /// The report `blipless-ctl status` prints.
+    pub fn status_report(&self) -> StatusReport {
+        StatusReport {
+            state: self.readiness().as_str().to_string(),
+            ingress_pid: std::process::id(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            connections_accepted: self.metrics.accepted_total(),
+            listeners: self.listeners.clone(),
+            device_planes: self.planes.all().iter().map(|p| p.info()).collect(),
+        }
+    }
+
+    /// The Prometheus exposition.
+    pub fn render_metrics(&self) -> String {
+        self.metrics
+            .render(&self.planes, self.readiness() == Readiness::Ok)
+    }
+}

@@ -1,0 +1,87 @@
+//! The status listener: `/status` for load balancers, `/metrics` for Prometheus.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::node::{Node, Readiness};
+
+/// Serves status requests until `shutdown`.
+pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "status accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let node = node.clone();
+                async move { Ok::<_, Infallible>(respond(&node, &request)) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "status connection ended");
+            }
+        });
+    }
+}
+
+fn respond(node: &Node, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET\n".into(),
+            "text/plain",
+        );
+    }
+    match request.uri().path() {
+        "/status" => {
+            let readiness = node.readiness();
+            let code = if readiness == Readiness::Ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(code, format!("{}\n", readiness.as_str()), "text/plain")
+        }
+        "/metrics" => text(
+            StatusCode::OK,
+            node.render_metrics(),
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "try /status or /metrics\n".into(),
+            "text/plain",
+        ),
+    }
+}
+
+fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
+}

@@ -1,0 +1,242 @@
+//! Round trips, truncation, split reads, caps and refusals of the frame codec.
+
+use std::net::SocketAddr;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("test address")
+}
+
+fn samples() -> Vec<Message> {
+    let mut batch = Packets::new(7);
+    assert!(batch.try_push(&[0x45, 0, 0, 20]));
+    assert!(batch.try_push(&[0x60; 40]));
+    vec![
+        Message::Hello(Hello {
+            pid: 42,
+            software: "0.1.0".into(),
+        }),
+        Message::Welcome(Welcome {
+            generation: 3,
+            ingress_pid: 9,
+        }),
+        Message::Refused(Refused {
+            reason: "no".into(),
+        }),
+        Message::Accepted(Accepted {
+            listener: ListenerKind::Socks,
+            connection_id: u64::MAX,
+            peer: addr("127.0.0.1:5555"),
+            local: addr("[::1]:1080"),
+        }),
+        Message::Packets(batch),
+        Message::Packets(Packets::new(1)),
+        Message::Ready,
+        Message::Activate,
+        Message::Drain,
+        Message::Drained(Drained {
+            migrated: 1,
+            finished: 2,
+            cut: 3,
+        }),
+        Message::Goaway,
+        Message::Report(DeviceReport {
+            connections: 5,
+            connections_total: 6,
+            clients: 7,
+        }),
+    ]
+}
+
+#[test]
+fn every_message_round_trips() {
+    for message in samples() {
+        let bytes = encode(&message);
+        assert!(bytes.len() <= MAX_FRAME);
+        let (decoded, used) = decode(&bytes).expect("decodes");
+        assert_eq!(decoded, message);
+        assert_eq!(used, bytes.len());
+    }
+}
+
+#[test]
+fn every_truncation_is_incomplete_not_malformed() {
+    for message in samples() {
+        let bytes = encode(&message);
+        for cut in 0..bytes.len() {
+            let error = decode(&bytes[..cut]).expect_err("a prefix is not a frame");
+            assert!(error.is_incomplete(), "{message:?} cut at {cut}: {error}");
+        }
+    }
+}
+
+#[test]
+fn a_stream_split_across_reads_decodes_in_order() {
+    let messages = samples();
+    let stream: Vec<u8> = messages.iter().flat_map(encode).collect();
+    for chunk in [1usize, 3, 7, 64] {
+        let mut buffer = Vec::new();
+        let mut decoded = Vec::new();
+        for piece in stream.chunks(chunk) {
+            buffer.extend_from_slice(piece);
+            loop {
+                match decode(&buffer) {
+                    Ok((message, used)) => {
+                        decoded.push(message);
+                        buffer.drain(..used);
+                    }
+                    Err(error) if error.is_incomplete() => break,
+                    Err(error) => panic!("chunk {chunk}: {error}"),
+                }
+            }
+        }
+        assert_eq!(decoded, messages);
+        assert!(buffer.is_empty());
+    }
+}
+
+#[test]
+fn oversize_is_refused_from_the_header_alone() {
+    let mut header = encode(&Message::Ready);
+    header[4..8].copy_from_slice(&((MAX_PAYLOAD + 1) as u32).to_be_bytes());
+    assert_eq!(
+        decode(&header),
+        Err(DecodeError::Oversize {
+            len: MAX_PAYLOAD + 1,
+            max: MAX_PAYLOAD
+        })
+    );
+}
+
+#[test]
+fn unknown_type_is_refused_before_its_payload_arrives() {
+    let mut frame = encode(&Message::Ready);
+    frame[3] = 200;
+    frame[4..8].copy_from_slice(&100u32.to_be_bytes());
+    assert_eq!(decode(&frame), Err(DecodeError::UnknownType(200)));
+}
+
+#[test]
+fn version_mismatch_names_both_versions() {
+    let mut frame = encode(&Message::Ready);
+    frame[2] = PROTOCOL_VERSION + 1;
+    let error = decode(&frame).expect_err("other version");
+    assert_eq!(
+        error,
+        DecodeError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: PROTOCOL_VERSION + 1
+        }
+    );
+    assert!(error.to_string().contains("v2"));
+}
+
+#[test]
+fn bad_magic_is_refused_as_soon_as_two_bytes_arrive() {
+    assert_eq!(decode(b"GE"), Err(DecodeError::BadMagic(*b"GE")));
+    assert_eq!(
+        decode(b"GET / HTTP/1.1\r\n"),
+        Err(DecodeError::BadMagic(*b"GE"))
+    );
+}
+
+#[test]
+fn malformed_payloads_are_named() {
+    // A control message with a payload it must not have.
+    let mut frame = encode(&Message::Ready);
+    frame.push(1);
+    frame[4..8].copy_from_slice(&1u32.to_be_bytes());
+    assert!(matches!(
+        decode(&frame),
+        Err(DecodeError::Malformed {
+            message: "Ready",
+            ..
+        })
+    ));
+    // Accepted with an unknown listener kind.
+    let mut frame = encode(&samples()[3]);
+    frame[HEADER_LEN] = 9;
+    assert!(matches!(
+        decode(&frame),
+        Err(DecodeError::Malformed {
+            message: "Accepted",
+            ..
+        })
+    ));
+    // Packets whose count promises more than the payload holds.
+    let mut frame = encode(&Message::Packets(Packets::new(1)));
+    frame[HEADER_LEN + 5] = 3;
+    assert!(matches!(
+        decode(&frame),
+        Err(DecodeError::Malformed {
+            message: "Packets",
+            ..
+        })
+    ));
+    // JSON that is not a Hello.
+    let mut frame = encode(&Message::Ready);
+    frame[3] = 1;
+    frame.extend_from_slice(b"{}");
+    frame[4..8].copy_from_slice(&2u32.to_be_bytes());
+    assert!(matches!(
+        decode(&frame),
+        Err(DecodeError::Malformed {
+            message: "Hello",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn packets_batch_stops_at_the_cap() {
+    let mut batch = Packets::new(1);
+    let packet = vec![0u8; 1400];
+    let mut pushed = 0;
+    while batch.try_push(&packet) {
+        pushed += 1;
+    }
+    assert!(pushed > 40, "a batch holds many MTU-sized packets");
+    let bytes = encode(&Message::Packets(batch.clone()));
+    assert!(bytes.len() <= MAX_FRAME);
+    assert_eq!(decode(&bytes).expect("fits").0, Message::Packets(batch));
+    assert!(!Packets::new(1).try_push(&[]));
+}
+
+#[test]
+fn fd_counts() {
+    for message in samples() {
+        let expected = usize::from(matches!(message, Message::Accepted(_)));
+        assert_eq!(message.fd_count(), expected, "{}", message.name());
+    }
+}
+
+proptest! {
+    #[test]
+    fn decode_never_panics_and_never_overreads(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        if let Ok((message, used)) = decode(&bytes) {
+            prop_assert!(used <= bytes.len());
+            prop_assert_eq!(decode(&encode(&message)).map(|(m, _)| m), Ok(message));
+        }
+    }
+
+    #[test]
+    fn headers_with_valid_magic_never_panic(kind in any::<u8>(), len in any::<u32>(), rest in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let mut bytes = vec![b'B', b'L', PROTOCOL_VERSION, kind];
+        bytes.extend_from_slice(&len.to_be_bytes());
+        bytes.extend_from_slice(&rest);
+        let _ = decode(&bytes);
+    }
+
+    #[test]
+    fn packet_batches_round_trip(peer in any::<u32>(), packets in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..1500), 0..30)) {
+        let mut batch = Packets::new(peer);
+        for packet in &packets {
+            prop_assert!(batch.try_push(packet));
+        }
+        let message = Message::Packets(batch);
+        prop_assert_eq!(decode(&encode(&message)), Ok((message.clone(), encode(&message).len())));
+    }
+}

@@ -1,0 +1,102 @@
+//! The control socket's messages: one JSON object per line each way.
+//!
+//! `blipless-ctl` writes one [`ControlRequest`] line; the ingress answers
+//! with one [`ControlResponse`] line (or, for a watch, a line per update
+//! until the client hangs up).
+
+use serde::{Deserialize, Serialize};
+
+/// Longest request line the ingress reads before refusing it.
+pub const MAX_REQUEST_LINE: usize = 4096;
+
+/// What an operator asks the ingress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// The node's state: readiness, device planes, counters.
+    Status,
+}
+
+/// The ingress's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ControlResponse {
+    /// Answer to [`ControlRequest::Status`].
+    Status(StatusReport),
+    /// The request could not be served.
+    Error {
+        /// What went wrong and what to do.
+        message: String,
+    },
+}
+
+/// The node as the ingress sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// "starting", "ok" or "draining": the same word `/status` answers.
+    pub state: String,
+    /// The ingress's process id.
+    pub ingress_pid: u32,
+    /// Seconds since the ingress started.
+    pub uptime_seconds: u64,
+    /// Customer connections accepted since start.
+    pub connections_accepted: u64,
+    /// Customer-facing listeners: name and address.
+    pub listeners: Vec<ListenerInfo>,
+    /// Attached device planes, oldest first.
+    pub device_planes: Vec<DevicePlaneInfo>,
+}
+
+/// One listening socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerInfo {
+    /// "socks", "http", "status".
+    pub name: String,
+    /// Where it listens.
+    pub address: String,
+}
+
+/// One attached device plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevicePlaneInfo {
+    /// The number the ingress gave it.
+    pub generation: u64,
+    /// Its process id.
+    pub pid: u32,
+    /// Its software version.
+    pub software: String,
+    /// "standby", "ready", "active", "draining".
+    pub state: String,
+    /// Connections the ingress has handed it.
+    pub connections_handed: u64,
+    /// Connections it reports holding now.
+    pub connections_open: u64,
+    /// Clients it reports knowing.
+    pub clients: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lines_are_tagged_json() {
+        let line = serde_json::to_string(&ControlRequest::Status).expect("encodes");
+        assert_eq!(line, r#"{"command":"status"}"#);
+        let parsed: ControlRequest = serde_json::from_str(&line).expect("decodes");
+        assert_eq!(parsed, ControlRequest::Status);
+        assert!(serde_json::from_str::<ControlRequest>(r#"{"command":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn error_response_round_trips() {
+        let response = ControlResponse::Error {
+            message: "x".into(),
+        };
+        let line = serde_json::to_string(&response).expect("encodes");
+        assert_eq!(
+            serde_json::from_str::<ControlResponse>(&line).expect("decodes"),
+            response
+        );
+    }
+}
