@@ -65,11 +65,13 @@ async fn handshake(
     let mut buffer = Vec::with_capacity(256);
     let greeting = read_message(stream, &mut buffer, socks5::parse_greeting)
         .await?
-        .map_err(|e| {
-            Stop::Answer(
+        .map_err(|e| match e {
+            // Not a SOCKS5 client (SOCKS4, TLS, HTTP...): no SOCKS5 answer makes sense.
+            Socks5Error::BadVersion(_) => Stop::Answer(Vec::new(), e.to_string()),
+            _ => Stop::Answer(
                 socks5::method_selection(socks5::METHOD_NONE_ACCEPTABLE).to_vec(),
                 e.to_string(),
-            )
+            ),
         })?;
     if !greeting.methods.contains(&socks5::METHOD_USER_PASS) {
         return Err(Stop::Answer(

@@ -1,1 +1,86 @@
-//! placeholder
+//! The end-to-end harness: start the real `blipless-ingress` and
+//! `blipless-device` binaries on free loopback ports with their own state
+//! folder, an origin server to proxy to, and real clients (curl).
+//!
+//! Binaries are found in the workspace's target folder (`debug` unless
+//! `BLIPLESS_PROFILE` says `release`, or `BLIPLESS_BIN_DIR` points
+//! elsewhere); `make test` builds them before running the tests.
+
+pub mod curl;
+pub mod node;
+pub mod origin;
+pub mod raw;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The folder holding the blipless binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("BLIPLESS_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let profile = std::env::var("BLIPLESS_PROFILE").unwrap_or_else(|_| "debug".into());
+    target.join(profile)
+}
+
+/// The path of one binary, checked to exist.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --bins` first (`make test` does)",
+        path.display()
+    );
+    path
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding an ephemeral port")
+}
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Hex SHA-256 of some bytes.
+pub fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The deterministic body the origin serves for `/bytes/N`.
+pub fn pattern(len: usize) -> Vec<u8> {
+    // A cheap xorshift stream: not compressible, not periodic at small scales.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Lifts this process's soft open-file limit (children inherit it).
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}

@@ -1,0 +1,48 @@
+# blipless: `make run` starts a local node, `make test` runs every test.
+CARGO ?= cargo
+FUZZ_SECONDS ?= 60
+# Debian packages the tests drive (package:command).
+TEST_PACKAGES = curl:curl
+
+.PHONY: all build run test deps bench lint fuzz clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace --bins
+
+## run: an ingress and a device plane on the embedded store, a demo client, and what to type.
+run:
+	@scripts/ensure-packages.sh $(TEST_PACKAGES)
+	$(CARGO) build --release --bins
+	@scripts/run-local.sh
+
+## deps: install the Debian packages the tests need (as root), or say how.
+deps:
+	@scripts/ensure-packages.sh $(TEST_PACKAGES)
+
+## test: every unit, property and end-to-end test.
+test: deps
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace
+
+## bench: throughput and latency figures into docs/BENCHMARKS.md.
+bench: deps
+	$(CARGO) build --release --workspace --bins
+	@scripts/bench.sh
+
+## lint: formatting and clippy with warnings as errors.
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP).
+fuzz:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for target in channel socks5; do \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
+clean:
+	$(CARGO) clean
+	rm -rf .run

@@ -1,0 +1,239 @@
+//! One blipless node for a test: a config file in a temporary folder, the
+//! ingress and device-plane processes, and `blipless-ctl` against them.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{binary, free_port, wait_until};
+
+/// A started daemon; killed (SIGKILL) when dropped if still running.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The process.
+    pub child: Child,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Its process id.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(self.pid(), signal);
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits up to `timeout` for the process to exit; None if it did not.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Proxy URLs with credentials for one client.
+#[derive(Debug, Clone)]
+pub struct ClientUrls {
+    /// The client's name.
+    pub name: String,
+    /// Its secret.
+    pub secret: String,
+    /// socks5h://name:secret@host:port
+    pub socks: String,
+    /// http://name:secret@host:port
+    pub http: String,
+}
+
+/// A node's files and addresses.
+#[derive(Debug)]
+pub struct Node {
+    /// The temporary folder (removed on drop).
+    pub dir: tempfile::TempDir,
+    /// The config file.
+    pub config: PathBuf,
+    /// SOCKS5 listener.
+    pub socks: SocketAddr,
+    /// HTTP proxy listener.
+    pub http: SocketAddr,
+    /// Status listener.
+    pub status: SocketAddr,
+    daemons: usize,
+}
+
+impl Node {
+    /// A node whose egress allows 127.0.0.1 (where test origins listen),
+    /// with `extra` TOML appended to its config.
+    pub fn new(extra: &str) -> Self {
+        crate::raise_fd_limit();
+        let dir = tempfile::Builder::new()
+            .prefix("blip")
+            .tempdir()
+            .expect("temporary folder");
+        let (socks, http, status) = (free_port(), free_port(), free_port());
+        let config = dir.path().join("blipless.toml");
+        let text = format!(
+            "[node]\nhost = \"test\"\nruntime_dir = \"{run}\"\nstate_dir = \"{state}\"\n\n\
+             [listen]\nsocks = \"127.0.0.1:{socks}\"\nhttp = \"127.0.0.1:{http}\"\nstatus = \"127.0.0.1:{status}\"\nwg = \"127.0.0.1:0\"\n\n\
+             [egress]\nallow = [\"127.0.0.1/32\"]\n\n[drain]\nlame_duck = \"100ms\"\n{extra}\n",
+            run = dir.path().join("run").display(),
+            state = dir.path().join("state").display(),
+        );
+        std::fs::write(&config, text).expect("writing the config");
+        let at = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self {
+            dir,
+            config,
+            socks: at(socks),
+            http: at(http),
+            status: at(status),
+            daemons: 0,
+        }
+    }
+
+    /// The node's folder.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn spawn(&mut self, binary_name: &str, args: &[&str]) -> Daemon {
+        self.daemons += 1;
+        let log = self.path().join(format!("{}-{}.log", binary_name, self.daemons));
+        let stderr = File::create(&log).expect("log file");
+        let child = Command::new(binary(binary_name))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("BLIPLESS_LOG", "info,blipless_device=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting a daemon");
+        Daemon { child, log }
+    }
+
+    /// Starts an ingress and waits until its status listener answers.
+    pub fn start_ingress(&mut self) -> Daemon {
+        let daemon = self.spawn("blipless-ingress", &[]);
+        let status = self.status;
+        wait_until(Duration::from_secs(20), "the ingress's status listener", || {
+            std::net::TcpStream::connect(status).is_ok()
+        });
+        daemon
+    }
+
+    /// Starts a device plane (does not wait).
+    pub fn start_device(&mut self) -> Daemon {
+        self.spawn("blipless-device", &[])
+    }
+
+    /// `/status`: (HTTP code, body); (0, "") when unreachable.
+    pub fn status(&self) -> (u16, String) {
+        let output = crate::curl::curl(&[
+            "--max-time",
+            "5",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://{}/status", self.status),
+        ]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.trim().to_string())
+    }
+
+    /// Waits until `/status` answers 200 ok.
+    pub fn wait_ready(&self) {
+        wait_until(Duration::from_secs(30), "/status to answer 200", || self.status().0 == 200);
+    }
+
+    /// Runs blipless-ctl with this node's config.
+    pub fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(binary("blipless-ctl"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running blipless-ctl")
+    }
+
+    /// Adds a client and returns its proxy URLs.
+    pub fn add_client(&self, name: &str) -> ClientUrls {
+        let output = self.ctl(&["--json", "client", "add", name]);
+        assert!(
+            output.status.success(),
+            "client add failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let value: serde_json::Value = serde_json::from_slice(&output.stdout).expect("client add --json");
+        let field = |key: &str| value[key].as_str().expect("field").to_string();
+        ClientUrls {
+            name: field("name"),
+            secret: field("secret"),
+            socks: field("socks5_url"),
+            http: field("http_url"),
+        }
+    }
+
+    /// Starts an ingress and a device plane, waits until ready, adds a client.
+    pub fn start(&mut self) -> (Daemon, Daemon, ClientUrls) {
+        let ingress = self.start_ingress();
+        let client = self.add_client("alice");
+        let device = self.start_device();
+        self.wait_ready();
+        // The device plane loaded the client at start: it was added before.
+        (ingress, device, client)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A failing test shows what the daemons said.
+        if !std::thread::panicking() {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.path()) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                eprintln!("==== {} (last {} lines)", path.display(), tail.len());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}

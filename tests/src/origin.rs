@@ -1,0 +1,110 @@
+//! A small HTTP/1.1 origin on loopback for the tests to proxy to.
+//!
+//! - `GET /bytes/N`: N bytes of [`crate::pattern`];
+//! - `GET /slow/MS`: "ok" after MS milliseconds;
+//! - anything else: "hello".
+//!
+//! Every response closes its connection. The origin counts connections and
+//! the most it ever held at once, so tests can tell real concurrency.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A running origin; stops when dropped.
+#[derive(Debug)]
+pub struct Origin {
+    /// Where it listens.
+    pub address: SocketAddr,
+    stats: Arc<Stats>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    connections: AtomicUsize,
+    open: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Origin {
+    /// Starts an origin on 127.0.0.1 with a free port.
+    pub fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("origin runtime");
+        let listener = runtime
+            .block_on(TcpListener::bind("127.0.0.1:0"))
+            .expect("origin bind");
+        let address = listener.local_addr().expect("origin address");
+        let stats = Arc::new(Stats::default());
+        let shared = stats.clone();
+        runtime.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let stats = shared.clone();
+                tokio::spawn(async move {
+                    stats.connections.fetch_add(1, Ordering::SeqCst);
+                    let open = stats.open.fetch_add(1, Ordering::SeqCst) + 1;
+                    stats.peak.fetch_max(open, Ordering::SeqCst);
+                    let _ = serve(stream).await;
+                    stats.open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            address,
+            stats,
+            _runtime: runtime,
+        }
+    }
+
+    /// A URL on this origin.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.address, path)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.stats.connections.load(Ordering::SeqCst)
+    }
+
+    /// The most connections open at once so far.
+    pub fn peak(&self) -> usize {
+        self.stats.peak.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve(mut stream: tokio::net::TcpStream) -> std::io::Result<()> {
+    let mut request = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 || request.len() > 16 * 1024 {
+            return Ok(());
+        }
+        request.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&request);
+    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let body = if let Some(n) = path.strip_prefix("/bytes/") {
+        crate::pattern(n.parse().unwrap_or(0))
+    } else if let Some(ms) = path.strip_prefix("/slow/") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+        b"ok".to_vec()
+    } else {
+        b"hello".to_vec()
+    };
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(&body).await?;
+    stream.shutdown().await
+}

@@ -1,0 +1,62 @@
+//! Byte-level clients for the cases curl cannot produce: exact SOCKS5
+//! reply codes and malformed requests.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A blocking TCP connection with a generous read timeout.
+pub fn connect(address: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(address).expect("connecting to the proxy");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    stream
+}
+
+/// Reads exactly `n` bytes.
+pub fn read_exact(stream: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut buffer = vec![0u8; n];
+    stream.read_exact(&mut buffer).expect("reading the proxy's reply");
+    buffer
+}
+
+/// True when the peer closed the connection (EOF or reset) within the
+/// read timeout; false if it sent more bytes or stayed silent.
+pub fn closed(stream: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// Greets with username/password, authenticates, and returns the auth status byte.
+pub fn socks5_login(stream: &mut TcpStream, user: &str, password: &str) -> u8 {
+    stream.write_all(&[5, 1, 2]).expect("greeting");
+    assert_eq!(read_exact(stream, 2), [5, 2], "server chose username/password");
+    let mut auth = vec![1, user.len() as u8];
+    auth.extend_from_slice(user.as_bytes());
+    auth.push(password.len() as u8);
+    auth.extend_from_slice(password.as_bytes());
+    stream.write_all(&auth).expect("credentials");
+    read_exact(stream, 2)[1]
+}
+
+/// Sends a CONNECT to an IPv4 address and returns the reply code.
+pub fn socks5_connect_v4(stream: &mut TcpStream, target: SocketAddr) -> u8 {
+    let SocketAddr::V4(v4) = target else {
+        panic!("IPv4 target expected")
+    };
+    let mut request = vec![5, 1, 0, 1];
+    request.extend_from_slice(&v4.ip().octets());
+    request.extend_from_slice(&v4.port().to_be_bytes());
+    stream.write_all(&request).expect("request");
+    let reply = read_exact(stream, 10);
+    assert_eq!(reply[0], 5, "SOCKS5 reply version");
+    reply[1]
+}

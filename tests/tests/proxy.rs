@@ -1,0 +1,279 @@
+//! The foundation end to end: real binaries, real sockets, curl as the client.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use blipless_tests::curl::{fetch, status_code};
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+use blipless_tests::{pattern, raw, sha256};
+
+const BIG: usize = 8 * 1024 * 1024;
+
+#[test]
+fn curl_through_socks5_and_http_gets_the_exact_bytes() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let url = origin.url(&format!("/bytes/{BIG}"));
+    let expected = sha256(&pattern(BIG));
+
+    let via_socks = fetch(&client.socks, &url, &[]);
+    assert_eq!(via_socks.len(), BIG);
+    assert_eq!(sha256(&via_socks), expected, "SOCKS5 body differs");
+
+    let via_http_get = fetch(&client.http, &url, &[]);
+    assert_eq!(sha256(&via_http_get), expected, "HTTP absolute-form body differs");
+
+    let via_http_connect = fetch(&client.http, &url, &["--proxytunnel"]);
+    assert_eq!(sha256(&via_http_connect), expected, "HTTP CONNECT body differs");
+
+    // Kept-alive client connection: two requests, one proxy connection.
+    let output = blipless_tests::curl::curl(&[
+        "--max-time", "30", "--proxy", &client.http, "-w", "%{num_connects}\n",
+        &origin.url("/a"), &origin.url("/b"),
+    ]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert_eq!(text.matches("hello").count(), 2);
+    assert!(text.contains("hello0"), "second request reused the proxy connection: {text}");
+
+    // A domain name resolved by the proxy (socks5h): localhost -> 127.0.0.1 is allowed.
+    let by_name = origin.url("/bytes/1000").replace("127.0.0.1", "localhost");
+    assert_eq!(fetch(&client.socks, &by_name, &[]), pattern(1000));
+}
+
+#[test]
+fn credentials_policy_and_reachability_get_the_protocols_answers() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let url = origin.url("/");
+    let wrong_http = client.http.replace(&client.secret, "wrong");
+    let bare_http = format!("http://{}", node.http);
+
+    // HTTP: 407 with a challenge when missing or wrong.
+    assert_eq!(status_code(&wrong_http, &url, &[]), "407");
+    let output = blipless_tests::curl::curl(&["--max-time", "10", "-i", "--proxy", &bare_http, &url]);
+    let head = String::from_utf8_lossy(&output.stdout);
+    assert!(head.starts_with("HTTP/1.1 407"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("proxy-authenticate: basic"), "{head}");
+
+    // SOCKS5: wrong password gets status 1 and a close.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", "wrong"), 1);
+    assert!(raw::closed(&mut stream));
+    // Unknown user, same answer.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "mallory", &client.secret), 1);
+    assert!(raw::closed(&mut stream));
+    // curl sees the failure too.
+    let output = blipless_tests::curl::curl(&["--max-time", "10", "--proxy", &client.socks.replace(&client.secret, "wrong"), &url]);
+    assert!(!output.status.success());
+
+    // Refused destination: loopback other than the allow-listed 127.0.0.1.
+    let denied = format!("127.0.0.2:{}", origin.address.port());
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    assert_eq!(raw::socks5_connect_v4(&mut stream, denied.parse().expect("addr")), 2);
+    assert!(raw::closed(&mut stream));
+    assert_eq!(status_code(&client.http, &format!("http://{denied}/"), &[]), "403");
+    assert_eq!(status_code(&client.http, &format!("http://{denied}/"), &["--proxytunnel"]), "403");
+
+    // Unreachable: a closed port on an allowed address.
+    let closed_port = blipless_tests::free_port();
+    let unreachable = format!("127.0.0.1:{closed_port}");
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    let code = raw::socks5_connect_v4(&mut stream, unreachable.parse().expect("addr"));
+    assert!(code == 4 || code == 5, "reply {code} for a closed port");
+    assert_eq!(status_code(&client.http, &format!("http://{unreachable}/"), &[]), "502");
+    assert_eq!(status_code(&client.http, &format!("http://{unreachable}/"), &["--proxytunnel"]), "502");
+
+    // The node still serves.
+    assert_eq!(fetch(&client.socks, &url, &[]), b"hello");
+}
+
+#[test]
+fn malformed_requests_get_the_protocols_error_and_a_close() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+
+    // SOCKS4 on the SOCKS5 port: closed without a SOCKS5 method.
+    let mut stream = raw::connect(node.socks);
+    stream.write_all(&[4, 1, 0, 80, 127, 0, 0, 1, 0]).expect("write");
+    assert!(raw::closed(&mut stream));
+
+    // No acceptable method: [5, 0xFF] then close.
+    let mut stream = raw::connect(node.socks);
+    stream.write_all(&[5, 1, 0]).expect("write");
+    assert_eq!(raw::read_exact(&mut stream, 2), [5, 0xFF]);
+    assert!(raw::closed(&mut stream));
+
+    // Unknown command: reply 7.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    stream.write_all(&[5, 9, 0, 1, 127, 0, 0, 1, 0, 80]).expect("write");
+    assert_eq!(raw::read_exact(&mut stream, 10)[1], 7);
+    assert!(raw::closed(&mut stream));
+
+    // Unknown address type: reply 8.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    stream.write_all(&[5, 1, 0, 9, 1, 2, 3]).expect("write");
+    assert_eq!(raw::read_exact(&mut stream, 10)[1], 8);
+    assert!(raw::closed(&mut stream));
+
+    // BIND is parsed but not offered: reply 7.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    stream.write_all(&[5, 2, 0, 1, 127, 0, 0, 1, 0, 80]).expect("write");
+    assert_eq!(raw::read_exact(&mut stream, 10)[1], 7);
+
+    // A client that goes away mid-handshake costs only itself.
+    let mut stream = raw::connect(node.socks);
+    stream.write_all(&[5, 2]).expect("write");
+    drop(stream);
+
+    // Garbage on the HTTP port: 400 and a close.
+    let mut stream = raw::connect(node.http);
+    stream.write_all(b"\x01\x02 NOT HTTP\r\n\r\n").expect("write");
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    // An origin-form request to a proxy: 400 (after authentication).
+    let mut stream = raw::connect(node.http);
+    let auth = format!("alice:{}", client.secret);
+    let encoded = base64_encode(auth.as_bytes());
+    write!(stream, "GET / HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {encoded}\r\nConnection: close\r\n\r\n").expect("write");
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 400"));
+
+    // Everyone else is still served.
+    assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
+    assert_eq!(fetch(&client.http, &origin.url("/"), &[]), b"hello");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn connections_wait_in_the_backlog_while_the_device_plane_restarts() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
+
+    device.signal(nix::sys::signal::Signal::SIGKILL);
+    device.kill();
+    blipless_tests::wait_until(Duration::from_secs(20), "/status to say starting", || {
+        node.status() == (503, "starting".into())
+    });
+
+    // Customers arrive while no device plane is attached.
+    let url = origin.url("/bytes/100000");
+    let waiting: Vec<_> = (0..6)
+        .map(|i| {
+            let proxy = if i % 2 == 0 { client.socks.clone() } else { client.http.clone() };
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let body = fetch(&proxy, &url, &["--connect-timeout", "30"]);
+                (body, started.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _device = node.start_device();
+    for handle in waiting {
+        let (body, took) = handle.join().expect("curl thread");
+        assert_eq!(sha256(&body), sha256(&pattern(100_000)));
+        assert!(took < Duration::from_secs(50), "a waiting curl took {took:?}");
+    }
+    node.wait_ready();
+}
+
+#[test]
+fn a_thousand_concurrent_socks5_connections_all_complete() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    // Four curl processes, 250 parallel transfers each (curl caps one at 300);
+    // the origin holds each answer 3 s so the connections overlap.
+    let url = origin.url("/slow/3000");
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let mut command = std::process::Command::new("curl");
+            command.args([
+                "-s", "--no-progress-meter", "--parallel", "--parallel-immediate", "--parallel-max", "250",
+                "--max-time", "120", "--proxy", &client.socks, "-w", "%{http_code}\n", "-o", "/dev/null",
+            ]);
+            for _ in 0..250 {
+                command.arg(&url);
+                command.args(["-o", "/dev/null"]);
+            }
+            command.stdin(std::process::Stdio::null()).spawn_output()
+        })
+        .collect();
+    let mut ok = 0;
+    for run in runs {
+        let output = run.join().expect("curl thread");
+        ok += String::from_utf8_lossy(&output.stdout).lines().filter(|l| *l == "200").count();
+    }
+    assert_eq!(ok, 1000, "every transfer answered 200");
+    assert!(origin.connections() >= 1000, "origin saw {} connections", origin.connections());
+    assert!(origin.peak() >= 500, "connections overlapped (peak {})", origin.peak());
+}
+
+trait SpawnOutput {
+    fn spawn_output(self) -> std::thread::JoinHandle<std::process::Output>;
+}
+
+impl SpawnOutput for &mut std::process::Command {
+    fn spawn_output(self) -> std::thread::JoinHandle<std::process::Output> {
+        let child = self.stdout(std::process::Stdio::piped()).spawn().expect("curl");
+        std::thread::spawn(move || child.wait_with_output().expect("curl output"))
+    }
+}
+
+#[test]
+fn a_bad_config_exits_64_listing_every_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("bad.toml");
+    std::fs::write(
+        &config,
+        "[listen]\nsocks = \"not-an-address\"\nhtp = \"127.0.0.1:1\"\n\n[drain]\ngrace = \"soon\"\n\n[egress]\nallow = [\"10.0.0.0/33\"]\n",
+    )
+    .expect("write");
+    for binary in ["blipless-ingress", "blipless-device", "blipless-ctl"] {
+        let mut command = std::process::Command::new(blipless_tests::binary(binary));
+        command.arg("--config").arg(&config);
+        if binary == "blipless-ctl" {
+            command.arg("status");
+        }
+        let output = command.output().expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{binary}: {stderr}");
+        for needle in ["listen.socks", "listen.htp", "listen.http", "drain.grace", "egress.allow", "4 problems"] {
+            assert!(stderr.contains(needle), "{binary} does not mention {needle}: {stderr}");
+        }
+    }
+}
