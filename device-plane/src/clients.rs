@@ -101,6 +101,11 @@ impl Directory {
         credentials::verify(secret, &client.record.secret_hash).then_some(client)
     }
 
+    /// One client by name.
+    pub fn get(&self, name: &str) -> Option<Arc<Client>> {
+        self.read().get(name).cloned()
+    }
+
     /// Every client now.
     pub fn all(&self) -> Vec<Arc<Client>> {
         self.read().values().cloned().collect()

@@ -8,25 +8,27 @@
 //! answer in time.
 
 use std::convert::Infallible;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll};
 
 use base64::Engine as _;
+use blipless_protocol::channel::{Direction, Migrate, MigrateKind};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::clients::{Client, Meter};
 use crate::egress::{EgressError, Target};
-use crate::relay::relay;
-use crate::serve::Context;
+use crate::relay::Tunnel;
+use crate::serve::{Context, Mode};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -42,48 +44,134 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-/// Serves one HTTP proxy customer connection to its end.
-pub async fn serve(stream: TcpStream, context: Arc<Context>, id: u64) {
-    // Usage is counted on the client socket once a request authenticates.
-    let meter_slot: Arc<OnceLock<Arc<Meter>>> = Arc::new(OnceLock::new());
-    let io = TokioIo::new(Counted {
-        inner: stream,
-        meter: meter_slot.clone(),
+/// A CONNECT the service accepted: the tunnel starts once hyper has sent
+/// the 200 and given the socket back.
+struct AcceptedConnect {
+    egress: TcpStream,
+    client: Arc<Client>,
+}
+
+type ConnectSlot = Arc<Mutex<Option<AcceptedConnect>>>;
+
+/// The client billed for a connection's bytes, once one authenticated.
+type Identity = Arc<OnceLock<Arc<Client>>>;
+
+type ResponseFuture =
+    Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+/// Serves one HTTP proxy customer connection to its end. `prefix` holds
+/// bytes a predecessor already read from it (an adopted connection).
+pub async fn serve(
+    stream: TcpStream,
+    prefix: Vec<u8>,
+    context: Arc<Context>,
+    id: u64,
+    known: Option<Arc<Client>>,
+) {
+    // Usage is counted on the client socket once a request authenticates
+    // (the first client to authenticate on a connection is the one billed).
+    let identity: Identity = Arc::new(OnceLock::new());
+    if let Some(client) = known {
+        let _ = identity.set(client);
+    }
+    let connect_slot: ConnectSlot = Arc::new(Mutex::new(None));
+    let io = TokioIo::new(Prefixed {
+        prefix,
+        offset: 0,
+        inner: Counted {
+            inner: stream,
+            identity: identity.clone(),
+        },
     });
     let service_context = context.clone();
+    let service_connect = connect_slot.clone();
+    let service_identity = identity.clone();
     let service = hyper::service::service_fn(move |request| {
         let context = service_context.clone();
-        let meter_slot = meter_slot.clone();
-        async move { Ok::<_, Infallible>(handle(request, context, meter_slot, id).await) }
+        let identity = service_identity.clone();
+        let connect_slot = service_connect.clone();
+        let response: ResponseFuture =
+            Box::pin(async move { Ok(handle(request, context, identity, connect_slot, id).await) });
+        response
     });
-    let connection = hyper::server::conn::http1::Builder::new()
+    let mut connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(context.handshake_timeout)
         .keep_alive(true)
-        .serve_connection(io, service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        () = context.draining.cancelled() => {
-            // Finish the request in flight, then close instead of idling.
-            connection.as_mut().graceful_shutdown();
-            tokio::select! {
-                result = connection.as_mut() => result,
-                () = context.cut_all.cancelled() => return,
+        .serve_connection(io, service);
+    let serving_ended = context.serving_ended();
+    tokio::pin!(serving_ended);
+    let mut stopping = false;
+    let result = loop {
+        tokio::select! {
+            result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => break result,
+            () = &mut serving_ended, if !stopping => {
+                // Finish the request in flight, then stop between requests.
+                stopping = true;
+                Pin::new(&mut connection).graceful_shutdown();
             }
+            () = context.cut_all.cancelled() => return,
         }
-        () = context.cut_all.cancelled() => return,
     };
     if let Err(error) = result {
         tracing::debug!(id, %error, "http connection ended");
+        return;
     }
+    let parts = connection.into_parts();
+    let Prefixed {
+        prefix,
+        offset,
+        inner,
+    } = parts.io.into_inner();
+    let mut pending = prefix[offset..].to_vec();
+    pending.extend_from_slice(&parts.read_buf);
+    let mut stream = inner.inner;
+    let accepted = connect_slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(AcceptedConnect { egress, client }) = accepted {
+        let tunnel = Tunnel {
+            client: stream,
+            egress,
+            up: Direction {
+                pending,
+                eof: false,
+            },
+            down: Direction::default(),
+        };
+        crate::tunnel::run(context, MigrateKind::HttpTunnel, id, client, tunnel).await;
+        return;
+    }
+    if context.mode() == Mode::Handover {
+        let name = identity
+            .get()
+            .map(|client| client.record.name.clone())
+            .unwrap_or_default();
+        let migrate = Migrate {
+            kind: MigrateKind::HttpIdle,
+            connection_id: id,
+            client: name,
+            up: Direction {
+                pending,
+                eof: false,
+            },
+            down: Direction::default(),
+            bytes_up: 0,
+            bytes_down: 0,
+        };
+        if context.hand_over(migrate, &[stream.as_fd()]).await.is_ok() {
+            return;
+        }
+    }
+    let _ = stream.shutdown().await;
 }
 
 async fn handle(
     request: Request<Incoming>,
     context: Arc<Context>,
-    meter_slot: Arc<OnceLock<Arc<Meter>>>,
+    identity: Identity,
+    connect_slot: ConnectSlot,
     id: u64,
 ) -> Response<Body> {
     let Some(client) = authenticate(request.headers(), &context) else {
@@ -97,9 +185,9 @@ async fn handle(
         );
         return response;
     };
-    let _ = meter_slot.set(client.meter.clone());
+    let _ = identity.set(client.clone());
     if request.method() == Method::CONNECT {
-        connect(request, context, client, id).await
+        connect(request, context, client, connect_slot, id).await
     } else {
         forward(request, context, client, id).await
     }
@@ -170,6 +258,7 @@ async fn connect(
     request: Request<Incoming>,
     context: Arc<Context>,
     client: Arc<Client>,
+    connect_slot: ConnectSlot,
     id: u64,
 ) -> Response<Body> {
     let Some(target) = request
@@ -188,24 +277,11 @@ async fn connect(
         }
     };
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
-    let tunnel_context = context.clone();
-    context.connections.spawn(async move {
-        let upgraded = match hyper::upgrade::on(request).await {
-            Ok(upgraded) => upgraded,
-            Err(error) => {
-                tracing::debug!(id, %error, "CONNECT upgrade failed");
-                return;
-            }
-        };
-        // The client socket is already metered (Counted): count nothing twice.
-        let unmetered = Meter::default();
-        let cut = tunnel_context.cut_all.child_token();
-        let end = tokio::select! {
-            end = relay(TokioIo::new(upgraded), egress, &[], &unmetered, tunnel_context.idle_timeout, &cut) => end,
-            () = client.revoked.cancelled() => crate::relay::RelayEnd::Cut,
-        };
-        tracing::debug!(id, client = %name, %target, ?end, "http tunnel closed");
-    });
+    // hyper answers 200, then `serve` takes the socket back and relays.
+    *connect_slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+        Some(AcceptedConnect { egress, client });
     Response::new(
         Full::new(Bytes::new())
             .map_err(|never| match never {})
@@ -295,7 +371,13 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The client socket, counting bytes into the client's meter once known.
 struct Counted {
     inner: TcpStream,
-    meter: Arc<OnceLock<Arc<Meter>>>,
+    identity: Identity,
+}
+
+impl Counted {
+    fn meter(&self) -> Option<&Meter> {
+        self.identity.get().map(|client| &*client.meter)
+    }
 }
 
 impl AsyncRead for Counted {
@@ -306,7 +388,7 @@ impl AsyncRead for Counted {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(meter)) = (&poll, self.meter.get()) {
+        if let (Poll::Ready(Ok(())), Some(meter)) = (&poll, self.meter()) {
             meter
                 .up
                 .fetch_add((buf.filled().len() - before) as u64, Ordering::Relaxed);
@@ -322,10 +404,55 @@ impl AsyncWrite for Counted {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
-        if let (Poll::Ready(Ok(n)), Some(meter)) = (&poll, self.meter.get()) {
+        if let (Poll::Ready(Ok(n)), Some(meter)) = (&poll, self.meter()) {
             meter.down.fetch_add(*n as u64, Ordering::Relaxed);
         }
         poll
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A socket that first yields bytes a predecessor read from it already.
+struct Prefixed<T> {
+    prefix: Vec<u8>,
+    offset: usize,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.offset < self.prefix.len() {
+            let take = buf.remaining().min(self.prefix.len() - self.offset);
+            let from = self.offset;
+            buf.put_slice(&self.prefix[from..from + take]);
+            self.offset += take;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {

@@ -2,8 +2,10 @@
 //!
 //! It attaches to the ingress's device socket, receives customer
 //! connections as file descriptors, speaks SOCKS5 and HTTP proxy to them,
-//! and connects them out through the egress policy. Clients and usage live
-//! in the store; `blipless-ctl` manages them.
+//! and connects them out through the egress policy. When a successor takes
+//! over, it hands every established tunnel and idle HTTP connection to it,
+//! byte-exact, and exits the moment it holds nothing. Clients and usage
+//! live in the store; `blipless-ctl` manages them.
 
 pub mod clients;
 pub mod credentials;
@@ -14,6 +16,7 @@ pub mod relay;
 pub mod serve;
 pub mod socks;
 pub mod store;
+pub mod tunnel;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -23,16 +26,16 @@ use std::time::Duration;
 use anyhow::Context as _;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    Accepted, DeviceReport, Drained, ListenerKind, Message, MAX_FRAME,
+    Accepted, DeviceReport, DrainOrder, Drained, ListenerKind, Message, MAX_FRAME,
 };
+use tokio::time::Instant;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::clients::Directory;
 use crate::egress::Egress;
 use crate::link::{HelloError, Incoming};
-use crate::serve::Context;
+use crate::serve::{Context, Mode};
 
 /// How often the change feed is polled.
 const FEED_POLL: Duration = Duration::from_millis(500);
@@ -40,11 +43,131 @@ const FEED_POLL: Duration = Duration::from_millis(500);
 pub const USAGE_FLUSH: Duration = Duration::from_secs(10);
 /// How often the plane reports its figures to the ingress.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// Fault injection for tests: stall the warm-up this many milliseconds, so
+/// the plane does not say Ready within its budget.
+pub const FAULT_STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
 
-/// Runs the device plane: attach, serve, and on Drain from the ingress or on
-/// `terminate` (SIGTERM), drain: take no new work, let what is open finish
-/// within the grace, cut the rest, flush usage, say Drained, return.
+/// What warm-up builds once and every attachment reuses.
+struct Warm {
+    context: Arc<Context>,
+    directory: Arc<Directory>,
+    background: CancellationToken,
+}
+
+/// How one attachment to the ingress ended.
+enum SessionEnd {
+    /// Drained: nothing is held; exit.
+    Drained,
+    /// The channel is gone; `draining` holds the drain deadline if a drain had started.
+    Lost(Option<Instant>),
+}
+
+/// Runs the device plane: attach (Standby), warm up, say Ready, serve; on
+/// Drain hand over or finish, and return once nothing is held. SIGTERM
+/// (`terminate`) asks the ingress for a drain without a successor.
 pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result<()> {
+    let path = config.device_socket();
+    let mut buffer = vec![0u8; MAX_FRAME];
+    let mut warm: Option<Warm> = None;
+    let mut offline_drain: Option<Instant> = None;
+    while let Some(socket) = link::attach(&path, &terminate).await {
+        let generation = match link::hello(&socket, &mut buffer).await {
+            Ok(generation) => generation,
+            Err(HelloError::Refused(reason)) => {
+                anyhow::bail!("the ingress refused this device plane: {reason}")
+            }
+            Err(HelloError::Failed(error)) => {
+                tracing::warn!("attaching failed: {error:#}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        tracing::info!(generation, path = %path.display(), "attached to the ingress (standby)");
+        if warm.is_none() {
+            let warming = warm_up(&config);
+            tokio::select! {
+                ready = warming => warm = Some(ready?),
+                () = terminate.cancelled() => {
+                    tracing::info!("SIGTERM before ready: exiting");
+                    return Ok(());
+                }
+                // A Standby plane is sent nothing but a Drain when its ready
+                // budget is over; a closed channel means the same.
+                incoming = link::receive(&socket, &mut buffer) => {
+                    let what = match incoming {
+                        Ok(Some(incoming)) => incoming.message.name().to_string(),
+                        Ok(None) => "closed the channel".to_string(),
+                        Err(error) => format!("{error:#}"),
+                    };
+                    anyhow::bail!("the ingress gave up on this device plane before it was ready ({what}): the deploy failed, the active plane keeps serving");
+                }
+            }
+        }
+        let Some(Warm { context, .. }) = &warm else {
+            continue;
+        };
+        if let Err(error) = link::send(&socket, &Message::Ready).await {
+            tracing::warn!(%error, "telling the ingress Ready failed; reattaching");
+            continue;
+        }
+        tracing::info!(generation, "ready");
+        let socket = Arc::new(socket);
+        context.set_channel(Some(socket.clone()));
+        let end = session(&socket, context, &config, &mut buffer, &terminate).await;
+        context.set_channel(None);
+        match end {
+            Ok(SessionEnd::Drained) => break,
+            Ok(SessionEnd::Lost(Some(deadline))) => {
+                tracing::warn!("device channel lost while draining; finishing here");
+                offline_drain = Some(deadline);
+                break;
+            }
+            Ok(SessionEnd::Lost(None)) => {
+                tracing::warn!("the ingress closed the channel; reattaching")
+            }
+            Err(error) => tracing::warn!("device channel lost: {error:#}; reattaching"),
+        }
+    }
+    let Some(Warm {
+        context,
+        directory,
+        background,
+    }) = warm
+    else {
+        return Ok(());
+    };
+    if context.mode() == Mode::Serving || offline_drain.is_some() {
+        // SIGTERM while detached, or the ingress vanished mid-drain: no
+        // successor can be reached, so finish here within the grace.
+        context.mode.send_replace(Mode::Finish);
+        context.connections.close();
+        let deadline = offline_drain.unwrap_or_else(|| Instant::now() + config.drain.grace);
+        if tokio::time::timeout_at(deadline, context.connections.wait())
+            .await
+            .is_err()
+        {
+            context.cut_all.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), context.connections.wait()).await;
+        }
+    }
+    background.cancel();
+    directory.flush_usage().await;
+    tracing::info!(
+        migrated = context.migrated.load(Ordering::Relaxed),
+        "device plane drained; exiting"
+    );
+    Ok(())
+}
+
+/// Opens the store and loads the clients (pre-warm will grow here).
+async fn warm_up(config: &Config) -> anyhow::Result<Warm> {
+    if let Some(stall) = std::env::var(FAULT_STALL_WARMUP)
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+    {
+        tracing::warn!(stall_ms = stall, "fault injection: stalling warm-up");
+        tokio::time::sleep(Duration::from_millis(stall)).await;
+    }
     let store = store::open(&config.store.url)
         .await
         .with_context(|| format!("opening the store {}", config.store.url))?;
@@ -58,87 +181,73 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
         directory.clone(),
         background.clone(),
     ));
-
-    let context = Arc::new(Context {
-        directory: directory.clone(),
-        egress: Egress::new(
+    let context = Arc::new(Context::new(
+        directory.clone(),
+        Egress::new(
             config.egress.allow.clone(),
             config.egress.sources.clone(),
             config.proxy.connect_timeout,
         ),
-        handshake_timeout: config.proxy.handshake_timeout,
-        idle_timeout: config.proxy.idle_timeout,
-        connections: TaskTracker::new(),
-        draining: CancellationToken::new(),
-        cut_all: CancellationToken::new(),
-        taken: Default::default(),
-    });
-
-    let path = config.device_socket();
-    let mut buffer = vec![0u8; MAX_FRAME];
-    let mut channel: Option<UnixSeqpacket> = None;
-    while let Some(socket) = link::attach(&path, &terminate).await {
-        let generation = match link::hello(&socket, &mut buffer).await {
-            Ok(generation) => generation,
-            Err(HelloError::Refused(reason)) => {
-                anyhow::bail!("the ingress refused this device plane: {reason}")
-            }
-            Err(HelloError::Failed(error)) => {
-                tracing::warn!("attaching failed: {error:#}; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        // Warm-up today is what already happened: store opened, clients loaded.
-        if let Err(error) = link::send(&socket, &Message::Ready).await {
-            tracing::warn!(%error, "telling the ingress Ready failed; reattaching");
-            continue;
-        }
-        tracing::info!(generation, path = %path.display(), "attached to the ingress; ready");
-        match session(&socket, &context, &mut buffer, &terminate).await {
-            Ok(()) => {
-                channel = Some(socket);
-                break;
-            }
-            Err(error) => {
-                // The ingress went away: keep serving what we hold, attach again.
-                tracing::warn!("device channel lost: {error:#}; reattaching");
-            }
-        }
-    }
-
-    let summary = drain(&context, config.drain.grace).await;
-    background.cancel();
-    directory.flush_usage().await;
-    if let Some(socket) = channel {
-        let _ = link::send(&socket, &Message::Drained(summary.clone())).await;
-    }
-    tracing::info!(?summary, "device plane drained; exiting");
-    Ok(())
+        config.proxy.handshake_timeout,
+        config.proxy.idle_timeout,
+    ));
+    Ok(Warm {
+        context,
+        directory,
+        background,
+    })
 }
 
-/// Serves one attachment. Ok when the ingress said Drain (this plane must
-/// drain); Err when the channel is lost.
+/// Serves one attachment until drained or the channel is lost.
 async fn session(
     socket: &UnixSeqpacket,
     context: &Arc<Context>,
+    config: &Config,
     buffer: &mut [u8],
     terminate: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<SessionEnd> {
     let mut report = tokio::time::interval(REPORT_EVERY);
-    let mut leaving = false;
+    let mut asked_to_leave = false;
+    let mut drain_deadline: Option<Instant> = None;
+    let mut cut_count: Option<u64> = None;
+    let mut open_at_drain = 0u64;
+    let migrated_before = context.migrated.load(Ordering::Relaxed);
     loop {
+        let draining = drain_deadline.is_some();
+        let deadline = drain_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             incoming = link::receive(socket, buffer) => {
-                let Some(Incoming { message, fds }) = incoming? else {
-                    anyhow::bail!("the ingress closed the channel");
+                let incoming = match incoming {
+                    Ok(Some(incoming)) => incoming,
+                    Ok(None) => return Ok(SessionEnd::Lost(drain_deadline)),
+                    Err(error) if draining => {
+                        tracing::warn!("{error:#}");
+                        return Ok(SessionEnd::Lost(drain_deadline));
+                    }
+                    Err(error) => return Err(error),
                 };
+                let Incoming { message, fds } = incoming;
                 match message {
                     Message::Accepted(accepted) => take_connection(context, accepted, fds),
+                    Message::Migrate(migrate) => {
+                        context.taken.fetch_add(1, Ordering::Relaxed);
+                        context.connections.spawn(tunnel::adopt(context.clone(), migrate, fds));
+                    }
+                    Message::Activate if draining => {
+                        tracing::warn!("re-activated: the successor is gone; serving again");
+                        drain_deadline = None;
+                        context.mode.send_replace(Mode::Serving);
+                        context.connections.reopen();
+                    }
                     Message::Activate => tracing::info!("active: new connections come here"),
-                    // Nothing the ingress sent before Drain is left unread.
-                    Message::Drain => return Ok(()),
-                    Message::Goaway => anyhow::bail!("the ingress is handing off"),
+                    Message::Drain(DrainOrder { handover }) => {
+                        open_at_drain = context.connections.len() as u64;
+                        tracing::info!(handover, open = open_at_drain, grace = ?config.drain.grace, "draining");
+                        drain_deadline = Some(Instant::now() + config.drain.grace);
+                        context.mode.send_replace(if handover { Mode::Handover } else { Mode::Finish });
+                        context.connections.close();
+                    }
+                    Message::Goaway => return Ok(SessionEnd::Lost(drain_deadline)),
                     other => anyhow::bail!("the ingress may not send {}", other.name()),
                 }
             }
@@ -147,15 +256,34 @@ async fn session(
                     connections: context.connections.len() as u64,
                     connections_total: context.taken.load(Ordering::Relaxed),
                     clients: context.directory.len() as u64,
+                    migrated: context.migrated.load(Ordering::Relaxed),
                 };
                 link::send(socket, &Message::Report(figures)).await.context("reporting to the ingress")?;
             }
-            () = terminate.cancelled(), if !leaving => {
-                // Ask the ingress to stop sending; it answers Drain after the
-                // last connection it handed us.
+            () = terminate.cancelled(), if !asked_to_leave => {
+                // The ingress answers with Drain after the last connection it handed us.
                 tracing::info!("SIGTERM: asking the ingress to drain this plane");
-                link::send(socket, &Message::Drain).await.context("asking to drain")?;
-                leaving = true;
+                asked_to_leave = true;
+                link::send(socket, &Message::Drain(DrainOrder { handover: false }))
+                    .await
+                    .context("asking to drain")?;
+            }
+            () = tokio::time::sleep_until(deadline), if draining && cut_count.is_none() => {
+                let left = context.connections.len() as u64;
+                tracing::warn!(left, "drain grace over; cutting what is left");
+                cut_count = Some(left);
+                context.cut_all.cancel();
+            }
+            () = context.connections.wait(), if draining => {
+                let migrated = context.migrated.load(Ordering::Relaxed) - migrated_before;
+                let cut = cut_count.unwrap_or(0);
+                let summary = Drained {
+                    migrated,
+                    finished: open_at_drain.saturating_sub(migrated + cut),
+                    cut,
+                };
+                let _ = link::send(socket, &Message::Drained(summary)).await;
+                return Ok(SessionEnd::Drained);
             }
         }
     }
@@ -165,11 +293,7 @@ fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>
     let Some(fd) = fds.into_iter().next() else {
         return;
     };
-    let stream = std::net::TcpStream::from(fd);
-    let stream = match stream
-        .set_nonblocking(true)
-        .and_then(|()| tokio::net::TcpStream::from_std(stream))
-    {
+    let stream = match tunnel::stream_from_fd(fd) {
         Ok(stream) => stream,
         Err(error) => {
             tracing::warn!(%error, id = accepted.connection_id, "cannot use a handed connection");
@@ -186,31 +310,15 @@ fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>
                 .spawn(socks::serve(stream, context.clone(), id));
         }
         ListenerKind::Http => {
-            context
-                .connections
-                .spawn(http_proxy::serve(stream, context.clone(), id));
+            context.connections.spawn(http_proxy::serve(
+                stream,
+                Vec::new(),
+                context.clone(),
+                id,
+                None,
+            ));
         }
     }
-}
-
-/// Lets open connections finish within `grace`, then cuts the rest.
-async fn drain(context: &Context, grace: Duration) -> Drained {
-    context.draining.cancel();
-    context.connections.close();
-    let open = context.connections.len() as u64;
-    tracing::info!(open, ?grace, "draining");
-    let mut summary = Drained::default();
-    if tokio::time::timeout(grace, context.connections.wait())
-        .await
-        .is_err()
-    {
-        summary.cut = context.connections.len() as u64;
-        tracing::warn!(cut = summary.cut, "drain grace over; cutting what is left");
-        context.cut_all.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), context.connections.wait()).await;
-    }
-    summary.finished = open.saturating_sub(summary.cut);
-    summary
 }
 
 async fn flush_usage_periodically(directory: Arc<Directory>, stop: CancellationToken) {

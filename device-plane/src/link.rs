@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use blipless_protocol::channel::{self, DecodeError, Hello, Message, MAX_FRAME};
-use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
+use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +27,10 @@ pub async fn attach(path: &Path, stop: &CancellationToken) -> Option<UnixSeqpack
     let mut last_log: Option<Instant> = None;
     loop {
         match UnixSeqpacket::connect(path).await {
-            Ok(socket) => return Some(socket),
+            Ok(socket) => {
+                size_buffers(&socket);
+                return Some(socket);
+            }
             Err(error) => {
                 if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     tracing::warn!(
@@ -46,10 +49,50 @@ pub async fn attach(path: &Path, stop: &CancellationToken) -> Option<UnixSeqpack
     }
 }
 
-/// Sends one frame (this plane never sends fds today).
+/// Sends one frame without fds.
 pub async fn send(socket: &UnixSeqpacket, message: &Message) -> std::io::Result<()> {
-    socket.send(&channel::encode(message)).await?;
+    send_with_fds(socket, message, &[]).await
+}
+
+/// Sends one frame with `fds` beside it, refusing frames over the cap.
+pub async fn send_with_fds(
+    socket: &UnixSeqpacket,
+    message: &Message,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    let frame = channel::encode(message);
+    if frame.len() > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} frame of {} bytes exceeds the cap",
+                message.name(),
+                frame.len()
+            ),
+        ));
+    }
+    let mut ancillary_buffer = [0u8; 64];
+    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
+    if !fds.is_empty() {
+        ancillary.add_fds(fds.iter().copied())?;
+    }
+    let sent = socket.send_with_ancillary(&frame, &mut ancillary).await?;
+    if sent != frame.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "short SOCK_SEQPACKET write",
+        ));
+    }
     Ok(())
+}
+
+/// Lets one frame of [`MAX_FRAME`] bytes fit the socket's send buffer (the
+/// kernel doubles the value it is given, up to its own maximum).
+pub fn size_buffers(socket: &UnixSeqpacket) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if let Err(error) = setsockopt(socket, sockopt::SndBuf, &MAX_FRAME) {
+        tracing::warn!(%error, "could not size the device channel's send buffer");
+    }
 }
 
 /// Reads one frame. Ok(None) when the ingress closed the channel.

@@ -1,25 +1,44 @@
 //! Moves bytes both ways between a customer and a destination until both
-//! directions finish, one side fails, the tunnel idles out, or it is cut.
+//! directions finish, one side fails, the tunnel idles out, it is cut, or
+//! it is handed over to another device plane.
 //!
-//! Each direction copies into its own buffer and, at the other side's EOF,
-//! half-closes the far side (shutdown of writing), so a client that sends a
-//! request and shuts down its write half still gets the whole answer.
+//! Each direction is a [`Pump`]: a buffer that is either being filled from
+//! one socket or drained into the other, never both. Every await in a pump
+//! step is cancel-safe (a read or write that has not completed has moved no
+//! bytes), so stopping at any moment leaves an exact account: the bytes
+//! read but not yet written, and whether the reading side reached EOF. That
+//! account is what [`RelayEnd::Handover`] returns and what a successor
+//! resumes from, byte-exact.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::future::Future;
 use std::time::Duration;
 
+use blipless_protocol::channel::Direction;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Meter;
 
-/// Buffer per direction.
-const BUFFER: usize = 64 * 1024;
+/// Buffer per direction; a handover carries at most this much per direction.
+pub const BUFFER: usize = 64 * 1024;
+
+/// An established tunnel: both sockets and what is in flight between them.
+#[derive(Debug)]
+pub struct Tunnel {
+    /// The customer's socket.
+    pub client: TcpStream,
+    /// The destination's socket.
+    pub egress: TcpStream,
+    /// Customer toward destination.
+    pub up: Direction,
+    /// Destination toward customer.
+    pub down: Direction,
+}
 
 /// How a relay ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum RelayEnd {
     /// Both directions reached EOF and were passed on.
     Finished,
@@ -29,173 +48,293 @@ pub enum RelayEnd {
     Idle,
     /// Cut from outside (client removed, drain grace over).
     Cut,
+    /// Stopped for a handover: the tunnel as it stands.
+    Handover(Tunnel),
 }
 
-/// Relays between `client` and `egress`, writing `pending_up` to the egress
-/// first (bytes the client sent after its request). Counts bytes into `meter`.
-pub async fn relay<C, E>(
-    client: C,
-    egress: E,
-    pending_up: &[u8],
+impl RelayEnd {
+    /// A short word for logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RelayEnd::Finished => "finished",
+            RelayEnd::Failed => "failed",
+            RelayEnd::Idle => "idle",
+            RelayEnd::Cut => "cut",
+            RelayEnd::Handover(_) => "handover",
+        }
+    }
+}
+
+/// One direction's buffer: `buffer[start..end]` is read and not yet written.
+struct Pump {
+    buffer: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    shut: bool,
+}
+
+impl Pump {
+    fn new(direction: Direction) -> Self {
+        let end = direction.pending.len();
+        let mut buffer = direction.pending;
+        buffer.resize(end.max(BUFFER), 0);
+        Self {
+            buffer,
+            start: 0,
+            end,
+            eof: direction.eof,
+            shut: false,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.eof && self.start == self.end && self.shut
+    }
+
+    /// One read, one write or the half-close; returns the bytes written.
+    async fn step<R, W>(&mut self, read: &mut R, write: &mut W) -> std::io::Result<usize>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        if self.start < self.end {
+            let written = write.write(&self.buffer[self.start..self.end]).await?;
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.start += written;
+            if self.start == self.end {
+                self.start = 0;
+                self.end = 0;
+            }
+            return Ok(written);
+        }
+        if self.eof {
+            // Pass the half-close on; the other direction keeps going.
+            let _ = write.shutdown().await;
+            self.shut = true;
+            return Ok(0);
+        }
+        let read = read.read(&mut self.buffer).await?;
+        if read == 0 {
+            self.eof = true;
+        } else {
+            self.end = read;
+        }
+        Ok(0)
+    }
+
+    fn into_direction(self) -> Direction {
+        Direction {
+            pending: self.buffer[self.start..self.end].to_vec(),
+            eof: self.eof,
+        }
+    }
+}
+
+/// Relays `tunnel` until it ends. Bytes written each way are counted into
+/// `meter`. When `handover` completes, stops where it stands and returns
+/// the tunnel for a successor.
+pub async fn relay(
+    tunnel: Tunnel,
     meter: &Meter,
     idle_timeout: Duration,
     cut: &CancellationToken,
-) -> RelayEnd
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    E: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut egress_read, mut egress_write) = tokio::io::split(egress);
-    let started = Instant::now();
-    let last_activity = Arc::new(AtomicU64::new(0));
-    if !pending_up.is_empty() {
-        if egress_write.write_all(pending_up).await.is_err() {
-            return RelayEnd::Failed;
-        }
-        meter
-            .up
-            .fetch_add(pending_up.len() as u64, Ordering::Relaxed);
-    }
-    let up = copy_one_way(
-        &mut client_read,
-        &mut egress_write,
-        &meter.up,
-        &last_activity,
-        started,
-    );
-    let down = copy_one_way(
-        &mut egress_read,
-        &mut client_write,
-        &meter.down,
-        &last_activity,
-        started,
-    );
-    let both = async {
-        let (up, down) = tokio::join!(up, down);
-        if up.is_ok() && down.is_ok() {
-            RelayEnd::Finished
-        } else {
-            RelayEnd::Failed
+    handover: impl Future<Output = ()>,
+) -> RelayEnd {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Tunnel {
+        mut client,
+        mut egress,
+        up,
+        down,
+    } = tunnel;
+    let mut up = Pump::new(up);
+    let mut down = Pump::new(down);
+    let mut last_activity = Instant::now();
+    tokio::pin!(handover);
+    let stop = {
+        let (mut client_read, mut client_write) = client.split();
+        let (mut egress_read, mut egress_write) = egress.split();
+        loop {
+            if up.done() && down.done() {
+                break Stop::Finished;
+            }
+            tokio::select! {
+                biased;
+                () = cut.cancelled() => break Stop::Cut,
+                () = &mut handover => break Stop::Handover,
+                moved = up.step(&mut client_read, &mut egress_write), if !up.done() => match moved {
+                    Ok(n) => {
+                        meter.up.fetch_add(n as u64, Relaxed);
+                        last_activity = Instant::now();
+                    }
+                    Err(_) => break Stop::Failed,
+                },
+                moved = down.step(&mut egress_read, &mut client_write), if !down.done() => match moved {
+                    Ok(n) => {
+                        meter.down.fetch_add(n as u64, Relaxed);
+                        last_activity = Instant::now();
+                    }
+                    Err(_) => break Stop::Failed,
+                },
+                () = tokio::time::sleep_until(last_activity + idle_timeout) => break Stop::Idle,
+            }
         }
     };
-    let idle = watch_idle(&last_activity, started, idle_timeout);
-    tokio::select! {
-        end = both => end,
-        () = idle => RelayEnd::Idle,
-        () = cut.cancelled() => RelayEnd::Cut,
+    match stop {
+        Stop::Finished => RelayEnd::Finished,
+        Stop::Failed => RelayEnd::Failed,
+        Stop::Idle => RelayEnd::Idle,
+        Stop::Cut => RelayEnd::Cut,
+        Stop::Handover => RelayEnd::Handover(Tunnel {
+            client,
+            egress,
+            up: up.into_direction(),
+            down: down.into_direction(),
+        }),
     }
 }
 
-async fn copy_one_way<R, W>(
-    read: &mut R,
-    write: &mut W,
-    counter: &AtomicU64,
-    last_activity: &AtomicU64,
-    started: Instant,
-) -> std::io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buffer = vec![0u8; BUFFER];
-    loop {
-        let n = read.read(&mut buffer).await?;
-        if n == 0 {
-            // Pass the half-close on; the other direction keeps going.
-            let _ = write.shutdown().await;
-            return Ok(());
-        }
-        write.write_all(&buffer[..n]).await?;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        last_activity.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-}
-
-async fn watch_idle(last_activity: &AtomicU64, started: Instant, idle_timeout: Duration) {
-    loop {
-        let last = Duration::from_millis(last_activity.load(Ordering::Relaxed));
-        let deadline = started + last + idle_timeout;
-        if Instant::now() >= deadline {
-            return;
-        }
-        tokio::time::sleep_until(deadline).await;
-    }
+/// Why the relay loop stopped (the sockets are still borrowed inside it).
+enum Stop {
+    Finished,
+    Failed,
+    Idle,
+    Cut,
+    Handover,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::duplex;
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::net::TcpListener;
+
+    /// A connected pair of loopback sockets: (ours, theirs).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (ours, theirs) = tokio::join!(TcpStream::connect(address), listener.accept());
+        (ours.expect("connect"), theirs.expect("accept").0)
+    }
+
+    async fn tunnel(up_pending: &[u8]) -> (Tunnel, TcpStream, TcpStream) {
+        let (client, customer) = pair().await;
+        let (egress, destination) = pair().await;
+        let tunnel = Tunnel {
+            client,
+            egress,
+            up: Direction {
+                pending: up_pending.to_vec(),
+                eof: false,
+            },
+            down: Direction::default(),
+        };
+        (tunnel, customer, destination)
+    }
 
     #[tokio::test]
     async fn bytes_cross_both_ways_and_half_close_passes_on() {
-        let (client_far, client_near) = duplex(1024);
-        let (egress_near, egress_far) = duplex(1024);
+        let (tunnel, mut customer, mut destination) = tunnel(b"pre").await;
         let meter = Meter::default();
         let cut = CancellationToken::new();
         let relay = relay(
-            client_near,
-            egress_near,
-            b"pre",
+            tunnel,
             &meter,
             Duration::from_secs(5),
             &cut,
+            std::future::pending(),
         );
         let peers = async {
-            let (mut client_read, mut client_write) = tokio::io::split(client_far);
-            let (mut egress_read, mut egress_write) = tokio::io::split(egress_far);
-            client_write.write_all(b"hello").await.expect("write");
-            client_write.shutdown().await.expect("shutdown");
+            customer.write_all(b"hello").await.expect("write");
+            customer.shutdown().await.expect("shutdown");
             let mut got = Vec::new();
-            egress_read.read_to_end(&mut got).await.expect("read");
+            destination.read_to_end(&mut got).await.expect("read");
             assert_eq!(got, b"prehello");
-            egress_write.write_all(b"answer").await.expect("write");
-            egress_write.shutdown().await.expect("shutdown");
+            destination.write_all(b"answer").await.expect("write");
+            destination.shutdown().await.expect("shutdown");
             let mut answer = Vec::new();
-            client_read.read_to_end(&mut answer).await.expect("read");
+            customer.read_to_end(&mut answer).await.expect("read");
             assert_eq!(answer, b"answer");
         };
         let (end, ()) = tokio::join!(relay, peers);
-        assert_eq!(end, RelayEnd::Finished);
-        assert_eq!(meter.up.load(Ordering::Relaxed), 8);
-        assert_eq!(meter.down.load(Ordering::Relaxed), 6);
+        assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
+        assert_eq!(meter.up.load(Relaxed), 8);
+        assert_eq!(meter.down.load(Relaxed), 6);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn an_idle_tunnel_ends() {
-        let (_client_far, client_near) = duplex(1024);
-        let (egress_near, _egress_far) = duplex(1024);
-        let meter = Meter::default();
+        let (tunnel, _customer, _destination) = tunnel(b"").await;
         let cut = CancellationToken::new();
         let end = relay(
-            client_near,
-            egress_near,
-            b"",
-            &meter,
-            Duration::from_secs(30),
+            tunnel,
+            &Meter::default(),
+            Duration::from_millis(200),
             &cut,
+            std::future::pending(),
         )
         .await;
-        assert_eq!(end, RelayEnd::Idle);
+        assert!(matches!(end, RelayEnd::Idle));
     }
 
     #[tokio::test]
     async fn a_cut_ends_the_relay() {
-        let (_client_far, client_near) = duplex(1024);
-        let (egress_near, _egress_far) = duplex(1024);
-        let meter = Meter::default();
+        let (tunnel, _customer, _destination) = tunnel(b"").await;
         let cut = CancellationToken::new();
         cut.cancel();
         let end = relay(
-            client_near,
-            egress_near,
-            b"",
-            &meter,
+            tunnel,
+            &Meter::default(),
             Duration::from_secs(30),
             &cut,
+            std::future::pending(),
         )
         .await;
-        assert_eq!(end, RelayEnd::Cut);
+        assert!(matches!(end, RelayEnd::Cut));
+    }
+
+    /// Hands a tunnel over mid-stream, many times, resuming each time from
+    /// the returned state: the destination sees every byte exactly once.
+    #[tokio::test]
+    async fn handover_and_resume_is_byte_exact() {
+        let (mut tunnel, mut customer, mut destination) = tunnel(b"").await;
+        let total: usize = 4 * 1024 * 1024;
+        let data: Vec<u8> = (0..total).map(|i| (i * 31 % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            customer.write_all(&sent).await.expect("write");
+            customer.shutdown().await.expect("shutdown");
+            customer
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            destination.read_to_end(&mut got).await.expect("read");
+            destination.shutdown().await.expect("shutdown");
+            got
+        });
+        let meter = Meter::default();
+        let cut = CancellationToken::new();
+        let mut handovers = 0;
+        loop {
+            let handover = tokio::time::sleep(Duration::from_millis(3));
+            match relay(tunnel, &meter, Duration::from_secs(10), &cut, handover).await {
+                RelayEnd::Handover(state) => {
+                    handovers += 1;
+                    tunnel = state;
+                }
+                RelayEnd::Finished => break,
+                other => panic!("relay ended {}", other.as_str()),
+            }
+            if handovers > 10_000 {
+                panic!("never finished");
+            }
+        }
+        let _customer = writer.await.expect("writer");
+        assert_eq!(reader.await.expect("reader"), data);
+        assert!(handovers > 0, "the test handed over at least once");
+        assert_eq!(meter.up.load(Relaxed), total as u64);
     }
 }

@@ -1,14 +1,31 @@
 //! What every connection handler shares: the clients, the egress, the
-//! timeouts, and the tokens that cut connections.
+//! timeouts, the plane's mode, and the way to hand a connection over.
 
-use std::sync::Arc;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use blipless_protocol::channel::{Message, Migrate};
+use tokio::sync::watch;
+use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clients::Directory;
 use crate::egress::Egress;
+
+/// What the plane asks of its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Serve normally.
+    Serving,
+    /// A successor is active: hand every connection over as soon as it is
+    /// between requests (HTTP) or established (tunnels).
+    Handover,
+    /// No successor: finish within the grace; idle HTTP connections close.
+    Finish,
+}
 
 /// Shared by every connection this plane serves.
 #[derive(Debug)]
@@ -23,11 +40,107 @@ pub struct Context {
     pub idle_timeout: Duration,
     /// Every live connection task.
     pub connections: TaskTracker,
-    /// Cancelled when the plane starts draining: idle keep-alive HTTP
-    /// connections close, handshakes in progress still finish.
-    pub draining: CancellationToken,
+    /// Serving, handing over, or finishing.
+    pub mode: watch::Sender<Mode>,
     /// Cancelled when the drain grace is over: everything still open is cut.
     pub cut_all: CancellationToken,
-    /// Connections taken since start.
-    pub taken: std::sync::atomic::AtomicU64,
+    /// Connections taken since start (accepted and adopted).
+    pub taken: AtomicU64,
+    /// Connections handed to a successor.
+    pub migrated: AtomicU64,
+    /// The device channel, while attached: handovers go through it.
+    channel: Mutex<Option<Arc<UnixSeqpacket>>>,
+}
+
+impl Context {
+    /// A context serving normally, not yet attached.
+    pub fn new(
+        directory: Arc<Directory>,
+        egress: Egress,
+        handshake_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Self {
+        Self {
+            directory,
+            egress,
+            handshake_timeout,
+            idle_timeout,
+            connections: TaskTracker::new(),
+            mode: watch::channel(Mode::Serving).0,
+            cut_all: CancellationToken::new(),
+            taken: AtomicU64::new(0),
+            migrated: AtomicU64::new(0),
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// Sets (or clears) the channel handovers go through.
+    pub fn set_channel(&self, channel: Option<Arc<UnixSeqpacket>>) {
+        *self
+            .channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = channel;
+    }
+
+    fn channel(&self) -> Option<Arc<UnixSeqpacket>> {
+        self.channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The plane's mode now.
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+
+    /// Completes when the plane starts handing connections over.
+    pub fn handover_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        async move {
+            if mode.wait_for(|m| *m == Mode::Handover).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Completes when the plane stops serving (handover or finish).
+    pub fn serving_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        async move {
+            if mode.wait_for(|m| *m != Mode::Serving).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Sends one connection to the successor through the ingress. Gives the
+    /// state back when it could not be sent: the caller keeps serving it.
+    pub async fn hand_over(&self, migrate: Migrate, fds: &[BorrowedFd<'_>]) -> Result<(), Migrate> {
+        let Some(channel) = self.channel() else {
+            return Err(migrate);
+        };
+        let id = migrate.connection_id;
+        let message = Message::Migrate(migrate);
+        match crate::link::send_with_fds(&channel, &message, fds).await {
+            Ok(()) => {
+                self.migrated.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(id, "connection handed over");
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(id, %error, "handover failed; keeping the connection here");
+                match message {
+                    Message::Migrate(migrate) => Err(migrate),
+                    _ => unreachable_message(),
+                }
+            }
+        }
+    }
+}
+
+/// `hand_over` builds the message from a Migrate and takes it apart again.
+#[allow(clippy::panic)]
+fn unreachable_message() -> ! {
+    panic!("a Migrate message is still a Migrate")
 }

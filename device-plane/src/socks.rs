@@ -8,13 +8,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use blipless_protocol::channel::{Direction, MigrateKind};
 use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::clients::Client;
 use crate::egress::{EgressError, Target};
-use crate::relay::{relay, RelayEnd};
+use crate::relay::Tunnel;
 use crate::serve::Context;
 
 /// Largest handshake we buffer: a greeting, credentials and a request with
@@ -179,10 +180,14 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
         return;
     }
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
-    let cut = context.cut_all.child_token();
-    let end = tokio::select! {
-        end = relay(stream, egress, &pending, &client.meter, context.idle_timeout, &cut) => end,
-        () = client.revoked.cancelled() => RelayEnd::Cut,
+    let tunnel = Tunnel {
+        client: stream,
+        egress,
+        up: Direction {
+            pending,
+            eof: false,
+        },
+        down: Direction::default(),
     };
-    tracing::debug!(id, client = %name, %target, ?end, "socks5 tunnel closed");
+    crate::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel).await;
 }

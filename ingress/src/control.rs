@@ -63,9 +63,16 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
         } else {
             match serde_json::from_str::<ControlRequest>(line.trim_end()) {
                 Ok(ControlRequest::Status) => ControlResponse::Status(node.status_report()),
+                Ok(ControlRequest::Drain) => {
+                    tracing::info!("drain requested on the control socket");
+                    node.shutdown.cancel();
+                    ControlResponse::Ok {
+                        message: "draining: /status answers 503, the listeners close after the lame-duck period, the ingress exits once the device planes hold nothing or at the grace".into(),
+                    }
+                }
                 Err(error) => ControlResponse::Error {
                     message: format!(
-                        "not a control request ({error}); this ingress understands: status"
+                        "not a control request ({error}); this ingress understands: status, drain"
                     ),
                 },
             }

@@ -8,21 +8,37 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use anyhow::Context;
 use blipless_protocol::channel::{self, DecodeError, Message, Refused, Welcome, MAX_FRAME};
+use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::{send_frame, PlaneLink, Planes};
+
+/// Lets one frame of [`MAX_FRAME`] bytes fit the socket's send buffer (the
+/// kernel doubles the value it is given, up to its own maximum).
+fn size_buffers(socket: &UnixSeqpacket) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if let Err(error) = setsockopt(socket, sockopt::SndBuf, &MAX_FRAME) {
+        tracing::warn!(%error, "could not size the device channel's send buffer");
+    }
+}
 
 /// How long a new plane has to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts device planes until `shutdown`.
+/// Accepts device planes until `shutdown`. A plane that is not Ready
+/// within `ready_budget` of its Hello is told to go away.
 pub async fn serve(
     mut listener: UnixSeqpacketListener,
     planes: Arc<Planes>,
+    metrics: Arc<Metrics>,
+    ready_budget: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -33,8 +49,9 @@ pub async fn serve(
         match socket {
             Ok(socket) => {
                 let planes = planes.clone();
+                let metrics = metrics.clone();
                 tokio::spawn(async move {
-                    if let Err(error) = serve_plane(socket, planes).await {
+                    if let Err(error) = serve_plane(socket, planes, metrics, ready_budget).await {
                         tracing::warn!("device plane connection ended: {error:#}");
                     }
                 });
@@ -49,7 +66,7 @@ pub async fn serve(
 
 /// What a plane's next frame turned out to be.
 enum Received {
-    Message(Message),
+    Message(Message, Vec<OwnedFd>),
     Closed,
 }
 
@@ -59,14 +76,17 @@ async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> anyhow::Result<Re
         .recv_with_ancillary(buffer, &mut ancillary)
         .await
         .context("reading from the device plane")?;
-    // Dropping the reader closes any fd the plane sent: none is expected.
-    let fd_count: usize = fds
-        .into_messages()
-        .map(|m| match m {
-            tokio_seqpacket::ancillary::OwnedAncillaryMessage::FileDescriptors(fds) => fds.count(),
-            _ => 0,
-        })
-        .sum();
+    let fds_truncated = fds.is_truncated();
+    let mut received_fds = Vec::new();
+    for message in fds.into_messages() {
+        if let OwnedAncillaryMessage::FileDescriptors(owned) = message {
+            received_fds.extend(owned);
+        }
+    }
+    if fds_truncated {
+        anyhow::bail!("the device plane sent more fds than a frame may carry");
+    }
+    let fd_count = received_fds.len();
     if info.bytes_read() == 0 && !info.truncated() {
         return Ok(Received::Closed);
     }
@@ -90,7 +110,7 @@ async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> anyhow::Result<Re
             message.fd_count()
         );
     }
-    Ok(Received::Message(message))
+    Ok(Received::Message(message, received_fds))
 }
 
 async fn refuse(socket: &UnixSeqpacket, reason: String) {
@@ -98,7 +118,13 @@ async fn refuse(socket: &UnixSeqpacket, reason: String) {
     let _ = send_frame(socket, &Message::Refused(Refused { reason }), &[]).await;
 }
 
-async fn serve_plane(socket: UnixSeqpacket, planes: Arc<Planes>) -> anyhow::Result<()> {
+async fn serve_plane(
+    socket: UnixSeqpacket,
+    planes: Arc<Planes>,
+    metrics: Arc<Metrics>,
+    ready_budget: Duration,
+) -> anyhow::Result<()> {
+    size_buffers(&socket);
     let credentials = socket
         .peer_cred()
         .context("reading the device plane's credentials")?;
@@ -117,8 +143,8 @@ async fn serve_plane(socket: UnixSeqpacket, planes: Arc<Planes>) -> anyhow::Resu
     let mut buffer = vec![0u8; MAX_FRAME];
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, receive(&socket, &mut buffer)).await {
         Err(_) => anyhow::bail!("no Hello within {HELLO_TIMEOUT:?}"),
-        Ok(Ok(Received::Message(Message::Hello(hello)))) => hello,
-        Ok(Ok(Received::Message(other))) => {
+        Ok(Ok(Received::Message(Message::Hello(hello), _))) => hello,
+        Ok(Ok(Received::Message(other, _))) => {
             refuse(&socket, format!("expected Hello, got {}", other.name())).await;
             return Ok(());
         }
@@ -158,8 +184,18 @@ async fn serve_plane(socket: UnixSeqpacket, planes: Arc<Planes>) -> anyhow::Resu
     ));
     planes.attach(link.clone());
     tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (standby)");
+    let budget_planes = planes.clone();
+    let budget_link = link.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(ready_budget) => {
+                Planes::send_orders(budget_planes.on_ready_timeout(generation, ready_budget)).await;
+            }
+            () = budget_link.closed.cancelled() => {}
+        }
+    });
 
-    let outcome = read_loop(&link, &planes, &mut buffer).await;
+    let outcome = read_loop(&link, &planes, &metrics, &mut buffer).await;
     let orders = planes.detach(generation);
     link.closed.cancel();
     match &outcome {
@@ -173,30 +209,86 @@ async fn serve_plane(socket: UnixSeqpacket, planes: Arc<Planes>) -> anyhow::Resu
 async fn read_loop(
     link: &Arc<PlaneLink>,
     planes: &Planes,
+    metrics: &Metrics,
     buffer: &mut [u8],
 ) -> anyhow::Result<()> {
     loop {
-        match receive(link.socket(), buffer).await? {
+        let (message, fds) = match receive(link.socket(), buffer).await? {
             Received::Closed => return Ok(()),
-            Received::Message(Message::Ready) => {
+            Received::Message(message, fds) => (message, fds),
+        };
+        match message {
+            Message::Ready => {
                 tracing::info!(generation = link.generation, "device plane ready");
                 Planes::send_orders(planes.on_ready(link.generation)).await;
             }
-            Received::Message(Message::Report(report)) => link.set_report(report),
-            Received::Message(Message::Drain) => {
+            Message::Report(report) => link.set_report(report),
+            Message::Drain(_) => {
                 tracing::info!(generation = link.generation, "device plane asked to drain");
                 Planes::send_orders(planes.on_leaving(link.generation)).await;
             }
-            Received::Message(Message::Drained(summary)) => {
+            Message::Drained(summary) => {
                 tracing::info!(
                     generation = link.generation,
                     ?summary,
                     "device plane drained"
                 );
             }
-            Received::Message(other) => {
-                anyhow::bail!("a device plane may not send {}", other.name());
+            Message::Migrate(migrate) => {
+                forward_migration(planes, link, Message::Migrate(migrate), fds, metrics).await;
             }
+            other => anyhow::bail!("a device plane may not send {}", other.name()),
         }
+    }
+}
+
+/// How long a migrating connection waits for an active plane before it is
+/// sent back to the plane it came from (which then keeps serving it).
+const MIGRATION_WAIT: Duration = Duration::from_secs(10);
+
+/// Passes a migrating connection to the active plane. If the active plane
+/// is the sender (re-activated) or none appears in time, the connection
+/// goes back to the sender: fds are never dropped here.
+async fn forward_migration(
+    planes: &Planes,
+    from: &Arc<PlaneLink>,
+    message: Message,
+    fds: Vec<OwnedFd>,
+    metrics: &Metrics,
+) {
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
+    let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
+    let mut active = planes.subscribe();
+    loop {
+        let target = active.borrow_and_update().clone();
+        match target {
+            Some(target)
+                if target.generation != from.generation && !target.closed.is_cancelled() =>
+            {
+                match target.send_if_active(&message, &borrowed).await {
+                    Ok(true) => {
+                        metrics.count_migrated();
+                        return;
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(generation = target.generation, %error, "could not pass a migrating connection on");
+                        target.closed.cancel();
+                    }
+                }
+            }
+            Some(_) => break,
+            None => {}
+        }
+        if tokio::time::timeout_at(deadline, active.changed())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    // No other plane can take it: back to where it came from.
+    if let Err(error) = from.send(&message, &borrowed).await {
+        tracing::warn!(generation = from.generation, %error, "could not return a migrating connection; it is lost");
     }
 }

@@ -45,12 +45,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         listener_info("http", &http),
         listener_info("status", &status),
     ];
-    let planes = Arc::new(Planes::new());
     let metrics = Arc::new(Metrics::new());
-    let node = Arc::new(Node::new(planes.clone(), metrics.clone(), listeners));
+    let planes = Arc::new(Planes::new(metrics.clone()));
+    let node = Arc::new(Node::new(
+        planes.clone(),
+        metrics.clone(),
+        listeners,
+        shutdown.clone(),
+    ));
     let context = AcceptContext {
         planes: planes.clone(),
-        metrics,
+        metrics: metrics.clone(),
         ids: Arc::new(ConnectionIds::default()),
     };
 
@@ -74,6 +79,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tasks.spawn(device_link::serve(
         device,
         planes.clone(),
+        metrics.clone(),
+        config.deploy.ready_budget,
         stop_serving.clone(),
     ));
     tasks.spawn(control::serve(control, node.clone(), stop_serving.clone()));

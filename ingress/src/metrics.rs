@@ -29,6 +29,14 @@ pub struct Metrics {
     planes: Family<StateLabel, Gauge>,
     connections_open: Gauge,
     drain_remaining: Gauge,
+    migrated: Counter,
+    deploys: Family<OutcomeLabel, Counter>,
+    deploy_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
 }
 
 impl Default for Metrics {
@@ -73,8 +81,29 @@ impl Metrics {
             "Connections still held by draining device planes",
             drain_remaining.clone(),
         );
+        let migrated = Counter::default();
+        registry.register(
+            "tunnels_migrated",
+            "Connections moved from a draining device plane to its successor",
+            migrated.clone(),
+        );
+        let deploys = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "deploys",
+            "Device-plane deploys, by outcome",
+            deploys.clone(),
+        );
+        let deploy_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "deploy_duration_seconds",
+            "The latest deploy: new plane's Hello to the old plane's exit",
+            deploy_seconds.clone(),
+        );
         Self {
             registry,
+            migrated,
+            deploys,
+            deploy_seconds,
             accepted,
             handed,
             ready,
@@ -109,6 +138,21 @@ impl Metrics {
                     .get()
             })
             .sum()
+    }
+
+    /// Counts one connection moved between planes.
+    pub fn count_migrated(&self) {
+        self.migrated.inc();
+    }
+
+    /// Records a finished deploy.
+    pub fn record_deploy(&self, outcome: &str, duration: std::time::Duration) {
+        self.deploys
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.deploy_seconds.set(duration.as_secs_f64());
     }
 
     /// Counts one connection handed to a plane.

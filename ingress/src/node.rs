@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use blipless_protocol::control::{ListenerInfo, StatusReport};
+use blipless_protocol::control::{DeployInfo, ListenerInfo, StatusReport};
 
 use crate::metrics::Metrics;
 use crate::planes::Planes;
@@ -42,17 +42,25 @@ pub struct Node {
     pub listeners: Vec<ListenerInfo>,
     started: Instant,
     draining: AtomicBool,
+    /// Cancelled to drain the node (SIGTERM, or `blipless-ctl drain`).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Node {
     /// A node that has just started.
-    pub fn new(planes: Arc<Planes>, metrics: Arc<Metrics>, listeners: Vec<ListenerInfo>) -> Self {
+    pub fn new(
+        planes: Arc<Planes>,
+        metrics: Arc<Metrics>,
+        listeners: Vec<ListenerInfo>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
         Self {
             planes,
             metrics,
             listeners,
             started: Instant::now(),
             draining: AtomicBool::new(false),
+            shutdown,
         }
     }
 
@@ -81,6 +89,13 @@ impl Node {
             connections_accepted: self.metrics.accepted_total(),
             listeners: self.listeners.clone(),
             device_planes: self.planes.all().iter().map(|p| p.info()).collect(),
+            last_deploy: self.planes.last_deploy().map(|d| DeployInfo {
+                from: d.from,
+                to: d.to,
+                outcome: d.outcome.to_string(),
+                detail: d.detail,
+                seconds: d.duration.map(|d| d.as_secs_f64()),
+            }),
         }
     }
 

@@ -7,13 +7,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use blipless_protocol::channel::{self, DeviceReport, Message, MAX_FRAME};
+use blipless_protocol::channel::{self, DeviceReport, DrainOrder, Message, MAX_FRAME};
 use blipless_protocol::control::DevicePlaneInfo;
 use tokio::sync::watch;
 use tokio_seqpacket::ancillary::AncillaryMessageWriter;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
 
 /// Where a device plane is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,9 @@ pub struct PlaneLink {
     state: Mutex<PlaneState>,
     handed: AtomicU64,
     report: Mutex<DeviceReport>,
+    leaving: std::sync::atomic::AtomicBool,
+    /// When it said Hello.
+    pub attached_at: Instant,
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
 }
@@ -80,6 +86,8 @@ impl PlaneLink {
             state: Mutex::new(PlaneState::Standby),
             handed: AtomicU64::new(0),
             report: Mutex::new(DeviceReport::default()),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+            attached_at: Instant::now(),
             closed: CancellationToken::new(),
         }
     }
@@ -96,6 +104,16 @@ impl PlaneLink {
 
     fn set_state(&self, state: PlaneState) {
         *lock(&self.state) = state;
+    }
+
+    /// True once the plane asked to leave (or the node drains): it is never
+    /// re-activated.
+    pub fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
+    }
+
+    fn mark_leaving(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
     }
 
     /// Records the plane's latest figures.
@@ -149,6 +167,7 @@ impl PlaneLink {
             connections_handed: self.handed.load(Ordering::Relaxed),
             connections_open: report.connections,
             clients: report.clients,
+            migrated: report.migrated,
         }
     }
 }
@@ -170,7 +189,7 @@ pub async fn send_frame(
             ),
         ));
     }
-    // CMSG_SPACE for up to 8 fds; the ingress never sends more per frame today.
+    // CMSG_SPACE for up to 8 fds; no frame carries more than 2 today.
     let mut ancillary_buffer = [0u8; 128];
     let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
     if !fds.is_empty() {
@@ -186,30 +205,48 @@ pub async fn send_frame(
     Ok(())
 }
 
+/// How the latest deploy went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeployRecord {
+    /// The plane that was active before, if any.
+    pub from: Option<u64>,
+    /// The new plane.
+    pub to: u64,
+    /// "in progress", "succeeded" or "failed".
+    pub outcome: &'static str,
+    /// Why it failed, or what happened.
+    pub detail: String,
+    /// From the new plane's Hello to the old plane's exit (or the failure).
+    pub duration: Option<Duration>,
+    started: Instant,
+}
+
 /// Every attached plane, and the active one.
 #[derive(Debug)]
 pub struct Planes {
     attached: Mutex<Vec<Arc<PlaneLink>>>,
     active: watch::Sender<Option<Arc<PlaneLink>>>,
     next_generation: AtomicU64,
+    last_deploy: Mutex<Option<DeployRecord>>,
+    metrics: Arc<Metrics>,
 }
 
 /// A message the caller must send to a plane after a state change.
 pub type Order = (Arc<PlaneLink>, Message);
 
-impl Default for Planes {
-    fn default() -> Self {
-        Self::new()
-    }
+fn drain(handover: bool) -> Message {
+    Message::Drain(DrainOrder { handover })
 }
 
 impl Planes {
     /// No plane attached.
-    pub fn new() -> Self {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
         Self {
             attached: Mutex::new(Vec::new()),
             active: watch::channel(None).0,
             next_generation: AtomicU64::new(1),
+            last_deploy: Mutex::new(None),
+            metrics,
         }
     }
 
@@ -228,13 +265,33 @@ impl Planes {
         self.active.borrow().clone()
     }
 
+    /// The latest deploy, if any.
+    pub fn last_deploy(&self) -> Option<DeployRecord> {
+        lock(&self.last_deploy).clone()
+    }
+
+    fn finish_deploy(&self, outcome: &'static str, detail: String) {
+        let mut last = lock(&self.last_deploy);
+        if let Some(record) = last.as_mut().filter(|r| r.outcome == "in progress") {
+            let duration = record.started.elapsed();
+            record.outcome = outcome;
+            record.detail = detail;
+            record.duration = Some(duration);
+            self.metrics.record_deploy(outcome, duration);
+            match outcome {
+                "succeeded" => tracing::info!(to = record.to, ?duration, "deploy succeeded"),
+                _ => tracing::error!(to = record.to, detail = %record.detail, "deploy failed"),
+            }
+        }
+    }
+
     /// Adds a plane that said Hello (Standby).
     pub fn attach(&self, link: Arc<PlaneLink>) {
         lock(&self.attached).push(link);
     }
 
     /// A plane said Ready: it becomes active and the previous active plane
-    /// drains. Returns the messages to send, in order.
+    /// drains, handing its connections over. Returns the messages to send.
     pub fn on_ready(&self, generation: u64) -> Vec<Order> {
         let attached = lock(&self.attached);
         let Some(new) = attached
@@ -250,18 +307,66 @@ impl Planes {
         let mut orders = Vec::new();
         new.set_state(PlaneState::Active);
         orders.push((new.clone(), Message::Activate));
+        let mut from = None;
         for old in attached.iter().filter(|p| p.generation != generation) {
             if old.state() == PlaneState::Active {
                 old.set_state(PlaneState::Draining);
-                orders.push((old.clone(), Message::Drain));
+                orders.push((old.clone(), drain(true)));
+                from = Some(old.generation);
             }
         }
+        let record = DeployRecord {
+            from,
+            to: generation,
+            outcome: if from.is_some() {
+                "in progress"
+            } else {
+                "succeeded"
+            },
+            detail: match from {
+                Some(old) => format!("g{old} hands over to g{generation}"),
+                None => format!("g{generation} is the first active plane"),
+            },
+            duration: from.is_none().then(|| new.attached_at.elapsed()),
+            started: new.attached_at,
+        };
+        *lock(&self.last_deploy) = Some(record);
         self.active.send_replace(Some(new));
         orders
     }
 
+    /// A plane stayed Standby past its ready budget: the deploy failed, the
+    /// active plane carries on, and the late one is told to drain (it holds
+    /// nothing, so it exits).
+    pub fn on_ready_timeout(&self, generation: u64, budget: Duration) -> Vec<Order> {
+        let attached = lock(&self.attached);
+        let Some(late) = attached
+            .iter()
+            .find(|p| p.generation == generation && p.state() == PlaneState::Standby)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        late.set_state(PlaneState::Draining);
+        let detail = format!(
+            "g{generation} was not ready within {budget:?}; the active plane keeps serving"
+        );
+        *lock(&self.last_deploy) = Some(DeployRecord {
+            from: self.active().map(|p| p.generation),
+            to: generation,
+            outcome: "in progress",
+            detail: String::new(),
+            duration: None,
+            started: late.attached_at,
+        });
+        drop(attached);
+        self.finish_deploy("failed", detail);
+        vec![(late, drain(false))]
+    }
+
     /// A plane's channel is gone. If it was active, the newest Ready plane
-    /// (if any) takes over; returns the messages to send.
+    /// takes over, else the newest draining one is re-activated (a new plane
+    /// that died after its activation gives the node back to the old one).
     pub fn detach(&self, generation: u64) -> Vec<Order> {
         let mut attached = lock(&self.attached);
         attached.retain(|p| p.generation != generation);
@@ -270,20 +375,50 @@ impl Planes {
             .borrow()
             .as_ref()
             .is_some_and(|p| p.generation == generation);
+        let deploy = self.last_deploy();
+        let in_progress = deploy.as_ref().filter(|r| r.outcome == "in progress");
         if !was_active {
+            drop(attached);
+            if in_progress.is_some_and(|r| r.from == Some(generation)) {
+                self.finish_deploy("succeeded", format!("g{generation} handed over and exited"));
+            }
             return Vec::new();
         }
         let successor = attached
             .iter()
             .rev()
             .find(|p| p.state() == PlaneState::Ready)
+            .or_else(|| {
+                attached
+                    .iter()
+                    .rev()
+                    .find(|p| p.state() == PlaneState::Draining && !p.leaving())
+            })
             .cloned();
         let mut orders = Vec::new();
         if let Some(next) = &successor {
+            tracing::warn!(
+                gone = generation,
+                next = next.generation,
+                "active device plane gone; activating the next"
+            );
             next.set_state(PlaneState::Active);
             orders.push((next.clone(), Message::Activate));
         }
-        self.active.send_replace(successor);
+        self.active.send_replace(successor.clone());
+        drop(attached);
+        if in_progress.is_some_and(|r| r.to == generation) {
+            let detail = match &successor {
+                Some(next) => format!(
+                    "g{generation} died after activation; g{} re-activated",
+                    next.generation
+                ),
+                None => {
+                    format!("g{generation} died after activation; no plane left to re-activate")
+                }
+            };
+            self.finish_deploy("failed", detail);
+        }
         orders
     }
 
@@ -299,24 +434,29 @@ impl Planes {
         else {
             return Vec::new();
         };
-        leaving.set_state(PlaneState::Draining);
-        let mut orders = vec![(leaving.clone(), Message::Drain)];
+        leaving.mark_leaving();
         let was_active = self
             .active
             .borrow()
             .as_ref()
             .is_some_and(|p| p.generation == generation);
+        let mut orders = Vec::new();
         if was_active {
             let successor = attached
                 .iter()
                 .rev()
                 .find(|p| p.state() == PlaneState::Ready)
                 .cloned();
+            leaving.set_state(PlaneState::Draining);
+            orders.push((leaving.clone(), drain(successor.is_some())));
             if let Some(next) = &successor {
                 next.set_state(PlaneState::Active);
                 orders.push((next.clone(), Message::Activate));
             }
             self.active.send_replace(successor);
+        } else if leaving.state() != PlaneState::Draining {
+            leaving.set_state(PlaneState::Draining);
+            orders.push((leaving.clone(), drain(self.active().is_some())));
         }
         orders
     }
@@ -326,9 +466,10 @@ impl Planes {
         let attached = lock(&self.attached);
         let mut orders = Vec::new();
         for plane in attached.iter() {
+            plane.mark_leaving();
             if plane.state() != PlaneState::Draining {
                 plane.set_state(PlaneState::Draining);
-                orders.push((plane.clone(), Message::Drain));
+                orders.push((plane.clone(), drain(false)));
             }
         }
         self.active.send_replace(None);

@@ -15,6 +15,10 @@ pub const MAX_REQUEST_LINE: usize = 4096;
 pub enum ControlRequest {
     /// The node's state: readiness, device planes, counters.
     Status,
+    /// Drain the node: `/status` answers 503 `draining`, the listeners close
+    /// after the lame-duck period, every device plane finishes what it holds
+    /// within the grace, and the ingress exits.
+    Drain,
 }
 
 /// The ingress's answer.
@@ -23,6 +27,11 @@ pub enum ControlRequest {
 pub enum ControlResponse {
     /// Answer to [`ControlRequest::Status`].
     Status(StatusReport),
+    /// Done, with a word on what happens next.
+    Ok {
+        /// What was done.
+        message: String,
+    },
     /// The request could not be served.
     Error {
         /// What went wrong and what to do.
@@ -45,6 +54,24 @@ pub struct StatusReport {
     pub listeners: Vec<ListenerInfo>,
     /// Attached device planes, oldest first.
     pub device_planes: Vec<DevicePlaneInfo>,
+    /// The latest device-plane deploy, if any.
+    #[serde(default)]
+    pub last_deploy: Option<DeployInfo>,
+}
+
+/// The latest device-plane deploy as the ingress saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployInfo {
+    /// The generation that was active before, if any.
+    pub from: Option<u64>,
+    /// The new generation.
+    pub to: u64,
+    /// "in progress", "succeeded" or "failed".
+    pub outcome: String,
+    /// What happened, in words.
+    pub detail: String,
+    /// From the new plane's Hello to the old plane's exit, when over.
+    pub seconds: Option<f64>,
 }
 
 /// One listening socket.
@@ -73,6 +100,9 @@ pub struct DevicePlaneInfo {
     pub connections_open: u64,
     /// Clients it reports knowing.
     pub clients: u64,
+    /// Connections it reports having handed to a successor.
+    #[serde(default)]
+    pub migrated: u64,
 }
 
 #[cfg(test)]

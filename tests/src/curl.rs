@@ -31,8 +31,21 @@ pub fn fetch(proxy: &str, url: &str, extra: &[&str]) -> Vec<u8> {
 /// The HTTP status code curl saw for `url` through `proxy`.
 pub fn status_code(proxy: &str, url: &str, extra: &[&str]) -> String {
     // Through a tunnel, the proxy's answer is the CONNECT's, not the origin's.
-    let code = if extra.contains(&"--proxytunnel") { "%{http_connect}" } else { "%{http_code}" };
-    let mut args = vec!["--max-time", "30", "-o", "/dev/null", "-w", code, "--proxy", proxy];
+    let code = if extra.contains(&"--proxytunnel") {
+        "%{http_connect}"
+    } else {
+        "%{http_code}"
+    };
+    let mut args = vec![
+        "--max-time",
+        "30",
+        "-o",
+        "/dev/null",
+        "-w",
+        code,
+        "--proxy",
+        proxy,
+    ];
     args.extend_from_slice(extra);
     args.push(url);
     String::from_utf8_lossy(&curl(&args).stdout).into_owned()

@@ -127,7 +127,9 @@ impl Node {
 
     fn spawn(&mut self, binary_name: &str, args: &[&str]) -> Daemon {
         self.daemons += 1;
-        let log = self.path().join(format!("{}-{}.log", binary_name, self.daemons));
+        let log = self
+            .path()
+            .join(format!("{}-{}.log", binary_name, self.daemons));
         let stderr = File::create(&log).expect("log file");
         let child = Command::new(binary(binary_name))
             .arg("--config")
@@ -146,9 +148,11 @@ impl Node {
     pub fn start_ingress(&mut self) -> Daemon {
         let daemon = self.spawn("blipless-ingress", &[]);
         let status = self.status;
-        wait_until(Duration::from_secs(20), "the ingress's status listener", || {
-            std::net::TcpStream::connect(status).is_ok()
-        });
+        wait_until(
+            Duration::from_secs(20),
+            "the ingress's status listener",
+            || std::net::TcpStream::connect(status).is_ok(),
+        );
         daemon
     }
 
@@ -173,7 +177,9 @@ impl Node {
 
     /// Waits until `/status` answers 200 ok.
     pub fn wait_ready(&self) {
-        wait_until(Duration::from_secs(30), "/status to answer 200", || self.status().0 == 200);
+        wait_until(Duration::from_secs(30), "/status to answer 200", || {
+            self.status().0 == 200
+        });
     }
 
     /// Runs blipless-ctl with this node's config.
@@ -196,7 +202,8 @@ impl Node {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        let value: serde_json::Value = serde_json::from_slice(&output.stdout).expect("client add --json");
+        let value: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("client add --json");
         let field = |key: &str| value[key].as_str().expect("field").to_string();
         ClientUrls {
             name: field("name"),
@@ -223,7 +230,9 @@ impl Drop for Node {
         if !std::thread::panicking() {
             return;
         }
-        let Ok(entries) = std::fs::read_dir(self.path()) else { return };
+        let Ok(entries) = std::fs::read_dir(self.path()) else {
+            return;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "log") {

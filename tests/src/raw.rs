@@ -17,7 +17,9 @@ pub fn connect(address: SocketAddr) -> TcpStream {
 /// Reads exactly `n` bytes.
 pub fn read_exact(stream: &mut TcpStream, n: usize) -> Vec<u8> {
     let mut buffer = vec![0u8; n];
-    stream.read_exact(&mut buffer).expect("reading the proxy's reply");
+    stream
+        .read_exact(&mut buffer)
+        .expect("reading the proxy's reply");
     buffer
 }
 
@@ -38,7 +40,11 @@ pub fn closed(stream: &mut TcpStream) -> bool {
 /// Greets with username/password, authenticates, and returns the auth status byte.
 pub fn socks5_login(stream: &mut TcpStream, user: &str, password: &str) -> u8 {
     stream.write_all(&[5, 1, 2]).expect("greeting");
-    assert_eq!(read_exact(stream, 2), [5, 2], "server chose username/password");
+    assert_eq!(
+        read_exact(stream, 2),
+        [5, 2],
+        "server chose username/password"
+    );
     let mut auth = vec![1, user.len() as u8];
     auth.extend_from_slice(user.as_bytes());
     auth.push(password.len() as u8);

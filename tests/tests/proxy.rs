@@ -23,20 +23,37 @@ fn curl_through_socks5_and_http_gets_the_exact_bytes() {
     assert_eq!(sha256(&via_socks), expected, "SOCKS5 body differs");
 
     let via_http_get = fetch(&client.http, &url, &[]);
-    assert_eq!(sha256(&via_http_get), expected, "HTTP absolute-form body differs");
+    assert_eq!(
+        sha256(&via_http_get),
+        expected,
+        "HTTP absolute-form body differs"
+    );
 
     let via_http_connect = fetch(&client.http, &url, &["--proxytunnel"]);
-    assert_eq!(sha256(&via_http_connect), expected, "HTTP CONNECT body differs");
+    assert_eq!(
+        sha256(&via_http_connect),
+        expected,
+        "HTTP CONNECT body differs"
+    );
 
     // Kept-alive client connection: two requests, one proxy connection.
     let output = blipless_tests::curl::curl(&[
-        "--max-time", "30", "--proxy", &client.http, "-w", "%{num_connects}\n",
-        &origin.url("/a"), &origin.url("/b"),
+        "--max-time",
+        "30",
+        "--proxy",
+        &client.http,
+        "-w",
+        "%{num_connects}\n",
+        &origin.url("/a"),
+        &origin.url("/b"),
     ]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{text}");
     assert_eq!(text.matches("hello").count(), 2);
-    assert!(text.contains("hello0"), "second request reused the proxy connection: {text}");
+    assert!(
+        text.contains("hello0"),
+        "second request reused the proxy connection: {text}"
+    );
 
     // A domain name resolved by the proxy (socks5h): localhost -> 127.0.0.1 is allowed.
     let by_name = origin.url("/bytes/1000").replace("127.0.0.1", "localhost");
@@ -54,10 +71,15 @@ fn credentials_policy_and_reachability_get_the_protocols_answers() {
 
     // HTTP: 407 with a challenge when missing or wrong.
     assert_eq!(status_code(&wrong_http, &url, &[]), "407");
-    let output = blipless_tests::curl::curl(&["--max-time", "10", "-i", "--proxy", &bare_http, &url]);
+    let output =
+        blipless_tests::curl::curl(&["--max-time", "10", "-i", "--proxy", &bare_http, &url]);
     let head = String::from_utf8_lossy(&output.stdout);
     assert!(head.starts_with("HTTP/1.1 407"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("proxy-authenticate: basic"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authenticate: basic"),
+        "{head}"
+    );
 
     // SOCKS5: wrong password gets status 1 and a close.
     let mut stream = raw::connect(node.socks);
@@ -68,17 +90,36 @@ fn credentials_policy_and_reachability_get_the_protocols_answers() {
     assert_eq!(raw::socks5_login(&mut stream, "mallory", &client.secret), 1);
     assert!(raw::closed(&mut stream));
     // curl sees the failure too.
-    let output = blipless_tests::curl::curl(&["--max-time", "10", "--proxy", &client.socks.replace(&client.secret, "wrong"), &url]);
+    let output = blipless_tests::curl::curl(&[
+        "--max-time",
+        "10",
+        "--proxy",
+        &client.socks.replace(&client.secret, "wrong"),
+        &url,
+    ]);
     assert!(!output.status.success());
 
     // Refused destination: loopback other than the allow-listed 127.0.0.1.
     let denied = format!("127.0.0.2:{}", origin.address.port());
     let mut stream = raw::connect(node.socks);
     assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
-    assert_eq!(raw::socks5_connect_v4(&mut stream, denied.parse().expect("addr")), 2);
+    assert_eq!(
+        raw::socks5_connect_v4(&mut stream, denied.parse().expect("addr")),
+        2
+    );
     assert!(raw::closed(&mut stream));
-    assert_eq!(status_code(&client.http, &format!("http://{denied}/"), &[]), "403");
-    assert_eq!(status_code(&client.http, &format!("http://{denied}/"), &["--proxytunnel"]), "403");
+    assert_eq!(
+        status_code(&client.http, &format!("http://{denied}/"), &[]),
+        "403"
+    );
+    assert_eq!(
+        status_code(
+            &client.http,
+            &format!("http://{denied}/"),
+            &["--proxytunnel"]
+        ),
+        "403"
+    );
 
     // Unreachable: a closed port on an allowed address.
     let closed_port = blipless_tests::free_port();
@@ -87,8 +128,18 @@ fn credentials_policy_and_reachability_get_the_protocols_answers() {
     assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
     let code = raw::socks5_connect_v4(&mut stream, unreachable.parse().expect("addr"));
     assert!(code == 4 || code == 5, "reply {code} for a closed port");
-    assert_eq!(status_code(&client.http, &format!("http://{unreachable}/"), &[]), "502");
-    assert_eq!(status_code(&client.http, &format!("http://{unreachable}/"), &["--proxytunnel"]), "502");
+    assert_eq!(
+        status_code(&client.http, &format!("http://{unreachable}/"), &[]),
+        "502"
+    );
+    assert_eq!(
+        status_code(
+            &client.http,
+            &format!("http://{unreachable}/"),
+            &["--proxytunnel"]
+        ),
+        "502"
+    );
 
     // The node still serves.
     assert_eq!(fetch(&client.socks, &url, &[]), b"hello");
@@ -102,7 +153,9 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
 
     // SOCKS4 on the SOCKS5 port: closed without a SOCKS5 method.
     let mut stream = raw::connect(node.socks);
-    stream.write_all(&[4, 1, 0, 80, 127, 0, 0, 1, 0]).expect("write");
+    stream
+        .write_all(&[4, 1, 0, 80, 127, 0, 0, 1, 0])
+        .expect("write");
     assert!(raw::closed(&mut stream));
 
     // No acceptable method: [5, 0xFF] then close.
@@ -114,7 +167,9 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     // Unknown command: reply 7.
     let mut stream = raw::connect(node.socks);
     assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
-    stream.write_all(&[5, 9, 0, 1, 127, 0, 0, 1, 0, 80]).expect("write");
+    stream
+        .write_all(&[5, 9, 0, 1, 127, 0, 0, 1, 0, 80])
+        .expect("write");
     assert_eq!(raw::read_exact(&mut stream, 10)[1], 7);
     assert!(raw::closed(&mut stream));
 
@@ -128,7 +183,9 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     // BIND is parsed but not offered: reply 7.
     let mut stream = raw::connect(node.socks);
     assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
-    stream.write_all(&[5, 2, 0, 1, 127, 0, 0, 1, 0, 80]).expect("write");
+    stream
+        .write_all(&[5, 2, 0, 1, 127, 0, 0, 1, 0, 80])
+        .expect("write");
     assert_eq!(raw::read_exact(&mut stream, 10)[1], 7);
 
     // A client that goes away mid-handshake costs only itself.
@@ -138,7 +195,9 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
 
     // Garbage on the HTTP port: 400 and a close.
     let mut stream = raw::connect(node.http);
-    stream.write_all(b"\x01\x02 NOT HTTP\r\n\r\n").expect("write");
+    stream
+        .write_all(b"\x01\x02 NOT HTTP\r\n\r\n")
+        .expect("write");
     let mut answer = Vec::new();
     let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
     let answer = String::from_utf8_lossy(&answer);
@@ -162,7 +221,11 @@ fn base64_encode(bytes: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -192,7 +255,11 @@ fn connections_wait_in_the_backlog_while_the_device_plane_restarts() {
     let url = origin.url("/bytes/100000");
     let waiting: Vec<_> = (0..6)
         .map(|i| {
-            let proxy = if i % 2 == 0 { client.socks.clone() } else { client.http.clone() };
+            let proxy = if i % 2 == 0 {
+                client.socks.clone()
+            } else {
+                client.http.clone()
+            };
             let url = url.clone();
             std::thread::spawn(move || {
                 let started = Instant::now();
@@ -206,7 +273,10 @@ fn connections_wait_in_the_backlog_while_the_device_plane_restarts() {
     for handle in waiting {
         let (body, took) = handle.join().expect("curl thread");
         assert_eq!(sha256(&body), sha256(&pattern(100_000)));
-        assert!(took < Duration::from_secs(50), "a waiting curl took {took:?}");
+        assert!(
+            took < Duration::from_secs(50),
+            "a waiting curl took {took:?}"
+        );
     }
     node.wait_ready();
 }
@@ -223,8 +293,20 @@ fn a_thousand_concurrent_socks5_connections_all_complete() {
         .map(|_| {
             let mut command = std::process::Command::new("curl");
             command.args([
-                "-s", "--no-progress-meter", "--parallel", "--parallel-immediate", "--parallel-max", "250",
-                "--max-time", "120", "--proxy", &client.socks, "-w", "%{http_code}\n", "-o", "/dev/null",
+                "-s",
+                "--no-progress-meter",
+                "--parallel",
+                "--parallel-immediate",
+                "--parallel-max",
+                "250",
+                "--max-time",
+                "120",
+                "--proxy",
+                &client.socks,
+                "-w",
+                "%{http_code}\n",
+                "-o",
+                "/dev/null",
             ]);
             for _ in 0..250 {
                 command.arg(&url);
@@ -236,11 +318,22 @@ fn a_thousand_concurrent_socks5_connections_all_complete() {
     let mut ok = 0;
     for run in runs {
         let output = run.join().expect("curl thread");
-        ok += String::from_utf8_lossy(&output.stdout).lines().filter(|l| *l == "200").count();
+        ok += String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| *l == "200")
+            .count();
     }
     assert_eq!(ok, 1000, "every transfer answered 200");
-    assert!(origin.connections() >= 1000, "origin saw {} connections", origin.connections());
-    assert!(origin.peak() >= 500, "connections overlapped (peak {})", origin.peak());
+    assert!(
+        origin.connections() >= 1000,
+        "origin saw {} connections",
+        origin.connections()
+    );
+    assert!(
+        origin.peak() >= 500,
+        "connections overlapped (peak {})",
+        origin.peak()
+    );
 }
 
 trait SpawnOutput {
@@ -249,7 +342,10 @@ trait SpawnOutput {
 
 impl SpawnOutput for &mut std::process::Command {
     fn spawn_output(self) -> std::thread::JoinHandle<std::process::Output> {
-        let child = self.stdout(std::process::Stdio::piped()).spawn().expect("curl");
+        let child = self
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl");
         std::thread::spawn(move || child.wait_with_output().expect("curl output"))
     }
 }
@@ -272,8 +368,18 @@ fn a_bad_config_exits_64_listing_every_problem() {
         let output = command.output().expect("run");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(64), "{binary}: {stderr}");
-        for needle in ["listen.socks", "listen.htp", "listen.http", "drain.grace", "egress.allow", "4 problems"] {
-            assert!(stderr.contains(needle), "{binary} does not mention {needle}: {stderr}");
+        for needle in [
+            "listen.socks",
+            "listen.htp",
+            "listen.http",
+            "drain.grace",
+            "egress.allow",
+            "4 problems",
+        ] {
+            assert!(
+                stderr.contains(needle),
+                "{binary} does not mention {needle}: {stderr}"
+            );
         }
     }
 }

@@ -13,7 +13,7 @@ use anyhow::Context;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
 use blipless_device::credentials;
 use blipless_device::store::{self, ClientRecord, Store, StoreError};
-use blipless_protocol::control::{ControlRequest, ControlResponse, StatusReport};
+use blipless_protocol::control::{ControlRequest, ControlResponse, DeployInfo, StatusReport};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -38,6 +38,19 @@ struct Args {
 enum Command {
     /// The node's readiness, listeners and device planes (asks the ingress).
     Status,
+    /// Drain the node: /status 503, listeners close after the lame-duck
+    /// period, device planes finish what they hold, the ingress exits.
+    Drain {
+        /// Show progress every half second until the ingress is gone.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// The latest device-plane deploy (start a second blipless-device to deploy).
+    Deploy {
+        /// Show progress every half second until the deploy is over.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Manage proxy clients (in the store; device planes follow within a second).
     Client {
         #[command(subcommand)]
@@ -85,7 +98,17 @@ fn main() -> ExitCode {
 
 fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
     match &args.command {
-        Command::Status => status(config, args.json),
+        Command::Status => {
+            let report = status_report(config)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_status(&report);
+            }
+            Ok(())
+        }
+        Command::Drain { watch } => drain(config, *watch, args.json),
+        Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Client { command } => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -108,7 +131,8 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
     }
 }
 
-fn status(config: &Config, as_json: bool) -> anyhow::Result<()> {
+/// Sends one request to the ingress's control socket and reads the answer.
+fn request(config: &Config, request: &ControlRequest) -> anyhow::Result<ControlResponse> {
     let path = config.control_socket();
     let stream = UnixStream::connect(&path).with_context(|| {
         format!(
@@ -117,25 +141,112 @@ fn status(config: &Config, as_json: bool) -> anyhow::Result<()> {
         )
     })?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut request = serde_json::to_string(&ControlRequest::Status)?;
-    request.push('\n');
-    (&stream).write_all(request.as_bytes())?;
-    let mut line = String::new();
+    let mut line = serde_json::to_string(request)?;
+    line.push('\n');
+    (&stream).write_all(line.as_bytes())?;
+    let mut answer = String::new();
     BufReader::new(&stream)
-        .read_line(&mut line)
+        .read_line(&mut answer)
         .context("reading the ingress's answer")?;
-    let response: ControlResponse = serde_json::from_str(&line)
-        .context("the ingress answered something that is not a status")?;
-    let report = match response {
-        ControlResponse::Status(report) => report,
+    serde_json::from_str(&answer)
+        .context("the ingress answered something this blipless-ctl cannot read")
+}
+
+fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
+    match request(config, &ControlRequest::Status)? {
+        ControlResponse::Status(report) => Ok(report),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
-    };
+        ControlResponse::Ok { message } => anyhow::bail!("unexpected answer: {message}"),
+    }
+}
+
+fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
+    match request(config, &ControlRequest::Drain)? {
+        ControlResponse::Ok { message } if as_json => {
+            println!("{}", json!({ "draining": true, "message": message }))
+        }
+        ControlResponse::Ok { message } => println!("{message}"),
+        ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
+        ControlResponse::Status(_) => anyhow::bail!("unexpected answer to drain"),
+    }
+    if !watch {
+        return Ok(());
+    }
+    // Until the control socket stops answering: the ingress has exited.
+    while let Ok(report) = status_report(config) {
+        let held: u64 = report
+            .device_planes
+            .iter()
+            .map(|p| p.connections_open)
+            .sum();
+        if as_json {
+            println!(
+                "{}",
+                json!({ "state": report.state, "planes": report.device_planes.len(), "connections_remaining": held })
+            );
+        } else {
+            println!(
+                "{}: {} device plane(s), {held} connection(s) remaining",
+                report.state,
+                report.device_planes.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", json!({ "state": "stopped" }));
     } else {
-        print_status(&report);
+        println!("ingress stopped");
     }
     Ok(())
+}
+
+fn deploy(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
+    loop {
+        let report = status_report(config)?;
+        let in_progress = report
+            .last_deploy
+            .as_ref()
+            .is_some_and(|d| d.outcome == "in progress");
+        if as_json {
+            println!(
+                "{}",
+                json!({ "last_deploy": report.last_deploy, "device_planes": report.device_planes })
+            );
+        } else {
+            match &report.last_deploy {
+                None => println!(
+                    "no deploy yet: start a second blipless-device with the same config to deploy"
+                ),
+                Some(deploy) => print_deploy(deploy),
+            }
+            for plane in &report.device_planes {
+                println!(
+                    "  g{} {:<9} open {:>6}  migrated {:>6}",
+                    plane.generation, plane.state, plane.connections_open, plane.migrated
+                );
+            }
+        }
+        if !watch || !in_progress {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn print_deploy(deploy: &DeployInfo) {
+    let from = deploy
+        .from
+        .map(|g| format!("g{g}"))
+        .unwrap_or_else(|| "none".into());
+    let took = deploy
+        .seconds
+        .map(|s| format!(" in {s:.3}s"))
+        .unwrap_or_default();
+    println!(
+        "deploy {from} -> g{}: {}{took} ({})",
+        deploy.to, deploy.outcome, deploy.detail
+    );
 }
 
 fn print_status(report: &StatusReport) {

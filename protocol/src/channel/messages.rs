@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use super::cursor::{put_socket_addr, Reader};
+use super::migrate::{self, Migrate};
 use super::{truncated, DecodeError, HEADER_LEN, MAX_PAYLOAD};
 
 /// One device-channel message.
@@ -24,8 +25,14 @@ pub enum Message {
     Ready,
     /// Ingress to device plane: you are the active plane now.
     Activate,
-    /// Ingress to device plane: take no new work, hand over or finish what you hold.
-    Drain,
+    /// Ingress to device plane: you get no new work; hand what you hold to
+    /// the successor (`handover`) or finish it within the grace. Nothing the
+    /// ingress sent before it is left unread. Device plane to ingress (on
+    /// SIGTERM): please drain me; the ingress answers with its own Drain.
+    Drain(DrainOrder),
+    /// Either way: one customer connection moving to another device plane,
+    /// through the ingress, its fds beside the frame.
+    Migrate(Migrate),
     /// Device plane to ingress: the drain is over; the plane exits.
     Drained(Drained),
     /// Ingress to device plane: this ingress is handing off; reconnect.
@@ -59,10 +66,18 @@ pub struct Refused {
     pub reason: String,
 }
 
+/// Payload of [`Message::Drain`] (one byte).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainOrder {
+    /// True: a successor is active; migrate every connection that can move.
+    /// False: no successor; finish connections within the grace.
+    pub handover: bool,
+}
+
 /// Payload of [`Message::Drained`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drained {
-    /// Tunnels handed to a successor.
+    /// Connections handed to a successor.
     pub migrated: u64,
     /// Connections that finished in this plane.
     pub finished: u64,
@@ -79,6 +94,9 @@ pub struct DeviceReport {
     pub connections_total: u64,
     /// Clients known to this plane.
     pub clients: u64,
+    /// Connections this plane has handed to a successor.
+    #[serde(default)]
+    pub migrated: u64,
 }
 
 /// Which customer-facing listener accepted a connection.
@@ -186,6 +204,7 @@ const T_DRAIN: u8 = 8;
 const T_DRAINED: u8 = 9;
 const T_GOAWAY: u8 = 10;
 const T_REPORT: u8 = 11;
+const T_MIGRATE: u8 = 12;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -201,6 +220,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_DRAINED => "Drained",
         T_GOAWAY => "Goaway",
         T_REPORT => "Report",
+        T_MIGRATE => "Migrate",
         _ => return None,
     })
 }
@@ -215,7 +235,8 @@ impl Message {
             Message::Packets(_) => T_PACKETS,
             Message::Ready => T_READY,
             Message::Activate => T_ACTIVATE,
-            Message::Drain => T_DRAIN,
+            Message::Drain(_) => T_DRAIN,
+            Message::Migrate(_) => T_MIGRATE,
             Message::Drained(_) => T_DRAINED,
             Message::Goaway => T_GOAWAY,
             Message::Report(_) => T_REPORT,
@@ -231,6 +252,7 @@ impl Message {
     pub fn fd_count(&self) -> usize {
         match self {
             Message::Accepted(_) => 1,
+            Message::Migrate(migrate) => migrate.kind.fd_count(),
             _ => 0,
         }
     }
@@ -258,7 +280,9 @@ pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
                 out.extend_from_slice(packet);
             }
         }
-        Message::Ready | Message::Activate | Message::Drain | Message::Goaway => {}
+        Message::Drain(order) => out.push(u8::from(order.handover)),
+        Message::Migrate(body) => migrate::encode(body, out),
+        Message::Ready | Message::Activate | Message::Goaway => {}
     }
 }
 
@@ -280,14 +304,19 @@ pub(crate) fn decode_payload(message_type: u8, payload: &[u8]) -> Result<Message
         T_REPORT => Message::Report(json(name, payload)?),
         T_ACCEPTED => Message::Accepted(accepted(payload)?),
         T_PACKETS => Message::Packets(packets(payload)?),
-        T_READY | T_ACTIVATE | T_DRAIN | T_GOAWAY => {
+        T_MIGRATE => Message::Migrate(migrate::decode(payload)?),
+        T_DRAIN => match payload {
+            [0] => Message::Drain(DrainOrder { handover: false }),
+            [1] => Message::Drain(DrainOrder { handover: true }),
+            _ => return Err(malformed(name, "expected one byte, 0 or 1")),
+        },
+        T_READY | T_ACTIVATE | T_GOAWAY => {
             if !payload.is_empty() {
                 return Err(malformed(name, "expected an empty payload"));
             }
             match message_type {
                 T_READY => Message::Ready,
                 T_ACTIVATE => Message::Activate,
-                T_DRAIN => Message::Drain,
                 _ => Message::Goaway,
             }
         }

@@ -24,12 +24,15 @@
 
 mod cursor;
 mod messages;
+mod migrate;
 #[cfg(test)]
 mod tests;
 
 pub use messages::{
-    Accepted, DeviceReport, Drained, Hello, ListenerKind, Message, Packets, Refused, Welcome,
+    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Message, Packets, Refused,
+    Welcome,
 };
+pub use migrate::{Direction, Migrate, MigrateKind};
 
 use cursor::Truncated;
 
@@ -39,9 +42,11 @@ pub const PROTOCOL_VERSION: u8 = 1;
 pub const MAGIC: [u8; 2] = *b"BL";
 /// Length of the fixed header.
 pub const HEADER_LEN: usize = 8;
-/// Largest payload a frame may carry. A whole frame (header included) fits
-/// in 64 KiB, below the default SOCK_SEQPACKET send buffer.
-pub const MAX_PAYLOAD: usize = 64 * 1024 - HEADER_LEN;
+/// Largest payload a frame may carry: a migrating tunnel's pending bytes
+/// (up to 64 KiB each way) plus its metadata. Channel sockets set SO_SNDBUF
+/// to [`MAX_FRAME`] (the kernel doubles it), so one frame always fits one
+/// SOCK_SEQPACKET message.
+pub const MAX_PAYLOAD: usize = 160 * 1024 - HEADER_LEN;
 /// Largest whole frame: what a receive buffer must hold.
 pub const MAX_FRAME: usize = HEADER_LEN + MAX_PAYLOAD;
 /// Most file descriptors one frame carries (the kernel's SCM_MAX_FD is 253).

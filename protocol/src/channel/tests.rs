@@ -36,7 +36,32 @@ fn samples() -> Vec<Message> {
         Message::Packets(Packets::new(1)),
         Message::Ready,
         Message::Activate,
-        Message::Drain,
+        Message::Drain(DrainOrder { handover: true }),
+        Message::Drain(DrainOrder { handover: false }),
+        Message::Migrate(Migrate {
+            kind: MigrateKind::SocksTunnel,
+            connection_id: 77,
+            client: "alice".into(),
+            up: Direction {
+                pending: vec![1, 2, 3],
+                eof: true,
+            },
+            down: Direction {
+                pending: vec![0; 65536],
+                eof: false,
+            },
+            bytes_up: 10,
+            bytes_down: 20,
+        }),
+        Message::Migrate(Migrate {
+            kind: MigrateKind::HttpIdle,
+            connection_id: 78,
+            client: String::new(),
+            up: Direction::default(),
+            down: Direction::default(),
+            bytes_up: 0,
+            bytes_down: 0,
+        }),
         Message::Drained(Drained {
             migrated: 1,
             finished: 2,
@@ -47,6 +72,7 @@ fn samples() -> Vec<Message> {
             connections: 5,
             connections_total: 6,
             clients: 7,
+            migrated: 8,
         }),
     ]
 }
@@ -191,6 +217,28 @@ fn malformed_payloads_are_named() {
 }
 
 #[test]
+fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
+    let migrate = Message::Migrate(Migrate {
+        kind: MigrateKind::HttpTunnel,
+        connection_id: 1,
+        client: "c".repeat(64),
+        up: Direction {
+            pending: vec![7; 64 * 1024],
+            eof: false,
+        },
+        down: Direction {
+            pending: vec![9; 64 * 1024],
+            eof: true,
+        },
+        bytes_up: 1,
+        bytes_down: 2,
+    });
+    let bytes = encode(&migrate);
+    assert!(bytes.len() <= MAX_FRAME);
+    assert_eq!(decode(&bytes).expect("decodes").0, migrate);
+}
+
+#[test]
 fn packets_batch_stops_at_the_cap() {
     let mut batch = Packets::new(1);
     let packet = vec![0u8; 1400];
@@ -208,7 +256,12 @@ fn packets_batch_stops_at_the_cap() {
 #[test]
 fn fd_counts() {
     for message in samples() {
-        let expected = usize::from(matches!(message, Message::Accepted(_)));
+        let expected = match &message {
+            Message::Accepted(_) => 1,
+            Message::Migrate(m) if m.kind == MigrateKind::HttpIdle => 1,
+            Message::Migrate(_) => 2,
+            _ => 0,
+        };
         assert_eq!(message.fd_count(), expected, "{}", message.name());
     }
 }

@@ -1,0 +1,154 @@
+//! The payload of [`super::Message::Migrate`]: one customer connection moving
+//! from a draining device plane to its successor, byte-exact.
+//!
+//! Layout (big-endian):
+//!
+//! ```text
+//! kind u8 | connection_id u64 | name_len u8 | name | flags u8 |
+//! up_len u32 | up bytes | down_len u32 | down bytes | bytes_up u64 | bytes_down u64
+//! ```
+//!
+//! `up` holds bytes read from the customer and not yet written to the
+//! destination, `down` the reverse. Flag bit 0: the customer's side reached
+//! EOF (after `up` is written, the destination's write side is shut);
+//! bit 1: the destination's side reached EOF. The fds travel beside the
+//! frame: customer then destination for a tunnel, the customer alone for an
+//! idle HTTP connection.
+
+use super::cursor::Reader;
+use super::{truncated, DecodeError};
+
+/// What kind of connection moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrateKind {
+    /// An established SOCKS5 CONNECT tunnel (two fds).
+    SocksTunnel,
+    /// An established HTTP CONNECT tunnel (two fds).
+    HttpTunnel,
+    /// A kept-alive HTTP proxy connection between requests (one fd).
+    HttpIdle,
+}
+
+impl MigrateKind {
+    fn to_byte(self) -> u8 {
+        match self {
+            MigrateKind::SocksTunnel => 1,
+            MigrateKind::HttpTunnel => 2,
+            MigrateKind::HttpIdle => 3,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            1 => Some(MigrateKind::SocksTunnel),
+            2 => Some(MigrateKind::HttpTunnel),
+            3 => Some(MigrateKind::HttpIdle),
+            _ => None,
+        }
+    }
+
+    /// How many fds travel with this kind.
+    pub fn fd_count(self) -> usize {
+        match self {
+            MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => 2,
+            MigrateKind::HttpIdle => 1,
+        }
+    }
+}
+
+/// One direction of a tunnel in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Direction {
+    /// Bytes read from one side and not yet written to the other.
+    pub pending: Vec<u8>,
+    /// The reading side reached EOF.
+    pub eof: bool,
+}
+
+/// Payload of [`super::Message::Migrate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrate {
+    /// What moves.
+    pub kind: MigrateKind,
+    /// The ingress's number for the connection (kept for logs).
+    pub connection_id: u64,
+    /// The authenticated client's name; empty for an HTTP connection that
+    /// has not authenticated yet.
+    pub client: String,
+    /// Customer toward destination.
+    pub up: Direction,
+    /// Destination toward customer.
+    pub down: Direction,
+    /// Bytes relayed up so far (for logs).
+    pub bytes_up: u64,
+    /// Bytes relayed down so far (for logs).
+    pub bytes_down: u64,
+}
+
+const NAME: &str = "Migrate";
+
+pub(crate) fn encode(migrate: &Migrate, out: &mut Vec<u8>) {
+    out.push(migrate.kind.to_byte());
+    out.extend_from_slice(&migrate.connection_id.to_be_bytes());
+    // Client names are at most 64 bytes (the store enforces it); a longer
+    // one is cut rather than corrupting the frame.
+    let name = &migrate.client.as_bytes()[..migrate.client.len().min(255)];
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.push(u8::from(migrate.up.eof) | (u8::from(migrate.down.eof) << 1));
+    for pending in [&migrate.up.pending, &migrate.down.pending] {
+        out.extend_from_slice(&(pending.len() as u32).to_be_bytes());
+        out.extend_from_slice(pending);
+    }
+    out.extend_from_slice(&migrate.bytes_up.to_be_bytes());
+    out.extend_from_slice(&migrate.bytes_down.to_be_bytes());
+}
+
+fn malformed(reason: &str) -> DecodeError {
+    DecodeError::Malformed {
+        message: NAME,
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn decode(payload: &[u8]) -> Result<Migrate, DecodeError> {
+    let mut reader = Reader::new(payload);
+    let kind_byte = reader.u8().map_err(truncated(NAME))?;
+    let kind = MigrateKind::from_byte(kind_byte).ok_or_else(|| malformed("unknown kind"))?;
+    let connection_id = reader.u64().map_err(truncated(NAME))?;
+    let name_len = usize::from(reader.u8().map_err(truncated(NAME))?);
+    let name = reader.take(name_len).map_err(truncated(NAME))?;
+    let client = std::str::from_utf8(name)
+        .map_err(|_| malformed("client name is not UTF-8"))?
+        .to_string();
+    let flags = reader.u8().map_err(truncated(NAME))?;
+    if flags & !0b11 != 0 {
+        return Err(malformed("unknown flags"));
+    }
+    let mut pendings = [Vec::new(), Vec::new()];
+    for pending in &mut pendings {
+        let len = reader.u32().map_err(truncated(NAME))? as usize;
+        *pending = reader.take(len).map_err(truncated(NAME))?.to_vec();
+    }
+    let bytes_up = reader.u64().map_err(truncated(NAME))?;
+    let bytes_down = reader.u64().map_err(truncated(NAME))?;
+    if !reader.is_empty() {
+        return Err(malformed("trailing bytes"));
+    }
+    let [up, down] = pendings;
+    Ok(Migrate {
+        kind,
+        connection_id,
+        client,
+        up: Direction {
+            pending: up,
+            eof: flags & 1 != 0,
+        },
+        down: Direction {
+            pending: down,
+            eof: flags & 2 != 0,
+        },
+        bytes_up,
+        bytes_down,
+    })
+}

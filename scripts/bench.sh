@@ -1,0 +1,13 @@
+#!/bin/sh
+# Runs the benchmarks against the release binaries and writes docs/BENCHMARKS.md.
+# `make bench` builds the binaries first; run from anywhere.
+set -eu
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+bench="$target/release/blipless-bench"
+if [ ! -x "$bench" ]; then
+    echo "bench.sh: $bench is missing: run \`make bench\` (it builds the release binaries)" >&2
+    exit 1
+fi
+# The harness finds target/release binaries with this.
+BLIPLESS_PROFILE=release exec "$bench" --out docs/BENCHMARKS.md "$@"

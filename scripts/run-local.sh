@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# Runs a local blipless node for trying it out (`make run` builds first, then
+# calls this): an ingress and a device plane on the embedded store, a demo
+# client, and what to type. Ctrl-C (or SIGTERM) stops both daemons.
+#
+# Everything lives in .run/ in the repository (git-ignored):
+#   blipless.toml      the node's config, rewritten on every run
+#   runtime/ state/    Unix sockets, and the SQLite store
+#   ingress.log device.log
+#   demo-client.json   the demo client's name and secret (mode 600)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+run_dir="$repo/.run"
+config="$run_dir/blipless.toml"
+client_file="$run_dir/demo-client.json"
+bin="${CARGO_TARGET_DIR:-target}/release"
+ctl="$bin/blipless-ctl"
+ready_timeout=30   # seconds to wait for /status to answer 200
+stop_timeout=5     # seconds between SIGTERM and SIGKILL
+
+say() { printf '%s\n' "$*"; }
+fail() { printf 'run-local: %s\n' "$*" >&2; exit 1; }
+
+for binary in blipless-ingress blipless-device blipless-ctl; do
+  [ -x "$bin/$binary" ] || fail "$bin/$binary is missing: run \`make run\` (it builds first)"
+done
+command -v curl >/dev/null 2>&1 || fail "curl is needed: \`make deps\` installs it (as root)"
+
+mkdir -p "$run_dir/state" || fail "cannot create $run_dir (is the repository writable by $(id -un)?)"
+
+# --- An earlier `make run` still running? -----------------------------------
+for name in ingress device; do
+  pid_file="$run_dir/$name.pid"
+  [ -f "$pid_file" ] || continue
+  pid=$(cat "$pid_file")
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+     grep -q blipless "/proc/$pid/cmdline" 2>/dev/null; then
+    fail "a node from an earlier \`make run\` is still running (blipless-$name, pid $pid): stop it first (Ctrl-C in its terminal, or kill $pid)"
+  fi
+  rm -f "$pid_file"
+done
+
+# --- Runtime directory: Unix socket paths are limited to 107 bytes ----------
+runtime_dir="$run_dir/runtime"
+if [ ${#runtime_dir} -gt 94 ]; then
+  runtime_dir="${TMPDIR:-/tmp}/blipless-run-$(id -u)"
+  say "note: $run_dir/runtime is too long for Unix sockets; using $runtime_dir"
+fi
+mkdir -p "$runtime_dir"
+
+# --- Listen ports: the usual ones, or the next free ones --------------------
+port_busy() {
+  if command -v ss >/dev/null 2>&1; then
+    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+  fi
+}
+
+taken=" "
+pick_port() { # NAME PREFERRED: prints the port to use
+  local name=$1 port=$2
+  while port_busy "$port" || [[ "$taken" == *" $port "* ]]; do
+    port=$((port + 1))
+    [ "$port" -le $(($2 + 100)) ] || fail "no free port for $name in $2..$(($2 + 100))"
+  done
+  [ "$port" = "$2" ] || say "note: port $2 ($name) is taken; using $port" >&2
+  printf '%s' "$port"
+}
+socks_port=$(pick_port socks 1080); taken+="$socks_port "
+http_port=$(pick_port http 8080); taken+="$http_port "
+status_port=$(pick_port status 9180); taken+="$status_port "
+socks_addr="127.0.0.1:$socks_port"
+http_addr="127.0.0.1:$http_port"
+status_url="http://127.0.0.1:$status_port/status"
+
+# --- The config ---------------------------------------------------------------
+toml_string() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
+cat >"$config" <<EOF
+# Written by scripts/run-local.sh on every \`make run\`: edits here are lost.
+# Every key and its default: docs/CONFIG.md.
+
+[node]
+runtime_dir = $(toml_string "$runtime_dir")
+state_dir = $(toml_string "$run_dir/state")
+
+[listen]
+socks = "$socks_addr"
+http = "$http_addr"
+status = "127.0.0.1:$status_port"
+
+[egress]
+# Loopback is denied by default; this lets the demo reach the node's own
+# status page through the proxy.
+allow = ["127.0.0.1/32"]
+
+[drain]
+# Short, so that Ctrl-C stops the demo within a few seconds even with a
+# tunnel open (the default is 120s).
+grace = "3s"
+EOF
+
+# --- Start both daemons; stop them on Ctrl-C, SIGTERM or any failure ---------
+ingress_pid=""
+device_pid=""
+
+stop_node() {
+  trap - INT TERM EXIT
+  local pids=() pid waited=0
+  for pid in $device_pid $ingress_pid; do
+    kill -0 "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  if [ ${#pids[@]} -gt 0 ]; then
+    say ""
+    say "stopping blipless (SIGTERM to ${pids[*]})..."
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    while [ "$waited" -lt $((stop_timeout * 10)) ]; do
+      local alive=0
+      for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      [ "$alive" -eq 1 ] || break
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then
+        say "pid $pid did not stop within ${stop_timeout}s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+      wait "$pid" 2>/dev/null || true
+    done
+    say "stopped."
+  fi
+  rm -f "$run_dir/ingress.pid" "$run_dir/device.pid"
+}
+
+show_logs() {
+  local log
+  for log in "$run_dir/ingress.log" "$run_dir/device.log"; do
+    [ -s "$log" ] || continue
+    printf '\n--- last lines of %s ---\n' "${log#"$repo"/}" >&2
+    tail -n 15 "$log" >&2
+  done
+}
+
+trap 'stop_node; exit 0' INT TERM
+trap 'status=$?; [ "$status" -eq 0 ] || show_logs; stop_node; exit "$status"' EXIT
+
+"$bin/blipless-ingress" --config "$config" >"$run_dir/ingress.log" 2>&1 &
+ingress_pid=$!
+echo "$ingress_pid" >"$run_dir/ingress.pid"
+"$bin/blipless-device" --config "$config" >"$run_dir/device.log" 2>&1 &
+device_pid=$!
+echo "$device_pid" >"$run_dir/device.pid"
+
+check_alive() {
+  kill -0 "$ingress_pid" 2>/dev/null || fail "blipless-ingress exited (see .run/ingress.log)"
+  kill -0 "$device_pid" 2>/dev/null || fail "blipless-device exited (see .run/device.log)"
+}
+
+say "starting blipless: ingress pid $ingress_pid, device plane pid $device_pid; waiting for $status_url"
+deadline=$((SECONDS + ready_timeout))
+until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$status_url" || true)" = 200 ]; do
+  check_alive
+  [ "$SECONDS" -lt "$deadline" ] ||
+    fail "$status_url did not answer 200 within ${ready_timeout}s"
+  sleep 0.2
+done
+
+# --- The demo client: created once, its secret kept in .run/demo-client.json --
+secret=""
+if [ -f "$client_file" ]; then
+  secret=$(sed -n 's/.*"secret": *"\([A-Za-z0-9_-]*\)".*/\1/p' "$client_file")
+fi
+clients=$("$ctl" --config "$config" --json client list)
+if [[ "$clients" == *'"name": "demo"'* ]]; then
+  if [ -z "$secret" ]; then
+    say "client demo exists but its secret was not saved; creating it again"
+    "$ctl" --config "$config" client remove demo >/dev/null
+  fi
+else
+  secret=""
+fi
+if [ -z "$secret" ]; then
+  (umask 077 && "$ctl" --config "$config" --json client add demo >"$client_file.new")
+  mv "$client_file.new" "$client_file"
+  chmod 600 "$client_file"
+  secret=$(sed -n 's/.*"secret": *"\([A-Za-z0-9_-]*\)".*/\1/p' "$client_file")
+  [ -n "$secret" ] || fail "could not read the new client's secret from $client_file"
+  say "created client demo (secret saved in .run/demo-client.json)"
+else
+  say "reusing client demo from .run/demo-client.json"
+fi
+socks_url="socks5h://demo:$secret@$socks_addr"
+http_url="http://demo:$secret@$http_addr"
+
+cat <<EOF
+
+blipless is running: SOCKS5 on $socks_addr, HTTP proxy on $http_addr.
+
+  SOCKS5 proxy:  $socks_url
+  HTTP proxy:    $http_url
+
+Try it (the status page works offline; example.com needs internet):
+  curl -x '$socks_url' $status_url
+  curl -x '$http_url' $status_url
+  curl -x '$socks_url' https://example.com/
+  curl -x '$http_url' https://example.com/
+
+The node (run from $repo):
+  $ctl --config .run/blipless.toml status
+  $ctl --config .run/blipless.toml client list
+Logs: .run/ingress.log and .run/device.log
+
+Ctrl-C stops both.
+EOF
+
+# --- Wait until Ctrl-C, or until a daemon exits on its own --------------------
+while true; do
+  check_alive
+  sleep 1 &
+  wait $! || true
+done
