@@ -147,10 +147,11 @@ show_logs() {
 trap 'stop_node; exit 0' INT TERM
 trap 'status=$?; [ "$status" -eq 0 ] || show_logs; stop_node; exit "$status"' EXIT
 
-"$bin/blipless-ingress" --config "$config" >"$run_dir/ingress.log" 2>&1 &
+# NO_COLOR: plain log files, without terminal colour codes.
+NO_COLOR=1 "$bin/blipless-ingress" --config "$config" >"$run_dir/ingress.log" 2>&1 &
 ingress_pid=$!
 echo "$ingress_pid" >"$run_dir/ingress.pid"
-"$bin/blipless-device" --config "$config" >"$run_dir/device.log" 2>&1 &
+NO_COLOR=1 "$bin/blipless-device" --config "$config" >"$run_dir/device.log" 2>&1 &
 device_pid=$!
 echo "$device_pid" >"$run_dir/device.pid"
 

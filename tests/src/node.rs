@@ -92,7 +92,8 @@ pub struct Node {
 
 impl Node {
     /// A node whose egress allows 127.0.0.1 (where test origins listen),
-    /// with `extra` TOML appended to its config.
+    /// with `extra` TOML appended to its config (sections other than
+    /// [node], [listen] and [egress]).
     pub fn new(extra: &str) -> Self {
         crate::raise_fd_limit();
         let dir = tempfile::Builder::new()
@@ -104,7 +105,7 @@ impl Node {
         let text = format!(
             "[node]\nhost = \"test\"\nruntime_dir = \"{run}\"\nstate_dir = \"{state}\"\n\n\
              [listen]\nsocks = \"127.0.0.1:{socks}\"\nhttp = \"127.0.0.1:{http}\"\nstatus = \"127.0.0.1:{status}\"\nwg = \"127.0.0.1:0\"\n\n\
-             [egress]\nallow = [\"127.0.0.1/32\"]\n\n[drain]\nlame_duck = \"100ms\"\n{extra}\n",
+             [egress]\nallow = [\"127.0.0.1/32\"]\n\n{extra}\n",
             run = dir.path().join("run").display(),
             state = dir.path().join("state").display(),
         );
@@ -126,6 +127,10 @@ impl Node {
     }
 
     fn spawn(&mut self, binary_name: &str, args: &[&str]) -> Daemon {
+        self.spawn_with_env(binary_name, args, &[])
+    }
+
+    fn spawn_with_env(&mut self, binary_name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         self.daemons += 1;
         let log = self
             .path()
@@ -136,6 +141,9 @@ impl Node {
             .arg(&self.config)
             .args(args)
             .env("BLIPLESS_LOG", "info,blipless_device=debug")
+            // Tests need no lame-duck period before listeners close.
+            .env("BLIPLESS_DRAIN_LAME_DUCK", "100ms")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -159,6 +167,47 @@ impl Node {
     /// Starts a device plane (does not wait).
     pub fn start_device(&mut self) -> Daemon {
         self.spawn("blipless-device", &[])
+    }
+
+    /// Starts a device plane with extra environment variables.
+    pub fn start_device_with_env(&mut self, env: &[(&str, &str)]) -> Daemon {
+        self.spawn_with_env("blipless-device", &[], env)
+    }
+
+    /// `blipless-ctl --json status`, parsed.
+    pub fn status_json(&self) -> serde_json::Value {
+        let output = self.ctl(&["--json", "status"]);
+        serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The generation of the active device plane, if any.
+    pub fn active_generation(&self) -> Option<u64> {
+        self.status_json()["device_planes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["state"] == "active")?["generation"]
+            .as_u64()
+    }
+
+    /// Deploys: starts a new device plane, waits until it is active and the
+    /// `old` one has exited; returns the new one and how long the old took.
+    pub fn deploy(&mut self, old: &mut Daemon) -> (Daemon, Duration) {
+        let before = self.active_generation();
+        let started = Instant::now();
+        let new = self.start_device();
+        wait_until(
+            Duration::from_secs(60),
+            "the new device plane to be active",
+            || self.active_generation().is_some_and(|g| Some(g) != before),
+        );
+        let status = old
+            .wait_exit(Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("the old device plane did not exit: {}", old.log_text()));
+        assert!(
+            status.success(),
+            "the old device plane exited with {status}"
+        );
+        (new, started.elapsed())
     }
 
     /// `/status`: (HTTP code, body); (0, "") when unreachable.

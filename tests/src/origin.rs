@@ -2,6 +2,7 @@
 //!
 //! - `GET /bytes/N`: N bytes of [`crate::pattern`];
 //! - `GET /slow/MS`: "ok" after MS milliseconds;
+//! - `PUT /echo` (or POST): streams the request body back as it arrives;
 //! - anything else: "hello".
 //!
 //! Every response closes its connection. The origin counts connections and
@@ -90,8 +91,39 @@ async fn serve(mut stream: tokio::net::TcpStream) -> std::io::Result<()> {
         }
         request.extend_from_slice(&chunk[..n]);
     }
-    let line = String::from_utf8_lossy(&request);
+    let head_end = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(request.len(), |p| p + 4);
+    let line = String::from_utf8_lossy(&request[..head_end]).into_owned();
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    if path == "/echo" {
+        let length: usize = line
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())
+                    .flatten()
+            })
+            .unwrap_or(0);
+        let head =
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await?;
+        let early = &request[head_end..];
+        stream.write_all(early).await?;
+        let mut left = length.saturating_sub(early.len());
+        let mut buffer = vec![0u8; 64 * 1024];
+        while left > 0 {
+            let n = stream.read(&mut buffer[..left.min(64 * 1024)]).await?;
+            if n == 0 {
+                break;
+            }
+            stream.write_all(&buffer[..n]).await?;
+            left -= n;
+        }
+        return stream.shutdown().await;
+    }
     let body = if let Some(n) = path.strip_prefix("/bytes/") {
         crate::pattern(n.parse().unwrap_or(0))
     } else if let Some(ms) = path.strip_prefix("/slow/") {

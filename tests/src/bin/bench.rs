@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use blipless_tests::node::Node;
+use blipless_tests::node::{Daemon, Node};
 use blipless_tests::origin::Origin;
 
 use crate::client::{Mode, Proxies};
@@ -114,7 +114,7 @@ fn main() -> ExitCode {
         user: client.name.clone(),
         secret: client.secret.clone(),
     };
-    let pids = procfs::Pids {
+    let mut pids = procfs::Pids {
         ingress: ingress.pid().as_raw(),
         device: device.pid().as_raw(),
     };
@@ -130,9 +130,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let memory = match memory_section(
+        &runtime,
+        &mut node,
+        device,
+        &proxies,
+        &mut pids,
+        plan.tunnels,
+    ) {
+        Ok(memory) => memory,
+        Err(error) => {
+            eprintln!("blipless-bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let measured = runtime.block_on(async {
-        eprintln!("memory: idle, then {} held tunnels per kind", plan.tunnels);
-        let memory = memory::run(&proxies, pids, plan.tunnels).await?;
         eprintln!("connection rate and latency");
         let rate = rate::run(&proxies, origin.address, plan.sequential, plan.concurrent).await;
         eprintln!("bulk throughput");
@@ -147,10 +159,10 @@ fn main() -> ExitCode {
             plan.bulk_bound,
         )
         .await;
-        Ok::<_, std::io::Error>((memory, rate, bulk))
+        Ok::<_, std::io::Error>((rate, bulk))
     });
     drop(runtime);
-    let (memory, rate, bulk) = match measured {
+    let (rate, bulk) = match measured {
         Ok(measured) => measured,
         Err(error) => {
             eprintln!("blipless-bench: {error}");
@@ -158,8 +170,8 @@ fn main() -> ExitCode {
         }
     };
     machine.load_after = report::load_average();
-    let daemon_warnings = [&ingress, &device]
-        .iter()
+    let daemon_warnings = std::iter::once(&ingress)
+        .chain(&memory.devices)
         .map(|d| {
             d.log_text()
                 .lines()
@@ -173,7 +185,7 @@ fn main() -> ExitCode {
         bulk,
         bulk_size: plan.bulk_size,
         bulk_bound_s: plan.bulk_bound.as_secs(),
-        memory,
+        memory: memory.held,
         daemon_warnings,
     };
     let text = report::render(&results);
@@ -183,6 +195,54 @@ fn main() -> ExitCode {
     }
     eprintln!("wrote {}", out.display());
     ExitCode::SUCCESS
+}
+
+/// Section 3's figures and every device plane it started (the last one
+/// serves the other sections).
+struct MemorySection {
+    held: Vec<memory::Held>,
+    devices: Vec<Daemon>,
+}
+
+/// Runs each memory batch on a freshly deployed device plane: a second
+/// `blipless-device` takes over and the old one, holding nothing, exits.
+fn memory_section(
+    runtime: &tokio::runtime::Runtime,
+    node: &mut Node,
+    first: Daemon,
+    proxies: &Proxies,
+    pids: &mut procfs::Pids,
+    tunnels: usize,
+) -> Result<MemorySection, String> {
+    eprintln!("memory: {tunnels} held tunnels per batch, each batch on a fresh device plane");
+    let origin = runtime
+        .block_on(memory::HoldOrigin::start())
+        .map_err(|e| format!("starting the holding origin: {e}"))?;
+    let mut devices = vec![first];
+    let mut held = Vec::new();
+    for (index, batch) in memory::BATCHES.into_iter().enumerate() {
+        if index > 0 {
+            let fresh = node.start_device();
+            let retired = devices.last_mut().ok_or("no device plane")?;
+            if retired.wait_exit(Duration::from_secs(30)).is_none() {
+                return Err("the old device plane did not exit after a deploy".into());
+            }
+            node.wait_ready();
+            devices.push(fresh);
+        }
+        pids.device = devices.last().ok_or("no device plane")?.pid().as_raw();
+        let bound = Duration::from_secs(20);
+        held.push(runtime.block_on(memory::measure(
+            proxies,
+            origin.address,
+            *pids,
+            batch,
+            tunnels,
+            bound,
+        )));
+    }
+    runtime.block_on(async move { drop(origin) });
+    Ok(MemorySection { held, devices })
 }
 
 fn usage() -> ExitCode {

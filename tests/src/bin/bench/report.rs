@@ -97,7 +97,7 @@ pub struct Results {
     /// Time bound per download, seconds.
     pub bulk_bound_s: u64,
     /// Section 3.
-    pub memory: memory::Section,
+    pub memory: Vec<memory::Held>,
     /// Warnings and errors the daemons logged during the run.
     pub daemon_warnings: usize,
 }
@@ -331,43 +331,48 @@ fn section_bulk(out: &mut String, results: &Results) {
 }
 
 fn section_memory(out: &mut String, results: &Results) {
-    let memory = &results.memory;
+    let Some(first) = results.memory.first() else {
+        return;
+    };
     let _ = writeln!(
         out,
         "## 3. Memory\n\n\
-         VmRSS from /proc/PID/status. *Idle*: after start and 16 short tunnels. Each batch opens tunnels \
-         (32 at a time) to a holding origin that echoes 4 bytes once and then stays silent, measures while \
-         holding them, closes them and measures again 1.5 s later. Per tunnel = (holding − before) / tunnels open. \
-         No target was set for memory.\n\n\
+         VmRSS from /proc/PID/status. Each batch runs on a freshly deployed device plane (a second `blipless-device` \
+         takes over, the old one drains and exits): memory that one batch freed stays with the allocator and would \
+         make the next batch look cheaper or dearer than it is. *Idle*: the fresh plane after two warm-up tunnels. \
+         The batch then opens its tunnels (32 at a time) to a holding origin that echoes what the tunnel carries once \
+         and then stays silent; RSS is read while holding them and 1.5 s after closing them. \
+         Per tunnel = (holding − idle) / tunnels open. The ingress is the same process throughout. No target was set \
+         for memory.\n\n\
          Idle: device plane **{}**, ingress **{}**.\n",
-        kib(memory.idle.device),
-        kib(memory.idle.ingress)
+        kib(first.idle.device),
+        kib(first.idle.ingress)
     );
-    out.push_str("| batch | tunnels open | device plane before → holding → after | device plane per tunnel | ingress before → holding → after | ingress per tunnel |\n");
+    out.push_str("| batch | tunnels open | device plane idle → holding → closed | device plane per tunnel | ingress idle → holding → closed | ingress per tunnel |\n");
     out.push_str("|---|---:|---|---:|---|---:|\n");
-    for held in &memory.batches {
+    for held in &results.memory {
         let (ingress, device) = held.per_tunnel();
         let _ = writeln!(
             out,
             "| {} | {} of {} | {} → {} → {} | {:.1} KiB | {} → {} → {} | {:.2} KiB |",
-            held.label,
+            held.batch.label,
             held.open,
             held.wanted,
-            kib(held.before.device),
+            kib(held.idle.device),
             kib(held.holding.device),
             kib(held.after.device),
             device / 1024.0,
-            kib(held.before.ingress),
+            kib(held.idle.ingress),
             kib(held.holding.ingress),
             kib(held.after.ingress),
             ingress / 1024.0,
         );
     }
-    for held in memory.batches.iter().filter(|h| h.error.is_some()) {
+    for held in results.memory.iter().filter(|h| h.error.is_some()) {
         let _ = writeln!(
             out,
             "\n{} tunnel failure: `{}`",
-            held.label,
+            held.batch.label,
             held.error.as_deref().unwrap_or("")
         );
     }
@@ -409,7 +414,7 @@ pub fn render(results: &Results) -> String {
           and nothing here hides them behind network round trips. On a real network the same added microseconds \
           are a much smaller share.\n\
         - The daemons run as the end-to-end harness starts them (`tests/src/node.rs`): default configuration, \
-          embedded store, device-plane logging at `debug` into a file (one line per closed tunnel).\n\
+          embedded store, device-plane logging at `debug` into a file.\n\
         - *p50/p99* are nearest-rank percentiles over every connection of a run. *Sequential* figures show latency \
           without queueing; *concurrent* ones show the connection rate and latency under load on 2 cores.\n\
         - The figures vary by several percent between runs, more when other work shares the machine (see the load \

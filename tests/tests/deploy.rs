@@ -1,0 +1,470 @@
+//! Device-plane deploys: live tunnels move byte-exact, short requests never
+//! fail, the old plane exits as soon as it is empty, and every failure case
+//! leaves the node serving.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use blipless_tests::curl::fetch;
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+use blipless_tests::{pattern, sha256, wait_until};
+
+/// A curl that uploads `file` to the origin's echo endpoint through `proxy`
+/// slowly, so the tunnel streams both ways for many seconds.
+fn streaming_echo(
+    proxy: &str,
+    url: &str,
+    file: &std::path::Path,
+    out: &std::path::Path,
+    tunnel: bool,
+) -> Child {
+    let mut command = Command::new("curl");
+    command.args([
+        "-s",
+        "-S",
+        "--max-time",
+        "180",
+        "--limit-rate",
+        "1M",
+        "-H",
+        "Expect:",
+        "--proxy",
+        proxy,
+    ]);
+    if tunnel {
+        command.arg("--proxytunnel");
+    }
+    command
+        .arg("-T")
+        .arg(file)
+        .arg("-o")
+        .arg(out)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("curl")
+}
+
+fn metric(node: &Node, name: &str) -> f64 {
+    let output = blipless_tests::curl::curl(&[
+        "--max-time",
+        "5",
+        &format!("http://{}/metrics", node.status),
+    ]);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn tunnels_stream_both_ways_through_ten_deploys_byte_exact() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    let size = 16 * 1024 * 1024;
+    let upload = node.path().join("upload.bin");
+    std::fs::write(&upload, pattern(size)).expect("write upload");
+    let (socks_out, http_out) = (node.path().join("socks.out"), node.path().join("http.out"));
+    let url = origin.url("/echo");
+    let mut socks = streaming_echo(&client.socks, &url, &upload, &socks_out, false);
+    let mut http = streaming_echo(&client.http, &url, &upload, &http_out, true);
+    std::thread::sleep(Duration::from_millis(500));
+
+    for round in 1..=10 {
+        let (next, took) = node.deploy(&mut device);
+        device = next;
+        assert!(
+            took < Duration::from_secs(30),
+            "deploy {round} took {took:?}"
+        );
+    }
+    // Both tunnels were still streaming when the last deploy finished.
+    assert!(
+        socks.try_wait().expect("poll").is_none(),
+        "the SOCKS5 transfer ended before the deploys did"
+    );
+    assert!(
+        http.try_wait().expect("poll").is_none(),
+        "the HTTP transfer ended before the deploys did"
+    );
+
+    for (child, out, what) in [
+        (&mut socks, &socks_out, "SOCKS5"),
+        (&mut http, &http_out, "HTTP CONNECT"),
+    ] {
+        let status = child.wait().expect("curl");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        assert!(status.success(), "{what} curl failed: {stderr}");
+        let got = std::fs::read(out).expect("output");
+        assert_eq!(got.len(), size, "{what} echo length");
+        assert_eq!(sha256(&got), sha256(&pattern(size)), "{what} echo bytes");
+    }
+    let migrated = metric(&node, "blipless_tunnels_migrated_total");
+    assert!(
+        migrated >= 20.0,
+        "two tunnels times ten deploys migrated, metric says {migrated}"
+    );
+}
+
+/// Runs batches of `parallel` short requests through `proxy` until `stop`;
+/// returns (requests, failures).
+fn steady_load(
+    proxy: String,
+    url: String,
+    parallel: usize,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(usize, Vec<String>)> {
+    std::thread::spawn(move || {
+        let mut total = 0;
+        let mut failures = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let mut command = Command::new("curl");
+            let parallel_max = parallel.to_string();
+            command.args([
+                "-s",
+                "--no-progress-meter",
+                "--parallel",
+                "--parallel-immediate",
+                "--parallel-max",
+                &parallel_max,
+                "--max-time",
+                "60",
+                "--proxy",
+                &proxy,
+                "-w",
+                "%{http_code}\n",
+            ]);
+            for _ in 0..parallel * 3 {
+                command.args(["-o", "/dev/null", &url]);
+            }
+            let output = command.stdin(Stdio::null()).output().expect("curl");
+            for line in String::from_utf8_lossy(&output.stdout).lines() {
+                total += 1;
+                if line != "200" {
+                    failures.push(line.to_string());
+                }
+            }
+            if !output.status.success() {
+                failures.push(format!(
+                    "curl exit {}: {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+        }
+        (total, failures)
+    })
+}
+
+#[test]
+fn two_hundred_clients_in_a_loop_see_no_failure_through_five_deploys() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = origin.url("/slow/200");
+    let loads = [
+        steady_load(client.socks.clone(), url.clone(), 100, stop.clone()),
+        steady_load(client.http.clone(), url.clone(), 100, stop.clone()),
+    ];
+    std::thread::sleep(Duration::from_secs(1));
+    for _ in 0..5 {
+        let (next, _) = node.deploy(&mut device);
+        device = next;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for load in loads {
+        let (requests, failures) = load.join().expect("load thread");
+        assert!(
+            failures.is_empty(),
+            "failed requests: {:?}",
+            &failures[..failures.len().min(10)]
+        );
+        total += requests;
+    }
+    assert!(total >= 1000, "the load ran ({total} requests)");
+}
+
+#[test]
+fn a_plane_that_never_becomes_ready_fails_the_deploy_and_the_old_one_serves_on() {
+    let origin = Origin::start();
+    let mut node = Node::new("[deploy]\nready_budget = \"2s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let before = node.active_generation();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = steady_load(
+        client.socks.clone(),
+        origin.url("/slow/100"),
+        20,
+        stop.clone(),
+    );
+
+    let mut stuck = node.start_device_with_env(&[("BLIPLESS_FAULT_STALL_WARMUP_MS", "600000")]);
+    let status = stuck
+        .wait_exit(Duration::from_secs(30))
+        .expect("the plane that never became ready was sent away");
+    assert!(!status.success(), "a failed deploy exits non-zero");
+    assert!(
+        stuck.log_text().contains("deploy failed"),
+        "{}",
+        stuck.log_text()
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    let (requests, failures) = load.join().expect("load");
+    assert!(failures.is_empty(), "failed requests: {failures:?}");
+    assert!(requests > 0);
+    assert_eq!(
+        node.active_generation(),
+        before,
+        "the old plane is still the active one"
+    );
+    let report = node.status_json();
+    assert_eq!(report["last_deploy"]["outcome"], "failed", "{report}");
+    assert_eq!(fetch(&client.http, &origin.url("/"), &[]), b"hello");
+}
+
+#[test]
+fn a_new_plane_killed_after_activation_gives_the_node_back_to_the_old_one() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut old, client) = node.start();
+    let old_generation = node.active_generation();
+    // A request in flight keeps the old plane attached while it drains.
+    let proxy = client.http.clone();
+    let slow = origin.url("/slow/6000");
+    let in_flight = std::thread::spawn(move || fetch(&proxy, &slow, &[]));
+    wait_until(
+        Duration::from_secs(10),
+        "the slow request to reach the origin",
+        || origin.connections() >= 1,
+    );
+
+    let mut new = node.start_device();
+    wait_until(
+        Duration::from_secs(30),
+        "the new plane to be active",
+        || {
+            node.active_generation()
+                .is_some_and(|g| Some(g) != old_generation)
+        },
+    );
+    new.kill();
+    wait_until(
+        Duration::from_secs(20),
+        "the old plane to be re-activated",
+        || node.active_generation() == old_generation,
+    );
+    assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
+    assert_eq!(fetch(&client.http, &origin.url("/"), &[]), b"hello");
+    assert_eq!(in_flight.join().expect("in-flight request"), b"ok");
+    assert!(
+        old.child.try_wait().expect("poll").is_none(),
+        "the old plane is serving again"
+    );
+    assert_eq!(node.status_json()["last_deploy"]["outcome"], "failed");
+}
+
+#[test]
+fn a_drain_with_a_tunnel_open_ends_at_the_grace_and_not_before() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\ngrace = \"3s\"\n");
+    let (mut ingress, mut device, client) = node.start();
+    let proxy = client.socks.clone();
+    let url = origin.url(&format!("/bytes/{}", 64 * 1024 * 1024));
+    let mut tunnel = Command::new("curl")
+        .args([
+            "-s",
+            "--limit-rate",
+            "200K",
+            "-o",
+            "/dev/null",
+            "--proxy",
+            &proxy,
+            &url,
+        ])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("curl");
+    wait_until(Duration::from_secs(10), "the tunnel to open", || {
+        origin.connections() >= 1
+    });
+
+    let started = Instant::now();
+    let output = node.ctl(&["drain"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    wait_until(
+        Duration::from_secs(5),
+        "/status to say draining or stop",
+        || {
+            let (code, body) = node.status();
+            code == 0 || (code == 503 && body == "draining")
+        },
+    );
+    let status = ingress
+        .wait_exit(Duration::from_secs(30))
+        .expect("the ingress exits");
+    let took = started.elapsed();
+    assert!(status.success());
+    assert!(
+        took >= Duration::from_secs(3),
+        "exited before the grace: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "exited long after the grace: {took:?}"
+    );
+    assert!(device
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+    let _ = tunnel.kill();
+    let _ = tunnel.wait();
+}
+
+#[test]
+fn a_drain_with_nothing_open_exits_at_once() {
+    let mut node = Node::new("[drain]\ngrace = \"60s\"\n");
+    let (mut ingress, mut device, _client) = node.start();
+    let started = Instant::now();
+    let output = node.ctl(&["drain", "--watch"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("ingress stopped"));
+    let status = ingress
+        .wait_exit(Duration::from_secs(10))
+        .expect("the ingress exits at once");
+    assert!(status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(device
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+}
+
+#[test]
+fn sigterm_to_a_lone_device_plane_finishes_its_work_then_exits() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\ngrace = \"30s\"\n");
+    let (_ingress, mut device, client) = node.start();
+    let proxy = client.http.clone();
+    let slow = origin.url("/slow/2000");
+    let in_flight = std::thread::spawn(move || fetch(&proxy, &slow, &[]));
+    wait_until(
+        Duration::from_secs(10),
+        "the request to reach the origin",
+        || origin.connections() >= 1,
+    );
+    let started = Instant::now();
+    device.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        in_flight.join().expect("request"),
+        b"ok",
+        "the request in flight finished"
+    );
+    let status = device
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits once empty");
+    assert!(status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "did not wait for the grace"
+    );
+    // The node waits for the next plane; a new one serves.
+    wait_until(Duration::from_secs(10), "/status to say starting", || {
+        node.status().0 == 503
+    });
+    let _next = node.start_device();
+    node.wait_ready();
+    assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
+}
+
+#[test]
+fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
+    use blipless_protocol::channel::{self, Hello, Message};
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let path = node.path().join("run/device.sock");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        // Garbage instead of a Hello.
+        let socket = tokio_seqpacket::UnixSeqpacket::connect(&path)
+            .await
+            .expect("connect");
+        socket.send(b"GET / HTTP/1.1\r\n\r\n").await.expect("send");
+        let mut buffer = vec![0u8; channel::MAX_FRAME];
+        let answer = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut buffer)).await;
+        assert!(
+            matches!(answer, Ok(Ok(_)) | Ok(Err(_))),
+            "the ingress answered or closed"
+        );
+
+        // A Hello, then a frame with an unknown type.
+        let socket = tokio_seqpacket::UnixSeqpacket::connect(&path)
+            .await
+            .expect("connect");
+        let hello = Message::Hello(Hello {
+            pid: 1,
+            software: "fake".into(),
+        });
+        socket.send(&channel::encode(&hello)).await.expect("hello");
+        let info = socket.recv(&mut buffer).await.expect("welcome");
+        assert!(matches!(
+            channel::decode(&buffer[..info.bytes_read()]),
+            Ok((Message::Welcome(_), _))
+        ));
+        let mut bad = channel::encode(&Message::Ready);
+        bad[3] = 250;
+        socket.send(&bad).await.expect("send");
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match socket.recv(&mut buffer).await {
+                    Ok(info) if info.bytes_read() == 0 => return,
+                    Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the ingress closed the bad plane's channel");
+
+        // Another protocol version is refused with a reason.
+        let socket = tokio_seqpacket::UnixSeqpacket::connect(&path)
+            .await
+            .expect("connect");
+        let mut other_version = channel::encode(&hello);
+        other_version[2] = channel::PROTOCOL_VERSION + 1;
+        socket.send(&other_version).await.expect("send");
+        let info = socket.recv(&mut buffer).await.expect("refusal");
+        match channel::decode(&buffer[..info.bytes_read()]) {
+            Ok((Message::Refused(refused), _)) => {
+                assert!(refused.reason.contains("version"), "{}", refused.reason)
+            }
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    });
+    assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
+    assert_eq!(node.active_generation(), Some(1));
+}
