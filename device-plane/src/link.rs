@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use blipless_protocol::channel::{self, DecodeError, Hello, Message, MAX_FRAME};
-use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
+use blipless_link::LinkError;
+use blipless_protocol::channel::{DecodeError, Hello, Message};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -28,7 +28,9 @@ pub async fn attach(path: &Path, stop: &CancellationToken) -> Option<UnixSeqpack
     loop {
         match UnixSeqpacket::connect(path).await {
             Ok(socket) => {
-                size_buffers(&socket);
+                if let Err(error) = blipless_link::size_buffers(&socket) {
+                    tracing::warn!(%error, "could not size the device channel's send buffer");
+                }
                 return Some(socket);
             }
             Err(error) => {
@@ -50,49 +52,8 @@ pub async fn attach(path: &Path, stop: &CancellationToken) -> Option<UnixSeqpack
 }
 
 /// Sends one frame without fds.
-pub async fn send(socket: &UnixSeqpacket, message: &Message) -> std::io::Result<()> {
-    send_with_fds(socket, message, &[]).await
-}
-
-/// Sends one frame with `fds` beside it, refusing frames over the cap.
-pub async fn send_with_fds(
-    socket: &UnixSeqpacket,
-    message: &Message,
-    fds: &[std::os::fd::BorrowedFd<'_>],
-) -> std::io::Result<()> {
-    let frame = channel::encode(message);
-    if frame.len() > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "{} frame of {} bytes exceeds the cap",
-                message.name(),
-                frame.len()
-            ),
-        ));
-    }
-    let mut ancillary_buffer = [0u8; 64];
-    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
-    if !fds.is_empty() {
-        ancillary.add_fds(fds.iter().copied())?;
-    }
-    let sent = socket.send_with_ancillary(&frame, &mut ancillary).await?;
-    if sent != frame.len() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::WriteZero,
-            "short SOCK_SEQPACKET write",
-        ));
-    }
-    Ok(())
-}
-
-/// Lets one frame of [`MAX_FRAME`] bytes fit the socket's send buffer (the
-/// kernel doubles the value it is given, up to its own maximum).
-pub fn size_buffers(socket: &UnixSeqpacket) {
-    use nix::sys::socket::{setsockopt, sockopt};
-    if let Err(error) = setsockopt(socket, sockopt::SndBuf, &MAX_FRAME) {
-        tracing::warn!(%error, "could not size the device channel's send buffer");
-    }
+pub async fn send(socket: &UnixSeqpacket, message: &Message) -> Result<(), LinkError> {
+    blipless_link::send(socket, message, &[]).await
 }
 
 /// Reads one frame. Ok(None) when the ingress closed the channel.
@@ -100,47 +61,14 @@ pub async fn receive(
     socket: &UnixSeqpacket,
     buffer: &mut [u8],
 ) -> anyhow::Result<Option<Incoming>> {
-    let mut ancillary = [0u8; 1024];
-    let (info, reader) = socket
-        .recv_with_ancillary(buffer, &mut ancillary)
-        .await
-        .context("reading from the ingress")?;
-    let truncated_fds = reader.is_truncated();
-    let mut fds = Vec::new();
-    for message in reader.into_messages() {
-        if let OwnedAncillaryMessage::FileDescriptors(received) = message {
-            fds.extend(received);
-        }
-    }
-    if info.bytes_read() == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    if info.truncated() {
-        anyhow::bail!("the ingress sent a frame over {MAX_FRAME} bytes");
-    }
-    if truncated_fds {
-        anyhow::bail!("the ingress sent more fds than fit the ancillary buffer");
-    }
-    let frame = &buffer[..info.bytes_read()];
-    let (message, used) = channel::decode(frame).map_err(|error| match error {
-        DecodeError::Incomplete { .. } => anyhow::anyhow!("the ingress sent a truncated frame"),
-        DecodeError::VersionMismatch { ours, theirs } => anyhow::anyhow!(
+    match blipless_link::receive(socket, buffer).await {
+        Ok(Some((message, fds))) => Ok(Some(Incoming { message, fds })),
+        Ok(None) => Ok(None),
+        Err(LinkError::Decode(DecodeError::VersionMismatch { ours, theirs })) => Err(anyhow::anyhow!(
             "the ingress speaks device-channel protocol v{theirs}, this device plane v{ours}: deploy matching versions"
-        ),
-        other => anyhow::anyhow!("the ingress sent a bad frame: {other}"),
-    })?;
-    if used != frame.len() {
-        anyhow::bail!("the ingress sent bytes after its frame");
+        )),
+        Err(error) => Err(anyhow::Error::new(error).context("reading from the ingress")),
     }
-    if fds.len() != message.fd_count() {
-        anyhow::bail!(
-            "the ingress sent {} with {} fds (expected {})",
-            message.name(),
-            fds.len(),
-            message.fd_count()
-        );
-    }
-    Ok(Some(Incoming { message, fds }))
 }
 
 /// Why a Hello did not end in Welcome.

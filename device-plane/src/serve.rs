@@ -122,7 +122,7 @@ impl Context {
         };
         let id = migrate.connection_id;
         let message = Message::Migrate(migrate);
-        match crate::link::send_with_fds(&channel, &message, fds).await {
+        match blipless_link::send(&channel, &message, fds).await {
             Ok(()) => {
                 self.migrated.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(id, "connection handed over");

@@ -11,23 +11,14 @@ use std::time::Duration;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
-use blipless_protocol::channel::{self, DecodeError, Message, Refused, Welcome, MAX_FRAME};
-use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
+use blipless_link::LinkError;
+use blipless_protocol::channel::{DecodeError, Message, Refused, Welcome, MAX_FRAME};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::{send_frame, PlaneLink, Planes};
-
-/// Lets one frame of [`MAX_FRAME`] bytes fit the socket's send buffer (the
-/// kernel doubles the value it is given, up to its own maximum).
-fn size_buffers(socket: &UnixSeqpacket) {
-    use nix::sys::socket::{setsockopt, sockopt};
-    if let Err(error) = setsockopt(socket, sockopt::SndBuf, &MAX_FRAME) {
-        tracing::warn!(%error, "could not size the device channel's send buffer");
-    }
-}
 
 /// How long a new plane has to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,47 +61,11 @@ enum Received {
     Closed,
 }
 
-async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> anyhow::Result<Received> {
-    let mut ancillary = [0u8; 256];
-    let (info, fds) = socket
-        .recv_with_ancillary(buffer, &mut ancillary)
-        .await
-        .context("reading from the device plane")?;
-    let fds_truncated = fds.is_truncated();
-    let mut received_fds = Vec::new();
-    for message in fds.into_messages() {
-        if let OwnedAncillaryMessage::FileDescriptors(owned) = message {
-            received_fds.extend(owned);
-        }
-    }
-    if fds_truncated {
-        anyhow::bail!("the device plane sent more fds than a frame may carry");
-    }
-    let fd_count = received_fds.len();
-    if info.bytes_read() == 0 && !info.truncated() {
-        return Ok(Received::Closed);
-    }
-    if info.truncated() {
-        anyhow::bail!("the device plane sent a frame over {MAX_FRAME} bytes");
-    }
-    let frame = &buffer[..info.bytes_read()];
-    let (message, used) = channel::decode(frame).map_err(|error| match error {
-        DecodeError::Incomplete { .. } => {
-            anyhow::anyhow!("the device plane sent a truncated frame")
-        }
-        other => anyhow::anyhow!("the device plane sent a bad frame: {other}"),
-    })?;
-    if used != frame.len() {
-        anyhow::bail!("the device plane sent bytes after its frame");
-    }
-    if fd_count != message.fd_count() {
-        anyhow::bail!(
-            "the device plane sent {} with {fd_count} fds (expected {})",
-            message.name(),
-            message.fd_count()
-        );
-    }
-    Ok(Received::Message(message, received_fds))
+async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Received, LinkError> {
+    Ok(match blipless_link::receive(socket, buffer).await? {
+        Some((message, fds)) => Received::Message(message, fds),
+        None => Received::Closed,
+    })
 }
 
 async fn refuse(socket: &UnixSeqpacket, reason: String) {
@@ -124,7 +79,9 @@ async fn serve_plane(
     metrics: Arc<Metrics>,
     ready_budget: Duration,
 ) -> anyhow::Result<()> {
-    size_buffers(&socket);
+    if let Err(error) = blipless_link::size_buffers(&socket) {
+        tracing::warn!(%error, "could not size the device channel's send buffer");
+    }
     let credentials = socket
         .peer_cred()
         .context("reading the device plane's credentials")?;
@@ -149,21 +106,17 @@ async fn serve_plane(
             return Ok(());
         }
         Ok(Ok(Received::Closed)) => return Ok(()),
-        Ok(Err(error)) => {
-            let text = format!("{error:#}");
-            if text.contains("version mismatch") {
-                refuse(
-                    &socket,
-                    format!(
-                        "{text}: deploy a device plane built for protocol v{}",
-                        channel::PROTOCOL_VERSION
-                    ),
-                )
-                .await;
-                return Ok(());
-            }
-            return Err(error);
+        Ok(Err(LinkError::Decode(DecodeError::VersionMismatch { ours, theirs }))) => {
+            refuse(
+                &socket,
+                format!(
+                    "protocol version mismatch: this ingress speaks v{ours}, the device plane v{theirs}; deploy a device plane built for v{ours}"
+                ),
+            )
+            .await;
+            return Ok(());
         }
+        Ok(Err(error)) => return Err(error.into()),
     };
     let generation = planes.next_generation();
     send_frame(

@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use blipless_protocol::channel::{self, DeviceReport, DrainOrder, Message, MAX_FRAME};
+use blipless_protocol::channel::{DeviceReport, DrainOrder, Message};
 use blipless_protocol::control::DevicePlaneInfo;
 use tokio::sync::watch;
-use tokio_seqpacket::ancillary::AncillaryMessageWriter;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -172,37 +171,15 @@ impl PlaneLink {
     }
 }
 
-/// Sends one frame with its fds on a channel socket, refusing frames over the cap.
+/// Sends one frame with its fds on a channel socket.
 pub async fn send_frame(
     socket: &UnixSeqpacket,
     message: &Message,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> std::io::Result<()> {
-    let frame = channel::encode(message);
-    if frame.len() > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "{} frame of {} bytes exceeds the cap",
-                message.name(),
-                frame.len()
-            ),
-        ));
-    }
-    // CMSG_SPACE for up to 8 fds; no frame carries more than 2 today.
-    let mut ancillary_buffer = [0u8; 128];
-    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
-    if !fds.is_empty() {
-        ancillary.add_fds(fds.iter().copied())?;
-    }
-    let sent = socket.send_with_ancillary(&frame, &mut ancillary).await?;
-    if sent != frame.len() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::WriteZero,
-            "short write on a SOCK_SEQPACKET socket",
-        ));
-    }
-    Ok(())
+    blipless_link::send(socket, message, fds)
+        .await
+        .map_err(std::io::Error::other)
 }
 
 /// How the latest deploy went.

@@ -1,0 +1,246 @@
+//! The device channel's socket layer, shared by both planes.
+//!
+//! The frame format lives in `blipless_protocol::channel` (sans-IO); this
+//! crate moves frames over a connected SOCK_SEQPACKET socket: one frame per
+//! message, file descriptors beside it as SCM_RIGHTS. It checks what the
+//! codec cannot see: a message cut short by the receive buffer, fds that did
+//! not fit, and that a frame carries exactly the fds its type calls for.
+//! Every fd received is owned (`OwnedFd`), so anything refused is closed.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use blipless_protocol::channel::{self, DecodeError, Message, MAX_FRAME};
+use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
+use tokio_seqpacket::UnixSeqpacket;
+
+/// Room for the ancillary data of one frame: SCM_RIGHTS for up to 32 fds
+/// (no frame carries more than 2 today).
+const ANCILLARY_BUFFER: usize = 256;
+
+/// Why a frame could not be sent or received.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The socket failed.
+    #[error("device channel I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The frame to send is larger than [`MAX_FRAME`].
+    #[error("{message} frame of {len} bytes exceeds the {MAX_FRAME}-byte cap")]
+    TooLarge {
+        /// The message type.
+        message: &'static str,
+        /// Its encoded length.
+        len: usize,
+    },
+    /// The peer sent a message larger than [`MAX_FRAME`].
+    #[error("the peer sent a message over {MAX_FRAME} bytes")]
+    Oversize,
+    /// The peer sent more fds than fit the ancillary buffer.
+    #[error("the peer sent more file descriptors than a frame may carry")]
+    TooManyFds,
+    /// The frame does not decode (another version, garbage, truncated).
+    #[error("the peer sent a bad frame: {0}")]
+    Decode(#[from] DecodeError),
+    /// Bytes follow the frame inside the same message.
+    #[error("the peer sent bytes after its frame")]
+    TrailingBytes,
+    /// The frame carries the wrong number of fds for its type.
+    #[error("the peer sent {message} with {got} fds (expected {expected})")]
+    FdCount {
+        /// The message type.
+        message: &'static str,
+        /// Fds that came with it.
+        got: usize,
+        /// Fds its type carries.
+        expected: usize,
+    },
+}
+
+/// Sends one frame with `fds` beside it.
+pub async fn send(
+    socket: &UnixSeqpacket,
+    message: &Message,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), LinkError> {
+    let frame = channel::encode(message);
+    if frame.len() > MAX_FRAME {
+        return Err(LinkError::TooLarge {
+            message: message.name(),
+            len: frame.len(),
+        });
+    }
+    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
+    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
+    if !fds.is_empty() {
+        ancillary
+            .add_fds(fds.iter().copied())
+            .map_err(std::io::Error::from)?;
+    }
+    let sent = socket.send_with_ancillary(&frame, &mut ancillary).await?;
+    if sent != frame.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "short SOCK_SEQPACKET write",
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Receives one frame and its fds; `Ok(None)` when the peer closed the
+/// channel. `buffer` must hold [`MAX_FRAME`] bytes.
+pub async fn receive(
+    socket: &UnixSeqpacket,
+    buffer: &mut [u8],
+) -> Result<Option<(Message, Vec<OwnedFd>)>, LinkError> {
+    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
+    let (info, ancillary) = socket
+        .recv_with_ancillary(buffer, &mut ancillary_buffer)
+        .await?;
+    let fds_truncated = ancillary.is_truncated();
+    let mut fds = Vec::new();
+    for item in ancillary.into_messages() {
+        if let OwnedAncillaryMessage::FileDescriptors(received) = item {
+            fds.extend(received);
+        }
+    }
+    if fds_truncated {
+        return Err(LinkError::TooManyFds);
+    }
+    if info.truncated() {
+        return Err(LinkError::Oversize);
+    }
+    if info.bytes_read() == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    let frame = &buffer[..info.bytes_read()];
+    let (message, used) = channel::decode(frame)?;
+    if used != frame.len() {
+        return Err(LinkError::TrailingBytes);
+    }
+    if fds.len() != message.fd_count() {
+        return Err(LinkError::FdCount {
+            message: message.name(),
+            got: fds.len(),
+            expected: message.fd_count(),
+        });
+    }
+    Ok(Some((message, fds)))
+}
+
+/// Sizes the socket's send buffer so one [`MAX_FRAME`] frame always fits one
+/// message (the kernel doubles the value, up to its own maximum).
+pub fn size_buffers(socket: &UnixSeqpacket) -> Result<(), LinkError> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(socket, sockopt::SndBuf, &MAX_FRAME).map_err(|errno| LinkError::Io(errno.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    use blipless_protocol::channel::{Accepted, ListenerKind, Migrate, MigrateKind};
+
+    use super::*;
+
+    fn pair() -> (UnixSeqpacket, UnixSeqpacket) {
+        let (a, b) = UnixSeqpacket::pair().expect("socketpair");
+        size_buffers(&a).expect("size");
+        size_buffers(&b).expect("size");
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn a_frame_and_its_fd_cross_and_the_fd_works() {
+        let (a, b) = pair();
+        let (mut near, far) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let accepted = Message::Accepted(Accepted {
+            listener: ListenerKind::Http,
+            connection_id: 9,
+            peer: "127.0.0.1:1".parse().expect("addr"),
+            local: "127.0.0.1:2".parse().expect("addr"),
+        });
+        send(&a, &accepted, &[far.as_fd()]).await.expect("send");
+        drop(far);
+        let mut buffer = vec![0u8; MAX_FRAME];
+        let (message, fds) = receive(&b, &mut buffer)
+            .await
+            .expect("receive")
+            .expect("frame");
+        assert_eq!(message, accepted);
+        let mut passed = std::os::unix::net::UnixStream::from(fds.into_iter().next().expect("fd"));
+        passed.write_all(b"through the fd").expect("write");
+        let mut got = [0u8; 14];
+        near.read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"through the fd");
+    }
+
+    #[tokio::test]
+    async fn the_largest_frame_fits_one_message() {
+        let (a, b) = pair();
+        let (one, two) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let migrate = Message::Migrate(Migrate {
+            kind: MigrateKind::SocksTunnel,
+            connection_id: 1,
+            client: "c".into(),
+            up: blipless_protocol::channel::Direction {
+                pending: vec![1; 64 * 1024],
+                eof: false,
+            },
+            down: blipless_protocol::channel::Direction {
+                pending: vec![2; 64 * 1024],
+                eof: true,
+            },
+            bytes_up: 0,
+            bytes_down: 0,
+        });
+        send(&a, &migrate, &[one.as_fd(), two.as_fd()])
+            .await
+            .expect("send");
+        let mut buffer = vec![0u8; MAX_FRAME];
+        let (message, fds) = receive(&b, &mut buffer)
+            .await
+            .expect("receive")
+            .expect("frame");
+        assert_eq!(message, migrate);
+        assert_eq!(fds.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_missing_fd_garbage_and_a_close_are_told_apart() {
+        let (a, b) = pair();
+        let mut buffer = vec![0u8; MAX_FRAME];
+        // Accepted without its fd.
+        let accepted = Message::Accepted(Accepted {
+            listener: ListenerKind::Socks,
+            connection_id: 1,
+            peer: "127.0.0.1:1".parse().expect("addr"),
+            local: "127.0.0.1:2".parse().expect("addr"),
+        });
+        send(&a, &accepted, &[]).await.expect("send");
+        assert!(matches!(
+            receive(&b, &mut buffer).await,
+            Err(LinkError::FdCount {
+                got: 0,
+                expected: 1,
+                ..
+            })
+        ));
+        // Garbage.
+        a.send(b"not a frame").await.expect("send");
+        assert!(matches!(
+            receive(&b, &mut buffer).await,
+            Err(LinkError::Decode(DecodeError::BadMagic(_)))
+        ));
+        // A truncated frame (seqpacket keeps message boundaries: a short message is a short frame).
+        let frame = channel::encode(&Message::Ready);
+        a.send(&frame[..5]).await.expect("send");
+        assert!(matches!(
+            receive(&b, &mut buffer).await,
+            Err(LinkError::Decode(DecodeError::Incomplete { .. }))
+        ));
+        // A close.
+        drop(a);
+        assert!(matches!(receive(&b, &mut buffer).await, Ok(None)));
+    }
+}
