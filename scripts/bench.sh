@@ -14,4 +14,5 @@ if pgrep -x rustc >/dev/null 2>&1 || pgrep -x cargo >/dev/null 2>&1; then
     echo "bench.sh: warning: cargo or rustc is running on this machine; the figures will be disturbed" >&2
 fi
 # The harness finds target/release binaries with this.
-BLIPLESS_PROFILE=release exec "$bench" --out docs/BENCHMARKS.md "$@"
+# Daemons log at the production level while measured.
+BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release exec "$bench" --out docs/BENCHMARKS.md "$@"

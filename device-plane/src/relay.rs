@@ -2,7 +2,7 @@
 //! directions finish, one side fails, the tunnel idles out, it is cut, or
 //! it is handed over to another device plane.
 //!
-//! Each direction is a [`Pump`]: a buffer that is either being filled from
+//! Each direction is a `Pump`: a buffer that is either being filled from
 //! one socket or drained into the other, never both. Every await in a pump
 //! step is cancel-safe (a read or write that has not completed has moved no
 //! bytes), so stopping at any moment leaves an exact account: the bytes
@@ -14,14 +14,15 @@ use std::future::Future;
 use std::time::Duration;
 
 use blipless_protocol::channel::Direction;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Meter;
 
-/// Buffer per direction; a handover carries at most this much per direction.
+/// Most bytes one read takes; a handover carries at most this much per direction.
 pub const BUFFER: usize = 64 * 1024;
 
 /// An established tunnel: both sockets and what is in flight between them.
@@ -65,48 +66,46 @@ impl RelayEnd {
     }
 }
 
-/// One direction's buffer: `buffer[start..end]` is read and not yet written.
+/// One direction: `pending[start..]` is read and not yet written. The
+/// buffer exists only while it holds bytes: an idle tunnel holds no buffer,
+/// and a read reserves one only once the socket is readable.
 struct Pump {
-    buffer: Vec<u8>,
+    pending: Vec<u8>,
     start: usize,
-    end: usize,
     eof: bool,
     shut: bool,
 }
 
 impl Pump {
     fn new(direction: Direction) -> Self {
-        let end = direction.pending.len();
-        let mut buffer = direction.pending;
-        buffer.resize(end.max(BUFFER), 0);
         Self {
-            buffer,
+            pending: direction.pending,
             start: 0,
-            end,
             eof: direction.eof,
             shut: false,
         }
     }
 
     fn done(&self) -> bool {
-        self.eof && self.start == self.end && self.shut
+        self.eof && self.start == self.pending.len() && self.shut
     }
 
     /// One read, one write or the half-close; returns the bytes written.
-    async fn step<R, W>(&mut self, read: &mut R, write: &mut W) -> std::io::Result<usize>
-    where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
-    {
-        if self.start < self.end {
-            let written = write.write(&self.buffer[self.start..self.end]).await?;
+    async fn step(
+        &mut self,
+        read: &ReadHalf<'_>,
+        write: &mut WriteHalf<'_>,
+    ) -> std::io::Result<usize> {
+        if self.start < self.pending.len() {
+            let written = write.write(&self.pending[self.start..]).await?;
             if written == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
             self.start += written;
-            if self.start == self.end {
+            if self.start == self.pending.len() {
+                // Drained: give the buffer back until the next read.
+                self.pending = Vec::new();
                 self.start = 0;
-                self.end = 0;
             }
             return Ok(written);
         }
@@ -116,18 +115,26 @@ impl Pump {
             self.shut = true;
             return Ok(0);
         }
-        let read = read.read(&mut self.buffer).await?;
-        if read == 0 {
-            self.eof = true;
-        } else {
-            self.end = read;
+        let socket: &TcpStream = read.as_ref();
+        socket.readable().await?;
+        self.pending.reserve(BUFFER);
+        match socket.try_read_buf(&mut self.pending) {
+            Ok(0) => self.eof = true,
+            Ok(_) => {}
+            // A spurious wake-up: wait for readiness again.
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+        if self.pending.is_empty() {
+            self.pending = Vec::new();
         }
         Ok(0)
     }
 
-    fn into_direction(self) -> Direction {
+    fn into_direction(mut self) -> Direction {
+        self.pending.drain(..self.start);
         Direction {
-            pending: self.buffer[self.start..self.end].to_vec(),
+            pending: self.pending,
             eof: self.eof,
         }
     }
@@ -155,8 +162,8 @@ pub async fn relay(
     let mut last_activity = Instant::now();
     tokio::pin!(handover);
     let stop = {
-        let (mut client_read, mut client_write) = client.split();
-        let (mut egress_read, mut egress_write) = egress.split();
+        let (client_read, mut client_write) = client.split();
+        let (egress_read, mut egress_write) = egress.split();
         loop {
             if up.done() && down.done() {
                 break Stop::Finished;
@@ -165,14 +172,14 @@ pub async fn relay(
                 biased;
                 () = cut.cancelled() => break Stop::Cut,
                 () = &mut handover => break Stop::Handover,
-                moved = up.step(&mut client_read, &mut egress_write), if !up.done() => match moved {
+                moved = up.step(&client_read, &mut egress_write), if !up.done() => match moved {
                     Ok(n) => {
                         meter.up.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
                     }
                     Err(_) => break Stop::Failed,
                 },
-                moved = down.step(&mut egress_read, &mut client_write), if !down.done() => match moved {
+                moved = down.step(&egress_read, &mut client_write), if !down.done() => match moved {
                     Ok(n) => {
                         meter.down.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
@@ -210,6 +217,7 @@ enum Stop {
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     /// A connected pair of loopback sockets: (ours, theirs).

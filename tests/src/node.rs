@@ -140,7 +140,12 @@ impl Node {
             .arg("--config")
             .arg(&self.config)
             .args(args)
-            .env("BLIPLESS_LOG", "info,blipless_device=debug")
+            // BLIPLESS_TEST_LOG overrides the daemons' log filter (the bench uses "info").
+            .env(
+                "BLIPLESS_LOG",
+                std::env::var("BLIPLESS_TEST_LOG")
+                    .unwrap_or_else(|_| "info,blipless_device=debug".into()),
+            )
             // Tests need no lame-duck period before listeners close.
             .env("BLIPLESS_DRAIN_LAME_DUCK", "100ms")
             .envs(env.iter().copied())
