@@ -18,15 +18,31 @@ pub fn init_logging(config: &Config) {
     }
 }
 
-/// Lifts the soft open-file limit to the hard one: a node holds a socket
+/// Open files a node asks for when it may raise its hard limit.
+const WANTED_OPEN_FILES: u64 = 1 << 20;
+
+/// Lifts the soft open-file limit to the hard one (or, when privileged,
+/// both to 2^20): a node holds a socket
 /// (two, in the device plane) per customer connection.
 pub fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!(%error, "could not raise the open-file limit");
-            }
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    // With CAP_SYS_RESOURCE the hard limit itself can rise (to fs.nr_open).
+    if hard < WANTED_OPEN_FILES
+        && setrlimit(
+            Resource::RLIMIT_NOFILE,
+            WANTED_OPEN_FILES,
+            WANTED_OPEN_FILES,
+        )
+        .is_ok()
+    {
+        return;
+    }
+    if soft < hard {
+        if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!(%error, "could not raise the open-file limit");
         }
     }
 }
