@@ -80,6 +80,12 @@ pub(crate) fn placeholder() -> Config {
         deploy: crate::DeployConfig {
             ready_budget: Duration::ZERO,
         },
+        prewarm: crate::PrewarmConfig {
+            window: Duration::ZERO,
+            concurrency: 0,
+            device_timeout: Duration::ZERO,
+            budget: Duration::ZERO,
+        },
         log: crate::LogConfig {
             format: LogFormat::Human,
             level: String::new(),
@@ -141,6 +147,7 @@ fn toml_value(text: &str, shape: Shape) -> toml::Value {
     match shape {
         Shape::Text => toml::Value::String(text.to_owned()),
         Shape::Bool => toml::Value::Boolean(text == "true"),
+        Shape::Integer => toml::Value::Integer(text.parse().unwrap_or_default()),
         Shape::List => toml::Value::Array(
             text.split(',')
                 .map(str::trim)

@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 
 use crate::kinds::{
-    Addr, Cidr, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind, Name, NetList,
-    OptionalHostPort, Shape, SocketDir, StoreUrl,
+    Addr, Cidr, Count, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind, Name,
+    NetList, OptionalHostPort, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -226,6 +226,30 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("60s"),
             "How long a new device plane has to pre-warm and report Ready.",
             |c| &mut c.deploy.ready_budget,
+        ),
+        Key::new::<Dur>(
+            "prewarm.window",
+            Text("10m"),
+            "Clients that carried traffic on this node within this window are pre-warmed by a new device plane.",
+            |c| &mut c.prewarm.window,
+        ),
+        Key::new::<Count>(
+            "prewarm.concurrency",
+            Text("8"),
+            "Devices a new device plane opens at once while pre-warming.",
+            |c| &mut c.prewarm.concurrency,
+        ),
+        Key::new::<Dur>(
+            "prewarm.device_timeout",
+            Text("5s"),
+            "Limit on opening one device; a slower one is skipped (logged, never fatal).",
+            |c| &mut c.prewarm.device_timeout,
+        ),
+        Key::new::<Dur>(
+            "prewarm.budget",
+            Text("2m"),
+            "Limit on the whole pre-warm; Ready is said by deploy.ready_budget at the latest, the rest goes on after.",
+            |c| &mut c.prewarm.budget,
         ),
         Key::new::<Format>(
             "log.format",

@@ -23,6 +23,8 @@ pub(crate) enum Shape {
     List,
     /// A TOML boolean (`true` / `false` as text).
     Bool,
+    /// A TOML integer (decimal digits as text).
+    Integer,
 }
 
 /// A raw value as found in one layer.
@@ -50,6 +52,7 @@ pub(crate) enum Input<'a> {
     Text(&'a str),
     List(Vec<&'a str>),
     Bool(bool),
+    Integer(i64),
 }
 
 impl<'a> Input<'a> {
@@ -59,6 +62,8 @@ impl<'a> Input<'a> {
         match (raw, shape) {
             (Raw::Toml(toml::Value::String(s)), Shape::Text) => Some(Input::Text(s)),
             (Raw::Toml(toml::Value::Boolean(b)), Shape::Bool) => Some(Input::Bool(*b)),
+            (Raw::Toml(toml::Value::Integer(n)), Shape::Integer) => Some(Input::Integer(*n)),
+            (Raw::Text(s), Shape::Integer) => s.trim().parse().ok().map(Input::Integer),
             (Raw::Toml(toml::Value::Array(items)), Shape::List) => items
                 .iter()
                 .map(toml::Value::as_str)
@@ -287,6 +292,20 @@ impl Kind for Dur {
         humantime::parse_duration(input.text()?)
             .ok()
             .filter(|d| !d.is_zero())
+    }
+}
+
+/// A count from 1 to 1024.
+pub(crate) struct Count;
+impl Kind for Count {
+    type Out = usize;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str = "a whole number from 1 to 1024";
+    fn parse(input: &Input<'_>) -> Option<usize> {
+        match input {
+            Input::Integer(n) if (1..=1024).contains(n) => usize::try_from(*n).ok(),
+            _ => None,
+        }
     }
 }
 

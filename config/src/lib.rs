@@ -63,6 +63,8 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Device-plane rolling deploy.
     pub deploy: DeployConfig,
+    /// `[prewarm]`.
+    pub prewarm: PrewarmConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -157,6 +159,19 @@ pub struct ProxyConfig {
 pub struct DeployConfig {
     /// How long a new device plane has to pre-warm and report Ready.
     pub ready_budget: Duration,
+}
+
+/// `[prewarm]`: what a new device plane opens before it says Ready.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrewarmConfig {
+    /// Clients active within this window are pre-warmed.
+    pub window: Duration,
+    /// Devices opened at once.
+    pub concurrency: usize,
+    /// Limit on opening one device.
+    pub device_timeout: Duration,
+    /// Limit on the whole pre-warm.
+    pub budget: Duration,
 }
 
 /// `[log]`: logging.
