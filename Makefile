@@ -2,7 +2,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 # Debian packages the tests drive (package:command).
-TEST_PACKAGES = curl:curl
+TEST_PACKAGES = curl:curl redis-server:redis-server
 
 .PHONY: all build run test deps bench lint fuzz clean
 

@@ -1,13 +1,14 @@
-//! The device plane's state: proxy clients, their change feed and usage counters
-//! (DESIGN.md section 6).
+//! The device plane's state: proxy clients, their change feed and usage counters, the
+//! activity set per node and the egress identities per client (DESIGN.md section 6).
 //!
 //! One object-safe [`Store`] trait, used as `Arc<dyn Store>`, with one implementation per
 //! backend and one contract test suite (`store::contract`, test builds only) that every backend must pass:
 //! - **embedded** (`sqlite://<path>`, the default): a SQLite file in WAL mode, safe for
 //!   several processes on one node (`blipless-ctl` adding a client while
 //!   `blipless-device` serves); see [`sqlite`].
-//! - **redis** (`redis://...`): not implemented yet; [`open`] answers
-//!   [`StoreError::Unsupported`] until the Redis backend lands.
+//! - **redis** (`redis://...` or `rediss://...` for TLS): a Redis shared by a fleet of
+//!   nodes, through a deadpool-redis pool; see [`redis`] for its key shapes and what is
+//!   atomic.
 //!
 //! Pick a backend with [`open`]. Client names are checked by [`validate_name`]: they are
 //! proxy usernames and (with Redis) parts of keys.
@@ -15,12 +16,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub mod redis;
 pub mod sqlite;
 
 #[cfg(test)]
 mod contract;
 
-pub use sqlite::SqliteStore;
+pub use self::redis::RedisStore;
+pub use self::sqlite::SqliteStore;
 
 /// Longest client name accepted, in bytes (names are ASCII).
 pub const MAX_NAME_LEN: usize = 64;
@@ -73,15 +76,42 @@ pub struct Usage {
     pub connections: u64,
 }
 
+/// A node's name in keys: node.host and node.block from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeId {
+    /// `node.host`: unique per node.
+    pub host: String,
+    /// `node.block`: the group of nodes it belongs to.
+    pub block: String,
+}
+
+/// What a client's egress looks like from outside; kept across deploys.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EgressIdentity {
+    /// The source address the client's traffic leaves from, if pinned.
+    pub source: Option<std::net::IpAddr>,
+}
+
+/// How long an activity entry counts: older ones are trimmed on write and ignored on read.
+pub const ACTIVITY_RETENTION_SECS: i64 = 3600;
+
+/// How long a node's whole activity set lives after its last write.
+pub const ACTIVITY_EXPIRY_SECS: i64 = 7200;
+
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store URL could not be parsed or names an unknown scheme.
-    #[error("invalid store URL {0:?}: expected sqlite://<path> or redis://<host>[:port][/db]")]
+    #[error(
+        "invalid store URL {0:?}: expected sqlite://<path> or \
+         redis[s]://[[user]:password@]<host>[:port][/db]"
+    )]
     InvalidUrl(String),
-    /// The URL is well formed but this build cannot serve it yet.
-    #[error("unsupported store: {0}")]
-    Unsupported(String),
+    /// The backend cannot be reached (a Redis that is down, slow or unreachable), or the
+    /// connection broke during the call; the message names the store (without its
+    /// password) and what was being done. Worth retrying later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     /// A client name is not 1..=64 characters of `[A-Za-z0-9._-]`.
     #[error("invalid client name {0:?}: use 1 to 64 characters of A-Z a-z 0-9 . _ -")]
     InvalidName(String),
@@ -114,7 +144,12 @@ pub enum StoreError {
 /// that cannot exist: `get_client` answers `None`, `remove_client` `false`, the usage
 /// methods [`StoreError::NotFound`]. Only `add_client` answers
 /// [`StoreError::InvalidName`]. So untrusted input (a proxy username) can be looked up
-/// as it is.
+/// as it is. Identities follow the same rule: `put_identity` answers
+/// [`StoreError::InvalidName`], `take_identity` `None`, `drop_identity` `Ok`.
+///
+/// Activity is kept relative to the store's wall clock: entries older than
+/// [`ACTIVITY_RETENTION_SECS`] are trimmed on write and never returned, whatever `since`
+/// asks. Touching no clients writes nothing.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Adds a client; `StoreError::AlreadyExists` if the name is taken,
@@ -137,6 +172,66 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A client's counters (zero for a new client); `StoreError::NotFound` if the
     /// client does not exist.
     async fn usage(&self, name: &str) -> Result<Usage, StoreError>;
+
+    /// Records that `clients` (name, unix seconds of last activity) carried traffic on `node`:
+    /// adds or raises each entry, trims entries older than 1 h, and lets the whole set expire 2 h after the last write.
+    async fn touch_activity(
+        &self,
+        node: &NodeId,
+        clients: &[(String, i64)],
+    ) -> Result<(), StoreError>;
+    /// Clients active on `node` at or after `since` (unix seconds), most recent first.
+    async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError>;
+    /// Saves a client's egress identity, a full snapshot, for `ttl` (overwrites).
+    async fn put_identity(
+        &self,
+        client: &str,
+        identity: &EgressIdentity,
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError>;
+    /// Takes a client's identity: returns it and deletes it (consumed once per restore). None if absent or expired.
+    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError>;
+    /// Deletes a client's identity (live eviction).
+    async fn drop_identity(&self, client: &str) -> Result<(), StoreError>;
+}
+
+/// Longest identity TTL kept: 100 years (a longer one is cut to this), so an expiry in
+/// milliseconds never overflows.
+pub(crate) const MAX_IDENTITY_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// A TTL in whole milliseconds, rounded up (1 ns is 1 ms; zero stays zero) and capped
+/// at [`MAX_IDENTITY_TTL_MS`].
+pub(crate) fn ttl_millis(ttl: std::time::Duration) -> i64 {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms).map_or(MAX_IDENTITY_TTL_MS, |ms| ms.min(MAX_IDENTITY_TTL_MS))
+}
+
+/// An identity as stored: JSON.
+pub(crate) fn encode_identity(identity: &EgressIdentity) -> Result<String, StoreError> {
+    serde_json::to_string(identity)
+        .map_err(|err| StoreError::Backend(format!("encoding identity: {err}")))
+}
+
+/// An identity read back; anything but its JSON is corrupt data.
+pub(crate) fn decode_identity(client: &str, json: &str) -> Result<EgressIdentity, StoreError> {
+    serde_json::from_str(json).map_err(|err| {
+        StoreError::Backend(format!(
+            "corrupt store: identity of client {client:?}: {err}"
+        ))
+    })
+}
+
+/// The current time in unix seconds (0 if the clock is before 1970).
+pub(crate) fn unix_now() -> i64 {
+    unix_now_ms() / 1000
+}
+
+/// The current time in unix milliseconds (0 if the clock is before 1970).
+pub(crate) fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// Whether `name` is a valid client name: 1..=64 characters of `[A-Za-z0-9._-]`.
@@ -167,7 +262,7 @@ enum StoreUrl {
 }
 
 fn parse_url(url: &str) -> Result<StoreUrl, StoreError> {
-    let invalid = || StoreError::InvalidUrl(url.to_owned());
+    let invalid = || StoreError::InvalidUrl(redis::redact_url(url));
     let (scheme, rest) = url.split_once("://").ok_or_else(invalid)?;
     if scheme.eq_ignore_ascii_case("sqlite") {
         if rest.is_empty() || rest.ends_with('/') {
@@ -186,7 +281,9 @@ fn parse_url(url: &str) -> Result<StoreUrl, StoreError> {
 ///   (`sqlite:///var/lib/blipless/state.db`) or relative to the working directory
 ///   (`sqlite://state.db`). Missing parent directories are created, and so is the file
 ///   and its schema.
-/// - `redis://...`: `StoreError::Unsupported` for now (the Redis backend comes later).
+/// - `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS: the Redis
+///   store ([`RedisStore::open`]); it checks that Redis answers, and fails with
+///   `StoreError::Unavailable` if it does not.
 ///
 /// Anything else is `StoreError::InvalidUrl`.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
@@ -198,10 +295,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             let store = SqliteStore::open(path).await?;
             Ok(Arc::new(store))
         }
-        StoreUrl::Redis => Err(StoreError::Unsupported(format!(
-            "{url}: the Redis store is not implemented yet (a later release adds it); \
-             use sqlite://<path>"
-        ))),
+        StoreUrl::Redis => Ok(Arc::new(RedisStore::open(url).await?)),
     }
 }
 
@@ -259,10 +353,11 @@ mod tests {
 
     #[tokio::test]
     async fn open_dispatches_on_scheme() {
-        let err = open("redis://127.0.0.1:6379/0").await.err();
-        match err {
-            Some(StoreError::Unsupported(msg)) => assert!(msg.contains("Redis"), "{msg}"),
-            other => panic!("expected Unsupported, got {other:?}"),
+        // A Redis URL opens the Redis store: nothing listens on port 1, so it is
+        // unavailable, and says where it looked.
+        match open("redis://127.0.0.1:1/0").await.err() {
+            Some(StoreError::Unavailable(msg)) => assert!(msg.contains("127.0.0.1:1"), "{msg}"),
+            other => panic!("expected Unavailable, got {other:?}"),
         }
         assert!(matches!(
             open("postgres://localhost/x").await.err(),

@@ -2,20 +2,24 @@
 //!
 //! Each check is a generic async fn over `Arc<dyn Store>` (two handles on the same
 //! backend for the multi-process checks): [`clients`] for clients and the change feed,
-//! [`usage`] for counters, [`handles`] for several processes on one backend.
+//! [`usage`] for counters, [`presence`] for activity sets and egress identities,
+//! [`handles`] for several processes on one backend.
 //! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
 //! into one `#[tokio::test]` per check; the embedded store runs it below on a temp
-//! file, and a Redis backend will run the very same suite against its own
-//! `redis-server`.
+//! file, and the Redis store runs the very same suite, each test against its own
+//! `redis-server` ([`redis_server`]).
 
 mod clients;
 mod handles;
+mod presence;
+pub(crate) mod redis_server;
 mod usage;
 
 use std::sync::Arc;
 
 pub(crate) use self::clients::*;
 pub(crate) use self::handles::*;
+pub(crate) use self::presence::*;
 pub(crate) use self::usage::*;
 use super::{ChangeKind, ClientRecord, Store};
 
@@ -47,8 +51,11 @@ impl Fixture {
 macro_rules! contract_tests {
     ($fixture:expr) => {
         contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
-            remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage);
-        contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles);
+            remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
+            activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
+            identity_taken_once, identity_expires);
+        contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
+            identity_race);
     };
     (@one $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,6 +101,16 @@ fn sqlite_fixture() -> Fixture {
     Fixture::new(url, dir)
 }
 
+/// The Redis store, each test on its own fresh `redis-server`.
+fn redis_fixture() -> Fixture {
+    let server = redis_server::RedisServer::start();
+    Fixture::new(server.url(), server)
+}
+
 mod sqlite {
     contract_tests!(super::sqlite_fixture());
+}
+
+mod redis {
+    contract_tests!(super::redis_fixture());
 }

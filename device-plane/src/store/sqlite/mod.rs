@@ -9,21 +9,30 @@
 //! - The schema is created idempotently; its version lives in `PRAGMA user_version`.
 //! - The change feed is a table whose `AUTOINCREMENT` key is the seq: strictly
 //!   increasing across processes (writes are serialized by SQLite) and never reused.
+//! - Activity sets and egress identities (schema version 2) live in `presence`'s
+//!   tables; row conversions are in `rows`.
 //! - Every call runs on tokio's blocking pool (`spawn_blocking`); the connection sits in
 //!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
 
+mod presence;
+mod rows;
 mod schema;
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use self::rows::{
+    append_change, client_from_raw, from_sql_int, raw_client, read_usage, to_sql_int,
+    CLIENT_COLUMNS,
+};
 pub use self::schema::{BUSY_TIMEOUT, SCHEMA_VERSION};
-use super::{validate_name, Change, ChangeKind, ClientRecord, Store, StoreError, Usage};
-
-const CLIENT_COLUMNS: &str = "name, secret_hash, created_at, wg_public_key, wg_address";
+use super::{
+    validate_name, Change, ChangeKind, ClientRecord, EgressIdentity, NodeId, Store, StoreError,
+    Usage,
+};
 
 /// The embedded store on a SQLite file. Open it with [`super::open`] or
 /// [`SqliteStore::open`]; clone the `Arc<dyn Store>` to share it.
@@ -43,16 +52,6 @@ impl std::fmt::Debug for SqliteStore {
 /// Maps a rusqlite error to `StoreError::Backend`, saying what was being done.
 fn db(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |err| StoreError::Backend(format!("{context}: {err}"))
-}
-
-/// A u64 counter or delta as SQLite's i64, saturating.
-fn to_sql_int(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// An i64 read back from SQLite as u64; a negative value means corrupt data.
-fn from_sql_int(n: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(n).map_err(|_| StoreError::Backend(format!("corrupt store: negative {what} {n}")))
 }
 
 impl SqliteStore {
@@ -92,79 +91,6 @@ impl SqliteStore {
         })
         .await
         .map_err(|err| StoreError::Backend(format!("store worker failed: {err}")))?
-    }
-}
-
-fn kind_str(kind: ChangeKind) -> &'static str {
-    match kind {
-        ChangeKind::Upsert => "upsert",
-        ChangeKind::Remove => "remove",
-    }
-}
-
-fn append_change(conn: &Connection, name: &str, kind: ChangeKind) -> Result<(), StoreError> {
-    conn.execute(
-        "INSERT INTO changes (name, kind) VALUES (?1, ?2)",
-        params![name, kind_str(kind)],
-    )
-    .map_err(db("appending change"))?;
-    Ok(())
-}
-
-/// A `clients` row as read (columns in `CLIENT_COLUMNS` order), before validation.
-type RawClient = (String, String, i64, Option<String>, Option<String>);
-
-fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-    ))
-}
-
-fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError> {
-    let (name, secret_hash, created_at, wg_public_key, wg_address) = raw;
-    let wg_address = match wg_address {
-        None => None,
-        Some(text) => Some(text.parse::<IpAddr>().map_err(|_| {
-            StoreError::Backend(format!(
-                "corrupt store: client {name:?} wg_address {text:?}"
-            ))
-        })?),
-    };
-    Ok(ClientRecord {
-        name,
-        secret_hash,
-        created_at,
-        wg_public_key,
-        wg_address,
-    })
-}
-
-fn read_usage(conn: &Connection, name: &str) -> Result<Usage, StoreError> {
-    let row = conn
-        .query_row(
-            "SELECT bytes_up, bytes_down, connections FROM usage WHERE name = ?1",
-            params![name],
-            |row| {
-                Ok((
-                    row.get::<_, i64>(0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, i64>(2)?,
-                ))
-            },
-        )
-        .optional()
-        .map_err(db("reading usage"))?;
-    match row {
-        Some((up, down, conns)) => Ok(Usage {
-            bytes_up: from_sql_int(up, "bytes_up")?,
-            bytes_down: from_sql_int(down, "bytes_down")?,
-            connections: from_sql_int(conns, "connections")?,
-        }),
-        None => Err(StoreError::NotFound(name.to_owned())),
     }
 }
 
@@ -354,6 +280,59 @@ impl Store for SqliteStore {
         }
         let name = name.to_owned();
         self.with_conn(move |conn| read_usage(conn, &name)).await
+    }
+
+    async fn touch_activity(
+        &self,
+        node: &NodeId,
+        clients: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        if clients.is_empty() {
+            return Ok(());
+        }
+        let (node, clients) = (node.clone(), clients.to_vec());
+        self.with_conn(move |conn| {
+            presence::touch_activity(conn, &node, &clients, super::unix_now())
+        })
+        .await
+    }
+
+    async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError> {
+        let node = node.clone();
+        self.with_conn(move |conn| presence::active_clients(conn, &node, since, super::unix_now()))
+            .await
+    }
+
+    async fn put_identity(
+        &self,
+        client: &str,
+        identity: &EgressIdentity,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        validate_name(client)?;
+        let (client, json) = (client.to_owned(), super::encode_identity(identity)?);
+        let now_ms = super::unix_now_ms();
+        let expires_at = now_ms.saturating_add(super::ttl_millis(ttl));
+        self.with_conn(move |conn| presence::put_identity(conn, &client, &json, expires_at, now_ms))
+            .await
+    }
+
+    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+        if !super::is_valid_name(client) {
+            return Ok(None);
+        }
+        let client = client.to_owned();
+        self.with_conn(move |conn| presence::take_identity(conn, &client, super::unix_now_ms()))
+            .await
+    }
+
+    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
+        if !super::is_valid_name(client) {
+            return Ok(());
+        }
+        let client = client.to_owned();
+        self.with_conn(move |conn| presence::drop_identity(conn, &client))
+            .await
     }
 }
 

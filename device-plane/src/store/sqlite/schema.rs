@@ -1,5 +1,10 @@
 //! The embedded store's SQLite settings and schema: opening a connection in WAL mode
 //! with a busy timeout, and creating (idempotently) or checking the versioned schema.
+//!
+//! Versions: 1 has clients, the change feed and usage; 2 adds the activity sets and the
+//! egress identities. Each version's statements are `IF NOT EXISTS`, and a store is
+//! brought from whatever version it has to [`SCHEMA_VERSION`] by running the ones above
+//! it, under the write lock.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,12 +15,13 @@ use super::db;
 use crate::store::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-const SCHEMA_V1: &str = "
+/// Version 1: clients, the change feed and usage counters.
+pub(super) const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS clients (
     name          TEXT PRIMARY KEY NOT NULL,
     secret_hash   TEXT NOT NULL,
@@ -35,6 +41,28 @@ CREATE TABLE IF NOT EXISTS usage (
     connections INTEGER NOT NULL DEFAULT 0
 );
 ";
+
+/// Version 2: the activity set per node and the egress identity per client.
+const SCHEMA_V2: &str = "
+CREATE TABLE IF NOT EXISTS activity (
+    host   TEXT NOT NULL,
+    block  TEXT NOT NULL,
+    client TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    PRIMARY KEY (host, block, client)
+);
+CREATE INDEX IF NOT EXISTS activity_at ON activity (at);
+CREATE TABLE IF NOT EXISTS identities (
+    client     TEXT PRIMARY KEY NOT NULL,
+    json       TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS identities_expires_at ON identities (expires_at);
+";
+
+/// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
+const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI.
@@ -59,8 +87,9 @@ pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Creates the schema if the store is new; refuses a newer schema. Runs under the write
-/// lock, so processes opening a new store at once create it exactly once.
+/// Creates the schema if the store is new, upgrades an older one, and refuses a newer
+/// one. Runs under the write lock, so processes opening a store at once migrate it
+/// exactly once.
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -75,7 +104,11 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         });
     }
     if version < SCHEMA_VERSION {
-        tx.execute_batch(SCHEMA_V1).map_err(db("creating schema"))?;
+        let from = usize::try_from(version.max(0)).unwrap_or(0);
+        for statements in MIGRATIONS.iter().skip(from) {
+            tx.execute_batch(statements)
+                .map_err(db("creating or upgrading schema"))?;
+        }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(db("writing schema version"))?;
     }

@@ -45,3 +45,60 @@ async fn newer_schema_is_refused() {
         Err(StoreError::IncompatibleSchema { .. })
     ));
 }
+
+#[tokio::test]
+async fn version_1_store_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        // A store as version 1 left it, with a client.
+        let conn = Connection::open(&path).expect("create v1 file");
+        conn.execute_batch(schema::SCHEMA_V1).expect("v1 schema");
+        conn.execute(
+            "INSERT INTO clients (name, secret_hash, created_at) VALUES ('old', 'h', 1)",
+            [],
+        )
+        .expect("v1 client");
+        conn.pragma_update(None, "user_version", 1)
+            .expect("v1 version");
+    }
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    let version: i64 = store
+        .with_conn(|conn| {
+            conn.pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(db("version"))
+        })
+        .await
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(store.list_clients().await.expect("list").len(), 1);
+    let node = NodeId {
+        host: "h".into(),
+        block: "0".into(),
+    };
+    let now = crate::store::unix_now();
+    store
+        .touch_activity(&node, &[("old".into(), now)])
+        .await
+        .expect("activity table exists");
+    assert_eq!(
+        store.active_clients(&node, 0).await.expect("active"),
+        ["old"]
+    );
+    let identity = EgressIdentity { source: None };
+    store
+        .put_identity("old", &identity, Duration::from_secs(60))
+        .await
+        .expect("identity table exists");
+    drop(store);
+    // Opening again (already at the current version) changes nothing.
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    assert_eq!(
+        store.active_clients(&node, 0).await.expect("active"),
+        ["old"]
+    );
+    assert_eq!(
+        store.take_identity("old").await.expect("take"),
+        Some(identity)
+    );
+}

@@ -1,0 +1,71 @@
+//! The Lua scripts of the Redis store: each runs atomically on one slot (all its keys
+//! share a hash tag). `redis::Script` sends them by SHA (`EVALSHA`) and loads them
+//! again when Redis does not know them (after a restart).
+
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::Script;
+
+/// Creates a client: its record if the name is free (`SET NX`) and its zeroed usage.
+/// KEYS: record, usage. ARGV: the record's JSON. Returns 1 if created, 0 if taken.
+pub(super) static ADD_CLIENT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  return 0
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'up', 0, 'down', 0, 'conns', 0)
+return 1
+",
+    )
+});
+
+/// Adds a usage delta if the client exists, saturating each counter at `i64::MAX`:
+/// `HINCRBY` refuses to overflow, so its error is caught and the maximum set instead.
+/// KEYS: record, usage. ARGV: up, down, conns (decimal, 0..=i64::MAX).
+/// Returns 1, or 0 if there is no such client.
+pub(super) static ADD_USAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local fields = {'up', 'down', 'conns'}
+for i = 1, 3 do
+  if ARGV[i] ~= '0' then
+    local reply = redis.pcall('HINCRBY', KEYS[2], fields[i], ARGV[i])
+    if type(reply) == 'table' and reply.err then
+      if string.find(reply.err, 'overflow', 1, true) then
+        redis.call('HSET', KEYS[2], fields[i], '9223372036854775807')
+      else
+        return reply
+      end
+    end
+  end
+end
+return 1
+",
+    )
+});
+
+/// Updates the client index and appends to the change feed: takes the next seq
+/// (`INCR`) and adds the entry `<seq>-0`, so seqs are strictly increasing.
+/// KEYS: index, seq, feed. ARGV: name, kind (`upsert` or `remove`), and for a remove
+/// `1` to append even when the name was not in the index (the caller removed a record).
+/// An upsert adds the name to the index and always appends; a remove takes it out and
+/// appends if it was there (or if forced). Returns the seq appended, or 0.
+pub(super) static FEED_APPEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if ARGV[2] == 'upsert' then
+  redis.call('SADD', KEYS[1], ARGV[1])
+elseif redis.call('SREM', KEYS[1], ARGV[1]) == 0 and ARGV[3] ~= '1' then
+  return 0
+end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('XADD', KEYS[3], string.format('%d-0', seq), 'name', ARGV[1], 'kind', ARGV[2])
+return seq
+",
+    )
+});
