@@ -15,7 +15,7 @@ pub(crate) fn hostname() -> String {
         .trim()
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') {
                 c
             } else {
                 '-'

@@ -117,12 +117,13 @@ pub(crate) struct Name;
 impl Kind for Name {
     type Out = String;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str = "a name of 1 to 63 characters from A-Z a-z 0-9 . _ -";
+    // No '_': store keys join host and block with one ({pca_<host>_<block>}).
+    const EXPECTED: &'static str = "a name of 1 to 63 characters from A-Z a-z 0-9 . -";
     fn parse(input: &Input<'_>) -> Option<String> {
         let s = input.text()?;
         let ok = (1..=63).contains(&s.len())
             && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'));
         ok.then(|| s.to_owned())
     }
 }
@@ -350,7 +351,8 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(text::<Name>("node-1.a_b").as_deref(), Some("node-1.a_b"));
+        assert_eq!(text::<Name>("node-1.a-b").as_deref(), Some("node-1.a-b"));
+        assert_eq!(text::<Name>("a_b"), None, "'_' would make store keys ambiguous");
         assert_eq!(text::<Name>(""), None);
         assert_eq!(text::<Name>("a b"), None);
         assert_eq!(text::<Name>(&"x".repeat(64)), None);

@@ -9,7 +9,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +54,7 @@ pub struct Directory {
     store: Arc<dyn Store>,
     clients: RwLock<HashMap<String, Arc<Client>>>,
     feed_position: AtomicU64,
+    removed: std::sync::Mutex<Vec<String>>,
 }
 
 const FEED_PAGE: usize = 1000;
@@ -66,6 +66,7 @@ impl Directory {
             store,
             clients: RwLock::new(HashMap::new()),
             feed_position: AtomicU64::new(0),
+            removed: std::sync::Mutex::new(Vec::new()),
         });
         directory.catch_up().await?;
         Ok(directory)
@@ -160,43 +161,37 @@ impl Directory {
             None => {
                 if let Some(old) = clients.remove(name) {
                     old.revoked.cancel();
+                    self.removed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(name.to_string());
                     tracing::info!(client = name, "client removed; closing its connections");
                 }
             }
         }
     }
 
-    /// Polls the change feed every `interval` until `shutdown`.
-    pub async fn follow(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                () = shutdown.cancelled() => return,
-            }
-            match self.catch_up().await {
-                Ok(_) if failing => {
-                    tracing::info!("store reachable again; change feed resumed");
-                    failing = false;
-                }
-                Ok(_) => {}
-                Err(error) if !failing => {
-                    tracing::warn!(%error, "reading the change feed failed; serving the clients already loaded");
-                    failing = true;
-                }
-                Err(_) => {}
-            }
-        }
+    /// Names removed since the last call (their devices must be evicted).
+    pub fn take_removed(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .removed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
-    /// Adds every client's unflushed usage to the store. A failed write puts
-    /// the counts back, so the next flush carries them.
-    pub async fn flush_usage(&self) {
+    /// Adds every client's unflushed usage to the store and returns the
+    /// clients that had any (they were active). A failed write puts the
+    /// counts back, so the next flush carries them.
+    pub async fn flush_usage(&self) -> Vec<String> {
+        let mut active = Vec::new();
         for client in self.all() {
             let delta = client.meter.take();
             if delta == Usage::default() {
                 continue;
             }
+            active.push(client.record.name.clone());
             match self.store.add_usage(&client.record.name, delta).await {
                 Ok(()) => {}
                 // Removed meanwhile: its usage went with it.
@@ -215,5 +210,6 @@ impl Directory {
                 }
             }
         }
+        active
     }
 }

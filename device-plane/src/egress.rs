@@ -52,22 +52,24 @@ pub enum EgressError {
     /// No answer within the connect timeout.
     #[error("no answer from {0} within the connect timeout")]
     TimedOut(String),
+    /// The client's source address cannot be bound here (no longer on this
+    /// host): its identity must be evicted and a new one allocated.
+    #[error("source address {0} cannot be used: {1}")]
+    SourceUnusable(IpAddr, std::io::Error),
 }
 
 /// The egress policy and connector.
 #[derive(Debug, Clone)]
 pub struct Egress {
     allow: Vec<IpNet>,
-    sources: Vec<IpAddr>,
     connect_timeout: Duration,
 }
 
 impl Egress {
-    /// An egress with this allow-list, source pool and connect timeout.
-    pub fn new(allow: Vec<IpNet>, sources: Vec<IpAddr>, connect_timeout: Duration) -> Self {
+    /// An egress with this allow-list and connect timeout.
+    pub fn new(allow: Vec<IpNet>, connect_timeout: Duration) -> Self {
         Self {
             allow,
-            sources,
             connect_timeout,
         }
     }
@@ -78,28 +80,13 @@ impl Egress {
         self.allow.iter().any(|net| net.contains(&ip)) || !denied_by_default(ip)
     }
 
-    /// The source address `client` is bound to, if the pool has one of
-    /// `destination`'s family: sticky per client name.
-    fn source_for(&self, client: &str, destination: &SocketAddr) -> Option<IpAddr> {
-        let family: Vec<IpAddr> = self
-            .sources
-            .iter()
-            .copied()
-            .filter(|s| s.is_ipv4() == destination.is_ipv4())
-            .collect();
-        if family.is_empty() {
-            return None;
-        }
-        // FNV-1a: stable across processes and releases, unlike std's hasher.
-        let hash = client.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        family.get((hash % family.len() as u64) as usize).copied()
-    }
-
     /// Resolves `target`, keeps the permitted addresses, and connects to the
-    /// first that answers.
-    pub async fn connect(&self, client: &str, target: &Target) -> Result<TcpStream, EgressError> {
+    /// first that answers, from `source` when it is of the same family.
+    pub async fn connect(
+        &self,
+        source: Option<IpAddr>,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let candidates: Vec<SocketAddr> = match target {
             Target::Address(address) => vec![*address],
@@ -126,7 +113,7 @@ impl Egress {
         }
         let mut last_error = EgressError::TimedOut(target.to_string());
         for address in permitted {
-            let attempt = self.connect_one(client, address);
+            let attempt = connect_one(source.filter(|s| s.is_ipv4() == address.is_ipv4()), address);
             match tokio::time::timeout_at(deadline, attempt).await {
                 Err(_) => return Err(EgressError::TimedOut(target.to_string())),
                 Ok(Ok(stream)) => return Ok(stream),
@@ -135,34 +122,34 @@ impl Egress {
         }
         Err(last_error)
     }
+}
 
-    async fn connect_one(
-        &self,
-        client: &str,
-        address: SocketAddr,
-    ) -> Result<TcpStream, EgressError> {
-        let unreachable = |e| EgressError::Unreachable(address, e);
-        let socket = if address.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
+/// Connects to one address, bound to `source` if given.
+async fn connect_one(
+    source: Option<IpAddr>,
+    address: SocketAddr,
+) -> Result<TcpStream, EgressError> {
+    let unreachable = |e| EgressError::Unreachable(address, e);
+    let socket = if address.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(unreachable)?;
+    if let Some(source) = source {
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|e| EgressError::SourceUnusable(source, e))?;
+    }
+    match socket.connect(address).await {
+        Ok(stream) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
         }
-        .map_err(unreachable)?;
-        if let Some(source) = self.source_for(client, &address) {
-            socket
-                .bind(SocketAddr::new(source, 0))
-                .map_err(|e| EgressError::Unreachable(address, e))?;
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(EgressError::Refused(address))
         }
-        match socket.connect(address).await {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                Ok(stream)
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-                Err(EgressError::Refused(address))
-            }
-            Err(error) => Err(EgressError::Unreachable(address, error)),
-        }
+        Err(error) => Err(EgressError::Unreachable(address, error)),
     }
 }
 
@@ -219,7 +206,7 @@ mod tests {
 
     fn egress(allow: &[&str]) -> Egress {
         let allow = allow.iter().map(|a| a.parse().expect("cidr")).collect();
-        Egress::new(allow, Vec::new(), Duration::from_secs(1))
+        Egress::new(allow, Duration::from_secs(1))
     }
 
     #[test]
@@ -264,24 +251,6 @@ mod tests {
         assert!(!e.permits("127.0.0.2".parse().expect("ip")));
     }
 
-    #[test]
-    fn source_choice_is_sticky_and_family_matched() {
-        let e = Egress::new(
-            Vec::new(),
-            vec![
-                "127.0.0.2".parse().expect("ip"),
-                "127.0.0.3".parse().expect("ip"),
-                "::1".parse().expect("ip"),
-            ],
-            Duration::from_secs(1),
-        );
-        let v4: SocketAddr = "1.1.1.1:80".parse().expect("addr");
-        let v6: SocketAddr = "[2606:4700::1111]:80".parse().expect("addr");
-        assert_eq!(e.source_for("alice", &v4), e.source_for("alice", &v4));
-        assert!(e.source_for("alice", &v4).is_some_and(|s| s.is_ipv4()));
-        assert_eq!(e.source_for("alice", &v6), Some("::1".parse().expect("ip")));
-    }
-
     #[tokio::test]
     async fn a_name_resolving_to_a_denied_address_is_denied() {
         let e = egress(&[]);
@@ -290,7 +259,7 @@ mod tests {
             port: 9,
         };
         assert!(matches!(
-            e.connect("c", &target).await,
+            e.connect(None, &target).await,
             Err(EgressError::Denied(_))
         ));
     }

@@ -269,7 +269,7 @@ async fn connect(
         return plain(StatusCode::BAD_REQUEST, "CONNECT needs host:port\n");
     };
     let name = client.record.name.clone();
-    let egress = match context.egress.connect(&name, &target).await {
+    let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "http connect failed: {error}");
@@ -309,7 +309,7 @@ async fn forward(
         return plain(StatusCode::BAD_REQUEST, "request needs a host\n");
     };
     let name = client.record.name.clone();
-    let egress = match context.egress.connect(&name, &target).await {
+    let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "http forward failed: {error}");

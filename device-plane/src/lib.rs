@@ -7,8 +7,10 @@
 //! byte-exact, and exits the moment it holds nothing. Clients and usage
 //! live in the store; `blipless-ctl` manages them.
 
+pub mod background;
 pub mod clients;
 pub mod credentials;
+pub mod devices;
 pub mod egress;
 pub mod http_proxy;
 pub mod link;
@@ -33,16 +35,16 @@ use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Directory;
+use crate::devices::Devices;
 use crate::egress::Egress;
 use crate::link::{HelloError, Incoming};
 use crate::serve::{Context, Mode};
+use crate::store::NodeId;
 
-/// How often the change feed is polled.
-const FEED_POLL: Duration = Duration::from_millis(500);
-/// How often usage is flushed to the store (a SIGKILL loses at most this much).
-pub const USAGE_FLUSH: Duration = Duration::from_secs(10);
 /// How often the plane reports its figures to the ingress.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// Ready goes out at least this long before the ingress's ready budget ends.
+const READY_MARGIN: Duration = Duration::from_secs(5);
 /// Fault injection for tests: stall the warm-up this many milliseconds, so
 /// the plane does not say Ready within its budget.
 pub const FAULT_STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
@@ -51,6 +53,7 @@ pub const FAULT_STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
 struct Warm {
     context: Arc<Context>,
     directory: Arc<Directory>,
+    devices: Arc<Devices>,
     background: CancellationToken,
 }
 
@@ -131,6 +134,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
     let Some(Warm {
         context,
         directory,
+        devices,
         background,
     }) = warm
     else {
@@ -151,7 +155,8 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
         }
     }
     background.cancel();
-    directory.flush_usage().await;
+    background::flush_usage(&directory, &devices).await;
+    devices.keep_all().await;
     tracing::info!(
         migrated = context.migrated.load(Ordering::Relaxed),
         "device plane drained; exiting"
@@ -171,29 +176,54 @@ async fn warm_up(config: &Config) -> anyhow::Result<Warm> {
     let store = store::open(&config.store.url)
         .await
         .with_context(|| format!("opening the store {}", config.store.url))?;
-    let directory = Directory::load(store)
+    let directory = Directory::load(store.clone())
         .await
         .context("loading clients from the store")?;
     tracing::info!(clients = directory.len(), store = %config.store.url, "store opened");
+    let node = NodeId {
+        host: config.node.host.clone(),
+        block: config.node.block.clone(),
+    };
+    let devices = Arc::new(Devices::new(store, node, config.egress.sources.clone()));
+    // Pre-warm, but say Ready in time: the ingress gives up at deploy.ready_budget.
+    let budget = config
+        .prewarm
+        .budget
+        .min(config.deploy.ready_budget.saturating_sub(READY_MARGIN))
+        .max(Duration::from_secs(1));
+    let started = Instant::now();
+    let report = devices
+        .prewarm(
+            config.prewarm.window,
+            config.prewarm.concurrency,
+            config.prewarm.device_timeout,
+            budget,
+        )
+        .await;
+    tracing::info!(
+        candidates = report.candidates,
+        opened = report.opened,
+        skipped = report.skipped,
+        took = ?started.elapsed(),
+        "pre-warm done"
+    );
     let background = CancellationToken::new();
-    tokio::spawn(directory.clone().follow(FEED_POLL, background.clone()));
-    tokio::spawn(flush_usage_periodically(
+    tokio::spawn(background::maintain(
         directory.clone(),
+        devices.clone(),
         background.clone(),
     ));
     let context = Arc::new(Context::new(
         directory.clone(),
-        Egress::new(
-            config.egress.allow.clone(),
-            config.egress.sources.clone(),
-            config.proxy.connect_timeout,
-        ),
+        devices.clone(),
+        Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout),
         config.proxy.handshake_timeout,
         config.proxy.idle_timeout,
     ));
     Ok(Warm {
         context,
         directory,
+        devices,
         background,
     })
 }
@@ -257,6 +287,8 @@ async fn session(
                     connections_total: context.taken.load(Ordering::Relaxed),
                     clients: context.directory.len() as u64,
                     migrated: context.migrated.load(Ordering::Relaxed),
+                    devices: context.devices.live(),
+                    prewarmed: context.devices.prewarmed(),
                 };
                 link::send(socket, &Message::Report(figures)).await.context("reporting to the ingress")?;
             }
@@ -317,17 +349,6 @@ fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>
                 id,
                 None,
             ));
-        }
-    }
-}
-
-async fn flush_usage_periodically(directory: Arc<Directory>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(USAGE_FLUSH);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => directory.flush_usage().await,
-            () = stop.cancelled() => return,
         }
     }
 }

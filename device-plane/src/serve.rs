@@ -12,8 +12,11 @@ use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use tokio::net::TcpStream;
+
 use crate::clients::Directory;
-use crate::egress::Egress;
+use crate::devices::Devices;
+use crate::egress::{Egress, EgressError, Target};
 
 /// What the plane asks of its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub enum Mode {
 pub struct Context {
     /// Known clients.
     pub directory: Arc<Directory>,
+    /// Client devices: egress identities and activity.
+    pub devices: Arc<Devices>,
     /// The egress policy and connector.
     pub egress: Egress,
     /// Time a customer has to finish its proxy handshake.
@@ -56,12 +61,14 @@ impl Context {
     /// A context serving normally, not yet attached.
     pub fn new(
         directory: Arc<Directory>,
+        devices: Arc<Devices>,
         egress: Egress,
         handshake_timeout: Duration,
         idle_timeout: Duration,
     ) -> Self {
         Self {
             directory,
+            devices,
             egress,
             handshake_timeout,
             idle_timeout,
@@ -71,6 +78,27 @@ impl Context {
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
             channel: Mutex::new(None),
+        }
+    }
+
+    /// Connects `client` to `target` from its device's egress identity
+    /// (opening the device on first use). A source address that can no longer
+    /// be bound evicts the identity; the connect is retried once with a new one.
+    pub async fn connect_for(
+        &self,
+        client: &str,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
+        self.devices.touch(client);
+        let device = self.devices.open(client).await;
+        match self.egress.connect(device.identity.source, target).await {
+            Err(EgressError::SourceUnusable(source, error)) => {
+                tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");
+                self.devices.evict(client).await;
+                let device = self.devices.open(client).await;
+                self.egress.connect(device.identity.source, target).await
+            }
+            other => other,
         }
     }
 

@@ -130,6 +130,7 @@ fn reply_for(error: &EgressError) -> Reply {
             Reply::NetworkUnreachable
         }
         EgressError::Unreachable(..) => Reply::HostUnreachable,
+        EgressError::SourceUnusable(..) => Reply::GeneralFailure,
     }
 }
 
@@ -157,7 +158,7 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
     };
     let name = client.record.name.clone();
     let egress = tokio::select! {
-        result = context.egress.connect(&name, &target) => result,
+        result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => return,
     };
     let egress = match egress {

@@ -28,6 +28,8 @@ pub struct Metrics {
     ready: Gauge,
     planes: Family<StateLabel, Gauge>,
     connections_open: Gauge,
+    devices_live: Gauge,
+    prewarmed: Gauge,
     drain_remaining: Gauge,
     migrated: Counter,
     deploys: Family<OutcomeLabel, Counter>,
@@ -71,9 +73,21 @@ impl Metrics {
         );
         let connections_open = Gauge::default();
         registry.register(
-            "devices_live",
+            "connections_open",
             "Customer connections held by device planes",
             connections_open.clone(),
+        );
+        let devices_live = Gauge::default();
+        registry.register(
+            "devices_live",
+            "Client devices open on the device planes",
+            devices_live.clone(),
+        );
+        let prewarmed = Gauge::default();
+        registry.register(
+            "prewarmed_devices",
+            "Devices the active device plane opened by pre-warm before it said Ready",
+            prewarmed.clone(),
         );
         let drain_remaining = Gauge::default();
         registry.register(
@@ -109,6 +123,8 @@ impl Metrics {
             ready,
             planes,
             connections_open,
+            devices_live,
+            prewarmed,
             drain_remaining,
         }
     }
@@ -165,6 +181,8 @@ impl Metrics {
         self.ready.set(i64::from(ready));
         let mut open = 0u64;
         let mut draining = 0u64;
+        let mut devices = 0u64;
+        let mut prewarmed = 0u64;
         for state in [
             PlaneState::Standby,
             PlaneState::Ready,
@@ -184,13 +202,19 @@ impl Metrics {
                     state: state.as_str().into(),
                 })
                 .inc();
-            let held = plane.report().connections;
-            open += held;
+            let report = plane.report();
+            open += report.connections;
+            devices += report.devices;
             if state == PlaneState::Draining {
-                draining += held;
+                draining += report.connections;
+            }
+            if state == PlaneState::Active {
+                prewarmed = report.prewarmed;
             }
         }
         self.connections_open.set(clamp(open));
+        self.devices_live.set(clamp(devices));
+        self.prewarmed.set(clamp(prewarmed));
         self.drain_remaining.set(clamp(draining));
         let mut text = String::new();
         if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {

@@ -10,6 +10,7 @@ pub mod curl;
 pub mod node;
 pub mod origin;
 pub mod raw;
+pub mod redis;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -95,6 +95,12 @@ impl Node {
     /// with `extra` TOML appended to its config (sections other than
     /// [node], [listen] and [egress]).
     pub fn new(extra: &str) -> Self {
+        Self::custom("test", "", extra)
+    }
+
+    /// A node named `host`, with `egress` lines added to its [egress] table
+    /// and `extra` TOML appended.
+    pub fn custom(host: &str, egress: &str, extra: &str) -> Self {
         crate::raise_fd_limit();
         let dir = tempfile::Builder::new()
             .prefix("blip")
@@ -103,9 +109,9 @@ impl Node {
         let (socks, http, status) = (free_port(), free_port(), free_port());
         let config = dir.path().join("blipless.toml");
         let text = format!(
-            "[node]\nhost = \"test\"\nruntime_dir = \"{run}\"\nstate_dir = \"{state}\"\n\n\
+            "[node]\nhost = \"{host}\"\nruntime_dir = \"{run}\"\nstate_dir = \"{state}\"\n\n\
              [listen]\nsocks = \"127.0.0.1:{socks}\"\nhttp = \"127.0.0.1:{http}\"\nstatus = \"127.0.0.1:{status}\"\nwg = \"127.0.0.1:0\"\n\n\
-             [egress]\nallow = [\"127.0.0.1/32\"]\n\n{extra}\n",
+             [egress]\nallow = [\"127.0.0.1/32\"]\n{egress}\n\n{extra}\n",
             run = dir.path().join("run").display(),
             state = dir.path().join("state").display(),
         );

@@ -3,6 +3,7 @@
 //! - `GET /bytes/N`: N bytes of [`crate::pattern`];
 //! - `GET /slow/MS`: "ok" after MS milliseconds;
 //! - `PUT /echo` (or POST): streams the request body back as it arrives;
+//! - `GET /whoami`: the address the request came from (the proxy's egress source);
 //! - anything else: "hello".
 //!
 //! Every response closes its connection. The origin counts connections and
@@ -49,11 +50,15 @@ impl Origin {
         runtime.spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let stats = shared.clone();
+                let peer = stream
+                    .peer_addr()
+                    .map(|a| a.ip().to_string())
+                    .unwrap_or_default();
                 tokio::spawn(async move {
                     stats.connections.fetch_add(1, Ordering::SeqCst);
                     let open = stats.open.fetch_add(1, Ordering::SeqCst) + 1;
                     stats.peak.fetch_max(open, Ordering::SeqCst);
-                    let _ = serve(stream).await;
+                    let _ = serve(stream, peer).await;
                     stats.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -81,7 +86,7 @@ impl Origin {
     }
 }
 
-async fn serve(mut stream: tokio::net::TcpStream) -> std::io::Result<()> {
+async fn serve(mut stream: tokio::net::TcpStream, peer: String) -> std::io::Result<()> {
     let mut request = Vec::new();
     let mut chunk = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -126,6 +131,8 @@ async fn serve(mut stream: tokio::net::TcpStream) -> std::io::Result<()> {
     }
     let body = if let Some(n) = path.strip_prefix("/bytes/") {
         crate::pattern(n.parse().unwrap_or(0))
+    } else if path == "/whoami" {
+        peer.into_bytes()
     } else if let Some(ms) = path.strip_prefix("/slow/") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         b"ok".to_vec()

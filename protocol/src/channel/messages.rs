@@ -97,6 +97,12 @@ pub struct DeviceReport {
     /// Connections this plane has handed to a successor.
     #[serde(default)]
     pub migrated: u64,
+    /// Client devices open on this plane.
+    #[serde(default)]
+    pub devices: u64,
+    /// Devices this plane opened by pre-warm before it said Ready.
+    #[serde(default)]
+    pub prewarmed: u64,
 }
 
 /// Which customer-facing listener accepted a connection.

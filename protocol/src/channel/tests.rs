@@ -73,6 +73,8 @@ fn samples() -> Vec<Message> {
             connections_total: 6,
             clients: 7,
             migrated: 8,
+            devices: 9,
+            prewarmed: 10,
         }),
     ]
 }
