@@ -217,9 +217,19 @@ Logs: .run/ingress.log and .run/device.log
 Ctrl-C stops both.
 EOF
 
-# --- Wait until Ctrl-C, or until a daemon exits on its own --------------------
+# --- Wait until Ctrl-C -------------------------------------------------------
+# The ingress must stay up. The device plane may exit on its own: a second
+# blipless-device started beside it (a deploy) makes it drain and exit 0.
 while true; do
-  check_alive
+  kill -0 "$ingress_pid" 2>/dev/null || fail "blipless-ingress exited (see .run/ingress.log)"
+  if [ -n "$device_pid" ] && ! kill -0 "$device_pid" 2>/dev/null; then
+    status=0
+    wait "$device_pid" || status=$?
+    say "blipless-device (pid $device_pid) exited with status $status; the ingress keeps running."
+    say "(After a deploy that is expected; otherwise see .run/device.log.)"
+    device_pid=""
+    rm -f "$run_dir/device.pid"
+  fi
   sleep 1 &
   wait $! || true
 done
