@@ -4,13 +4,18 @@
 //!
 //! Run it with `make bench` (release binaries; `scripts/bench.sh` sets
 //! `BLIPLESS_PROFILE=release`). Options: `--out PATH` (default
-//! `docs/BENCHMARKS.md`), `--quick` (tiny bounds, for checking the bench).
+//! `docs/BENCHMARKS.md`), `--quick` (tiny bounds, for checking the bench),
+//! `--deploy-only` (section 4 alone, for working on it), `--deploy-max N`
+//! (section 4's largest size, run even where the open-file limit cannot
+//! hold it).
 //! Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
 
 #[path = "bench/bulk.rs"]
 mod bulk;
 #[path = "bench/client.rs"]
 mod client;
+#[path = "bench/deploy.rs"]
+mod deploy;
 #[path = "bench/memory.rs"]
 mod memory;
 #[path = "bench/procfs.rs"]
@@ -41,6 +46,7 @@ struct Plan {
     bulk_runs: usize,
     bulk_bound: Duration,
     tunnels: usize,
+    deploy: deploy::Plan,
 }
 
 impl Plan {
@@ -60,6 +66,16 @@ impl Plan {
             bulk_runs: 5,
             bulk_bound: Duration::from_secs(10),
             tunnels: 1_000,
+            deploy: deploy::Plan {
+                sizes: [0, 1_000, 10_000],
+                runs: 3,
+                active: 200,
+                cadence: Duration::from_millis(10),
+                baseline: Duration::from_secs(2),
+                tail: Duration::from_secs(1),
+                section_bound: Duration::from_secs(100),
+                force_sizes: false,
+            },
         }
     }
 
@@ -79,6 +95,16 @@ impl Plan {
             bulk_runs: 1,
             bulk_bound: Duration::from_secs(5),
             tunnels: 100,
+            deploy: deploy::Plan {
+                sizes: [0, 100, 1_000],
+                runs: 1,
+                active: 50,
+                cadence: Duration::from_millis(10),
+                baseline: Duration::from_millis(500),
+                tail: Duration::from_millis(500),
+                section_bound: Duration::from_secs(30),
+                force_sizes: false,
+            },
         }
     }
 }
@@ -86,7 +112,12 @@ impl Plan {
 fn main() -> ExitCode {
     let mut out = PathBuf::from("docs/BENCHMARKS.md");
     let mut plan = Plan::full();
-    let mut args = std::env::args().skip(1);
+    let mut deploy_only = false;
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some(deploy::ECHO_SERVER_ARG) {
+        return deploy::serve_echo();
+    }
+    let mut deploy_max = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--out" => match args.next() {
@@ -94,11 +125,41 @@ fn main() -> ExitCode {
                 None => return usage(),
             },
             "--quick" => plan = Plan::quick(),
+            "--deploy-only" => deploy_only = true,
+            "--deploy-max" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) => deploy_max = Some(n),
+                None => return usage(),
+            },
             _ => return usage(),
         }
     }
 
+    if let Some(max) = deploy_max {
+        plan.deploy.sizes[2] = max;
+        plan.deploy.force_sizes = true;
+    }
+    // 10,000 tunnels need some 40,000 fds across the processes (children inherit the limit).
+    blipless_tests::raise_fd_limit();
     let mut machine = report::Machine::now();
+    if deploy_only {
+        eprintln!("deploy under open tunnels (section 4 only)");
+        let deploy = deploy::run(plan.deploy);
+        machine.load_after = report::load_average();
+        let results = report::Results {
+            machine,
+            rate: rate::Section {
+                sequential: Vec::new(),
+                concurrent: Vec::new(),
+            },
+            bulk: Vec::new(),
+            bulk_size: plan.bulk_size,
+            bulk_bound_s: plan.bulk_bound.as_secs(),
+            memory: Vec::new(),
+            daemon_warnings: deploy.daemon_warnings,
+            deploy,
+        };
+        return write_report(&out, &results);
+    }
     eprintln!(
         "blipless-bench: {} CPUs, {}, kernel {}, load {}",
         machine.cpus, machine.model, machine.kernel, machine.load_before
@@ -169,8 +230,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The other sections' node stays up but idle while this one runs its own.
+    eprintln!("deploy under open tunnels");
+    let deploy = deploy::run(plan.deploy);
     machine.load_after = report::load_average();
-    let daemon_warnings = std::iter::once(&ingress)
+    let daemon_warnings: usize = std::iter::once(&ingress)
         .chain(&memory.devices)
         .map(|d| {
             d.log_text()
@@ -178,7 +242,8 @@ fn main() -> ExitCode {
                 .filter(|l| l.contains("WARN") || l.contains("ERROR"))
                 .count()
         })
-        .sum();
+        .sum::<usize>()
+        + deploy.daemon_warnings;
     let results = report::Results {
         machine,
         rate,
@@ -187,9 +252,14 @@ fn main() -> ExitCode {
         bulk_bound_s: plan.bulk_bound.as_secs(),
         memory: memory.held,
         daemon_warnings,
+        deploy,
     };
-    let text = report::render(&results);
-    if let Err(error) = std::fs::write(&out, text) {
+    write_report(&out, &results)
+}
+
+fn write_report(out: &std::path::Path, results: &report::Results) -> ExitCode {
+    let text = report::render(results);
+    if let Err(error) = std::fs::write(out, text) {
         eprintln!("blipless-bench: writing {}: {error}", out.display());
         return ExitCode::FAILURE;
     }
@@ -246,6 +316,6 @@ fn memory_section(
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench [--out PATH] [--quick]");
+    eprintln!("usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--deploy-max N]");
     ExitCode::from(2)
 }
