@@ -1,8 +1,9 @@
 # blipless: `make run` starts a local node, `make test` runs every test.
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
-# Debian packages the tests drive (package:command).
+# Debian packages the tests drive (package:command); make run needs only curl.
 TEST_PACKAGES = curl:curl redis-server:redis-server
+RUN_PACKAGES = curl:curl
 
 .PHONY: all build run test deps bench lint fuzz clean
 
@@ -13,7 +14,7 @@ build:
 
 ## run: an ingress and a device plane on the embedded store, a demo client, and what to type.
 run:
-	@scripts/ensure-packages.sh $(TEST_PACKAGES)
+	@scripts/ensure-packages.sh $(RUN_PACKAGES)
 	$(CARGO) build --release --bins
 	@scripts/run-local.sh
 

@@ -9,8 +9,11 @@ pub fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BLIPLESS_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    // Colours only on a terminal: log files and journals get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Json => builder.json().init(),

@@ -352,7 +352,11 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(text::<Name>("node-1.a-b").as_deref(), Some("node-1.a-b"));
-        assert_eq!(text::<Name>("a_b"), None, "'_' would make store keys ambiguous");
+        assert_eq!(
+            text::<Name>("a_b"),
+            None,
+            "'_' would make store keys ambiguous"
+        );
         assert_eq!(text::<Name>(""), None);
         assert_eq!(text::<Name>("a b"), None);
         assert_eq!(text::<Name>(&"x".repeat(64)), None);

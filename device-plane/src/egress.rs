@@ -52,6 +52,10 @@ pub enum EgressError {
     /// No answer within the connect timeout.
     #[error("no answer from {0} within the connect timeout")]
     TimedOut(String),
+    /// This process cannot open another socket (out of file descriptors or
+    /// buffers): an operator problem, not the destination's.
+    #[error("no local resources for another connection: {0}")]
+    LocalResources(std::io::Error),
     /// The client's source address cannot be bound here (no longer on this
     /// host): its identity must be evicted and a new one allocated.
     #[error("source address {0} cannot be used: {1}")]
@@ -129,13 +133,15 @@ async fn connect_one(
     source: Option<IpAddr>,
     address: SocketAddr,
 ) -> Result<TcpStream, EgressError> {
-    let unreachable = |e| EgressError::Unreachable(address, e);
     let socket = if address.is_ipv4() {
         TcpSocket::new_v4()
     } else {
         TcpSocket::new_v6()
     }
-    .map_err(unreachable)?;
+    .map_err(|error| {
+        tracing::warn!(%error, "cannot open an egress socket: raise the open-file limit (LimitNOFILE)");
+        EgressError::LocalResources(error)
+    })?;
     if let Some(source) = source {
         socket
             .bind(SocketAddr::new(source, 0))

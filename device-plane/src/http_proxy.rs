@@ -59,15 +59,35 @@ type Identity = Arc<OnceLock<Arc<Client>>>;
 type ResponseFuture =
     Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-/// Serves one HTTP proxy customer connection to its end. `prefix` holds
-/// bytes a predecessor already read from it (an adopted connection).
-pub async fn serve(
-    stream: TcpStream,
-    prefix: Vec<u8>,
-    context: Arc<Context>,
-    id: u64,
-    known: Option<Arc<Client>>,
-) {
+/// What a predecessor handed over with a connection (empty for a new one).
+#[derive(Debug)]
+pub struct Adopted {
+    /// Bytes the predecessor read from the client and did not process.
+    pub prefix: Vec<u8>,
+    /// The client that authenticated on it, if any.
+    pub client: Option<Arc<Client>>,
+    /// False when it came back from a handover that found no successor.
+    pub may_hand_over: bool,
+}
+
+impl Adopted {
+    /// A connection nobody else has served.
+    pub fn fresh() -> Self {
+        Self {
+            prefix: Vec::new(),
+            client: None,
+            may_hand_over: true,
+        }
+    }
+}
+
+/// Serves one HTTP proxy customer connection to its end.
+pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, id: u64) {
+    let Adopted {
+        prefix,
+        client: known,
+        may_hand_over,
+    } = adopted;
     // Usage is counted on the client socket once a request authenticates
     // (the first client to authenticate on a connection is the one billed).
     let identity: Identity = Arc::new(OnceLock::new());
@@ -140,10 +160,18 @@ pub async fn serve(
             },
             down: Direction::default(),
         };
-        crate::tunnel::run(context, MigrateKind::HttpTunnel, id, client, tunnel).await;
+        crate::tunnel::run(
+            context,
+            MigrateKind::HttpTunnel,
+            id,
+            client,
+            tunnel,
+            may_hand_over,
+        )
+        .await;
         return;
     }
-    if context.mode() == Mode::Handover {
+    if context.mode() == Mode::Handover && may_hand_over {
         let name = identity
             .get()
             .map(|client| client.record.name.clone())
@@ -230,6 +258,10 @@ fn egress_failure(error: &EgressError) -> Response<Body> {
         EgressError::TimedOut(_) => {
             plain(StatusCode::GATEWAY_TIMEOUT, "destination did not answer\n")
         }
+        EgressError::LocalResources(_) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "proxy out of resources, try again\n",
+        ),
         _ => plain(StatusCode::BAD_GATEWAY, "destination unreachable\n"),
     }
 }

@@ -91,7 +91,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             tokio::select! {
                 ready = warming => warm = Some(ready?),
                 () = terminate.cancelled() => {
-                    tracing::info!("SIGTERM before ready: exiting");
+                    tracing::info!("stop requested before ready: exiting");
                     return Ok(());
                 }
                 // A Standby plane is sent nothing but a Drain when its ready
@@ -173,13 +173,16 @@ async fn warm_up(config: &Config) -> anyhow::Result<Warm> {
         tracing::warn!(stall_ms = stall, "fault injection: stalling warm-up");
         tokio::time::sleep(Duration::from_millis(stall)).await;
     }
-    let store = store::open(&config.store.url)
-        .await
-        .with_context(|| format!("opening the store {}", config.store.url))?;
+    let store = store::open(&config.store.url).await.with_context(|| {
+        format!(
+            "opening the store {}",
+            store::display_url(&config.store.url)
+        )
+    })?;
     let directory = Directory::load(store.clone())
         .await
         .context("loading clients from the store")?;
-    tracing::info!(clients = directory.len(), store = %config.store.url, "store opened");
+    tracing::info!(clients = directory.len(), store = %store::display_url(&config.store.url), "store opened");
     let node = NodeId {
         host: config.node.host.clone(),
         block: config.node.block.clone(),
@@ -294,7 +297,7 @@ async fn session(
             }
             () = terminate.cancelled(), if !asked_to_leave => {
                 // The ingress answers with Drain after the last connection it handed us.
-                tracing::info!("SIGTERM: asking the ingress to drain this plane");
+                tracing::info!("stop requested (SIGTERM or SIGINT): asking the ingress to drain this plane");
                 asked_to_leave = true;
                 link::send(socket, &Message::Drain(DrainOrder { handover: false }))
                     .await
@@ -344,10 +347,9 @@ fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>
         ListenerKind::Http => {
             context.connections.spawn(http_proxy::serve(
                 stream,
-                Vec::new(),
+                http_proxy::Adopted::fresh(),
                 context.clone(),
                 id,
-                None,
             ));
         }
     }

@@ -5,7 +5,6 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use blipless_link::LinkError;
 use blipless_protocol::channel::{DecodeError, Hello, Message};
 use tokio_seqpacket::UnixSeqpacket;
@@ -85,19 +84,35 @@ pub enum HelloError {
 
 /// Says Hello and waits for Welcome; returns the generation the ingress gave us.
 pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<u64, HelloError> {
-    send(
-        socket,
-        &Message::Hello(Hello {
-            pid: std::process::id(),
-            software: env!("CARGO_PKG_VERSION").to_string(),
-        }),
+    let hello = Message::Hello(Hello {
+        pid: std::process::id(),
+        software: env!("CARGO_PKG_VERSION").to_string(),
+    });
+    let sent = send(socket, &hello).await;
+    // Even if the send failed, a refusal may be waiting to be read.
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        blipless_link::receive(socket, buffer),
     )
-    .await
-    .context("saying Hello to the ingress")?;
-    let reply = tokio::time::timeout(Duration::from_secs(10), receive(socket, buffer))
-        .await
-        .context("the ingress did not answer Hello within 10 s")??;
-    match reply.map(|r| r.message) {
+    .await;
+    let reply = match reply {
+        Err(_) => return Err(anyhow::anyhow!("the ingress did not answer Hello within 10 s").into()),
+        Ok(Err(LinkError::Decode(DecodeError::VersionMismatch { ours, theirs }))) => {
+            return Err(HelloError::Refused(format!(
+                "the ingress speaks device-channel protocol v{theirs}, this device plane v{ours}: deploy matching versions"
+            )))
+        }
+        Ok(Err(error)) => {
+            let error = anyhow::Error::new(error);
+            return Err(match sent {
+                Err(send_error) => error.context(format!("saying Hello failed: {send_error}")),
+                Ok(()) => error.context("reading the answer to Hello"),
+            }
+            .into());
+        }
+        Ok(Ok(reply)) => reply,
+    };
+    match reply.map(|(message, _)| message) {
         Some(Message::Welcome(welcome)) => Ok(welcome.generation),
         Some(Message::Refused(refused)) => Err(HelloError::Refused(refused.reason)),
         Some(other) => {

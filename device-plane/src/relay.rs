@@ -40,7 +40,7 @@ pub struct Tunnel {
 
 /// How a relay ended.
 #[derive(Debug)]
-pub enum RelayEnd {
+pub enum RelayEnd<H = ()> {
     /// Both directions reached EOF and were passed on.
     Finished,
     /// A read or write failed (a reset, usually).
@@ -49,11 +49,12 @@ pub enum RelayEnd {
     Idle,
     /// Cut from outside (client removed, drain grace over).
     Cut,
-    /// Stopped for a handover: the tunnel as it stands.
-    Handover(Tunnel),
+    /// Stopped for a handover: the tunnel as it stands, and what the
+    /// handover future gave (a slot on the channel, say).
+    Handover(Tunnel, H),
 }
 
-impl RelayEnd {
+impl<H> RelayEnd<H> {
     /// A short word for logs.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -61,7 +62,7 @@ impl RelayEnd {
             RelayEnd::Failed => "failed",
             RelayEnd::Idle => "idle",
             RelayEnd::Cut => "cut",
-            RelayEnd::Handover(_) => "handover",
+            RelayEnd::Handover(..) => "handover",
         }
     }
 }
@@ -142,14 +143,14 @@ impl Pump {
 
 /// Relays `tunnel` until it ends. Bytes written each way are counted into
 /// `meter`. When `handover` completes, stops where it stands and returns
-/// the tunnel for a successor.
-pub async fn relay(
+/// the tunnel for a successor, with the future's output.
+pub async fn relay<H>(
     tunnel: Tunnel,
     meter: &Meter,
     idle_timeout: Duration,
     cut: &CancellationToken,
-    handover: impl Future<Output = ()>,
-) -> RelayEnd {
+    handover: impl Future<Output = H>,
+) -> RelayEnd<H> {
     use std::sync::atomic::Ordering::Relaxed;
     let Tunnel {
         mut client,
@@ -171,7 +172,7 @@ pub async fn relay(
             tokio::select! {
                 biased;
                 () = cut.cancelled() => break Stop::Cut,
-                () = &mut handover => break Stop::Handover,
+                slot = &mut handover => break Stop::Handover(slot),
                 moved = up.step(&client_read, &mut egress_write), if !up.done() => match moved {
                     Ok(n) => {
                         meter.up.fetch_add(n as u64, Relaxed);
@@ -195,22 +196,25 @@ pub async fn relay(
         Stop::Failed => RelayEnd::Failed,
         Stop::Idle => RelayEnd::Idle,
         Stop::Cut => RelayEnd::Cut,
-        Stop::Handover => RelayEnd::Handover(Tunnel {
-            client,
-            egress,
-            up: up.into_direction(),
-            down: down.into_direction(),
-        }),
+        Stop::Handover(slot) => RelayEnd::Handover(
+            Tunnel {
+                client,
+                egress,
+                up: up.into_direction(),
+                down: down.into_direction(),
+            },
+            slot,
+        ),
     }
 }
 
 /// Why the relay loop stopped (the sockets are still borrowed inside it).
-enum Stop {
+enum Stop<H> {
     Finished,
     Failed,
     Idle,
     Cut,
-    Handover,
+    Handover(H),
 }
 
 #[cfg(test)]
@@ -253,7 +257,7 @@ mod tests {
             &meter,
             Duration::from_secs(5),
             &cut,
-            std::future::pending(),
+            std::future::pending::<()>(),
         );
         let peers = async {
             customer.write_all(b"hello").await.expect("write");
@@ -282,7 +286,7 @@ mod tests {
             &Meter::default(),
             Duration::from_millis(200),
             &cut,
-            std::future::pending(),
+            std::future::pending::<()>(),
         )
         .await;
         assert!(matches!(end, RelayEnd::Idle));
@@ -298,7 +302,7 @@ mod tests {
             &Meter::default(),
             Duration::from_secs(30),
             &cut,
-            std::future::pending(),
+            std::future::pending::<()>(),
         )
         .await;
         assert!(matches!(end, RelayEnd::Cut));
@@ -329,7 +333,7 @@ mod tests {
         loop {
             let handover = tokio::time::sleep(Duration::from_millis(3));
             match relay(tunnel, &meter, Duration::from_secs(10), &cut, handover).await {
-                RelayEnd::Handover(state) => {
+                RelayEnd::Handover(state, ()) => {
                     handovers += 1;
                     tunnel = state;
                 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blipless_protocol::channel::{Message, Migrate};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,7 +55,13 @@ pub struct Context {
     pub migrated: AtomicU64,
     /// The device channel, while attached: handovers go through it.
     channel: Mutex<Option<Arc<UnixSeqpacket>>>,
+    /// Handovers in flight at once: a tunnel keeps relaying until it holds
+    /// one, so each pauses only for its own send, not for the whole queue.
+    handover_slots: Arc<Semaphore>,
 }
+
+/// Handovers sent at once.
+const HANDOVER_SLOTS: usize = 32;
 
 impl Context {
     /// A context serving normally, not yet attached.
@@ -78,6 +84,7 @@ impl Context {
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
             channel: Mutex::new(None),
+            handover_slots: Arc::new(Semaphore::new(HANDOVER_SLOTS)),
         }
     }
 
@@ -122,12 +129,20 @@ impl Context {
         *self.mode.borrow()
     }
 
-    /// Completes when the plane starts handing connections over.
-    pub fn handover_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+    /// Completes when the plane hands connections over and this one may go
+    /// now: it yields the slot to hold while sending.
+    pub fn handover_slot(
+        &self,
+    ) -> impl std::future::Future<Output = OwnedSemaphorePermit> + Send + 'static {
         let mut mode = self.mode.subscribe();
+        let slots = self.handover_slots.clone();
         async move {
             if mode.wait_for(|m| *m == Mode::Handover).await.is_err() {
-                std::future::pending::<()>().await;
+                return std::future::pending().await;
+            }
+            match slots.acquire_owned().await {
+                Ok(slot) => slot,
+                Err(_) => std::future::pending().await,
             }
         }
     }

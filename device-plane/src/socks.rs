@@ -99,9 +99,10 @@ async fn handshake(
     write(stream, &socks5::auth_status(true)).await?;
     let request = read_message(stream, &mut buffer, socks5::parse_request)
         .await?
-        .map_err(|e| {
-            let reply = e.reply().unwrap_or(Reply::GeneralFailure);
-            Stop::Answer(socks5::encode_reply(reply, None), e.to_string())
+        .map_err(|e| match e.reply() {
+            Some(reply) => Stop::Answer(socks5::encode_reply(reply, None), e.to_string()),
+            // Not SOCKS5 (a bad version byte): no SOCKS5 answer makes sense.
+            None => Stop::Answer(Vec::new(), e.to_string()),
         })?;
     if request.command != Command::Connect {
         return Err(Stop::Answer(
@@ -130,7 +131,7 @@ fn reply_for(error: &EgressError) -> Reply {
             Reply::NetworkUnreachable
         }
         EgressError::Unreachable(..) => Reply::HostUnreachable,
-        EgressError::SourceUnusable(..) => Reply::GeneralFailure,
+        EgressError::SourceUnusable(..) | EgressError::LocalResources(_) => Reply::GeneralFailure,
     }
 }
 
@@ -190,5 +191,5 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
         },
         down: Direction::default(),
     };
-    crate::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel).await;
+    crate::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel, true).await;
 }

@@ -14,23 +14,24 @@ use crate::clients::Client;
 use crate::relay::{relay, RelayEnd, Tunnel};
 use crate::serve::Context;
 
-/// Runs `tunnel` to its end, or until it has been handed over.
+/// Runs `tunnel` to its end, or until it has been handed over (only if
+/// `may_hand_over`: a tunnel that came back from a failed handover stays).
 pub async fn run(
     context: Arc<Context>,
     kind: MigrateKind,
     id: u64,
     client: Arc<Client>,
     mut tunnel: Tunnel,
+    mut may_hand_over: bool,
 ) {
     let name = client.record.name.clone();
-    let mut may_hand_over = true;
     loop {
-        let handover = context.handover_requested();
+        let handover = context.handover_slot();
         let handover = async move {
             if may_hand_over {
-                handover.await;
+                handover.await
             } else {
-                std::future::pending::<()>().await;
+                std::future::pending().await
             }
         };
         let cut = context.cut_all.child_token();
@@ -38,8 +39,8 @@ pub async fn run(
             end = relay(tunnel, &client.meter, context.idle_timeout, &cut, handover) => end,
             () = client.revoked.cancelled() => RelayEnd::Cut,
         };
-        let state = match end {
-            RelayEnd::Handover(state) => state,
+        let (state, _slot) = match end {
+            RelayEnd::Handover(state, slot) => (state, slot),
             other => {
                 tracing::debug!(id, client = %name, end = other.as_str(), "tunnel closed");
                 return;
@@ -89,6 +90,9 @@ pub fn stream_from_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
 /// Takes over a connection a predecessor handed us.
 pub async fn adopt(context: Arc<Context>, migrate: Migrate, fds: Vec<OwnedFd>) {
     let id = migrate.connection_id;
+    // Adopted while draining means it came back from a handover that found
+    // no successor: keep it here rather than send it round again.
+    let may_hand_over = context.mode() == crate::serve::Mode::Serving;
     let mut fds = fds.into_iter();
     let (Some(client_fd), second) = (fds.next(), fds.next()) else {
         return;
@@ -114,7 +118,12 @@ pub async fn adopt(context: Arc<Context>, migrate: Migrate, fds: Vec<OwnedFd>) {
     };
     match migrate.kind {
         MigrateKind::HttpIdle => {
-            crate::http_proxy::serve(client_socket, migrate.up.pending, context, id, known).await;
+            let adopted = crate::http_proxy::Adopted {
+                prefix: migrate.up.pending,
+                client: known,
+                may_hand_over,
+            };
+            crate::http_proxy::serve(client_socket, adopted, context, id).await;
         }
         MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => {
             let Some(client) = known else {
@@ -131,7 +140,7 @@ pub async fn adopt(context: Arc<Context>, migrate: Migrate, fds: Vec<OwnedFd>) {
                 up: migrate.up,
                 down: migrate.down,
             };
-            run(context, migrate.kind, id, client, tunnel).await;
+            run(context, migrate.kind, id, client, tunnel, may_hand_over).await;
         }
     }
 }

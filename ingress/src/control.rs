@@ -38,47 +38,52 @@ pub async fn serve(listener: UnixListener, node: Arc<Node>, shutdown: Cancellati
 async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<()> {
     let uid = stream.peer_cred()?.uid();
     let (read, mut write) = stream.into_split();
-    if !peercred::is_allowed(uid) {
-        let response = ControlResponse::Error {
-            message: format!(
-                "uid {uid} may not use this control socket: run as uid {} or root",
-                peercred::own_uid()
-            ),
-        };
-        return write_line(&mut write, &response).await;
-    }
-    let mut reader = BufReader::new(read.take(MAX_REQUEST_LINE as u64 + 1));
+    let mut reader = BufReader::new(read);
     let mut line = String::new();
     loop {
         line.clear();
-        let read = tokio::time::timeout(Duration::from_secs(30), reader.read_line(&mut line)).await;
+        // Each request line is capped on its own.
+        let limited = (&mut reader).take(MAX_REQUEST_LINE as u64 + 1);
+        let read =
+            tokio::time::timeout(Duration::from_secs(30), read_line(limited, &mut line)).await;
         let Ok(read) = read else { return Ok(()) };
         if read? == 0 {
             return Ok(());
         }
-        let response = if !line.ends_with('\n') {
+        // Refused after the request is read, so the answer is not lost to a
+        // broken pipe on the operator's side.
+        if !peercred::is_allowed(uid) {
+            let message = peercred::refusal(uid);
+            return write_line(&mut write, &ControlResponse::Error { message }).await;
+        }
+        if !line.ends_with('\n') {
             let message = format!("request line over {MAX_REQUEST_LINE} bytes");
-            write_line(&mut write, &ControlResponse::Error { message }).await?;
-            return Ok(());
-        } else {
-            match serde_json::from_str::<ControlRequest>(line.trim_end()) {
-                Ok(ControlRequest::Status) => ControlResponse::Status(node.status_report()),
-                Ok(ControlRequest::Drain) => {
-                    tracing::info!("drain requested on the control socket");
-                    node.shutdown.cancel();
-                    ControlResponse::Ok {
-                        message: "draining: /status answers 503, the listeners close after the lame-duck period, the ingress exits once the device planes hold nothing or at the grace".into(),
-                    }
+            return write_line(&mut write, &ControlResponse::Error { message }).await;
+        }
+        let response = match serde_json::from_str::<ControlRequest>(line.trim_end()) {
+            Ok(ControlRequest::Status) => ControlResponse::Status(node.status_report()),
+            Ok(ControlRequest::Drain) => {
+                tracing::info!("drain requested on the control socket");
+                node.shutdown.cancel();
+                ControlResponse::Ok {
+                    message: "draining: /status answers 503, the listeners close after the lame-duck period, the ingress exits once the device planes hold nothing or at the grace".into(),
                 }
-                Err(error) => ControlResponse::Error {
-                    message: format!(
-                        "not a control request ({error}); this ingress understands: status, drain"
-                    ),
-                },
             }
+            Err(error) => ControlResponse::Error {
+                message: format!(
+                    "not a control request ({error}); this ingress understands: status, drain"
+                ),
+            },
         };
         write_line(&mut write, &response).await?;
     }
+}
+
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    mut reader: R,
+    line: &mut String,
+) -> std::io::Result<usize> {
+    reader.read_line(line).await
 }
 
 async fn write_line(

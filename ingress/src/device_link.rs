@@ -71,6 +71,9 @@ async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Received, 
 async fn refuse(socket: &UnixSeqpacket, reason: String) {
     tracing::error!("refusing a device plane: {reason}");
     let _ = send_frame(socket, &Message::Refused(Refused { reason }), &[]).await;
+    // Give the peer a moment to read it before the channel closes.
+    let mut sink = [0u8; 64];
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.recv(&mut sink)).await;
 }
 
 async fn serve_plane(
@@ -81,21 +84,6 @@ async fn serve_plane(
 ) -> anyhow::Result<()> {
     if let Err(error) = blipless_link::size_buffers(&socket) {
         tracing::warn!(%error, "could not size the device channel's send buffer");
-    }
-    let credentials = socket
-        .peer_cred()
-        .context("reading the device plane's credentials")?;
-    if !peercred::is_allowed(credentials.uid()) {
-        refuse(
-            &socket,
-            format!(
-                "uid {} may not attach: only uid {} or root",
-                credentials.uid(),
-                peercred::own_uid()
-            ),
-        )
-        .await;
-        return Ok(());
     }
     let mut buffer = vec![0u8; MAX_FRAME];
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, receive(&socket, &mut buffer)).await {
@@ -118,6 +106,15 @@ async fn serve_plane(
         }
         Ok(Err(error)) => return Err(error.into()),
     };
+    // Checked after the Hello is read, so the refusal reaches a peer that is
+    // still writing rather than breaking its pipe.
+    let credentials = socket
+        .peer_cred()
+        .context("reading the device plane's credentials")?;
+    if !peercred::is_allowed(credentials.uid()) {
+        refuse(&socket, peercred::refusal(credentials.uid())).await;
+        return Ok(());
+    }
     let generation = planes.next_generation();
     send_frame(
         &socket,

@@ -19,7 +19,7 @@ use serde_json::json;
 
 /// Operate a blipless node: its status and its proxy clients.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "blipless-ctl", version)]
 struct Args {
     /// The TOML configuration file the node's daemons use.
     #[arg(long, short, env = "BLIPLESS_CONFIG", global = true)]
@@ -74,6 +74,24 @@ enum ClientCommand {
     },
 }
 
+/// Prints a line; a reader that went away (`| head`) ends the program quietly.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        print_line(format_args!($($arg)*))
+    };
+}
+
+fn print_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = writeln!(out, "{line}") {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("blipless-ctl: writing the output failed: {error}");
+        std::process::exit(1);
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let config = match Config::load(args.config.as_deref(), std::env::vars(), &args.sets) {
@@ -87,7 +105,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             if args.json {
-                println!("{}", json!({ "error": format!("{error:#}") }));
+                say!("{}", json!({ "error": format!("{error:#}") }));
             } else {
                 eprintln!("blipless-ctl: {error:#}");
             }
@@ -101,7 +119,7 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
         Command::Status => {
             let report = status_report(config)?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                say!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print_status(&report);
             }
@@ -118,7 +136,7 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                 let store = store::open(&config.store.url).await.with_context(|| {
                     format!(
                         "opening the store {} (is store.url the same as the device plane's?)",
-                        config.store.url
+                        store::display_url(&config.store.url)
                     )
                 })?;
                 match command {
@@ -163,9 +181,9 @@ fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
 fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
     match request(config, &ControlRequest::Drain)? {
         ControlResponse::Ok { message } if as_json => {
-            println!("{}", json!({ "draining": true, "message": message }))
+            say!("{}", json!({ "draining": true, "message": message }))
         }
-        ControlResponse::Ok { message } => println!("{message}"),
+        ControlResponse::Ok { message } => say!("{message}"),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
         ControlResponse::Status(_) => anyhow::bail!("unexpected answer to drain"),
     }
@@ -180,12 +198,12 @@ fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
             .map(|p| p.connections_open)
             .sum();
         if as_json {
-            println!(
+            say!(
                 "{}",
                 json!({ "state": report.state, "planes": report.device_planes.len(), "connections_remaining": held })
             );
         } else {
-            println!(
+            say!(
                 "{}: {} device plane(s), {held} connection(s) remaining",
                 report.state,
                 report.device_planes.len()
@@ -194,9 +212,9 @@ fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(500));
     }
     if as_json {
-        println!("{}", json!({ "state": "stopped" }));
+        say!("{}", json!({ "state": "stopped" }));
     } else {
-        println!("ingress stopped");
+        say!("ingress stopped");
     }
     Ok(())
 }
@@ -209,21 +227,24 @@ fn deploy(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
             .as_ref()
             .is_some_and(|d| d.outcome == "in progress");
         if as_json {
-            println!(
+            say!(
                 "{}",
                 json!({ "last_deploy": report.last_deploy, "device_planes": report.device_planes })
             );
         } else {
             match &report.last_deploy {
-                None => println!(
+                None => say!(
                     "no deploy yet: start a second blipless-device with the same config to deploy"
                 ),
                 Some(deploy) => print_deploy(deploy),
             }
             for plane in &report.device_planes {
-                println!(
+                say!(
                     "  g{} {:<9} open {:>6}  migrated {:>6}",
-                    plane.generation, plane.state, plane.connections_open, plane.migrated
+                    plane.generation,
+                    plane.state,
+                    plane.connections_open,
+                    plane.migrated
                 );
             }
         }
@@ -243,31 +264,41 @@ fn print_deploy(deploy: &DeployInfo) {
         .seconds
         .map(|s| format!(" in {s:.3}s"))
         .unwrap_or_default();
-    println!(
+    say!(
         "deploy {from} -> g{}: {}{took} ({})",
-        deploy.to, deploy.outcome, deploy.detail
+        deploy.to,
+        deploy.outcome,
+        deploy.detail
     );
 }
 
 fn print_status(report: &StatusReport) {
-    println!(
+    say!(
         "node: {} (ingress pid {}, up {}s, {} connections accepted)",
-        report.state, report.ingress_pid, report.uptime_seconds, report.connections_accepted
+        report.state,
+        report.ingress_pid,
+        report.uptime_seconds,
+        report.connections_accepted
     );
     for listener in &report.listeners {
-        println!("  {:<7} {}", listener.name, listener.address);
+        say!("  {:<7} {}", listener.name, listener.address);
     }
     if report.device_planes.is_empty() {
-        println!("device planes: none attached (new connections wait in the listen backlog)");
+        say!("device planes: none attached (new connections wait in the listen backlog)");
         return;
     }
-    println!("device planes:");
-    println!(
+    say!("device planes:");
+    say!(
         "  {:<4} {:<8} {:<9} {:>8} {:>6} {:>8}  version",
-        "gen", "pid", "state", "handed", "open", "clients"
+        "gen",
+        "pid",
+        "state",
+        "handed",
+        "open",
+        "clients"
     );
     for plane in &report.device_planes {
-        println!(
+        say!(
             "  {:<4} {:<8} {:<9} {:>8} {:>6} {:>8}  {}",
             plane.generation,
             plane.pid,
@@ -323,17 +354,17 @@ async fn add(store: &dyn Store, config: &Config, name: &str, as_json: bool) -> a
         dial_address(config.listen.http, config)
     );
     if as_json {
-        println!(
+        say!(
             "{}",
             json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http })
         );
     } else {
-        println!("client {name} added. Its secret is shown only now; keep it.");
-        println!("  SOCKS5: {socks}");
-        println!("  HTTP:   {http}");
-        println!("try:");
-        println!("  curl --proxy '{socks}' https://example.com/");
-        println!("  curl --proxy '{http}' https://example.com/");
+        say!("client {name} added. Its secret is shown only now; keep it.");
+        say!("  SOCKS5: {socks}");
+        say!("  HTTP:   {http}");
+        say!("try:");
+        say!("  curl --proxy '{socks}' https://example.com/");
+        say!("  curl --proxy '{http}' https://example.com/");
     }
     Ok(())
 }
@@ -350,21 +381,27 @@ async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
             .iter()
             .map(|(c, u)| json!({ "name": c.name, "created_at": c.created_at, "usage": u }))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&items)?);
+        say!("{}", serde_json::to_string_pretty(&items)?);
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no clients yet: add one with `blipless-ctl client add NAME`");
+        say!("no clients yet: add one with `blipless-ctl client add NAME`");
         return Ok(());
     }
-    println!(
+    say!(
         "{:<24} {:>14} {:>14} {:>12}",
-        "name", "bytes up", "bytes down", "connections"
+        "name",
+        "bytes up",
+        "bytes down",
+        "connections"
     );
     for (client, usage) in rows {
-        println!(
+        say!(
             "{:<24} {:>14} {:>14} {:>12}",
-            client.name, usage.bytes_up, usage.bytes_down, usage.connections
+            client.name,
+            usage.bytes_up,
+            usage.bytes_down,
+            usage.connections
         );
     }
     Ok(())
@@ -375,9 +412,9 @@ async fn remove(store: &dyn Store, name: &str, as_json: bool) -> anyhow::Result<
         anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
     }
     if as_json {
-        println!("{}", json!({ "removed": name }));
+        say!("{}", json!({ "removed": name }));
     } else {
-        println!("client {name} removed; its open connections close within seconds");
+        say!("client {name} removed; its open connections close within seconds");
     }
     Ok(())
 }

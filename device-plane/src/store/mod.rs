@@ -276,6 +276,11 @@ fn parse_url(url: &str) -> Result<StoreUrl, StoreError> {
     }
 }
 
+/// A store URL fit for logs and messages: any password replaced by `***`.
+pub fn display_url(url: &str) -> String {
+    redis::redact_url(url)
+}
+
 /// Opens the store a URL names:
 /// - `sqlite://<path>`: the embedded store; `<path>` is absolute
 ///   (`sqlite:///var/lib/blipless/state.db`) or relative to the working directory
