@@ -25,7 +25,7 @@ deps:
 ## test: every unit, property and end-to-end test.
 test: deps
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace
+	@scripts/test.sh
 
 ## bench: throughput and latency figures into docs/BENCHMARKS.md.
 bench: deps
