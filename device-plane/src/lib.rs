@@ -262,6 +262,7 @@ async fn session(
                 let Incoming { message, fds } = incoming;
                 match message {
                     Message::Accepted(accepted) => take_connection(context, accepted, fds),
+                    Message::MigrateDone(id) => context.handover_confirmed(id),
                     Message::Migrate(migrate) => {
                         context.taken.fetch_add(1, Ordering::Relaxed);
                         context.connections.spawn(tunnel::adopt(context.clone(), migrate, fds));

@@ -1,13 +1,14 @@
 //! What every connection handler shares: the clients, the egress, the
 //! timeouts, the plane's mode, and the way to hand a connection over.
 
+use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blipless_protocol::channel::{Message, Migrate};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,9 +57,15 @@ pub struct Context {
     /// The device channel, while attached: handovers go through it.
     channel: Mutex<Option<Arc<UnixSeqpacket>>>,
     /// Handovers in flight at once: a tunnel keeps relaying until it holds
-    /// one, so each pauses only for its own send, not for the whole queue.
+    /// one, so each pauses only for its own handover, not for the whole queue.
     handover_slots: Arc<Semaphore>,
+    /// Handovers sent and not yet confirmed by the successor (MigrateDone).
+    awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
 }
+
+/// How long a handover waits for the successor's confirmation before it
+/// lets the next one go anyway (the successor holds the sockets either way).
+const CONFIRM_WAIT: Duration = Duration::from_secs(5);
 
 /// Handovers sent at once.
 const HANDOVER_SLOTS: usize = 32;
@@ -85,6 +92,7 @@ impl Context {
             migrated: AtomicU64::new(0),
             channel: Mutex::new(None),
             handover_slots: Arc::new(Semaphore::new(HANDOVER_SLOTS)),
+            awaiting: Mutex::new(HashMap::new()),
         }
     }
 
@@ -109,12 +117,39 @@ impl Context {
         }
     }
 
-    /// Sets (or clears) the channel handovers go through.
+    /// Sets (or clears) the channel handovers go through. Clearing it
+    /// releases every handover still waiting for a confirmation.
     pub fn set_channel(&self, channel: Option<Arc<UnixSeqpacket>>) {
+        if channel.is_none() {
+            self.awaiting_map().clear();
+        }
         *self
             .channel
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = channel;
+    }
+
+    fn awaiting_map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<()>>> {
+        self.awaiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The successor confirmed connection `id` (MigrateDone from the ingress).
+    pub fn handover_confirmed(&self, id: u64) {
+        if let Some(done) = self.awaiting_map().remove(&id) {
+            let _ = done.send(());
+        }
+    }
+
+    /// Tells the ingress this plane took over connection `id`.
+    pub async fn confirm_adoption(&self, id: u64) {
+        if let Some(channel) = self.channel() {
+            if let Err(error) = blipless_link::send(&channel, &Message::MigrateDone(id), &[]).await
+            {
+                tracing::debug!(id, %error, "could not confirm an adopted connection");
+            }
+        }
     }
 
     fn channel(&self) -> Option<Arc<UnixSeqpacket>> {
@@ -165,13 +200,20 @@ impl Context {
         };
         let id = migrate.connection_id;
         let message = Message::Migrate(migrate);
+        let (done, confirmed) = oneshot::channel();
+        self.awaiting_map().insert(id, done);
         match blipless_link::send(&channel, &message, fds).await {
             Ok(()) => {
                 self.migrated.fetch_add(1, Ordering::Relaxed);
+                // Hold the caller's slot until the successor has the
+                // connection relaying, so migrations queue here, live, not
+                // in socket buffers, frozen.
+                let _ = tokio::time::timeout(CONFIRM_WAIT, confirmed).await;
                 tracing::debug!(id, "connection handed over");
                 Ok(())
             }
             Err(error) => {
+                self.awaiting_map().remove(&id);
                 tracing::warn!(id, %error, "handover failed; keeping the connection here");
                 match message {
                     Message::Migrate(migrate) => Err(migrate),

@@ -101,9 +101,12 @@ pub async fn adopt(context: Arc<Context>, migrate: Migrate, fds: Vec<OwnedFd>) {
         Ok(socket) => socket,
         Err(error) => {
             tracing::warn!(id, %error, "cannot use an adopted connection");
+            context.confirm_adoption(id).await;
             return;
         }
     };
+    // The sockets are ours and registered: the predecessor may send the next.
+    context.confirm_adoption(id).await;
     let known = if migrate.client.is_empty() {
         None
     } else {

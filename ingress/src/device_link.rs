@@ -185,7 +185,16 @@ async fn read_loop(
                 );
             }
             Message::Migrate(migrate) => {
+                let id = migrate.connection_id;
+                planes.migration_sent(id, link);
                 forward_migration(planes, link, Message::Migrate(migrate), fds, metrics).await;
+            }
+            Message::MigrateDone(id) => {
+                if let Some(from) = planes.migration_done(id) {
+                    if let Err(error) = from.send(&Message::MigrateDone(id), &[]).await {
+                        tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
+                    }
+                }
             }
             other => anyhow::bail!("a device plane may not send {}", other.name()),
         }

@@ -206,6 +206,9 @@ pub struct Planes {
     next_generation: AtomicU64,
     last_deploy: Mutex<Option<DeployRecord>>,
     metrics: Arc<Metrics>,
+    /// Connections passed between planes and not yet confirmed: which plane
+    /// each came from, so the successor's MigrateDone finds its way back.
+    migrations: Mutex<std::collections::HashMap<u64, std::sync::Weak<PlaneLink>>>,
 }
 
 /// A message the caller must send to a plane after a state change.
@@ -224,6 +227,7 @@ impl Planes {
             next_generation: AtomicU64::new(1),
             last_deploy: Mutex::new(None),
             metrics,
+            migrations: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -240,6 +244,16 @@ impl Planes {
     /// The active plane now.
     pub fn active(&self) -> Option<Arc<PlaneLink>> {
         self.active.borrow().clone()
+    }
+
+    /// Remembers that connection `id` came from `from`.
+    pub fn migration_sent(&self, id: u64, from: &Arc<PlaneLink>) {
+        lock(&self.migrations).insert(id, Arc::downgrade(from));
+    }
+
+    /// The plane connection `id` came from, if it is still attached.
+    pub fn migration_done(&self, id: u64) -> Option<Arc<PlaneLink>> {
+        lock(&self.migrations).remove(&id)?.upgrade()
     }
 
     /// The latest deploy, if any.

@@ -33,6 +33,9 @@ pub enum Message {
     /// Either way: one customer connection moving to another device plane,
     /// through the ingress, its fds beside the frame.
     Migrate(Migrate),
+    /// The successor took over connection `.0`: successor to ingress, then
+    /// ingress to the plane it came from (which only then lets the next one go).
+    MigrateDone(u64),
     /// Device plane to ingress: the drain is over; the plane exits.
     Drained(Drained),
     /// Ingress to device plane: this ingress is handing off; reconnect.
@@ -211,6 +214,7 @@ const T_DRAINED: u8 = 9;
 const T_GOAWAY: u8 = 10;
 const T_REPORT: u8 = 11;
 const T_MIGRATE: u8 = 12;
+const T_MIGRATE_DONE: u8 = 13;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -227,6 +231,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_GOAWAY => "Goaway",
         T_REPORT => "Report",
         T_MIGRATE => "Migrate",
+        T_MIGRATE_DONE => "MigrateDone",
         _ => return None,
     })
 }
@@ -243,6 +248,7 @@ impl Message {
             Message::Activate => T_ACTIVATE,
             Message::Drain(_) => T_DRAIN,
             Message::Migrate(_) => T_MIGRATE,
+            Message::MigrateDone(_) => T_MIGRATE_DONE,
             Message::Drained(_) => T_DRAINED,
             Message::Goaway => T_GOAWAY,
             Message::Report(_) => T_REPORT,
@@ -288,6 +294,7 @@ pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
         }
         Message::Drain(order) => out.push(u8::from(order.handover)),
         Message::Migrate(body) => migrate::encode(body, out),
+        Message::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
         Message::Ready | Message::Activate | Message::Goaway => {}
     }
 }
@@ -311,6 +318,14 @@ pub(crate) fn decode_payload(message_type: u8, payload: &[u8]) -> Result<Message
         T_ACCEPTED => Message::Accepted(accepted(payload)?),
         T_PACKETS => Message::Packets(packets(payload)?),
         T_MIGRATE => Message::Migrate(migrate::decode(payload)?),
+        T_MIGRATE_DONE => {
+            let mut reader = Reader::new(payload);
+            let id = reader.u64().map_err(truncated(name))?;
+            if !reader.is_empty() {
+                return Err(malformed(name, "trailing bytes"));
+            }
+            Message::MigrateDone(id)
+        }
         T_DRAIN => match payload {
             [0] => Message::Drain(DrainOrder { handover: false }),
             [1] => Message::Drain(DrainOrder { handover: true }),

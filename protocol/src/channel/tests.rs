@@ -62,6 +62,7 @@ fn samples() -> Vec<Message> {
             bytes_up: 0,
             bytes_down: 0,
         }),
+        Message::MigrateDone(77),
         Message::Drained(Drained {
             migrated: 1,
             finished: 2,
