@@ -185,6 +185,8 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
                 eof: false,
             },
             down: Direction::default(),
+            up_piped: 0,
+            down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
         };

@@ -14,6 +14,7 @@ pub mod devices;
 pub mod egress;
 pub mod http_proxy;
 pub mod link;
+pub mod piped;
 pub mod relay;
 pub mod serve;
 pub mod socks;

@@ -2,7 +2,7 @@
 //! timeouts, the plane's mode, and the way to hand a connection over.
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -194,15 +194,62 @@ impl Context {
 
     /// Sends one connection to the successor through the ingress. Gives the
     /// state back when it could not be sent: the caller keeps serving it.
-    pub async fn hand_over(&self, migrate: Migrate, fds: &[BorrowedFd<'_>]) -> Result<(), Migrate> {
+    pub async fn hand_over(
+        &self,
+        mut migrate: Migrate,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), Migrate> {
         let Some(channel) = self.channel() else {
             return Err(migrate);
         };
         let id = migrate.connection_id;
+        // Runs too long for the frame go in pipes; the bytes stay here too
+        // until the send succeeds.
+        let mut pipes = Vec::new();
+        let mut kept: [Option<Vec<u8>>; 2] = [None, None];
+        for index in 0..2 {
+            let direction = if index == 0 {
+                &mut migrate.up
+            } else {
+                &mut migrate.down
+            };
+            if direction.pending.len() <= crate::piped::INLINE_LIMIT {
+                continue;
+            }
+            let piped = match crate::piped::pipe_out(&direction.pending) {
+                Ok(pipe) => pipe,
+                Err(error) => {
+                    tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
+                    restore(&mut migrate, &mut kept);
+                    return Err(migrate);
+                }
+            };
+            let len = direction.pending.len() as u32;
+            kept[index] = Some(std::mem::take(&mut direction.pending));
+            if index == 0 {
+                migrate.up_piped = len;
+            } else {
+                migrate.down_piped = len;
+            }
+            pipes.push(piped);
+        }
+        if !pipes.is_empty() {
+            tracing::debug!(
+                id,
+                up = migrate.up_piped,
+                down = migrate.down_piped,
+                "pending bytes travel in pipes"
+            );
+        }
+        let all_fds: Vec<BorrowedFd<'_>> = fds
+            .iter()
+            .copied()
+            .chain(pipes.iter().map(|p| p.as_fd()))
+            .collect();
         let message = Message::Migrate(migrate);
         let (done, confirmed) = oneshot::channel();
         self.awaiting_map().insert(id, done);
-        match blipless_link::send(&channel, &message, fds).await {
+        match blipless_link::send(&channel, &message, &all_fds).await {
             Ok(()) => {
                 self.migrated.fetch_add(1, Ordering::Relaxed);
                 // Hold the caller's slot until the successor has the
@@ -216,11 +263,26 @@ impl Context {
                 self.awaiting_map().remove(&id);
                 tracing::warn!(id, %error, "handover failed; keeping the connection here");
                 match message {
-                    Message::Migrate(migrate) => Err(migrate),
+                    Message::Migrate(mut migrate) => {
+                        restore(&mut migrate, &mut kept);
+                        Err(migrate)
+                    }
                     _ => unreachable_message(),
                 }
             }
         }
+    }
+}
+
+/// Puts bytes moved into pipes back into a Migrate that will not be sent.
+fn restore(migrate: &mut Migrate, kept: &mut [Option<Vec<u8>>; 2]) {
+    if let Some(up) = kept[0].take() {
+        migrate.up.pending = up;
+        migrate.up_piped = 0;
+    }
+    if let Some(down) = kept[1].take() {
+        migrate.down.pending = down;
+        migrate.down_piped = 0;
     }
 }
 

@@ -58,6 +58,8 @@ pub async fn run(
             client: name.clone(),
             up,
             down,
+            up_piped: 0,
+            down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
         };
@@ -88,8 +90,26 @@ pub fn stream_from_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
 }
 
 /// Takes over a connection a predecessor handed us.
-pub async fn adopt(context: Arc<Context>, migrate: Migrate, fds: Vec<OwnedFd>) {
+pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<OwnedFd>) {
     let id = migrate.connection_id;
+    // Pipes come last: down after up.
+    for (piped, pending) in [
+        (migrate.down_piped, &mut migrate.down.pending),
+        (migrate.up_piped, &mut migrate.up.pending),
+    ] {
+        if piped == 0 {
+            continue;
+        }
+        let Some(pipe) = fds.pop() else { return };
+        match crate::piped::pipe_in(pipe, piped as usize) {
+            Ok(bytes) => *pending = bytes,
+            Err(error) => {
+                tracing::warn!(id, %error, "an adopted connection's pending bytes are lost; closing it");
+                context.confirm_adoption(id).await;
+                return;
+            }
+        }
+    }
     // Adopted while draining means it came back from a handover that found
     // no successor: keep it here rather than send it round again.
     let may_hand_over = context.mode() == crate::serve::Mode::Serving;

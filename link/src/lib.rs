@@ -191,6 +191,8 @@ mod tests {
                 pending: vec![2; 64 * 1024],
                 eof: true,
             },
+            up_piped: 0,
+            down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
         });

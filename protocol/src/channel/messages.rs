@@ -264,7 +264,7 @@ impl Message {
     pub fn fd_count(&self) -> usize {
         match self {
             Message::Accepted(_) => 1,
-            Message::Migrate(migrate) => migrate.kind.fd_count(),
+            Message::Migrate(migrate) => migrate.fd_count(),
             _ => 0,
         }
     }

@@ -11,9 +11,14 @@
 //! `up` holds bytes read from the customer and not yet written to the
 //! destination, `down` the reverse. Flag bit 0: the customer's side reached
 //! EOF (after `up` is written, the destination's write side is shut);
-//! bit 1: the destination's side reached EOF. The fds travel beside the
-//! frame: customer then destination for a tunnel, the customer alone for an
-//! idle HTTP connection.
+//! bit 1: the destination's side reached EOF. Bit 2 (up) and bit 3 (down):
+//! that direction's bytes are too many for a frame and wait in a pipe that
+//! travels as an extra fd; its length field then counts the bytes in the
+//! pipe and no bytes follow it in the frame.
+//!
+//! The fds travel beside the frame: customer then destination for a tunnel,
+//! the customer alone for an idle HTTP connection; then the up pipe, then
+//! the down pipe, for each direction that has one.
 
 use super::cursor::Reader;
 use super::{truncated, DecodeError};
@@ -79,6 +84,10 @@ pub struct Migrate {
     pub up: Direction,
     /// Destination toward customer.
     pub down: Direction,
+    /// When non-zero: the up bytes (this many) are in a pipe fd instead of `up.pending`.
+    pub up_piped: u32,
+    /// When non-zero: the down bytes (this many) are in a pipe fd instead of `down.pending`.
+    pub down_piped: u32,
     /// Bytes relayed up so far (for logs).
     pub bytes_up: u64,
     /// Bytes relayed down so far (for logs).
@@ -86,6 +95,13 @@ pub struct Migrate {
 }
 
 const NAME: &str = "Migrate";
+
+impl Migrate {
+    /// How many fds travel with this message.
+    pub fn fd_count(&self) -> usize {
+        self.kind.fd_count() + usize::from(self.up_piped > 0) + usize::from(self.down_piped > 0)
+    }
+}
 
 pub(crate) fn encode(migrate: &Migrate, out: &mut Vec<u8>) {
     out.push(migrate.kind.to_byte());
@@ -95,10 +111,22 @@ pub(crate) fn encode(migrate: &Migrate, out: &mut Vec<u8>) {
     let name = &migrate.client.as_bytes()[..migrate.client.len().min(255)];
     out.push(name.len() as u8);
     out.extend_from_slice(name);
-    out.push(u8::from(migrate.up.eof) | (u8::from(migrate.down.eof) << 1));
-    for pending in [&migrate.up.pending, &migrate.down.pending] {
-        out.extend_from_slice(&(pending.len() as u32).to_be_bytes());
-        out.extend_from_slice(pending);
+    out.push(
+        u8::from(migrate.up.eof)
+            | (u8::from(migrate.down.eof) << 1)
+            | (u8::from(migrate.up_piped > 0) << 2)
+            | (u8::from(migrate.down_piped > 0) << 3),
+    );
+    for (pending, piped) in [
+        (&migrate.up.pending, migrate.up_piped),
+        (&migrate.down.pending, migrate.down_piped),
+    ] {
+        if piped > 0 {
+            out.extend_from_slice(&piped.to_be_bytes());
+        } else {
+            out.extend_from_slice(&(pending.len() as u32).to_be_bytes());
+            out.extend_from_slice(pending);
+        }
     }
     out.extend_from_slice(&migrate.bytes_up.to_be_bytes());
     out.extend_from_slice(&migrate.bytes_down.to_be_bytes());
@@ -122,13 +150,21 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Migrate, DecodeError> {
         .map_err(|_| malformed("client name is not UTF-8"))?
         .to_string();
     let flags = reader.u8().map_err(truncated(NAME))?;
-    if flags & !0b11 != 0 {
+    if flags & !0b1111 != 0 {
         return Err(malformed("unknown flags"));
     }
     let mut pendings = [Vec::new(), Vec::new()];
-    for pending in &mut pendings {
-        let len = reader.u32().map_err(truncated(NAME))? as usize;
-        *pending = reader.take(len).map_err(truncated(NAME))?.to_vec();
+    let mut piped = [0u32, 0u32];
+    for (index, pending) in pendings.iter_mut().enumerate() {
+        let len = reader.u32().map_err(truncated(NAME))?;
+        if flags & (0b100 << index) != 0 {
+            if len == 0 {
+                return Err(malformed("a pipe that holds nothing"));
+            }
+            piped[index] = len;
+        } else {
+            *pending = reader.take(len as usize).map_err(truncated(NAME))?.to_vec();
+        }
     }
     let bytes_up = reader.u64().map_err(truncated(NAME))?;
     let bytes_down = reader.u64().map_err(truncated(NAME))?;
@@ -148,6 +184,8 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Migrate, DecodeError> {
             pending: down,
             eof: flags & 2 != 0,
         },
+        up_piped: piped[0],
+        down_piped: piped[1],
         bytes_up,
         bytes_down,
     })

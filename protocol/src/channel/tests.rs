@@ -50,8 +50,24 @@ fn samples() -> Vec<Message> {
                 pending: vec![0; 65536],
                 eof: false,
             },
+            up_piped: 0,
+            down_piped: 0,
             bytes_up: 10,
             bytes_down: 20,
+        }),
+        Message::Migrate(Migrate {
+            kind: MigrateKind::HttpTunnel,
+            connection_id: 79,
+            client: "bob".into(),
+            up: Direction::default(),
+            down: Direction {
+                pending: Vec::new(),
+                eof: true,
+            },
+            up_piped: 300_000,
+            down_piped: 5,
+            bytes_up: 0,
+            bytes_down: 0,
         }),
         Message::Migrate(Migrate {
             kind: MigrateKind::HttpIdle,
@@ -59,6 +75,8 @@ fn samples() -> Vec<Message> {
             client: String::new(),
             up: Direction::default(),
             down: Direction::default(),
+            up_piped: 0,
+            down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
         }),
@@ -233,6 +251,8 @@ fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
             pending: vec![9; 64 * 1024],
             eof: true,
         },
+        up_piped: 0,
+        down_piped: 0,
         bytes_up: 1,
         bytes_down: 2,
     });
@@ -262,6 +282,7 @@ fn fd_counts() {
         let expected = match &message {
             Message::Accepted(_) => 1,
             Message::Migrate(m) if m.kind == MigrateKind::HttpIdle => 1,
+            Message::Migrate(m) if m.up_piped > 0 && m.down_piped > 0 => 4,
             Message::Migrate(_) => 2,
             _ => 0,
         };

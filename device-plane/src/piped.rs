@@ -1,0 +1,68 @@
+//! Pending bytes too many for a Migrate frame travel in a pipe instead: the
+//! old plane writes them into a fresh pipe sized to hold them all and sends
+//! its read end beside the frame; the successor reads them back out.
+
+use std::os::fd::OwnedFd;
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+/// Largest pending run that travels inside the frame (two of them plus the
+/// metadata fit `MAX_PAYLOAD`).
+pub const INLINE_LIMIT: usize = 64 * 1024;
+
+/// A pipe holding `bytes`; returns its read end. Fails (and the caller keeps
+/// the connection) when a pipe that large cannot be had.
+pub fn pipe_out(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+    let size = i32::try_from(bytes.len())
+        .map_err(|_| std::io::Error::other("pending bytes over 2 GiB"))?;
+    let granted = fcntl(&write, FcntlArg::F_SETPIPE_SZ(size))?;
+    if (granted as usize) < bytes.len() {
+        return Err(std::io::Error::other(format!(
+            "a pipe holds {granted} bytes, {} are pending",
+            bytes.len()
+        )));
+    }
+    let mut written = 0;
+    while written < bytes.len() {
+        match nix::unistd::write(&write, &bytes[written..]) {
+            Ok(n) => written += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(read)
+}
+
+/// Reads exactly `len` bytes a predecessor left in a pipe.
+pub fn pipe_in(read: OwnedFd, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        match nix::unistd::read(&read, &mut bytes[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_cross_a_pipe_exactly() {
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let read = pipe_out(&bytes).expect("pipe");
+        assert_eq!(pipe_in(read, bytes.len()).expect("read"), bytes);
+    }
+
+    #[test]
+    fn a_short_pipe_is_an_error_not_a_hang() {
+        let read = pipe_out(b"abc").expect("pipe");
+        assert!(pipe_in(read, 10).is_err());
+    }
+}
