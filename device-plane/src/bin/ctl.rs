@@ -56,6 +56,17 @@ enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
+    /// The configuration: every key with its default, or the values in force.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print a TOML file with every key, its default and what it is for.
+    Defaults,
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,6 +137,12 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Drain { watch } => drain(config, *watch, args.json),
+        Command::Config {
+            command: ConfigCommand::Defaults,
+        } => {
+            say!("{}", blipless_config::documented_defaults().trim_end());
+            Ok(())
+        }
         Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Client { command } => {
             let runtime = tokio::runtime::Builder::new_current_thread()
