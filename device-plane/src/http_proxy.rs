@@ -151,15 +151,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take();
     if let Some(AcceptedConnect { egress, client }) = accepted {
-        let tunnel = Tunnel {
-            client: stream,
-            egress,
-            up: Direction {
-                pending,
-                eof: false,
-            },
-            down: Direction::default(),
-        };
+        let tunnel = Tunnel::established(stream, egress, pending);
         crate::tunnel::run(
             context,
             MigrateKind::HttpTunnel,

@@ -38,6 +38,22 @@ pub struct Tunnel {
     pub down: Direction,
 }
 
+impl Tunnel {
+    /// A tunnel just set up here: `pending_up` is what the customer sent
+    /// after its request, nothing is in flight toward it.
+    pub fn established(client: TcpStream, egress: TcpStream, pending_up: Vec<u8>) -> Self {
+        Self {
+            client,
+            egress,
+            up: Direction {
+                pending: pending_up,
+                eof: false,
+            },
+            down: Direction::default(),
+        }
+    }
+}
+
 /// How a relay ended.
 #[derive(Debug)]
 pub enum RelayEnd<H = ()> {

@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use blipless_protocol::channel::{Direction, MigrateKind};
+use blipless_protocol::channel::MigrateKind;
 use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -182,14 +182,6 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
         return;
     }
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
-    let tunnel = Tunnel {
-        client: stream,
-        egress,
-        up: Direction {
-            pending,
-            eof: false,
-        },
-        down: Direction::default(),
-    };
+    let tunnel = Tunnel::established(stream, egress, pending);
     crate::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel, true).await;
 }
