@@ -255,7 +255,10 @@ impl Context {
                 // Hold the caller's slot until the successor has the
                 // connection relaying, so migrations queue here, live, not
                 // in socket buffers, frozen.
-                let _ = tokio::time::timeout(CONFIRM_WAIT, confirmed).await;
+                if tokio::time::timeout(CONFIRM_WAIT, confirmed).await.is_err() {
+                    self.awaiting_map().remove(&id);
+                    tracing::debug!(id, "no confirmation from the successor; going on");
+                }
                 tracing::debug!(id, "connection handed over");
                 Ok(())
             }

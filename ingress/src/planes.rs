@@ -359,6 +359,11 @@ impl Planes {
     /// takes over, else the newest draining one is re-activated (a new plane
     /// that died after its activation gives the node back to the old one).
     pub fn detach(&self, generation: u64) -> Vec<Order> {
+        // Confirmations can no longer reach a plane that is gone.
+        lock(&self.migrations).retain(|_, from| {
+            from.upgrade()
+                .is_some_and(|plane| plane.generation != generation)
+        });
         let mut attached = lock(&self.attached);
         attached.retain(|p| p.generation != generation);
         let was_active = self
