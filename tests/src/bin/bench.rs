@@ -5,9 +5,9 @@
 //! Run it with `make bench` (release binaries; `scripts/bench.sh` sets
 //! `BLIPLESS_PROFILE=release`). Options: `--out PATH` (default
 //! `docs/BENCHMARKS.md`), `--quick` (tiny bounds, for checking the bench),
-//! `--deploy-only` (section 4 alone, for working on it), `--deploy-max N`
-//! (section 4's largest size, run even where the open-file limit cannot
-//! hold it).
+//! `--deploy-only` (section 4 alone, for working on it), `--prewarm-only`
+//! (section 5 alone), `--deploy-max N` (section 4's largest size, run even
+//! where the open-file limit cannot hold it).
 //! Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
 
 #[path = "bench/bulk.rs"]
@@ -18,6 +18,8 @@ mod client;
 mod deploy;
 #[path = "bench/memory.rs"]
 mod memory;
+#[path = "bench/prewarm.rs"]
+mod prewarm;
 #[path = "bench/procfs.rs"]
 mod procfs;
 #[path = "bench/rate.rs"]
@@ -47,6 +49,7 @@ struct Plan {
     bulk_bound: Duration,
     tunnels: usize,
     deploy: deploy::Plan,
+    prewarm: prewarm::Plan,
 }
 
 impl Plan {
@@ -75,6 +78,11 @@ impl Plan {
                 tail: Duration::from_secs(1),
                 section_bound: Duration::from_secs(100),
                 force_sizes: false,
+            },
+            prewarm: prewarm::Plan {
+                clients: 50,
+                rounds: 3,
+                section_bound: Duration::from_secs(30),
             },
         }
     }
@@ -105,6 +113,11 @@ impl Plan {
                 section_bound: Duration::from_secs(30),
                 force_sizes: false,
             },
+            prewarm: prewarm::Plan {
+                clients: 10,
+                rounds: 1,
+                section_bound: Duration::from_secs(15),
+            },
         }
     }
 }
@@ -113,6 +126,7 @@ fn main() -> ExitCode {
     let mut out = PathBuf::from("docs/BENCHMARKS.md");
     let mut plan = Plan::full();
     let mut deploy_only = false;
+    let mut prewarm_only = false;
     let mut args = std::env::args().skip(1).peekable();
     if args.peek().map(String::as_str) == Some(deploy::ECHO_SERVER_ARG) {
         return deploy::serve_echo();
@@ -126,6 +140,7 @@ fn main() -> ExitCode {
             },
             "--quick" => plan = Plan::quick(),
             "--deploy-only" => deploy_only = true,
+            "--prewarm-only" => prewarm_only = true,
             "--deploy-max" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) => deploy_max = Some(n),
                 None => return usage(),
@@ -141,9 +156,19 @@ fn main() -> ExitCode {
     // 10,000 tunnels need some 40,000 fds across the processes (children inherit the limit).
     blipless_tests::raise_fd_limit();
     let mut machine = report::Machine::now();
-    if deploy_only {
-        eprintln!("deploy under open tunnels (section 4 only)");
-        let deploy = deploy::run(plan.deploy);
+    if deploy_only || prewarm_only {
+        let deploy = if deploy_only {
+            eprintln!("deploy under open tunnels (section 4 only)");
+            deploy::run(plan.deploy)
+        } else {
+            deploy::Section::default()
+        };
+        let prewarm = if prewarm_only {
+            eprintln!("pre-warm (section 5 only)");
+            prewarm::run(plan.prewarm)
+        } else {
+            prewarm::Section::default()
+        };
         machine.load_after = report::load_average();
         let results = report::Results {
             machine,
@@ -155,8 +180,9 @@ fn main() -> ExitCode {
             bulk_size: plan.bulk_size,
             bulk_bound_s: plan.bulk_bound.as_secs(),
             memory: Vec::new(),
-            daemon_warnings: deploy.daemon_warnings,
+            daemon_warnings: deploy.daemon_warnings + prewarm.daemon_warnings,
             deploy,
+            prewarm,
         };
         return write_report(&out, &results);
     }
@@ -233,6 +259,8 @@ fn main() -> ExitCode {
     // The other sections' node stays up but idle while this one runs its own.
     eprintln!("deploy under open tunnels");
     let deploy = deploy::run(plan.deploy);
+    eprintln!("pre-warm: first request after a deploy");
+    let prewarm = prewarm::run(plan.prewarm);
     machine.load_after = report::load_average();
     let daemon_warnings: usize = std::iter::once(&ingress)
         .chain(&memory.devices)
@@ -243,7 +271,8 @@ fn main() -> ExitCode {
                 .count()
         })
         .sum::<usize>()
-        + deploy.daemon_warnings;
+        + deploy.daemon_warnings
+        + prewarm.daemon_warnings;
     let results = report::Results {
         machine,
         rate,
@@ -253,6 +282,7 @@ fn main() -> ExitCode {
         memory: memory.held,
         daemon_warnings,
         deploy,
+        prewarm,
     };
     write_report(&out, &results)
 }
@@ -316,6 +346,8 @@ fn memory_section(
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--deploy-max N]");
+    eprintln!(
+        "usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--prewarm-only] [--deploy-max N]"
+    );
     ExitCode::from(2)
 }

@@ -557,7 +557,8 @@ fn ingress_interval(log: &Path, offset: u64) -> Option<Duration> {
     None
 }
 
-fn strip_ansi(line: &str) -> String {
+/// The line without its terminal colour codes.
+pub fn strip_ansi(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
@@ -576,7 +577,7 @@ fn strip_ansi(line: &str) -> String {
 }
 
 /// "2026-11-30T12:27:01.123456Z ..." → seconds since midnight.
-fn seconds_of_day(line: &str) -> Option<f64> {
+pub fn seconds_of_day(line: &str) -> Option<f64> {
     let stamp = line.split_whitespace().next()?;
     let time = stamp.split_once('T')?.1.trim_end_matches('Z');
     let mut parts = time.splitn(3, ':');
@@ -826,13 +827,16 @@ pub const ECHO_SERVER_ARG: &str = "--echo-server";
 /// Echoes whatever each connection sends. It is a child process (this same
 /// binary, [`ECHO_SERVER_ARG`]): its sockets count against its own
 /// open-file limit, not the bench's, and its CPU is its own. Killed when dropped.
-struct EchoServer {
-    address: SocketAddr,
+#[derive(Debug)]
+pub struct EchoServer {
+    /// Where it listens.
+    pub address: SocketAddr,
     child: std::process::Child,
 }
 
 impl EchoServer {
-    fn start() -> std::io::Result<Self> {
+    /// Starts the child process and reads its address.
+    pub fn start() -> std::io::Result<Self> {
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .arg(ECHO_SERVER_ARG)
             .stdin(std::process::Stdio::piped())
@@ -1009,7 +1013,8 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-fn read_metric(status: SocketAddr, name: &str) -> Option<f64> {
+/// One read of `/metrics`: the value of `name`.
+pub fn read_metric(status: SocketAddr, name: &str) -> Option<f64> {
     metric(&MetricsClient::new(status).get().ok()?, name)
 }
 

@@ -7,6 +7,7 @@ use crate::bulk;
 use crate::client::Mode;
 use crate::deploy;
 use crate::memory;
+use crate::prewarm;
 use crate::rate::{self, Phase};
 use crate::stats::{delta_micros, micros, signed_micros, verdict};
 
@@ -107,6 +108,8 @@ pub struct Results {
     pub memory: Vec<memory::Held>,
     /// Section 4.
     pub deploy: deploy::Section,
+    /// Section 5.
+    pub prewarm: prewarm::Section,
     /// Warnings and errors the daemons logged during the run.
     pub daemon_warnings: usize,
 }
@@ -426,7 +429,7 @@ pub fn render(results: &Results) -> String {
           and nothing here hides them behind network round trips. On a real network the same added microseconds \
           are a much smaller share.\n\
         - The daemons run as the end-to-end harness starts them (`tests/src/node.rs`): default configuration, \
-          embedded store, logging at `info` (the production level) into a file.\n\
+          embedded store (section 5 also a `redis-server` of its own), logging at `info` (the production level) into a file.\n\
         - *p50/p99* are nearest-rank percentiles over every connection of a run. *Sequential* figures show latency \
           without queueing; *concurrent* ones show the connection rate and latency under load on 2 cores.\n\
         - The figures vary by several percent between runs, more when other work shares the machine (see the load \
@@ -435,6 +438,7 @@ pub fn render(results: &Results) -> String {
     section_bulk(&mut out, results);
     section_memory(&mut out, results);
     section_deploy(&mut out, &results.deploy);
+    section_prewarm(&mut out, &results.prewarm);
     out
 }
 
@@ -661,4 +665,187 @@ fn section_deploy(out: &mut String, section: &deploy::Section) {
         section.daemon_warnings
     );
     out.push('\n');
+}
+
+fn section_prewarm(out: &mut String, section: &prewarm::Section) {
+    let Some(plan) = section.plan else {
+        return;
+    };
+    let half = plan.clients.div_ceil(2);
+    let _ = writeln!(
+        out,
+        "## 5. Pre-warm: the first request after a deploy\n\n\
+         A device is a client's egress state on a device plane. It opens on the client's first connection: the plane \
+         takes the client's egress identity from the store, allocates a source address if there was none, and writes \
+         the snapshot back, two store round trips (Redis `GETDEL` then `SET`; SQLite a delete and an insert) before \
+         the egress connect. A new plane pre-warms, before it says Ready, the devices of the clients active on the node \
+         within `prewarm.window`. For each store (a `redis-server` of the run's own on loopback, the fleet backend; then \
+         the embedded SQLite file), {} round(s), each on a fresh node (and `redis-server`) with four loopback addresses in \
+         `egress.sources` (so every device allocates one) and `[prewarm]` at its defaults, stated in the config \
+         (`window = \"{}\"`, `concurrency = {}`):\n\n\
+         - {} clients are added. The first device plane carries one request for every other client: those {half} are \
+           in the node's activity set, which that plane writes when it drains; the other {} are not.\n\
+         - A deploy: the new plane finds the activity set still empty (the old one writes it after the new one is \
+           Ready), so it pre-warms nothing: *no pre-warm set*.\n\
+         - A second deploy: this plane pre-warms the {half} active clients before it says Ready: *{half} in the pre-warm \
+           set*.\n\
+         - On that plane, after three requests by a client of neither half (the first pays for its own device), every \
+           client makes its **first request**, pre-warmed and cold alternating, one at a time: a new TCP connection, \
+           the SOCKS5 handshake (greeting, username/password, CONNECT to an echo server), 16 bytes out; timed from the \
+           start of the TCP connect until the first echoed byte. A cold client's device opens inside its CONNECT; a \
+           pre-warmed client's is open already. Then every client makes a **second request** the same way, its device \
+           open either way: the floor.\n\
+         - *spawn → Ready*: from spawning the new plane until the ingress logged \"device plane ready\" for it (the \
+           ingress's log timestamps against the bench's wall clock); *warm-up*: the ingress's \"attached (standby)\" to \
+           \"device plane ready\" for it, i.e. store open, clients loaded, pre-warm; *pre-warm*: the plane's own \
+           \"pre-warm done\" line. `blipless_prewarmed_devices` is read from the ingress's `/metrics` with the pre-warmed \
+           plane active.\n",
+        plan.rounds,
+        prewarm::WINDOW,
+        prewarm::CONCURRENCY,
+        plan.clients,
+        plan.clients - half,
+    );
+    if !section.runs.is_empty() {
+        out.push_str("### First request of a client on the new plane\n\n");
+        out.push_str("| store | pre-warmed: first request p50 | max | cold: first request p50 | max | cold − pre-warmed, p50 | second request (device open), every client: p50 | max | failed requests |\n");
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for run in &section.runs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                run.store.label(),
+                micros(prewarm::p50(&run.warm)),
+                micros(prewarm::max(&run.warm)),
+                micros(prewarm::p50(&run.cold)),
+                micros(prewarm::max(&run.cold)),
+                signed_micros(delta_micros(
+                    prewarm::p50(&run.cold),
+                    prewarm::p50(&run.warm)
+                )),
+                micros(prewarm::p50(&run.second)),
+                micros(prewarm::max(&run.second)),
+                run.failures,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nEach p50 and max is over every round's first (or second) requests: {} pre-warmed and {} cold per store \
+             when every round completed. The max is a single request and moves from run to run; the p50s are the \
+             figures to compare.\n",
+            plan.rounds * half,
+            plan.rounds * (plan.clients - half),
+        );
+        out.push_str("### Deploy to Ready, with and without a pre-warm set\n\n");
+        out.push_str("| store | round | new plane | spawn → Ready | warm-up (ingress: attached → Ready) | pre-warm (plane's log) | candidates / opened / skipped | `blipless_prewarmed_devices` |\n");
+        out.push_str("|---|---:|---|---:|---:|---:|---|---:|\n");
+        for run in &section.runs {
+            for (index, round) in run.rounds.iter().enumerate() {
+                for (label, ready, metric) in [
+                    ("no pre-warm set", &round.without, None),
+                    ("pre-warm set", &round.with, round.metric),
+                ] {
+                    let counts = ready.prewarm.map_or("—".into(), |p| {
+                        format!("{} / {} / {}", p.candidates, p.opened, p.skipped)
+                    });
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                        run.store.label(),
+                        index + 1,
+                        label,
+                        ms(ready.spawn_to_ready),
+                        ms(ready.attached_to_ready),
+                        ms(ready.prewarm.and_then(|p| p.took)),
+                        counts,
+                        metric.map_or("—".into(), |m| format!("{m}")),
+                    );
+                }
+            }
+        }
+        out.push('\n');
+    }
+    for run in section.runs.iter().filter(|r| r.first_error.is_some()) {
+        let _ = writeln!(
+            out,
+            "{}: first failure: `{}`\n",
+            run.store.label(),
+            run.first_error.as_deref().unwrap_or("")
+        );
+    }
+    for aborted in &section.aborted {
+        let _ = writeln!(out, "Not measured: {aborted}.\n");
+    }
+
+    out.push_str("### What the figures mean\n\n");
+    for run in &section.runs {
+        let (cold, warm) = (prewarm::p50(&run.cold), prewarm::p50(&run.warm));
+        let gap = delta_micros(cold, warm);
+        let share = gap
+            .zip(warm)
+            .filter(|(_, w)| !w.is_zero())
+            .map_or("—".into(), |(g, w)| {
+                format!("{:+.0}%", g / (w.as_secs_f64() * 1e6) * 100.0)
+            });
+        let _ = write!(
+            out,
+            "- {}: a cold client's first request took {} at p50, a pre-warmed client's {}: opening the device on \
+               first use added {} ({share}); a second request, device open, took {}.",
+            run.store.label(),
+            micros(cold),
+            micros(warm),
+            signed_micros(gap),
+            micros(prewarm::p50(&run.second)),
+        );
+        let ping = prewarm::p50_of(run.rounds.iter().map(|r| r.ping));
+        match (run.store, ping) {
+            (prewarm::Store::Redis, Some(ping)) => {
+                let _ = write!(
+                    out,
+                    " A bare Redis round trip (`PING` from the bench, p50 of {} per round, median of the rounds) is {} \
+                     on this loopback, so the two round trips themselves are about {}; the rest is the plane's own \
+                     work around the two calls.",
+                    prewarm::PINGS,
+                    micros(Some(ping)),
+                    micros(Some(ping * 2)),
+                );
+            }
+            (prewarm::Store::Sqlite, _) => out.push_str(
+                " Its two calls are write transactions on the state file (WAL mode) on tokio's blocking pool: \
+                 the cost is this machine's and its disk's, and does not grow with distance.",
+            ),
+            _ => {}
+        }
+        let without = prewarm::p50_of(run.rounds.iter().map(|r| r.without.spawn_to_ready));
+        let with = prewarm::p50_of(run.rounds.iter().map(|r| r.with.spawn_to_ready));
+        if let (Some(without), Some(with)) = (without, with) {
+            let _ = write!(
+                out,
+                " The price: spawn → Ready went from {} (no pre-warm set) to {} with {half} devices to pre-warm \
+                 (medians of the rounds).",
+                ms(Some(without)),
+                ms(Some(with)),
+            );
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "- With Redis on another machine (the fleet setup), a cold client's first request also waits for two network \
+           round trips in series before its egress connect: about 1 ms more at a 0.5 ms round trip (same zone), 10 ms \
+           at 5 ms (another zone or region), on top of what loopback shows. A pre-warmed client's first request pays \
+           none of it: the plane did that work before it said Ready.\n\
+         - The pre-warm opens {} devices at a time, each after a jitter of up to 50 ms so that a herd of opens does \
+           not hit the store in lockstep; here that jitter, not the store, is most of the pre-warm's time (compare \
+           the rounds without a pre-warm set): each slot opens at most ⌈{half} / {}⌉ = {} devices in turn, after up to \
+           50 ms of jitter each, so the jitter alone can take up to {} ms. A remote store adds each open's two round \
+           trips to its slot. The old plane keeps serving meanwhile; the pre-warm is bounded by `prewarm.budget` and ends 5 s \
+           before `deploy.ready_budget` at the latest; what is left opens on first use.\n\n\
+         Warnings and errors in this section's daemon logs: {}.\n",
+        prewarm::CONCURRENCY,
+        prewarm::CONCURRENCY,
+        half.div_ceil(prewarm::CONCURRENCY),
+        half.div_ceil(prewarm::CONCURRENCY) * 50,
+        section.daemon_warnings
+    );
 }
