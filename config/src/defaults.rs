@@ -8,7 +8,7 @@ use crate::kinds::Shape;
 use crate::{Config, LogFormat};
 
 /// The machine's hostname made into a valid node name: characters outside
-/// `A-Za-z0-9._-` become `-`, at most 63 characters, `localhost` when unknown.
+/// `A-Za-z0-9.-` become `-`, at most 63 characters, `localhost` when unknown.
 pub(crate) fn hostname() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let name: String = raw

@@ -164,6 +164,8 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         return;
     }
     if context.mode() == Mode::Handover && may_hand_over {
+        // Paced like tunnels: one of the handover slots, held until confirmed.
+        let _slot = context.handover_slot().await;
         let name = identity
             .get()
             .map(|client| client.record.name.clone())

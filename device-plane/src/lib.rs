@@ -87,8 +87,9 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             }
         };
         tracing::info!(generation, path = %path.display(), "attached to the ingress (standby)");
+        let attached_at = Instant::now();
         if warm.is_none() {
-            let warming = warm_up(&config);
+            let warming = warm_up(&config, attached_at);
             tokio::select! {
                 ready = warming => warm = Some(ready?),
                 () = terminate.cancelled() => {
@@ -166,7 +167,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
 }
 
 /// Opens the store and loads the clients (pre-warm will grow here).
-async fn warm_up(config: &Config) -> anyhow::Result<Warm> {
+async fn warm_up(config: &Config, attached_at: Instant) -> anyhow::Result<Warm> {
     if let Some(stall) = std::env::var(FAULT_STALL_WARMUP)
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
@@ -189,12 +190,18 @@ async fn warm_up(config: &Config) -> anyhow::Result<Warm> {
         block: config.node.block.clone(),
     };
     let devices = Arc::new(Devices::new(store, node, config.egress.sources.clone()));
-    // Pre-warm, but say Ready in time: the ingress gives up at deploy.ready_budget.
+    // Pre-warm, but say Ready in time: the ingress gives up deploy.ready_budget
+    // after our Hello, and opening the store took some of that already.
+    let left = config
+        .deploy
+        .ready_budget
+        .saturating_sub(READY_MARGIN)
+        .saturating_sub(attached_at.elapsed());
     let budget = config
         .prewarm
         .budget
-        .min(config.deploy.ready_budget.saturating_sub(READY_MARGIN))
-        .max(Duration::from_secs(1));
+        .min(left)
+        .max(Duration::from_millis(100));
     let started = Instant::now();
     let report = devices
         .prewarm(

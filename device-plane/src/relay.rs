@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clients::Meter;
 
-/// Most bytes one read takes; a handover carries at most this much per direction.
+/// Most bytes one read takes, so at most this many are in flight per direction.
 pub const BUFFER: usize = 256 * 1024;
 
 /// An established tunnel: both sockets and what is in flight between them.

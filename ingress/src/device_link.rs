@@ -146,7 +146,7 @@ async fn serve_plane(
     });
 
     let outcome = read_loop(&link, &planes, &metrics, &mut buffer).await;
-    let orders = planes.detach(generation);
+    let orders = planes.detach(generation, link.drained());
     link.closed.cancel();
     match &outcome {
         Ok(()) => tracing::info!(generation, "device plane detached"),
@@ -178,6 +178,7 @@ async fn read_loop(
                 Planes::send_orders(planes.on_leaving(link.generation)).await;
             }
             Message::Drained(summary) => {
+                link.mark_drained();
                 tracing::info!(
                     generation = link.generation,
                     ?summary,

@@ -59,6 +59,7 @@ pub struct PlaneLink {
     handed: AtomicU64,
     report: Mutex<DeviceReport>,
     leaving: std::sync::atomic::AtomicBool,
+    drained: std::sync::atomic::AtomicBool,
     /// When it said Hello.
     pub attached_at: Instant,
     /// Cancelled when the channel to this plane is gone.
@@ -86,6 +87,7 @@ impl PlaneLink {
             handed: AtomicU64::new(0),
             report: Mutex::new(DeviceReport::default()),
             leaving: std::sync::atomic::AtomicBool::new(false),
+            drained: std::sync::atomic::AtomicBool::new(false),
             attached_at: Instant::now(),
             closed: CancellationToken::new(),
         }
@@ -109,6 +111,16 @@ impl PlaneLink {
     /// re-activated.
     pub fn leaving(&self) -> bool {
         self.leaving.load(Ordering::SeqCst)
+    }
+
+    /// Records that the plane said Drained (it holds nothing).
+    pub fn mark_drained(&self) {
+        self.drained.store(true, Ordering::SeqCst);
+    }
+
+    /// True once the plane said Drained.
+    pub fn drained(&self) -> bool {
+        self.drained.load(Ordering::SeqCst)
     }
 
     fn mark_leaving(&self) {
@@ -339,6 +351,7 @@ impl Planes {
             return Vec::new();
         };
         late.set_state(PlaneState::Draining);
+        late.mark_leaving();
         let detail = format!(
             "g{generation} was not ready within {budget:?}; the active plane keeps serving"
         );
@@ -355,10 +368,10 @@ impl Planes {
         vec![(late, drain(false))]
     }
 
-    /// A plane's channel is gone. If it was active, the newest Ready plane
-    /// takes over, else the newest draining one is re-activated (a new plane
+    /// A plane's channel is gone (`drained`: it said Drained first). If it
+    /// was active, the newest Ready plane takes over, else the newest draining one is re-activated (a new plane
     /// that died after its activation gives the node back to the old one).
-    pub fn detach(&self, generation: u64) -> Vec<Order> {
+    pub fn detach(&self, generation: u64, drained: bool) -> Vec<Order> {
         // Confirmations can no longer reach a plane that is gone.
         lock(&self.migrations).retain(|_, from| {
             from.upgrade()
@@ -376,7 +389,17 @@ impl Planes {
         if !was_active {
             drop(attached);
             if in_progress.is_some_and(|r| r.from == Some(generation)) {
-                self.finish_deploy("succeeded", format!("g{generation} handed over and exited"));
+                if drained {
+                    self.finish_deploy(
+                        "succeeded",
+                        format!("g{generation} handed over and exited"),
+                    );
+                } else {
+                    self.finish_deploy(
+                        "failed",
+                        format!("g{generation} went away before it had handed everything over"),
+                    );
+                }
             }
             return Vec::new();
         }

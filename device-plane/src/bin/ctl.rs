@@ -56,7 +56,7 @@ enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
-    /// The configuration: every key with its default, or the values in force.
+    /// The configuration file's keys.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
@@ -65,7 +65,8 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Print a TOML file with every key, its default and what it is for.
+    /// Print a TOML file with every key, its default and what it is for
+    /// (under --json: {"toml": "..."}). Reads no configuration.
     Defaults,
 }
 
@@ -105,10 +106,31 @@ fn print_line(line: std::fmt::Arguments<'_>) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Command::Config {
+        command: ConfigCommand::Defaults,
+    } = &args.command
+    {
+        // Needs no configuration: it prints what one looks like.
+        let defaults = blipless_config::documented_defaults();
+        if args.json {
+            say!("{}", json!({ "toml": defaults }));
+        } else {
+            say!("{}", defaults.trim_end());
+        }
+        return ExitCode::SUCCESS;
+    }
     let config = match Config::load(args.config.as_deref(), std::env::vars(), &args.sets) {
         Ok(config) => config,
         Err(errors) => {
-            eprintln!("blipless-ctl: {errors}");
+            if args.json {
+                let problems: Vec<String> = errors.0.iter().map(|e| e.to_string()).collect();
+                say!(
+                    "{}",
+                    json!({ "error": "configuration", "problems": problems })
+                );
+            } else {
+                eprintln!("blipless-ctl: {errors}");
+            }
             return ExitCode::from(EXIT_CONFIG_ERROR as u8);
         }
     };
@@ -137,12 +159,8 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Drain { watch } => drain(config, *watch, args.json),
-        Command::Config {
-            command: ConfigCommand::Defaults,
-        } => {
-            say!("{}", blipless_config::documented_defaults().trim_end());
-            Ok(())
-        }
+        // Answered in main before any configuration is read.
+        Command::Config { .. } => Ok(()),
         Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Client { command } => {
             let runtime = tokio::runtime::Builder::new_current_thread()

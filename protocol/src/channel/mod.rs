@@ -37,7 +37,9 @@ pub use migrate::{Direction, Migrate, MigrateKind};
 use cursor::Truncated;
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version 2 added MigrateDone and piped pending bytes (Migrate flag bits 2
+/// and 3); a version-1 peer cannot read either, so the two are refused.
+pub const PROTOCOL_VERSION: u8 = 2;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"BL";
 /// Length of the fixed header.

@@ -47,8 +47,8 @@
 //! # Limits
 //! The keys are ready for Redis Cluster, but this store connects to one Redis (a
 //! primary, or a proxy in front of a cluster): no Cluster or Sentinel client yet.
-//! `<host>_<block>` is ambiguous when names contain `_` (`a_b`+`c` and `a`+`b_c`):
-//! give nodes names that do not collide that way.
+//! `<host>_<block>` is unambiguous because node names may not contain `_`
+//! (the configuration refuses it).
 //!
 //! # Failures
 //! Connections time out after [`CONNECT_TIMEOUT`], replies after [`RESPONSE_TIMEOUT`],
