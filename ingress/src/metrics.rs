@@ -185,7 +185,6 @@ impl Metrics {
         let mut prewarmed = 0u64;
         for state in [
             PlaneState::Standby,
-            PlaneState::Ready,
             PlaneState::Active,
             PlaneState::Draining,
         ] {

@@ -1,8 +1,8 @@
 //! The device planes attached to this ingress and which one is active.
 //!
-//! A plane is Standby after its Hello, Ready once it says so, Active when
-//! the ingress sends it new work, Draining once a newer plane took over (or
-//! the node drains). Exactly one plane is active at a time; the accept loops
+//! A plane is Standby after its Hello, Active once it says Ready (the
+//! ingress sends it every new connection), Draining once a newer plane took
+//! over, it asked to leave, or the node drains. Exactly one plane is active at a time; the accept loops
 //! watch [`Planes::subscribe`] and switch the moment it changes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +22,6 @@ use crate::metrics::Metrics;
 pub enum PlaneState {
     /// Said Hello; warming up.
     Standby,
-    /// Said Ready; may be activated.
-    Ready,
     /// Receives every new connection.
     Active,
     /// Told to drain; receives nothing new.
@@ -35,7 +33,6 @@ impl PlaneState {
     pub fn as_str(self) -> &'static str {
         match self {
             PlaneState::Standby => "standby",
-            PlaneState::Ready => "ready",
             PlaneState::Active => "active",
             PlaneState::Draining => "draining",
         }
@@ -369,8 +366,9 @@ impl Planes {
     }
 
     /// A plane's channel is gone (`drained`: it said Drained first). If it
-    /// was active, the newest Ready plane takes over, else the newest draining one is re-activated (a new plane
-    /// that died after its activation gives the node back to the old one).
+    /// was active, the newest draining plane that may come back is
+    /// re-activated (a new plane that died after its activation gives the
+    /// node back to the old one).
     pub fn detach(&self, generation: u64, drained: bool) -> Vec<Order> {
         // Confirmations can no longer reach a plane that is gone.
         lock(&self.migrations).retain(|_, from| {
@@ -406,13 +404,7 @@ impl Planes {
         let successor = attached
             .iter()
             .rev()
-            .find(|p| p.state() == PlaneState::Ready)
-            .or_else(|| {
-                attached
-                    .iter()
-                    .rev()
-                    .find(|p| p.state() == PlaneState::Draining && !p.leaving())
-            })
+            .find(|p| p.state() == PlaneState::Draining && !p.leaving())
             .cloned();
         let mut orders = Vec::new();
         if let Some(next) = &successor {
@@ -441,8 +433,9 @@ impl Planes {
         orders
     }
 
-    /// A plane asked to drain (it got SIGTERM): it takes no new work; the
-    /// newest Ready plane, if any, becomes active. The Drain sent back is
+    /// A plane asked to drain (it got SIGTERM): it takes no new work and,
+    /// with no successor, finishes what it holds. If it was the active plane,
+    /// none is active until the next one says Ready. The Drain sent back is
     /// queued after every connection already handed to it.
     pub fn on_leaving(&self, generation: u64) -> Vec<Order> {
         let attached = lock(&self.attached);
@@ -461,18 +454,9 @@ impl Planes {
             .is_some_and(|p| p.generation == generation);
         let mut orders = Vec::new();
         if was_active {
-            let successor = attached
-                .iter()
-                .rev()
-                .find(|p| p.state() == PlaneState::Ready)
-                .cloned();
             leaving.set_state(PlaneState::Draining);
-            orders.push((leaving.clone(), drain(successor.is_some())));
-            if let Some(next) = &successor {
-                next.set_state(PlaneState::Active);
-                orders.push((next.clone(), Message::Activate));
-            }
-            self.active.send_replace(successor);
+            orders.push((leaving.clone(), drain(false)));
+            self.active.send_replace(None);
         } else if leaving.state() != PlaneState::Draining {
             leaving.set_state(PlaneState::Draining);
             orders.push((leaving.clone(), drain(self.active().is_some())));
