@@ -101,6 +101,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         inner: Counted {
             inner: stream,
             identity: identity.clone(),
+            unbilled_up: 0,
         },
     });
     let service_context = context.clone();
@@ -400,11 +401,25 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 struct Counted {
     inner: TcpStream,
     identity: Identity,
+    /// Bytes read before any request authenticated (the first request's
+    /// head, usually): billed to the first client that does.
+    unbilled_up: u64,
 }
 
 impl Counted {
-    fn meter(&self) -> Option<&Meter> {
-        self.identity.get().map(|client| &*client.meter)
+    /// Counts `up` and `down` bytes, carrying reads over until a client is known.
+    fn count(&mut self, up: u64, down: u64) {
+        let Some(client) = self.identity.get().cloned() else {
+            self.unbilled_up += up;
+            return;
+        };
+        let up = up + std::mem::take(&mut self.unbilled_up);
+        if up > 0 {
+            client.meter.up.fetch_add(up, Ordering::Relaxed);
+        }
+        if down > 0 {
+            client.meter.down.fetch_add(down, Ordering::Relaxed);
+        }
     }
 }
 
@@ -416,10 +431,9 @@ impl AsyncRead for Counted {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(meter)) = (&poll, self.meter()) {
-            meter
-                .up
-                .fetch_add((buf.filled().len() - before) as u64, Ordering::Relaxed);
+        if let Poll::Ready(Ok(())) = &poll {
+            let read = (buf.filled().len() - before) as u64;
+            self.count(read, 0);
         }
         poll
     }
@@ -432,8 +446,9 @@ impl AsyncWrite for Counted {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
-        if let (Poll::Ready(Ok(n)), Some(meter)) = (&poll, self.meter()) {
-            meter.down.fetch_add(*n as u64, Ordering::Relaxed);
+        if let Poll::Ready(Ok(n)) = &poll {
+            let written = *n as u64;
+            self.count(0, written);
         }
         poll
     }

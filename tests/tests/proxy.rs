@@ -206,7 +206,7 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     // An origin-form request to a proxy: 400 (after authentication).
     let mut stream = raw::connect(node.http);
     let auth = format!("alice:{}", client.secret);
-    let encoded = base64_encode(auth.as_bytes());
+    let encoded = blipless_tests::base64(auth.as_bytes());
     write!(stream, "GET / HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {encoded}\r\nConnection: close\r\n\r\n").expect("write");
     let mut answer = Vec::new();
     let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
@@ -215,27 +215,6 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     // Everyone else is still served.
     assert_eq!(fetch(&client.socks, &origin.url("/"), &[]), b"hello");
     assert_eq!(fetch(&client.http, &origin.url("/"), &[]), b"hello");
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[test]

@@ -321,3 +321,37 @@ fn traffic_flows_while_redis_is_down_and_nothing_acknowledged_is_lost() {
     assert_eq!(usage["bytes_down"], 300_000, "{usage}");
     assert_eq!(usage["connections"], 1, "{usage}");
 }
+
+#[test]
+fn http_usage_counts_every_byte_the_client_sent_after_it_authenticated() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    // One absolute-form request, its head written by hand so its length is known.
+    let auth = blipless_tests::base64(format!("alice:{}", client.secret).as_bytes());
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\nConnection: close\r\n\r\n",
+        origin.url("/bytes/1000"),
+        origin.address
+    );
+    let mut stream = raw::connect(node.http);
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("response");
+    assert!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
+    device.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(device
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    let usage = usage_of(&node, "alice");
+    assert_eq!(
+        usage["bytes_up"],
+        request.len(),
+        "the request head is billed: {usage}"
+    );
+    assert_eq!(usage["bytes_down"], response.len(), "{usage}");
+}
