@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::clients::{Client, Meter};
+use crate::clients::Client;
 use crate::egress::{EgressError, Target};
 use crate::relay::Tunnel;
 use crate::serve::{Context, Mode};
