@@ -362,3 +362,96 @@ fn a_bad_config_exits_64_listing_every_problem() {
         }
     }
 }
+
+#[test]
+fn removing_a_client_closes_its_open_tunnels_within_seconds() {
+    use std::io::Read;
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let bob = node.add_client("bob");
+    blipless_tests::wait_until(
+        Duration::from_secs(10),
+        "bob to reach the device plane",
+        || node.status_json()["device_planes"][0]["clients"] == 2,
+    );
+    // A slow answer keeps alice's tunnel open; bob's stays untouched.
+    let open_tunnel = |name: &str, secret: &str| {
+        let mut stream = raw::connect(node.socks);
+        assert_eq!(raw::socks5_login(&mut stream, name, secret), 0);
+        assert_eq!(raw::socks5_connect_v4(&mut stream, origin.address), 0);
+        stream
+            .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: o\r\n\r\n")
+            .expect("request");
+        stream
+    };
+    let mut alice_tunnel = open_tunnel("alice", &client.secret);
+    let mut bob_tunnel = open_tunnel("bob", &bob.secret);
+    let removed = node.ctl(&["client", "remove", "alice"]);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    let closed = matches!(alice_tunnel.read(&mut byte), Ok(0) | Err(_));
+    assert!(closed, "alice's tunnel was closed");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "closed within seconds, took {:?}",
+        started.elapsed()
+    );
+    // bob's tunnel is still open (the read times out only after 20 s, so peek briefly).
+    bob_tunnel
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let still_open =
+        matches!(bob_tunnel.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    assert!(still_open, "bob's tunnel is untouched");
+    // alice can no longer authenticate.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 1);
+}
+
+#[test]
+fn socks5_connects_to_ipv6_destinations_under_the_same_policy() {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("[::1]:0").expect("IPv6 loopback");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.write_all(b"over v6");
+        }
+    });
+    let request = |stream: &mut std::net::TcpStream| {
+        let mut connect = vec![5, 1, 0, 4];
+        connect.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+        connect.extend_from_slice(&port.to_be_bytes());
+        stream.write_all(&connect).expect("request");
+        let reply = raw::read_exact(stream, 4);
+        // The bound address that follows has the reply's own address type.
+        let rest = if reply[3] == 4 { 18 } else { 6 };
+        raw::read_exact(stream, rest);
+        reply[1]
+    };
+    let mut node = Node::new("");
+    let _ingress = node.start_ingress();
+    let client = node.add_client("alice");
+    // ::1 is loopback: refused by default...
+    let mut denying = node.start_device();
+    node.wait_ready();
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    assert_eq!(request(&mut stream), 2, "::1 is denied by default");
+    // ...and allowed once listed.
+    let allowing = node.start_device_with_env(&[("BLIPLESS_EGRESS_ALLOW", "127.0.0.1/32,::1/128")]);
+    let _ = denying.wait_exit(Duration::from_secs(30));
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    assert_eq!(request(&mut stream), 0, "::1 allowed by egress.allow");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("answer");
+    assert_eq!(answer, "over v6");
+    drop(allowing);
+}
