@@ -54,6 +54,7 @@ pub struct Directory {
     store: Arc<dyn Store>,
     clients: RwLock<HashMap<String, Arc<Client>>>,
     feed_position: AtomicU64,
+    catching_up: tokio::sync::Mutex<()>,
     removed: std::sync::Mutex<Vec<String>>,
 }
 
@@ -66,6 +67,7 @@ impl Directory {
             store,
             clients: RwLock::new(HashMap::new()),
             feed_position: AtomicU64::new(0),
+            catching_up: tokio::sync::Mutex::new(()),
             removed: std::sync::Mutex::new(Vec::new()),
         });
         directory.catch_up().await?;
@@ -114,6 +116,8 @@ impl Directory {
 
     /// Applies every change after the last one seen; returns how many.
     pub async fn catch_up(&self) -> Result<usize, StoreError> {
+        // One reader at a time, so changes apply in feed order.
+        let _turn = self.catching_up.lock().await;
         let mut applied = 0;
         loop {
             let after = self.feed_position.load(Ordering::SeqCst);

@@ -122,6 +122,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         .serve_connection(io, service);
     let serving_ended = context.serving_ended();
     tokio::pin!(serving_ended);
+    let cut = context.cut_token();
     let mut stopping = false;
     let result = loop {
         tokio::select! {
@@ -131,7 +132,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
                 stopping = true;
                 Pin::new(&mut connection).graceful_shutdown();
             }
-            () = context.cut_all.cancelled() => return,
+            () = cut.cancelled() => return,
         }
     };
     if let Err(error) = result {

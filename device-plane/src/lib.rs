@@ -152,7 +152,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             .await
             .is_err()
         {
-            context.cut_all.cancel();
+            context.cut_everything();
             let _ = tokio::time::timeout(Duration::from_secs(5), context.connections.wait()).await;
         }
     }
@@ -278,8 +278,8 @@ async fn session(
                     Message::Activate if draining => {
                         tracing::warn!("re-activated: the successor is gone; serving again");
                         drain_deadline = None;
-                        context.mode.send_replace(Mode::Serving);
-                        context.connections.reopen();
+                        cut_count = None;
+                        context.serve_again();
                     }
                     Message::Activate => tracing::info!("active: new connections come here"),
                     Message::Drain(DrainOrder { handover }) => {
@@ -302,7 +302,12 @@ async fn session(
                     devices: context.devices.live(),
                     prewarmed: context.devices.prewarmed(),
                 };
-                link::send(socket, &Message::Report(figures)).await.context("reporting to the ingress")?;
+                // Figures are advisory: never let a full channel hold up the
+                // loop that reads it (the ingress may be waiting on us).
+                match tokio::time::timeout(REPORT_EVERY, link::send(socket, &Message::Report(figures))).await {
+                    Ok(sent) => sent.context("reporting to the ingress")?,
+                    Err(_) => tracing::debug!("channel busy; report skipped"),
+                }
             }
             () = terminate.cancelled(), if !asked_to_leave => {
                 // The ingress answers with Drain after the last connection it handed us.
@@ -316,7 +321,7 @@ async fn session(
                 let left = context.connections.len() as u64;
                 tracing::warn!(left, "drain grace over; cutting what is left");
                 cut_count = Some(left);
-                context.cut_all.cancel();
+                context.cut_everything();
             }
             () = context.connections.wait(), if draining => {
                 let migrated = context.migrated.load(Ordering::Relaxed) - migrated_before;

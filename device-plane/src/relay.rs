@@ -177,6 +177,9 @@ pub async fn relay<H>(
     let mut up = Pump::new(up);
     let mut down = Pump::new(down);
     let mut last_activity = Instant::now();
+    // One timer for the tunnel, moved on only when it fires early.
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
     tokio::pin!(handover);
     let stop = {
         let (client_read, mut client_write) = client.split();
@@ -203,7 +206,12 @@ pub async fn relay<H>(
                     }
                     Err(_) => break Stop::Failed,
                 },
-                () = tokio::time::sleep_until(last_activity + idle_timeout) => break Stop::Idle,
+                () = &mut idle => {
+                    if last_activity.elapsed() >= idle_timeout {
+                        break Stop::Idle;
+                    }
+                    idle.as_mut().reset(last_activity + idle_timeout);
+                }
             }
         }
     };

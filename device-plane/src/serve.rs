@@ -49,7 +49,8 @@ pub struct Context {
     /// Serving, handing over, or finishing.
     pub mode: watch::Sender<Mode>,
     /// Cancelled when the drain grace is over: everything still open is cut.
-    pub cut_all: CancellationToken,
+    /// Replaced by a fresh one if the plane is re-activated afterwards.
+    cut_all: Mutex<CancellationToken>,
     /// Connections taken since start (accepted and adopted).
     pub taken: AtomicU64,
     /// Connections handed to a successor.
@@ -63,9 +64,9 @@ pub struct Context {
     awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
 }
 
-/// How long a handover waits for the successor's confirmation before it
-/// lets the next one go anyway (the successor holds the sockets either way).
-const CONFIRM_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait for a successor's confirmation: longer than the ingress
+/// holds a connection looking for a plane (10 s) before sending it back.
+const CONFIRM_WAIT: Duration = Duration::from_secs(30);
 
 /// Handovers sent at once.
 const HANDOVER_SLOTS: usize = 32;
@@ -87,7 +88,7 @@ impl Context {
             idle_timeout,
             connections: TaskTracker::new(),
             mode: watch::channel(Mode::Serving).0,
-            cut_all: CancellationToken::new(),
+            cut_all: Mutex::new(CancellationToken::new()),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
             channel: Mutex::new(None),
@@ -115,6 +116,29 @@ impl Context {
             }
             other => other,
         }
+    }
+
+    /// The token that cuts every connection at the end of a drain's grace.
+    pub fn cut_token(&self) -> CancellationToken {
+        self.cut_all
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Cuts every connection (the drain grace is over).
+    pub fn cut_everything(&self) {
+        self.cut_token().cancel();
+    }
+
+    /// Back to serving: a later drain gets a grace of its own.
+    pub fn serve_again(&self) {
+        *self
+            .cut_all
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = CancellationToken::new();
+        self.mode.send_replace(Mode::Serving);
+        self.connections.reopen();
     }
 
     /// Sets (or clears) the channel handovers go through. Clearing it
@@ -192,8 +216,10 @@ impl Context {
         }
     }
 
-    /// Sends one connection to the successor through the ingress. Gives the
-    /// state back when it could not be sent: the caller keeps serving it.
+    /// Sends one connection to the successor through the ingress and waits
+    /// for its confirmation (the ingress answers for a successor that goes
+    /// away). Gives the state back when it could not be sent: the caller
+    /// keeps serving it.
     pub async fn hand_over(
         &self,
         mut migrate: Migrate,
@@ -203,35 +229,28 @@ impl Context {
             return Err(migrate);
         };
         let id = migrate.connection_id;
-        // Runs too long for the frame go in pipes; the bytes stay here too
-        // until the send succeeds.
+        // A run too long for the frame travels in a pipe (the frame then
+        // carries only its length); the bytes stay here until the send succeeds.
         let mut pipes = Vec::new();
-        let mut kept: [Option<Vec<u8>>; 2] = [None, None];
-        for index in 0..2 {
-            let direction = if index == 0 {
-                &mut migrate.up
-            } else {
-                &mut migrate.down
-            };
-            if direction.pending.len() <= crate::piped::INLINE_LIMIT {
+        let mut no_pipe = None;
+        for (pending, piped) in [
+            (&migrate.up.pending, &mut migrate.up_piped),
+            (&migrate.down.pending, &mut migrate.down_piped),
+        ] {
+            if pending.len() <= crate::piped::INLINE_LIMIT {
                 continue;
             }
-            let piped = match crate::piped::pipe_out(&direction.pending) {
-                Ok(pipe) => pipe,
-                Err(error) => {
-                    tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
-                    restore(&mut migrate, &mut kept);
-                    return Err(migrate);
+            match crate::piped::pipe_out(pending) {
+                Ok(pipe) => {
+                    *piped = pending.len() as u32;
+                    pipes.push(pipe);
                 }
-            };
-            let len = direction.pending.len() as u32;
-            kept[index] = Some(std::mem::take(&mut direction.pending));
-            if index == 0 {
-                migrate.up_piped = len;
-            } else {
-                migrate.down_piped = len;
+                Err(error) => no_pipe = Some(error),
             }
-            pipes.push(piped);
+        }
+        if let Some(error) = no_pipe {
+            tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
+            return Err(unpiped(migrate));
         }
         if !pipes.is_empty() {
             tracing::debug!(
@@ -246,51 +265,37 @@ impl Context {
             .copied()
             .chain(pipes.iter().map(|p| p.as_fd()))
             .collect();
-        let message = Message::Migrate(migrate);
         let (done, confirmed) = oneshot::channel();
         self.awaiting_map().insert(id, done);
-        match blipless_link::send(&channel, &message, &all_fds).await {
-            Ok(()) => {
-                self.migrated.fetch_add(1, Ordering::Relaxed);
-                // Hold the caller's slot until the successor has the
-                // connection relaying, so migrations queue here, live, not
-                // in socket buffers, frozen.
-                if tokio::time::timeout(CONFIRM_WAIT, confirmed).await.is_err() {
-                    self.awaiting_map().remove(&id);
-                    tracing::debug!(id, "no confirmation from the successor; going on");
-                }
-                tracing::debug!(id, "connection handed over");
-                Ok(())
-            }
-            Err(error) => {
-                self.awaiting_map().remove(&id);
-                tracing::warn!(id, %error, "handover failed; keeping the connection here");
-                match message {
-                    Message::Migrate(mut migrate) => {
-                        restore(&mut migrate, &mut kept);
-                        Err(migrate)
-                    }
-                    _ => unreachable_message(),
-                }
+        let frame = blipless_protocol::channel::encode_migrate(&migrate);
+        if let Err(error) = blipless_link::send_encoded(&channel, &frame, "Migrate", &all_fds).await
+        {
+            self.awaiting_map().remove(&id);
+            tracing::warn!(id, %error, "handover failed; keeping the connection here");
+            return Err(unpiped(migrate));
+        }
+        self.migrated.fetch_add(1, Ordering::Relaxed);
+        // Hold the caller's slot until the successor has the connection
+        // relaying, so migrations queue here, live, not in socket buffers,
+        // frozen. The wait ends early only at the drain grace or when the
+        // channel is lost (which drops every waiting confirmation).
+        let cut = self.cut_token();
+        tokio::select! {
+            _ = confirmed => {}
+            () = cut.cancelled() => {}
+            () = tokio::time::sleep(CONFIRM_WAIT) => {
+                tracing::warn!(id, "no confirmation from the successor; going on");
             }
         }
+        self.awaiting_map().remove(&id);
+        tracing::debug!(id, "connection handed over");
+        Ok(())
     }
 }
 
-/// Puts bytes moved into pipes back into a Migrate that will not be sent.
-fn restore(migrate: &mut Migrate, kept: &mut [Option<Vec<u8>>; 2]) {
-    if let Some(up) = kept[0].take() {
-        migrate.up.pending = up;
-        migrate.up_piped = 0;
-    }
-    if let Some(down) = kept[1].take() {
-        migrate.down.pending = down;
-        migrate.down_piped = 0;
-    }
-}
-
-/// `hand_over` builds the message from a Migrate and takes it apart again.
-#[allow(clippy::panic)]
-fn unreachable_message() -> ! {
-    panic!("a Migrate message is still a Migrate")
+/// A Migrate that was not sent: its bytes are all in `pending` again.
+fn unpiped(mut migrate: Migrate) -> Migrate {
+    migrate.up_piped = 0;
+    migrate.down_piped = 0;
+    migrate
 }

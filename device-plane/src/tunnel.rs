@@ -34,7 +34,7 @@ pub async fn run(
                 std::future::pending().await
             }
         };
-        let cut = context.cut_all.child_token();
+        let cut = context.cut_token();
         let end = tokio::select! {
             end = relay(tunnel, &client.meter, context.idle_timeout, &cut, handover) => end,
             () = client.revoked.cancelled() => RelayEnd::Cut,
@@ -92,6 +92,9 @@ pub fn stream_from_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
 /// Takes over a connection a predecessor handed us.
 pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<OwnedFd>) {
     let id = migrate.connection_id;
+    // The fds are ours now, whatever happens below: the predecessor may
+    // send the next connection.
+    context.confirm_adoption(id).await;
     // Pipes come last: down after up.
     for (piped, pending) in [
         (migrate.down_piped, &mut migrate.down.pending),
@@ -105,7 +108,6 @@ pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<Own
             Ok(bytes) => *pending = bytes,
             Err(error) => {
                 tracing::warn!(id, %error, "an adopted connection's pending bytes are lost; closing it");
-                context.confirm_adoption(id).await;
                 return;
             }
         }
@@ -121,12 +123,9 @@ pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<Own
         Ok(socket) => socket,
         Err(error) => {
             tracing::warn!(id, %error, "cannot use an adopted connection");
-            context.confirm_adoption(id).await;
             return;
         }
     };
-    // The sockets are ours and registered: the predecessor may send the next.
-    context.confirm_adoption(id).await;
     let known = if migrate.client.is_empty() {
         None
     } else {

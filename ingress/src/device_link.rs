@@ -188,7 +188,7 @@ async fn read_loop(
             Message::Migrate(migrate) => {
                 let id = migrate.connection_id;
                 planes.migration_sent(id, link);
-                forward_migration(planes, link, Message::Migrate(migrate), fds, metrics).await;
+                forward_migration(planes, link, id, Message::Migrate(migrate), fds, metrics).await;
             }
             Message::MigrateDone(id) => {
                 if let Some(from) = planes.migration_done(id) {
@@ -212,6 +212,7 @@ const MIGRATION_WAIT: Duration = Duration::from_secs(10);
 async fn forward_migration(
     planes: &Planes,
     from: &Arc<PlaneLink>,
+    id: u64,
     message: Message,
     fds: Vec<OwnedFd>,
     metrics: &Metrics,
@@ -227,6 +228,7 @@ async fn forward_migration(
             {
                 match target.send_if_active(&message, &borrowed).await {
                     Ok(true) => {
+                        planes.migration_passed(id, target.generation);
                         metrics.count_migrated();
                         return;
                     }
@@ -248,6 +250,7 @@ async fn forward_migration(
         }
     }
     // No other plane can take it: back to where it came from.
+    planes.migration_passed(id, from.generation);
     if let Err(error) = from.send(&message, &borrowed).await {
         tracing::warn!(generation = from.generation, %error, "could not return a migrating connection; it is lost");
     }

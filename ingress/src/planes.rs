@@ -216,8 +216,16 @@ pub struct Planes {
     last_deploy: Mutex<Option<DeployRecord>>,
     metrics: Arc<Metrics>,
     /// Connections passed between planes and not yet confirmed: which plane
-    /// each came from, so the successor's MigrateDone finds its way back.
-    migrations: Mutex<std::collections::HashMap<u64, std::sync::Weak<PlaneLink>>>,
+    /// each came from (so the successor's MigrateDone finds its way back) and
+    /// which it went to (so a successor that goes away is answered for).
+    migrations: Mutex<std::collections::HashMap<u64, Migration>>,
+}
+
+/// One connection between planes, until its successor confirms it.
+#[derive(Debug)]
+struct Migration {
+    from: std::sync::Weak<PlaneLink>,
+    to: Option<u64>,
 }
 
 /// A message the caller must send to a plane after a state change.
@@ -257,12 +265,25 @@ impl Planes {
 
     /// Remembers that connection `id` came from `from`.
     pub fn migration_sent(&self, id: u64, from: &Arc<PlaneLink>) {
-        lock(&self.migrations).insert(id, Arc::downgrade(from));
+        lock(&self.migrations).insert(
+            id,
+            Migration {
+                from: Arc::downgrade(from),
+                to: None,
+            },
+        );
+    }
+
+    /// Remembers which plane connection `id` was passed to.
+    pub fn migration_passed(&self, id: u64, to: u64) {
+        if let Some(migration) = lock(&self.migrations).get_mut(&id) {
+            migration.to = Some(to);
+        }
     }
 
     /// The plane connection `id` came from, if it is still attached.
     pub fn migration_done(&self, id: u64) -> Option<Arc<PlaneLink>> {
-        lock(&self.migrations).remove(&id)?.upgrade()
+        lock(&self.migrations).remove(&id)?.from.upgrade()
     }
 
     /// The latest deploy, if any.
@@ -370,10 +391,22 @@ impl Planes {
     /// re-activated (a new plane that died after its activation gives the
     /// node back to the old one).
     pub fn detach(&self, generation: u64, drained: bool) -> Vec<Order> {
-        // Confirmations can no longer reach a plane that is gone.
-        lock(&self.migrations).retain(|_, from| {
-            from.upgrade()
-                .is_some_and(|plane| plane.generation != generation)
+        // Confirmations can no longer reach a plane that is gone, nor come
+        // from one: answer for the gone successor so its predecessor stops
+        // waiting (the connections it held are lost with it).
+        let mut orders = Vec::new();
+        lock(&self.migrations).retain(|id, migration| {
+            let Some(from) = migration.from.upgrade() else {
+                return false;
+            };
+            if from.generation == generation {
+                return false;
+            }
+            if migration.to == Some(generation) {
+                orders.push((from, Message::MigrateDone(*id)));
+                return false;
+            }
+            true
         });
         let mut attached = lock(&self.attached);
         attached.retain(|p| p.generation != generation);
@@ -399,14 +432,13 @@ impl Planes {
                     );
                 }
             }
-            return Vec::new();
+            return orders;
         }
         let successor = attached
             .iter()
             .rev()
             .find(|p| p.state() == PlaneState::Draining && !p.leaving())
             .cloned();
-        let mut orders = Vec::new();
         if let Some(next) = &successor {
             tracing::warn!(
                 gone = generation,
@@ -414,7 +446,7 @@ impl Planes {
                 "active device plane gone; activating the next"
             );
             next.set_state(PlaneState::Active);
-            orders.push((next.clone(), Message::Activate));
+            orders.insert(0, (next.clone(), Message::Activate));
         }
         self.active.send_replace(successor.clone());
         drop(attached);

@@ -61,10 +61,19 @@ pub async fn send(
     message: &Message,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), LinkError> {
-    let frame = channel::encode(message);
+    send_encoded(socket, &channel::encode(message), message.name(), fds).await
+}
+
+/// Sends a frame already encoded (`name` is its message type, for errors).
+pub async fn send_encoded(
+    socket: &UnixSeqpacket,
+    frame: &[u8],
+    name: &'static str,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), LinkError> {
     if frame.len() > MAX_FRAME {
         return Err(LinkError::TooLarge {
-            message: message.name(),
+            message: name,
             len: frame.len(),
         });
     }
@@ -75,7 +84,7 @@ pub async fn send(
             .add_fds(fds.iter().copied())
             .map_err(std::io::Error::from)?;
     }
-    let sent = socket.send_with_ancillary(&frame, &mut ancillary).await?;
+    let sent = socket.send_with_ancillary(frame, &mut ancillary).await?;
     if sent != frame.len() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::WriteZero,

@@ -79,35 +79,13 @@ pub fn pattern(len: usize) -> Vec<u8> {
     out
 }
 
-/// Lifts this process's soft open-file limit (children inherit it).
+/// Lifts this process's open-file limit as the daemons do (children inherit it).
 pub fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        // As root the hard limit can rise too; otherwise take what there is.
-        if setrlimit(Resource::RLIMIT_NOFILE, 1 << 20, 1 << 20).is_err() && soft < hard {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
-    }
+    blipless_config::daemon::raise_fd_limit();
 }
 
 /// Standard base64 with padding (for hand-written Proxy-Authorization headers).
 pub fn base64(bytes: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

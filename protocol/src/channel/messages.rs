@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cursor::{put_socket_addr, Reader};
 use super::migrate::{self, Migrate};
-use super::{truncated, DecodeError, HEADER_LEN, MAX_PAYLOAD};
+use super::{truncated, DecodeError, MAX_PAYLOAD};
 
 /// One device-channel message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +213,7 @@ const T_DRAIN: u8 = 8;
 const T_DRAINED: u8 = 9;
 const T_GOAWAY: u8 = 10;
 const T_REPORT: u8 = 11;
-const T_MIGRATE: u8 = 12;
+pub(crate) const T_MIGRATE: u8 = 12;
 const T_MIGRATE_DONE: u8 = 13;
 
 /// The name of a known message type, or None.
@@ -271,7 +271,6 @@ impl Message {
 }
 
 pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
-    debug_assert_eq!(out.len(), HEADER_LEN);
     match message {
         Message::Hello(body) => put_json(out, body),
         Message::Welcome(body) => put_json(out, body),

@@ -171,12 +171,24 @@ pub fn decode(buf: &[u8]) -> Result<(Message, usize), DecodeError> {
 /// absurd strings; [`Packets`] cannot (it refuses packets past the cap), and
 /// the sending side checks the length before it writes.
 pub fn encode(message: &Message) -> Vec<u8> {
+    frame(message.type_byte(), |out| {
+        messages::encode_payload(message, out)
+    })
+}
+
+/// Encodes a Migrate frame without building a [`Message`], so the sender
+/// keeps the connection's state if the send fails.
+pub fn encode_migrate(migrate: &Migrate) -> Vec<u8> {
+    frame(messages::T_MIGRATE, |out| migrate::encode(migrate, out))
+}
+
+fn frame(message_type: u8, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&MAGIC);
     out.push(PROTOCOL_VERSION);
-    out.push(message.type_byte());
+    out.push(message_type);
     out.extend_from_slice(&[0; 4]);
-    messages::encode_payload(message, &mut out);
+    payload(&mut out);
     let payload_len = (out.len() - HEADER_LEN) as u32;
     out[4..8].copy_from_slice(&payload_len.to_be_bytes());
     out

@@ -238,6 +238,15 @@ fn malformed_payloads_are_named() {
 }
 
 #[test]
+fn encode_migrate_matches_encoding_the_message() {
+    for message in samples() {
+        if let Message::Migrate(migrate) = &message {
+            assert_eq!(encode_migrate(migrate), encode(&message));
+        }
+    }
+}
+
+#[test]
 fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
     let migrate = Message::Migrate(Migrate {
         kind: MigrateKind::HttpTunnel,
