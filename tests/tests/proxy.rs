@@ -455,3 +455,30 @@ fn socks5_connects_to_ipv6_destinations_under_the_same_policy() {
     assert_eq!(answer, "over v6");
     drop(allowing);
 }
+
+#[test]
+fn a_slow_loris_is_closed_at_the_handshake_timeout() {
+    use std::io::Read;
+    let mut node = Node::new("[proxy]\nhandshake_timeout = \"1s\"\n");
+    let (_ingress, _device, _client) = node.start();
+    let started = Instant::now();
+    // SOCKS5: half a greeting, then nothing.
+    let mut socks = raw::connect(node.socks);
+    socks.write_all(&[5]).expect("write");
+    // HTTP: a request head that never ends.
+    let mut http = raw::connect(node.http);
+    http.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
+    assert!(raw::closed(&mut socks), "the SOCKS5 slow loris was closed");
+    let mut rest = Vec::new();
+    let _ = http.read_to_end(&mut rest);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "not before the timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "at the timeout, not much later: {took:?}"
+    );
+}
