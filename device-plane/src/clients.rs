@@ -2,8 +2,8 @@
 //! from the store's change feed.
 //!
 //! Authentication is a lookup here, never a store round trip. The initial
-//! load reads the change feed from the beginning (the same path every later
-//! change takes), then [`Directory::follow`] polls it. A removed client's
+//! load lists the clients after noting the change feed's head; the
+//! background loop then follows the feed from that head. A removed client's
 //! `revoked` token is cancelled, which closes its open connections.
 
 use std::collections::{BTreeSet, HashMap};
@@ -61,12 +61,27 @@ pub struct Directory {
 const FEED_PAGE: usize = 1000;
 
 impl Directory {
-    /// Loads every client by replaying the change feed from the start.
+    /// Loads every client: the feed's head first, then the client list,
+    /// then whatever changed after that head (so nothing between the two
+    /// reads is missed; changes already in the list re-apply harmlessly).
     pub async fn load(store: Arc<dyn Store>) -> Result<Arc<Self>, StoreError> {
+        let head = store.feed_head().await?;
+        let records = store.list_clients().await?;
+        let clients = records
+            .into_iter()
+            .map(|record| {
+                let client = Client {
+                    record,
+                    meter: Arc::default(),
+                    revoked: CancellationToken::new(),
+                };
+                (client.record.name.clone(), Arc::new(client))
+            })
+            .collect();
         let directory = Arc::new(Self {
             store,
-            clients: RwLock::new(HashMap::new()),
-            feed_position: AtomicU64::new(0),
+            clients: RwLock::new(clients),
+            feed_position: AtomicU64::new(head),
             catching_up: tokio::sync::Mutex::new(()),
             removed: std::sync::Mutex::new(Vec::new()),
         });

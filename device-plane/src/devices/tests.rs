@@ -40,6 +40,9 @@ impl Store for Instrumented {
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
         self.inner.changes_since(after, limit).await
     }
+    async fn feed_head(&self) -> Result<u64, StoreError> {
+        self.inner.feed_head().await
+    }
     async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
         self.inner.add_usage(name, delta).await
     }

@@ -165,6 +165,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Changes with seq > `after`, oldest first, at most `limit`. `after = 0` reads the
     /// feed from the start; follow it by passing the last seq seen.
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError>;
+    /// The newest change's seq (0 for an empty feed): read it before
+    /// listing the clients, then follow the feed after it.
+    async fn feed_head(&self) -> Result<u64, StoreError>;
     /// Adds a usage delta to a client's counters (atomically; several processes may add
     /// concurrently). Counters saturate at `i64::MAX` (2^63 - 1). `StoreError::NotFound` if the
     /// client does not exist (for example, it was removed meanwhile).

@@ -134,6 +134,11 @@ pub(crate) async fn change_feed(store: Arc<dyn Store>) {
         .await
         .expect("empty feed")
         .is_empty());
+    assert_eq!(
+        store.feed_head().await.expect("head"),
+        0,
+        "an empty feed's head"
+    );
     for name in ["a", "b", "c"] {
         store.add_client(client(name)).await.expect("add");
     }
@@ -154,6 +159,17 @@ pub(crate) async fn change_feed(store: Arc<dyn Store>) {
         ]
     );
     assert!(all[0].seq > 0, "seq 0 means 'from the start'");
+    let head = store.feed_head().await.expect("head");
+    assert_eq!(
+        head,
+        all[all.len() - 1].seq,
+        "the head is the newest change"
+    );
+    assert!(store
+        .changes_since(head, 10)
+        .await
+        .expect("after head")
+        .is_empty());
     assert!(
         all.windows(2).all(|w| w[0].seq < w[1].seq),
         "seq strictly increasing: {all:?}"

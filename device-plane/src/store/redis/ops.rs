@@ -159,6 +159,15 @@ impl Store for RedisStore {
         Ok(appended > 0)
     }
 
+    async fn feed_head(&self) -> Result<u64, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(FEED_SEQ_KEY);
+        let head: Option<u64> = self
+            .run("reading the feed head", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(head.unwrap_or(0))
+    }
+
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
         // Seqs come from INCR: nothing lies beyond i64::MAX.
         if limit == 0 || i64::try_from(after).is_err() {

@@ -191,6 +191,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn feed_head(&self) -> Result<u64, StoreError> {
+        self.with_conn(|conn| {
+            let head: Option<i64> = conn
+                .query_row("SELECT MAX(seq) FROM changes", [], |row| row.get(0))
+                .map_err(db("reading the feed head"))?;
+            Ok(head.map_or(0, |seq| seq.max(0) as u64))
+        })
+        .await
+    }
+
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
         // Seqs are positive i64s: nothing lies beyond i64::MAX.
         let Ok(after) = i64::try_from(after) else {
