@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The deployable plane of a blipless node: attaches to the ingress, serves
 /// SOCKS5 and HTTP proxy customers, and connects them out. Starting a second
-/// one beside a running one is a deploy: the new one takes over new
-/// connections and the old one drains and exits.
+/// one beside a running one is a deploy: the new one pre-warms, takes over
+/// new connections, receives every open tunnel and idle HTTP connection from
+/// the old one byte-exact, and the old one exits 0 once it holds nothing.
+/// SIGTERM: drain with no successor (finish within drain.grace, then exit).
 #[derive(Debug, Parser)]
 #[command(
     version,

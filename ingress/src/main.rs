@@ -10,7 +10,9 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 /// The stable plane of a blipless node: owns the customer-facing sockets and
-/// hands every accepted connection to the active device plane.
+/// hands every accepted connection to the active device plane; serves
+/// /status and /metrics and the control socket for blipless-ctl. SIGTERM or
+/// `blipless-ctl drain`: drain the node and exit.
 #[derive(Debug, Parser)]
 #[command(
     version,
