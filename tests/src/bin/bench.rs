@@ -195,12 +195,7 @@ fn main() -> ExitCode {
     let origin = Origin::start();
     let mut node = Node::new("");
     let (ingress, device, client) = node.start();
-    let proxies = Proxies {
-        socks: node.socks,
-        http: node.http,
-        user: client.name.clone(),
-        secret: client.secret.clone(),
-    };
+    let proxies = Proxies::of(&node, &client);
     let mut pids = procfs::Pids {
         ingress: ingress.pid().as_raw(),
         device: device.pid().as_raw(),

@@ -63,6 +63,19 @@ pub struct Proxies {
 }
 
 impl Proxies {
+    /// The proxies of `node`, as `client`.
+    pub fn of(
+        node: &blipless_tests::node::Node,
+        client: &blipless_tests::node::ClientUrls,
+    ) -> Self {
+        Self {
+            socks: node.socks,
+            http: node.http,
+            user: client.name.clone(),
+            secret: client.secret.clone(),
+        }
+    }
+
     fn basic(&self) -> String {
         let pair = format!("{}:{}", self.user, self.secret);
         base64::engine::general_purpose::STANDARD.encode(pair)

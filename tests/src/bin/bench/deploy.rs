@@ -222,12 +222,7 @@ pub fn run(plan: Plan) -> Section {
     };
     let mut node = Node::new("");
     let (ingress, device, client) = node.start();
-    let proxies = Proxies {
-        socks: node.socks,
-        http: node.http,
-        user: client.name.clone(),
-        secret: client.secret.clone(),
-    };
+    let proxies = Proxies::of(&node, &client);
     let mut devices = vec![device];
     let started = Instant::now();
     'sizes: for size in sizes {

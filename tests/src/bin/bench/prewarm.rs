@@ -29,7 +29,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use blipless_tests::node::{ClientUrls, Daemon, Node};
+use blipless_tests::node::{Daemon, Node};
 use blipless_tests::redis::Redis;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -290,10 +290,10 @@ fn store_round(
         .join(", ");
     let mut node = Node::custom("prewarm", &format!("sources = [{sources}]"), &extra);
     let ingress = node.start_ingress();
-    let probe = proxies(&node, &node.add_client("probe"));
+    let probe = Proxies::of(&node, &node.add_client("probe"));
     // Even positions are the pre-warmed half, odd ones the cold half.
     let all: Vec<Proxies> = (0..clients)
-        .map(|i| proxies(&node, &node.add_client(&format!("pw{i:03}"))))
+        .map(|i| Proxies::of(&node, &node.add_client(&format!("pw{i:03}"))))
         .collect();
     let mut planes = vec![node.start_device()];
     node.wait_ready();
@@ -386,15 +386,6 @@ fn finish(
                 .count()
         })
         .sum::<usize>();
-}
-
-fn proxies(node: &Node, client: &ClientUrls) -> Proxies {
-    Proxies {
-        socks: node.socks,
-        http: node.http,
-        user: client.name.clone(),
-        secret: client.secret.clone(),
-    }
 }
 
 /// Starts a new plane and waits (bounded) for the old one's exit; reads
