@@ -62,11 +62,15 @@ pub(crate) fn placeholder() -> Config {
                 name: String::new(),
                 out_interface: String::new(),
                 manage: false,
+                queues: 0,
             },
         },
         wireguard: crate::WireguardConfig {
             endpoint: None,
             pool: ipnet::IpNet::from(std::net::IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+            private_key_file: None,
+            handshake_limit: 0,
+            queue: 0,
         },
         drain: crate::DrainConfig {
             grace: Duration::ZERO,

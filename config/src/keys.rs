@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 
 use crate::kinds::{
-    Addr, Cidr, Count, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind, Name,
-    NetList, OptionalHostPort, Shape, SocketDir, StoreUrl,
+    Addr, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind,
+    Name, NetList, OptionalHostPort, OptionalPath, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -177,6 +177,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "true: the device plane sets up the TUN device, routes and nftables rules.",
             |c| &mut c.egress.tun.manage,
         ),
+        Key::new::<Count>(
+            "egress.tun.queues",
+            Text("2"),
+            "Queues each device plane attaches to the multi-queue TUN device (a successor attaches its own beside them).",
+            |c| &mut c.egress.tun.queues,
+        ),
         Key::new::<OptionalHostPort>(
             "wireguard.endpoint",
             Unset {
@@ -188,8 +194,28 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Cidr>(
             "wireguard.pool",
             Text("10.64.0.0/16"),
-            "Network client tunnel addresses are taken from.",
+            "Network client tunnel addresses are taken from; its first host address is the node's own.",
             |c| &mut c.wireguard.pool,
+        ),
+        Key::new::<OptionalPath>(
+            "wireguard.private_key_file",
+            Unset {
+                example: "/var/lib/blipless/wireguard.key",
+            },
+            "The node's WireGuard private key, created on first use (default: <node.state_dir>/wireguard.key).",
+            |c| &mut c.wireguard.private_key_file,
+        ),
+        Key::new::<Count>(
+            "wireguard.handshake_limit",
+            Text("100"),
+            "Handshake initiations per second answered before the ingress asks for cookies.",
+            |c| &mut c.wireguard.handshake_limit,
+        ),
+        Key::new::<Capacity>(
+            "wireguard.queue",
+            Text("4096"),
+            "Inner packets held while no device plane is active; more are dropped and counted.",
+            |c| &mut c.wireguard.queue,
         ),
         Key::new::<Dur>(
             "drain.grace",

@@ -283,6 +283,18 @@ impl Kind for OptionalHostPort {
     }
 }
 
+/// An optional file path; the empty string means unset.
+pub(crate) struct OptionalPath;
+impl Kind for OptionalPath {
+    type Out = Option<PathBuf>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a file path (empty: unset)";
+    fn parse(input: &Input<'_>) -> Option<Option<PathBuf>> {
+        let s = input.text()?;
+        Some((!s.is_empty()).then(|| PathBuf::from(s)))
+    }
+}
+
 /// A duration above zero.
 pub(crate) struct Dur;
 impl Kind for Dur {
@@ -305,6 +317,20 @@ impl Kind for Count {
     fn parse(input: &Input<'_>) -> Option<usize> {
         match input {
             Input::Integer(n) if (1..=1024).contains(n) => usize::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// A capacity from 1 to 1,048,576.
+pub(crate) struct Capacity;
+impl Kind for Capacity {
+    type Out = usize;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str = "a whole number from 1 to 1048576";
+    fn parse(input: &Input<'_>) -> Option<usize> {
+        match input {
+            Input::Integer(n) if (1..=1 << 20).contains(n) => usize::try_from(*n).ok(),
             _ => None,
         }
     }

@@ -33,6 +33,7 @@ mod error;
 mod keys;
 mod kinds;
 mod load;
+pub mod wireguard_key;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -123,6 +124,8 @@ pub struct TunConfig {
     pub out_interface: String,
     /// Whether the device plane creates the TUN device, routes and nftables rules.
     pub manage: bool,
+    /// Queues each device plane attaches to the multi-queue TUN device.
+    pub queues: usize,
 }
 
 /// `[wireguard]`: what WireGuard clients are told.
@@ -130,8 +133,16 @@ pub struct TunConfig {
 pub struct WireguardConfig {
     /// The `host:port` client configs dial; `None` when not set.
     pub endpoint: Option<String>,
-    /// The network client tunnel addresses are taken from.
+    /// The network client tunnel addresses are taken from; its first host address
+    /// is the node's own (on the TUN device).
     pub pool: ipnet::IpNet,
+    /// The node's WireGuard private key file; `None`: `<state_dir>/wireguard.key`.
+    pub private_key_file: Option<PathBuf>,
+    /// Handshake initiations per second the ingress answers before it asks for
+    /// cookies (WireGuard's load defence).
+    pub handshake_limit: usize,
+    /// Inner packets held while no device plane is active; more are dropped.
+    pub queue: usize,
 }
 
 /// `[drain]`: draining a process that is being replaced or stopped.
@@ -206,5 +217,14 @@ impl Config {
     /// Path of the ingress handoff socket: `<runtime_dir>/handoff.sock`.
     pub fn handoff_socket(&self) -> PathBuf {
         self.node.runtime_dir.join("handoff.sock")
+    }
+
+    /// The node's WireGuard private key file: `wireguard.private_key_file`, or
+    /// `<state_dir>/wireguard.key` when unset.
+    pub fn wireguard_key_file(&self) -> PathBuf {
+        self.wireguard
+            .private_key_file
+            .clone()
+            .unwrap_or_else(|| self.node.state_dir.join("wireguard.key"))
     }
 }

@@ -3,6 +3,7 @@
 //! - [`channel`]: the device channel between the ingress and a device plane
 //!   (one frame per SOCK_SEQPACKET message, file descriptors beside it).
 //! - [`control`]: the JSON-lines messages of the ingress control socket.
+//! - [`ip`]: the addresses in an inner IP packet's header.
 //!
 //! Every decoder here is a pure function over a byte slice that tells
 //! "not enough bytes yet" apart from "these bytes are wrong", so the I/O
@@ -10,4 +11,5 @@
 
 pub mod channel;
 pub mod control;
+pub mod ip;
 pub mod socks5;

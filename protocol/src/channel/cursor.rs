@@ -54,10 +54,10 @@ impl<'a> Reader<'a> {
         Ok(u64::from_be_bytes(raw))
     }
 
-    /// A socket address: family (4 or 6), the address bytes, the port.
-    /// An unknown family is reported as `Ok(None)` so the caller names it.
-    pub(crate) fn socket_addr(&mut self) -> Result<Option<SocketAddr>, Truncated> {
-        let ip = match self.u8()? {
+    /// An IP address: family (4 or 6), then the address bytes. An unknown
+    /// family is reported as `Ok(None)` so the caller names it.
+    pub(crate) fn ip_addr(&mut self) -> Result<Option<IpAddr>, Truncated> {
+        Ok(Some(match self.u8()? {
             4 => {
                 let mut raw = [0u8; 4];
                 raw.copy_from_slice(self.take(4)?);
@@ -69,14 +69,23 @@ impl<'a> Reader<'a> {
                 IpAddr::V6(Ipv6Addr::from(raw))
             }
             _ => return Ok(None),
+        }))
+    }
+
+    /// A socket address: an IP address as [`Reader::ip_addr`], then the port.
+    /// An unknown family is reported as `Ok(None)` so the caller names it.
+    pub(crate) fn socket_addr(&mut self) -> Result<Option<SocketAddr>, Truncated> {
+        let Some(ip) = self.ip_addr()? else {
+            return Ok(None);
         };
         let port = self.u16()?;
         Ok(Some(SocketAddr::new(ip, port)))
     }
 }
 
-pub(crate) fn put_socket_addr(out: &mut Vec<u8>, addr: SocketAddr) {
-    match addr.ip() {
+/// Writes what [`Reader::ip_addr`] reads.
+pub(crate) fn put_ip_addr(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
         IpAddr::V4(ip) => {
             out.push(4);
             out.extend_from_slice(&ip.octets());
@@ -86,5 +95,18 @@ pub(crate) fn put_socket_addr(out: &mut Vec<u8>, addr: SocketAddr) {
             out.extend_from_slice(&ip.octets());
         }
     }
+}
+
+/// The encoded length of `ip` as [`put_ip_addr`] writes it.
+pub(crate) fn ip_addr_len(ip: IpAddr) -> usize {
+    if ip.is_ipv4() {
+        5
+    } else {
+        17
+    }
+}
+
+pub(crate) fn put_socket_addr(out: &mut Vec<u8>, addr: SocketAddr) {
+    put_ip_addr(out, addr.ip());
     out.extend_from_slice(&addr.port().to_be_bytes());
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cursor::{put_socket_addr, Reader};
 use super::migrate::{self, Migrate};
+use super::peers::{self, PeerUpdate};
 use super::{truncated, DecodeError, MAX_PAYLOAD};
 
 /// One device-channel message.
@@ -19,8 +20,17 @@ pub enum Message {
     Refused(Refused),
     /// Ingress to device plane: a customer connection, its fd beside the frame.
     Accepted(Accepted),
-    /// Either way: a batch of inner IP packets of one WireGuard peer.
+    /// Either way: a batch of inner IP packets. Ingress to device plane: all
+    /// from one WireGuard peer (its index). Device plane to ingress: peer 0,
+    /// each packet routed by its inner destination address.
     Packets(Packets),
+    /// Device plane to ingress: the WireGuard peer set or a change to it.
+    Peers(PeerUpdate),
+    /// Either way: `.0` queues of the TUN device, their fds beside the frame.
+    /// A plane handing over sends its queues to the ingress, which passes them
+    /// to the active plane: the queues are never closed or detached, so the
+    /// kernel drops none of the packets waiting in them.
+    TunQueues(u8),
     /// Device plane to ingress: warm-up done, able to take traffic.
     Ready,
     /// Ingress to device plane: you are the active plane now.
@@ -60,6 +70,10 @@ pub struct Welcome {
     pub generation: u64,
     /// The ingress's process id.
     pub ingress_pid: u32,
+    /// Another plane is active: this one is its successor and inherits its
+    /// TUN queues at handover instead of attaching its own.
+    #[serde(default)]
+    pub successor: bool,
 }
 
 /// Payload of [`Message::Refused`].
@@ -215,6 +229,8 @@ const T_GOAWAY: u8 = 10;
 const T_REPORT: u8 = 11;
 pub(crate) const T_MIGRATE: u8 = 12;
 const T_MIGRATE_DONE: u8 = 13;
+const T_PEERS: u8 = 14;
+const T_TUN_QUEUES: u8 = 15;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -232,6 +248,8 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_REPORT => "Report",
         T_MIGRATE => "Migrate",
         T_MIGRATE_DONE => "MigrateDone",
+        T_PEERS => "Peers",
+        T_TUN_QUEUES => "TunQueues",
         _ => return None,
     })
 }
@@ -252,6 +270,8 @@ impl Message {
             Message::Drained(_) => T_DRAINED,
             Message::Goaway => T_GOAWAY,
             Message::Report(_) => T_REPORT,
+            Message::Peers(_) => T_PEERS,
+            Message::TunQueues(_) => T_TUN_QUEUES,
         }
     }
 
@@ -265,6 +285,7 @@ impl Message {
         match self {
             Message::Accepted(_) => 1,
             Message::Migrate(migrate) => migrate.fd_count(),
+            Message::TunQueues(count) => usize::from(*count),
             _ => 0,
         }
     }
@@ -294,6 +315,8 @@ pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
         Message::Drain(order) => out.push(u8::from(order.handover)),
         Message::Migrate(body) => migrate::encode(body, out),
         Message::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
+        Message::Peers(update) => peers::encode(update, out),
+        Message::TunQueues(count) => out.push(*count),
         Message::Ready | Message::Activate | Message::Goaway => {}
     }
 }
@@ -317,6 +340,13 @@ pub(crate) fn decode_payload(message_type: u8, payload: &[u8]) -> Result<Message
         T_ACCEPTED => Message::Accepted(accepted(payload)?),
         T_PACKETS => Message::Packets(packets(payload)?),
         T_MIGRATE => Message::Migrate(migrate::decode(payload)?),
+        T_PEERS => Message::Peers(peers::decode(payload)?),
+        T_TUN_QUEUES => match payload {
+            [count] if *count > 0 && usize::from(*count) <= super::MAX_FDS_PER_FRAME => {
+                Message::TunQueues(*count)
+            }
+            _ => return Err(malformed(name, "expected one byte, 1 to 252")),
+        },
         T_MIGRATE_DONE => {
             let mut reader = Reader::new(payload);
             let id = reader.u64().map_err(truncated(name))?;

@@ -25,6 +25,7 @@
 mod cursor;
 mod messages;
 mod migrate;
+mod peers;
 #[cfg(test)]
 mod tests;
 
@@ -33,13 +34,15 @@ pub use messages::{
     Welcome,
 };
 pub use migrate::{Direction, Migrate, MigrateKind};
+pub use peers::{PeerEntry, PeerUpdate};
 
 use cursor::Truncated;
 
 /// The protocol version this build speaks.
 /// Version 2 added MigrateDone and piped pending bytes (Migrate flag bits 2
-/// and 3); a version-1 peer cannot read either, so the two are refused.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// and 3); version 3 added Peers and Packets from the device plane. An older
+/// peer cannot read these, so mismatched versions are refused at Hello.
+pub const PROTOCOL_VERSION: u8 = 3;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"BL";
 /// Length of the fixed header.

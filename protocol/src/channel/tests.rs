@@ -10,6 +10,22 @@ fn addr(text: &str) -> SocketAddr {
     text.parse().expect("test address")
 }
 
+fn sample_peers() -> PeerUpdate {
+    let mut update = PeerUpdate::full(true, false);
+    assert!(update.try_upsert(PeerEntry {
+        public_key: [1; 32],
+        address: "10.64.0.2".parse().expect("ip"),
+        client: "alice".into(),
+    }));
+    assert!(update.try_upsert(PeerEntry {
+        public_key: [2; 32],
+        address: "fd00::2".parse().expect("ip"),
+        client: String::new(),
+    }));
+    assert!(update.try_remove([3; 32]));
+    update
+}
+
 fn samples() -> Vec<Message> {
     let mut batch = Packets::new(7);
     assert!(batch.try_push(&[0x45, 0, 0, 20]));
@@ -22,6 +38,7 @@ fn samples() -> Vec<Message> {
         Message::Welcome(Welcome {
             generation: 3,
             ingress_pid: 9,
+            successor: true,
         }),
         Message::Refused(Refused {
             reason: "no".into(),
@@ -34,6 +51,9 @@ fn samples() -> Vec<Message> {
         }),
         Message::Packets(batch),
         Message::Packets(Packets::new(1)),
+        Message::Peers(sample_peers()),
+        Message::Peers(PeerUpdate::full(true, true)),
+        Message::TunQueues(2),
         Message::Ready,
         Message::Activate,
         Message::Drain(DrainOrder { handover: true }),
@@ -178,7 +198,7 @@ fn version_mismatch_names_both_versions() {
             theirs: PROTOCOL_VERSION + 1
         }
     );
-    assert!(error.to_string().contains("v2"));
+    assert!(error.to_string().contains(&format!("v{PROTOCOL_VERSION}")));
 }
 
 #[test]
@@ -293,6 +313,7 @@ fn fd_counts() {
             Message::Migrate(m) if m.kind == MigrateKind::HttpIdle => 1,
             Message::Migrate(m) if m.up_piped > 0 && m.down_piped > 0 => 4,
             Message::Migrate(_) => 2,
+            Message::TunQueues(n) => usize::from(*n),
             _ => 0,
         };
         assert_eq!(message.fd_count(), expected, "{}", message.name());
@@ -324,5 +345,59 @@ proptest! {
         }
         let message = Message::Packets(batch);
         prop_assert_eq!(decode(&encode(&message)), Ok((message.clone(), encode(&message).len())));
+    }
+}
+
+#[test]
+fn peer_updates_stay_within_a_frame() {
+    let mut update = PeerUpdate::change();
+    let mut added = 0u32;
+    while update.try_upsert(PeerEntry {
+        public_key: [9; 32],
+        address: "10.64.0.2".parse().expect("ip"),
+        client: "c".repeat(64),
+    }) {
+        added += 1;
+    }
+    assert!(added > 1000, "a frame holds {added} peers");
+    let bytes = encode(&Message::Peers(update.clone()));
+    assert!(bytes.len() <= MAX_FRAME);
+    assert_eq!(decode(&bytes).expect("fits").0, Message::Peers(update));
+    assert!(!PeerUpdate::change().try_upsert(PeerEntry {
+        public_key: [0; 32],
+        address: "10.64.0.2".parse().expect("ip"),
+        client: "x".repeat(256),
+    }));
+}
+
+#[test]
+fn malformed_peer_updates_are_refused() {
+    let good = encode(&Message::Peers(sample_peers()));
+    // Unknown flag bits.
+    let mut bad = good.clone();
+    bad[HEADER_LEN] = 0x80;
+    assert!(matches!(
+        decode(&bad),
+        Err(DecodeError::Malformed {
+            message: "Peers",
+            ..
+        })
+    ));
+    // An unknown address family in the first entry.
+    let mut bad = good.clone();
+    bad[HEADER_LEN + 3 + 32] = 5;
+    assert!(matches!(
+        decode(&bad),
+        Err(DecodeError::Malformed {
+            message: "Peers",
+            ..
+        })
+    ));
+    // Every truncation of the payload is refused, never misread.
+    for cut in HEADER_LEN..good.len() {
+        let mut short = good[..cut].to_vec();
+        let len = (cut - HEADER_LEN) as u32;
+        short[4..8].copy_from_slice(&len.to_be_bytes());
+        assert!(decode(&short).is_err(), "cut at {cut}");
     }
 }

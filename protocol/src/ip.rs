@@ -1,0 +1,71 @@
+//! Just enough of an inner IP packet's header to route it: its version, source
+//! and destination. WireGuard carries whole IP packets; the ingress checks the
+//! source of what a peer sends (cryptokey routing) and routes what comes back by
+//! destination, and the device plane applies the egress policy to destinations.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The source and destination of an IPv4 or IPv6 packet; `None` when the bytes
+/// are too short for the header their version nibble announces, or the version
+/// is neither 4 nor 6.
+pub fn addresses(packet: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    match packet.first()? >> 4 {
+        4 if packet.len() >= 20 => {
+            let source: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
+            let destination: [u8; 4] = packet.get(16..20)?.try_into().ok()?;
+            Some((
+                IpAddr::V4(Ipv4Addr::from(source)),
+                IpAddr::V4(Ipv4Addr::from(destination)),
+            ))
+        }
+        6 if packet.len() >= 40 => {
+            let source: [u8; 16] = packet.get(8..24)?.try_into().ok()?;
+            let destination: [u8; 16] = packet.get(24..40)?.try_into().ok()?;
+            Some((
+                IpAddr::V6(Ipv6Addr::from(source)),
+                IpAddr::V6(Ipv6Addr::from(destination)),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The destination of an IPv4 or IPv6 packet (see [`addresses`]).
+pub fn destination(packet: &[u8]) -> Option<IpAddr> {
+    addresses(packet).map(|(_, destination)| destination)
+}
+
+/// The source of an IPv4 or IPv6 packet (see [`addresses`]).
+pub fn source(packet: &[u8]) -> Option<IpAddr> {
+    addresses(packet).map(|(source, _)| source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_v4_and_v6_headers() {
+        let mut v4 = [0u8; 20];
+        v4[0] = 0x45;
+        v4[12..16].copy_from_slice(&[10, 64, 0, 2]);
+        v4[16..20].copy_from_slice(&[93, 184, 216, 34]);
+        assert_eq!(source(&v4), Some(IpAddr::from([10, 64, 0, 2])));
+        assert_eq!(destination(&v4), Some(IpAddr::from([93, 184, 216, 34])));
+
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[23] = 1;
+        v6[39] = 2;
+        assert_eq!(source(&v6), Some(IpAddr::V6(Ipv6Addr::from(1))));
+        assert_eq!(destination(&v6), Some(IpAddr::V6(Ipv6Addr::from(2))));
+    }
+
+    #[test]
+    fn short_or_foreign_packets_have_no_addresses() {
+        assert_eq!(addresses(&[]), None);
+        assert_eq!(addresses(&[0x45; 19]), None);
+        assert_eq!(addresses(&[0x60; 39]), None);
+        assert_eq!(addresses(&[0x50; 60]), None);
+    }
+}
