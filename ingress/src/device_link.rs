@@ -2,7 +2,7 @@
 //! receive customer connections as file descriptors.
 //!
 //! Each connected plane gets a reader task that handles what the plane says
-//! (Ready, Report, Drained). A plane that sends a frame this ingress cannot
+//! (Ready, Report, Drained, Migrate, and WireGuard's Packets and Peers). A plane that sends a frame this ingress cannot
 //! read, or the wrong message, is disconnected; the others are untouched.
 
 use std::sync::Arc;
@@ -19,17 +19,29 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::{send_frame, PlaneLink, Planes};
+use crate::wg::Wireguard;
 
 /// How long a new plane has to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every device-plane connection shares.
+#[derive(Debug, Clone)]
+pub struct DeviceContext {
+    /// The attached planes.
+    pub planes: Arc<Planes>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// WireGuard: packets and peer sets from the planes go here.
+    pub wireguard: Arc<Wireguard>,
+    /// How long a plane has from Hello to Ready.
+    pub ready_budget: Duration,
+}
 
 /// Accepts device planes until `shutdown`. A plane that is not Ready
 /// within `ready_budget` of its Hello is told to go away.
 pub async fn serve(
     mut listener: UnixSeqpacketListener,
-    planes: Arc<Planes>,
-    metrics: Arc<Metrics>,
-    ready_budget: Duration,
+    context: DeviceContext,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -39,10 +51,9 @@ pub async fn serve(
         };
         match socket {
             Ok(socket) => {
-                let planes = planes.clone();
-                let metrics = metrics.clone();
+                let context = context.clone();
                 tokio::spawn(async move {
-                    if let Err(error) = serve_plane(socket, planes, metrics, ready_budget).await {
+                    if let Err(error) = serve_plane(socket, context).await {
                         tracing::warn!("device plane connection ended: {error:#}");
                     }
                 });
@@ -76,12 +87,12 @@ async fn refuse(socket: &UnixSeqpacket, reason: String) {
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.recv(&mut sink)).await;
 }
 
-async fn serve_plane(
-    socket: UnixSeqpacket,
-    planes: Arc<Planes>,
-    metrics: Arc<Metrics>,
-    ready_budget: Duration,
-) -> anyhow::Result<()> {
+async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::Result<()> {
+    let DeviceContext {
+        planes,
+        ready_budget,
+        ..
+    } = context.clone();
     if let Err(error) = blipless_link::size_buffers(&socket) {
         tracing::warn!(%error, "could not size the device channel's send buffer");
     }
@@ -121,6 +132,7 @@ async fn serve_plane(
         &Message::Welcome(Welcome {
             generation,
             ingress_pid: std::process::id(),
+            successor: planes.active().is_some(),
         }),
         &[],
     )
@@ -145,7 +157,7 @@ async fn serve_plane(
         }
     });
 
-    let outcome = read_loop(&link, &planes, &metrics, &mut buffer).await;
+    let outcome = read_loop(&link, &context, &mut buffer).await;
     let orders = planes.detach(generation, link.drained());
     link.closed.cancel();
     match &outcome {
@@ -158,10 +170,11 @@ async fn serve_plane(
 
 async fn read_loop(
     link: &Arc<PlaneLink>,
-    planes: &Planes,
-    metrics: &Metrics,
+    context: &DeviceContext,
     buffer: &mut [u8],
 ) -> anyhow::Result<()> {
+    let planes = &*context.planes;
+    let metrics = &*context.metrics;
     loop {
         let (message, fds) = match receive(link.socket(), buffer).await? {
             Received::Closed => return Ok(()),
@@ -173,6 +186,8 @@ async fn read_loop(
                 Planes::send_orders(planes.on_ready(link.generation)).await;
             }
             Message::Report(report) => link.set_report(report),
+            Message::Packets(batch) => context.wireguard.from_plane(&batch).await,
+            Message::Peers(update) => context.wireguard.on_peers(link, update),
             Message::Drain(_) => {
                 tracing::info!(generation = link.generation, "device plane asked to drain");
                 Planes::send_orders(planes.on_leaving(link.generation)).await;
@@ -190,6 +205,14 @@ async fn read_loop(
                 planes.migration_sent(id, link);
                 forward_migration(planes, link, id, Message::Migrate(migrate), fds, metrics).await;
             }
+            Message::TunQueues(count) => {
+                tracing::info!(
+                    generation = link.generation,
+                    queues = count,
+                    "passing TUN queues to the active plane"
+                );
+                pass_to_successor(planes, link, Message::TunQueues(count), fds).await;
+            }
             Message::MigrateDone(id) => {
                 if let Some(from) = planes.migration_done(id) {
                     if let Err(error) = from.send(&Message::MigrateDone(id), &[]).await {
@@ -199,6 +222,48 @@ async fn read_loop(
             }
             other => anyhow::bail!("a device plane may not send {}", other.name()),
         }
+    }
+}
+
+/// Passes what a handing-over plane gives up (its TUN queues) to the active
+/// plane; when no other plane is active within [`MIGRATION_WAIT`], it goes
+/// back to the sender, which then keeps using it. Fds are never dropped here.
+async fn pass_to_successor(
+    planes: &Planes,
+    from: &Arc<PlaneLink>,
+    message: Message,
+    fds: Vec<OwnedFd>,
+) {
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
+    let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
+    let mut active = planes.subscribe();
+    loop {
+        let target = active.borrow_and_update().clone();
+        match target {
+            Some(target)
+                if target.generation != from.generation && !target.closed.is_cancelled() =>
+            {
+                match target.send_if_active(&message, &borrowed).await {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(generation = target.generation, %error, "could not pass {} on", message.name());
+                        target.closed.cancel();
+                    }
+                }
+            }
+            Some(_) => break,
+            None => {}
+        }
+        if tokio::time::timeout_at(deadline, active.changed())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    if let Err(error) = from.send(&message, &borrowed).await {
+        tracing::warn!(generation = from.generation, %error, "could not return {}", message.name());
     }
 }
 

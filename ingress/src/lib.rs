@@ -1,7 +1,9 @@
 //! blipless-ingress: the stable plane of a blipless node.
 //!
 //! It owns every customer-facing socket and hands each accepted connection
-//! to the active device plane over the device channel; it serves `/status`,
+//! to the active device plane over the device channel; it terminates
+//! WireGuard sessions and trades their inner packets with the active device
+//! plane over the same channel; it serves `/status`,
 //! `/metrics` and the control socket. It holds no database client and no
 //! per-connection state once a connection is handed over.
 
@@ -14,9 +16,12 @@ pub mod peercred;
 pub mod planes;
 pub mod sockets;
 pub mod status;
+pub mod wg;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use anyhow::Context as _;
 
 use blipless_config::Config;
 use blipless_protocol::channel::ListenerKind;
@@ -39,16 +44,36 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let status = sockets::bind_tcp("status", config.listen.status)?;
     let device = sockets::bind_device_socket(&config.device_socket())?;
     let control = sockets::bind_control_socket(&config.control_socket())?;
+    let wg_socket = sockets::bind_udp("wg", config.listen.wg)?;
+    let key_file = config.wireguard_key_file();
+    let key = blipless_config::wireguard_key::WireguardKey::load_or_create(&key_file)?;
 
     let listeners = vec![
         listener_info("socks", &socks),
         listener_info("http", &http),
         listener_info("status", &status),
+        ListenerInfo {
+            name: "wg".to_string(),
+            address: wg_socket
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into()),
+        },
     ];
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));
+    let wireguard = Arc::new(wg::Wireguard::new(
+        key.private_bytes(),
+        wg::udp::WgSocket::new(wg_socket).context("setting up the WireGuard socket")?,
+        planes.clone(),
+        metrics.wg.clone(),
+        config.wireguard.handshake_limit,
+        config.wireguard.queue,
+        0,
+    ));
     let node = Arc::new(Node::new(
         planes.clone(),
+        wireguard.clone(),
         metrics.clone(),
         listeners,
         shutdown.clone(),
@@ -78,17 +103,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tasks.spawn(status::serve(status, node.clone(), stop_serving.clone()));
     tasks.spawn(device_link::serve(
         device,
-        planes.clone(),
-        metrics.clone(),
-        config.deploy.ready_budget,
+        device_link::DeviceContext {
+            planes: planes.clone(),
+            metrics: metrics.clone(),
+            wireguard: wireguard.clone(),
+            ready_budget: config.deploy.ready_budget,
+        },
         stop_serving.clone(),
     ));
+    tasks.spawn(wireguard.clone().serve(stop_serving.clone()));
     tasks.spawn(control::serve(control, node.clone(), stop_serving.clone()));
     tasks.close();
     tracing::info!(
         socks = %config.listen.socks,
         http = %config.listen.http,
         status = %config.listen.status,
+        wg = %config.listen.wg,
+        wg_public_key = %key.public_base64(),
         device = %config.device_socket().display(),
         "ingress serving; waiting for a device plane"
     );

@@ -8,11 +8,12 @@ use blipless_protocol::control::{DeployInfo, ListenerInfo, StatusReport};
 
 use crate::metrics::Metrics;
 use crate::planes::Planes;
+use crate::wg::Wireguard;
 
 /// What `/status` answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
-    /// No active device plane yet.
+    /// No active device plane yet, or its WireGuard peer set is not applied yet.
     Starting,
     /// Serving.
     Ok,
@@ -36,6 +37,8 @@ impl Readiness {
 pub struct Node {
     /// Attached device planes.
     pub planes: Arc<Planes>,
+    /// WireGuard sessions.
+    pub wireguard: Arc<Wireguard>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Listening sockets, for status.
@@ -50,12 +53,14 @@ impl Node {
     /// A node that has just started.
     pub fn new(
         planes: Arc<Planes>,
+        wireguard: Arc<Wireguard>,
         metrics: Arc<Metrics>,
         listeners: Vec<ListenerInfo>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
         Self {
             planes,
+            wireguard,
             metrics,
             listeners,
             started: Instant::now(),
@@ -73,7 +78,7 @@ impl Node {
     pub fn readiness(&self) -> Readiness {
         if self.draining.load(Ordering::SeqCst) {
             Readiness::Draining
-        } else if self.planes.active().is_some() {
+        } else if self.planes.active().is_some() && self.wireguard.synced() {
             Readiness::Ok
         } else {
             Readiness::Starting

@@ -34,6 +34,12 @@ pub fn bind_tcp(name: &str, address: SocketAddr) -> anyhow::Result<TcpListener> 
         .with_context(|| format!("listening on {address} ({name})"))
 }
 
+/// Binds the WireGuard UDP socket.
+pub fn bind_udp(name: &str, address: SocketAddr) -> anyhow::Result<std::net::UdpSocket> {
+    std::net::UdpSocket::bind(address)
+        .with_context(|| format!("binding the {name} socket to {address} (UDP)"))
+}
+
 /// Makes sure `path`'s directory exists and no live process answers on it.
 fn clear_path(path: &Path, is_live: impl Fn(&Path) -> bool) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {

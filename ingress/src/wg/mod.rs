@@ -1,0 +1,610 @@
+//! WireGuard in the ingress: sessions terminate here (boringtun), inner packets
+//! go to the active device plane in batches, and what the device plane sends back
+//! is encrypted to the peer that owns its inner destination.
+//!
+//! - **Receive** ([`Wireguard::serve`]): a batch of datagrams from the UDP socket
+//!   (GRO), each checked by the shared handshake rate limiter first (mac1, then a
+//!   cookie reply when more initiations arrive per second than
+//!   `wireguard.handshake_limit`), then routed to its peer: an initiation by the
+//!   static key it carries, every other message by its receiver index. A decrypted
+//!   packet whose inner source is not the peer's own tunnel address is dropped and
+//!   counted (cryptokey routing). An authenticated packet moves the peer's
+//!   endpoint to where it came from (roaming).
+//! - **To the device plane**: one `Packets` message per peer per receive batch, to
+//!   the active plane; while none is active they are held, up to
+//!   `wireguard.queue` packets (more are dropped and counted), and delivered in
+//!   order once one is.
+//! - **From the device plane** ([`Wireguard::from_plane`]): each packet goes to
+//!   the peer whose tunnel address is its inner destination, encrypted and sent to
+//!   the peer's endpoint, grouped for GSO.
+//! - **Timers** ([`Wireguard::tick`]): boringtun's timers (rekey, keepalive,
+//!   expiry) every 250 ms, and the rate limiter's count reset every second.
+//! - **Peers** ([`Wireguard::on_peers`]): only the active plane's peer set counts;
+//!   a full set applies when its last part arrives. `/status` is 503 until the
+//!   first full set has been applied.
+
+pub mod peers;
+pub mod udp;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSliceMut;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use blipless_protocol::channel::{Message, Packets, PeerEntry, PeerUpdate};
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use quinn_udp::RecvMeta;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::WgMetrics;
+use crate::planes::{PlaneLink, Planes};
+use peers::PeerTable;
+use udp::{Outgoing, WgSocket, MAX_DATAGRAM};
+
+/// How often boringtun's timers run (as its own device loop does).
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Room for a decrypted or encrypted packet and WireGuard's overhead.
+const WORK_BUFFER: usize = MAX_DATAGRAM + 256;
+
+/// The ingress's WireGuard endpoint.
+pub struct Wireguard {
+    private: StaticSecret,
+    public: PublicKey,
+    limiter: Arc<RateLimiter>,
+    peers: RwLock<PeerTable>,
+    socket: WgSocket,
+    planes: Arc<Planes>,
+    metrics: WgMetrics,
+    held: Mutex<Held>,
+    held_changed: tokio::sync::Notify,
+    queue_limit: usize,
+    staging: Mutex<Option<Staging>>,
+    synced: AtomicBool,
+    epoch: std::time::Instant,
+    epoch_ms: u64,
+}
+
+impl std::fmt::Debug for Wireguard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wireguard")
+            .field(
+                "public",
+                &blipless_config::wireguard_key::encode(self.public.as_bytes()),
+            )
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Inner packets waiting for an active device plane.
+#[derive(Debug, Default)]
+struct Held {
+    batches: VecDeque<Packets>,
+    packets: usize,
+}
+
+/// A full peer set being received from one plane.
+#[derive(Debug)]
+struct Staging {
+    generation: u64,
+    peers: HashMap<[u8; 32], PeerEntry>,
+}
+
+/// What one receive batch produced.
+struct Work {
+    replies: Outgoing,
+    inner: InnerBatches,
+    buffer: Vec<u8>,
+}
+
+impl Work {
+    fn new() -> Self {
+        Self {
+            replies: Outgoing::default(),
+            inner: InnerBatches::default(),
+            buffer: vec![0u8; WORK_BUFFER],
+        }
+    }
+}
+
+/// Inner packets of one receive batch, per peer, in the order peers appeared.
+#[derive(Default)]
+struct InnerBatches {
+    inner: HashMap<u32, Vec<Packets>>,
+    order: Vec<u32>,
+}
+
+impl InnerBatches {
+    fn push(&mut self, peer: u32, packet: &[u8]) {
+        let batches = self.inner.entry(peer).or_insert_with(|| {
+            self.order.push(peer);
+            Vec::new()
+        });
+        if let Some(last) = batches.last_mut() {
+            if last.try_push(packet) {
+                return;
+            }
+        }
+        let mut batch = Packets::new(peer);
+        // A packet of at most 65535 bytes always fits an empty batch.
+        let _ = batch.try_push(packet);
+        batches.push(batch);
+    }
+
+    fn take(&mut self) -> Vec<Packets> {
+        let mut out = Vec::new();
+        for peer in self.order.drain(..) {
+            if let Some(batches) = self.inner.remove(&peer) {
+                out.extend(batches);
+            }
+        }
+        out
+    }
+}
+
+impl Wireguard {
+    /// A WireGuard endpoint on `socket` with the node's private key.
+    /// `generation` (0 or 1) goes into bit 23 of every peer index.
+    pub fn new(
+        private_key: [u8; 32],
+        socket: WgSocket,
+        planes: Arc<Planes>,
+        metrics: WgMetrics,
+        handshake_limit: usize,
+        queue_limit: usize,
+        generation: u32,
+    ) -> Self {
+        let private = StaticSecret::from(private_key);
+        let public = PublicKey::from(&private);
+        // Each initiation passes the shared limiter twice (once before it is
+        // routed to its peer, once inside the peer's Tunn), so it is counted twice.
+        let limiter = Arc::new(RateLimiter::new(&public, 2 * handshake_limit as u64));
+        let epoch_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Self {
+            private,
+            public,
+            limiter,
+            peers: RwLock::new(PeerTable::new(generation)),
+            socket,
+            planes,
+            metrics,
+            held: Mutex::new(Held::default()),
+            held_changed: tokio::sync::Notify::new(),
+            queue_limit,
+            staging: Mutex::new(None),
+            synced: AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+            epoch_ms,
+        }
+    }
+
+    /// The node's public key.
+    pub fn public_key(&self) -> [u8; 32] {
+        self.public.to_bytes()
+    }
+
+    /// The UDP address WireGuard listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// True once the active device plane's first full peer set is applied.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// How many peers there are.
+    pub fn peer_count(&self) -> usize {
+        self.read_peers().len()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch_ms + self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn read_peers(&self) -> std::sync::RwLockReadGuard<'_, PeerTable> {
+        self.peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write_peers(&self) -> std::sync::RwLockWriteGuard<'_, PeerTable> {
+        self.peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn new_tunnel(&self, key: &[u8; 32], index: u32) -> Tunn {
+        Tunn::new(
+            self.private.clone(),
+            PublicKey::from(*key),
+            None,
+            None,
+            index,
+            Some(self.limiter.clone()),
+        )
+    }
+
+    /// Receives and handles datagrams until `shutdown`, with the timers and the
+    /// delivery of held packets running beside it.
+    pub async fn serve(self: Arc<Self>, shutdown: CancellationToken) {
+        let timers = tokio::spawn(self.clone().run_timers(shutdown.clone()));
+        let flusher = tokio::spawn(self.clone().deliver_held(shutdown.clone()));
+        let batch = quinn_udp::BATCH_SIZE;
+        let mut buffers = vec![vec![0u8; MAX_DATAGRAM]; batch];
+        let mut meta = vec![RecvMeta::default(); batch];
+        let mut work = Work::new();
+        loop {
+            let received = {
+                let mut slices: Vec<IoSliceMut<'_>> =
+                    buffers.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                tokio::select! {
+                    received = self.socket.recv(&mut slices, &mut meta) => received,
+                    () = shutdown.cancelled() => break,
+                }
+            };
+            let count = match received {
+                Ok(count) => count,
+                Err(error) => {
+                    // ICMP errors surface here on some kernels; never fatal.
+                    tracing::debug!(%error, "WireGuard receive failed");
+                    continue;
+                }
+            };
+            for (buffer, meta) in buffers.iter().zip(&meta).take(count) {
+                let stride = meta.stride.max(1);
+                for datagram in buffer[..meta.len.min(buffer.len())].chunks(stride) {
+                    self.handle_datagram(meta.addr, datagram, &mut work);
+                }
+            }
+            let failed = work.replies.flush(&self.socket).await;
+            self.metrics.count_send_failures(failed);
+            let inner = work.inner.take();
+            if !inner.is_empty() {
+                self.to_plane(inner).await;
+            }
+        }
+        timers.abort();
+        flusher.abort();
+    }
+
+    /// Handles one datagram from `from`.
+    fn handle_datagram(&self, from: SocketAddr, datagram: &[u8], work: &mut Work) {
+        self.metrics.count_datagram_in();
+        let packet = match self
+            .limiter
+            .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
+        {
+            Ok(packet) => packet,
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                self.metrics.count_cookie_reply();
+                work.replies
+                    .push(from, cookie, self.socket.max_gso_segments());
+                return;
+            }
+            Err(_) => {
+                self.metrics.count_drop("invalid");
+                return;
+            }
+        };
+        let peer = {
+            let table = self.read_peers();
+            let found = match &packet {
+                Packet::HandshakeInit(init) => {
+                    parse_handshake_anon(&self.private, &self.public, init)
+                        .ok()
+                        .and_then(|half| table.by_key(&half.peer_static_public).cloned())
+                }
+                Packet::HandshakeResponse(response) => {
+                    table.by_receiver_index(response.receiver_idx).cloned()
+                }
+                Packet::PacketCookieReply(reply) => {
+                    table.by_receiver_index(reply.receiver_idx).cloned()
+                }
+                Packet::PacketData(data) => table.by_receiver_index(data.receiver_idx).cloned(),
+            };
+            found
+        };
+        let Some(peer) = peer else {
+            self.metrics.count_drop("unknown_peer");
+            return;
+        };
+        let segments = self.socket.max_gso_segments();
+        let mut tunnel = peer.tunnel();
+        match tunnel.decapsulate(Some(from.ip()), datagram, &mut work.buffer) {
+            TunnResult::WriteToNetwork(reply) => {
+                // A cookie reply (type 3) answers an unauthenticated message:
+                // it must not move the endpoint.
+                if reply.first() != Some(&3) {
+                    peer.heard_from(from, self.now_ms());
+                }
+                if reply.first() == Some(&2) {
+                    self.metrics.count_handshake();
+                }
+                work.replies.push(from, reply, segments);
+                // Packets queued while the session was being made go now.
+                while let TunnResult::WriteToNetwork(queued) =
+                    tunnel.decapsulate(None, &[], &mut work.buffer)
+                {
+                    work.replies.push(from, queued, segments);
+                }
+            }
+            TunnResult::WriteToTunnelV4(inner, source) => {
+                peer.heard_from(from, self.now_ms());
+                self.accept_inner(&peer, IpAddr::V4(source), inner, &mut work.inner);
+            }
+            TunnResult::WriteToTunnelV6(inner, source) => {
+                peer.heard_from(from, self.now_ms());
+                self.accept_inner(&peer, IpAddr::V6(source), inner, &mut work.inner);
+            }
+            TunnResult::Done => peer.heard_from(from, self.now_ms()),
+            TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
+        }
+    }
+
+    fn accept_inner(
+        &self,
+        peer: &peers::Peer,
+        source: IpAddr,
+        inner: &[u8],
+        batches: &mut InnerBatches,
+    ) {
+        if source != peer.address {
+            self.metrics.count_drop("source");
+            tracing::debug!(client = %peer.client, %source, own = %peer.address, "inner source is not the peer's address: dropped");
+            return;
+        }
+        self.metrics.count_inner_in();
+        batches.push(peer.index, inner);
+    }
+
+    /// Sends inner packets to the active plane, or holds them while none is.
+    async fn to_plane(&self, batches: Vec<Packets>) {
+        let mut pending: VecDeque<Packets> = batches.into();
+        if self.held_is_empty() {
+            while let Some(batch) = pending.pop_front() {
+                match self.send_to_active(&batch).await {
+                    true => {}
+                    false => {
+                        pending.push_front(batch);
+                        break;
+                    }
+                }
+            }
+        }
+        if !pending.is_empty() {
+            self.hold(pending);
+        }
+    }
+
+    /// True when it went to an active plane.
+    async fn send_to_active(&self, batch: &Packets) -> bool {
+        let Some(plane) = self.planes.active() else {
+            return false;
+        };
+        match plane
+            .send_if_active(&Message::Packets(batch.clone()), &[])
+            .await
+        {
+            Ok(sent) => sent,
+            Err(error) => {
+                tracing::warn!(generation = plane.generation, %error, "could not send packets to the device plane");
+                plane.closed.cancel();
+                false
+            }
+        }
+    }
+
+    fn held_is_empty(&self) -> bool {
+        self.lock_held().batches.is_empty()
+    }
+
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn hold(&self, batches: VecDeque<Packets>) {
+        let mut held = self.lock_held();
+        for batch in batches {
+            let count = batch.packets().len();
+            if held.packets + count > self.queue_limit {
+                self.metrics.count_drops("queue_full", count);
+                continue;
+            }
+            held.packets += count;
+            held.batches.push_back(batch);
+        }
+        self.metrics.set_held(held.packets);
+        drop(held);
+        self.held_changed.notify_one();
+    }
+
+    /// Delivers held packets, in order, whenever a plane is active.
+    async fn deliver_held(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut active = self.planes.subscribe();
+        loop {
+            loop {
+                let next = self.lock_held().batches.pop_front();
+                let Some(batch) = next else { break };
+                if self.send_to_active(&batch).await {
+                    let mut held = self.lock_held();
+                    held.packets = held.packets.saturating_sub(batch.packets().len());
+                    self.metrics.set_held(held.packets);
+                } else {
+                    self.lock_held().batches.push_front(batch);
+                    break;
+                }
+            }
+            tokio::select! {
+                changed = active.changed() => if changed.is_err() { return },
+                () = self.held_changed.notified() => {}
+                () = shutdown.cancelled() => return,
+                // A plane that is active but briefly unable to take packets.
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// Encrypts what a device plane sends back, each packet to the peer that
+    /// owns its inner destination.
+    pub async fn from_plane(&self, batch: &Packets) {
+        let segments = self.socket.max_gso_segments();
+        let mut out = Outgoing::default();
+        let mut buffer = vec![0u8; WORK_BUFFER];
+        {
+            let table = self.read_peers();
+            for packet in batch.packets() {
+                let Some(destination) = blipless_protocol::ip::destination(packet) else {
+                    self.metrics.count_drop("malformed_inner");
+                    continue;
+                };
+                let Some(peer) = table.by_address(destination) else {
+                    self.metrics.count_drop("no_peer_for_destination");
+                    continue;
+                };
+                let Some(endpoint) = peer.endpoint() else {
+                    self.metrics.count_drop("no_endpoint");
+                    continue;
+                };
+                match peer.tunnel().encapsulate(packet, &mut buffer) {
+                    TunnResult::WriteToNetwork(datagram) => {
+                        self.metrics.count_inner_out();
+                        out.push(endpoint, datagram, segments);
+                    }
+                    // Queued inside boringtun until a handshake completes.
+                    TunnResult::Done => {}
+                    TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
+                    _ => {}
+                }
+            }
+        }
+        let failed = out.flush(&self.socket).await;
+        self.metrics.count_send_failures(failed);
+    }
+
+    async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(TIMER_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            ticks += 1;
+            if ticks.is_multiple_of(4) {
+                self.limiter.reset_count();
+            }
+            self.tick().await;
+        }
+    }
+
+    /// Runs every peer's timers once, sending what they produce.
+    pub async fn tick(&self) {
+        let segments = self.socket.max_gso_segments();
+        let mut out = Outgoing::default();
+        let mut buffer = vec![0u8; WORK_BUFFER];
+        let peers: Vec<Arc<peers::Peer>> = self.read_peers().iter().cloned().collect();
+        for peer in peers {
+            let Some(endpoint) = peer.endpoint() else {
+                continue;
+            };
+            if let TunnResult::WriteToNetwork(datagram) = peer.tunnel().update_timers(&mut buffer) {
+                out.push(endpoint, datagram, segments);
+            }
+        }
+        let failed = out.flush(&self.socket).await;
+        self.metrics.count_send_failures(failed);
+    }
+
+    /// Applies a peer-set message from the plane of `generation`. Only the active
+    /// plane's messages count; a full set replaces the table when its last part
+    /// arrives.
+    pub fn on_peers(&self, from: &PlaneLink, update: PeerUpdate) {
+        let active = self.planes.active().map(|plane| plane.generation);
+        if active != Some(from.generation) {
+            tracing::debug!(
+                generation = from.generation,
+                "peer update from a plane that is not active: ignored"
+            );
+            return;
+        }
+        let mut staging = self
+            .staging
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if update.full_start {
+            *staging = Some(Staging {
+                generation: from.generation,
+                peers: HashMap::new(),
+            });
+        }
+        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
+        match staging.as_mut() {
+            Some(set) if set.generation == from.generation => {
+                for peer in update.upserts() {
+                    set.peers.insert(peer.public_key, peer.clone());
+                }
+                for key in update.removes() {
+                    set.peers.remove(key);
+                }
+                if update.full_end {
+                    let Some(set) = staging.take() else { return };
+                    let entries: Vec<PeerEntry> = set.peers.into_values().collect();
+                    let refused = self.write_peers().replace(&entries, &factory);
+                    if refused > 0 {
+                        tracing::warn!(refused, "peers refused: an address claimed by two keys");
+                    }
+                    let first = !self.synced.swap(true, Ordering::SeqCst);
+                    tracing::info!(
+                        peers = entries.len() - refused,
+                        generation = from.generation,
+                        first,
+                        "WireGuard peer set applied"
+                    );
+                }
+            }
+            _ => {
+                // A change (or a stale partial set from another plane, dropped).
+                *staging = None;
+                let mut table = self.write_peers();
+                for peer in update.upserts() {
+                    if !table.upsert(peer, &factory) {
+                        tracing::warn!(client = %peer.client, address = %peer.address, "peer refused: its address belongs to another key");
+                    }
+                }
+                for key in update.removes() {
+                    if table.remove(key) {
+                        tracing::info!("WireGuard peer removed; its sessions end");
+                    }
+                }
+            }
+        }
+        self.metrics.set_peers(self.read_peers().len());
+    }
+}
+
+fn drop_reason(error: &WireGuardError) -> &'static str {
+    match error {
+        WireGuardError::DuplicateCounter
+        | WireGuardError::InvalidCounter
+        | WireGuardError::WrongTai64nTimestamp => "replay",
+        WireGuardError::InvalidMac | WireGuardError::InvalidAeadTag => "authentication",
+        WireGuardError::NoCurrentSession => "no_session",
+        WireGuardError::UnderLoad => "under_load",
+        WireGuardError::InvalidPacket => "invalid",
+        WireGuardError::ConnectionExpired => "expired",
+        _ => "other",
+    }
+}

@@ -1,0 +1,371 @@
+//! The WireGuard peer table: each peer's session state, found by public key
+//! (handshake initiations), by peer index (every other message) and by tunnel
+//! address (return packets from the device plane).
+//!
+//! ## Peer index layout
+//!
+//! boringtun builds a session's receiver index as `peer_index << 8 | n` and
+//! keeps 24 bits of the peer index, so the index a peer answers to is:
+//!
+//! ```text
+//!  31        24 23 22                          0
+//! +------------+--+-----------------------------+
+//! | (shifted   |G |  slot: 1 .. 2^23 - 1        |
+//! |  out)      |  |                             |
+//! +------------+--+-----------------------------+
+//! ```
+//!
+//! Bit 23 (`G`) is the ingress generation (DESIGN §5.3): an ingress and its
+//! successor use different values, so a classic BPF program on the shared
+//! SO_REUSEPORT group can steer every non-initiation message to the ingress that
+//! owns the session. Slots are allocated round-robin and never 0, so a receiver
+//! index of 0 never names a peer.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use blipless_protocol::channel::PeerEntry;
+use boringtun::noise::Tunn;
+
+/// Bit of the peer index that carries the ingress generation.
+pub const GENERATION_BIT: u32 = 1 << 23;
+/// Slots per generation: indices `1 ..= SLOT_MASK`.
+const SLOT_MASK: u32 = GENERATION_BIT - 1;
+
+/// One WireGuard peer and its session state.
+pub struct Peer {
+    /// The index boringtun builds session indices from (see the module docs).
+    pub index: u32,
+    /// The peer's public key.
+    pub public_key: [u8; 32],
+    /// The peer's tunnel address: the only inner source it may send from.
+    pub address: IpAddr,
+    /// The client's name, for logs.
+    pub client: String,
+    tunnel: Mutex<Tunn>,
+    endpoint: Mutex<Option<SocketAddr>>,
+    /// Milliseconds since the Unix epoch of the last authenticated packet, 0 if none.
+    last_received_ms: AtomicU64,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("index", &self.index)
+            .field("client", &self.client)
+            .field("address", &self.address)
+            .field("endpoint", &self.endpoint())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peer {
+    /// The session state, locked.
+    pub fn tunnel(&self) -> MutexGuard<'_, Tunn> {
+        self.tunnel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Where the peer was last heard from, if ever.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        *self
+            .endpoint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records an authenticated packet from `from`: the peer roams there.
+    pub fn heard_from(&self, from: SocketAddr, now_ms: u64) {
+        let mut endpoint = self
+            .endpoint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *endpoint != Some(from) {
+            if endpoint.is_some() {
+                tracing::debug!(client = %self.client, %from, "peer roamed");
+            }
+            *endpoint = Some(from);
+        }
+        self.last_received_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the epoch of the last authenticated packet (0: never).
+    pub fn last_received_ms(&self) -> u64 {
+        self.last_received_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// Builds the session state of a new peer from its public key and index.
+pub type TunnelFactory<'a> = &'a dyn Fn(&[u8; 32], u32) -> Tunn;
+
+/// Every peer, by key, index and address.
+#[derive(Debug, Default)]
+pub struct PeerTable {
+    by_key: HashMap<[u8; 32], Arc<Peer>>,
+    by_index: HashMap<u32, Arc<Peer>>,
+    by_address: HashMap<IpAddr, Arc<Peer>>,
+    generation: u32,
+    next_slot: u32,
+}
+
+impl PeerTable {
+    /// An empty table whose indices carry `generation` (0 or 1) in bit 23.
+    pub fn new(generation: u32) -> Self {
+        Self {
+            generation: (generation & 1) * GENERATION_BIT,
+            next_slot: 1,
+            ..Self::default()
+        }
+    }
+
+    /// How many peers there are.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The peer with this public key.
+    pub fn by_key(&self, key: &[u8; 32]) -> Option<&Arc<Peer>> {
+        self.by_key.get(key)
+    }
+
+    /// The peer a receiver index (`peer_index << 8 | n`) belongs to.
+    pub fn by_receiver_index(&self, receiver_index: u32) -> Option<&Arc<Peer>> {
+        self.by_index.get(&(receiver_index >> 8))
+    }
+
+    /// The peer whose tunnel address is `address`.
+    pub fn by_address(&self, address: IpAddr) -> Option<&Arc<Peer>> {
+        self.by_address.get(&address)
+    }
+
+    /// Every peer.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Peer>> {
+        self.by_key.values()
+    }
+
+    /// Adds or changes a peer. A peer whose key and address are unchanged keeps
+    /// its sessions; a changed address keeps them too (only routing changes).
+    /// Returns false when the address belongs to another peer (the entry is
+    /// refused: two peers cannot own one address) or no slot is free.
+    pub fn upsert(&mut self, entry: &PeerEntry, factory: TunnelFactory<'_>) -> bool {
+        if let Some(owner) = self.by_address.get(&entry.address) {
+            if owner.public_key != entry.public_key {
+                return false;
+            }
+        }
+        if let Some(existing) = self.by_key.get(&entry.public_key).cloned() {
+            if existing.address == entry.address && existing.client == entry.client {
+                return true;
+            }
+            // Same key, new address or name: a new record sharing nothing but
+            // the index would lose the sessions, so move the tunnel over.
+            self.remove(&entry.public_key);
+            let moved = Arc::new(Peer {
+                index: existing.index,
+                public_key: entry.public_key,
+                address: entry.address,
+                client: entry.client.clone(),
+                tunnel: Mutex::new(take_tunnel(&existing, factory)),
+                endpoint: Mutex::new(existing.endpoint()),
+                last_received_ms: AtomicU64::new(existing.last_received_ms()),
+            });
+            self.insert(moved);
+            return true;
+        }
+        let Some(index) = self.free_index() else {
+            return false;
+        };
+        let peer = Arc::new(Peer {
+            index,
+            public_key: entry.public_key,
+            address: entry.address,
+            client: entry.client.clone(),
+            tunnel: Mutex::new(factory(&entry.public_key, index)),
+            endpoint: Mutex::new(None),
+            last_received_ms: AtomicU64::new(0),
+        });
+        self.insert(peer);
+        true
+    }
+
+    /// Removes a peer; its sessions end with it. Returns whether it was there.
+    pub fn remove(&mut self, key: &[u8; 32]) -> bool {
+        let Some(peer) = self.by_key.remove(key) else {
+            return false;
+        };
+        self.by_index.remove(&peer.index);
+        if self
+            .by_address
+            .get(&peer.address)
+            .is_some_and(|owner| Arc::ptr_eq(owner, &peer))
+        {
+            self.by_address.remove(&peer.address);
+        }
+        true
+    }
+
+    /// Replaces the whole set: peers not in `entries` are removed, the others
+    /// upserted (keeping their sessions). Returns how many entries were refused.
+    pub fn replace(&mut self, entries: &[PeerEntry], factory: TunnelFactory<'_>) -> usize {
+        let keep: std::collections::HashSet<[u8; 32]> =
+            entries.iter().map(|entry| entry.public_key).collect();
+        let gone: Vec<[u8; 32]> = self
+            .by_key
+            .keys()
+            .filter(|key| !keep.contains(*key))
+            .copied()
+            .collect();
+        for key in gone {
+            self.remove(&key);
+        }
+        entries
+            .iter()
+            .filter(|entry| !self.upsert(entry, factory))
+            .count()
+    }
+
+    fn insert(&mut self, peer: Arc<Peer>) {
+        self.by_index.insert(peer.index, peer.clone());
+        self.by_address.insert(peer.address, peer.clone());
+        self.by_key.insert(peer.public_key, peer);
+    }
+
+    fn free_index(&mut self) -> Option<u32> {
+        for _ in 0..SLOT_MASK {
+            let slot = self.next_slot;
+            self.next_slot = if slot >= SLOT_MASK { 1 } else { slot + 1 };
+            let index = self.generation | slot;
+            if !self.by_index.contains_key(&index) {
+                return Some(index);
+            }
+        }
+        None
+    }
+}
+
+/// The tunnel of a peer being re-keyed in the table. The old record may still be
+/// referenced by a task mid-packet, so its state is swapped out for a fresh one.
+fn take_tunnel(existing: &Peer, factory: TunnelFactory<'_>) -> Tunn {
+    let fresh = factory(&existing.public_key, existing.index);
+    std::mem::replace(&mut *existing.tunnel(), fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use boringtun::x25519::{PublicKey, StaticSecret};
+
+    fn factory() -> impl Fn(&[u8; 32], u32) -> Tunn {
+        let ours = StaticSecret::from([7u8; 32]);
+        move |key, index| Tunn::new(ours.clone(), PublicKey::from(*key), None, None, index, None)
+    }
+
+    fn entry(key: u8, address: &str) -> PeerEntry {
+        PeerEntry {
+            public_key: PublicKey::from(&StaticSecret::from([key; 32])).to_bytes(),
+            address: address.parse().expect("ip"),
+            client: format!("client-{key}"),
+        }
+    }
+
+    #[test]
+    fn peers_are_found_by_key_index_and_address() {
+        let make = factory();
+        let mut table = PeerTable::new(1);
+        assert!(table.upsert(&entry(1, "10.64.0.2"), &make));
+        assert!(table.upsert(&entry(2, "10.64.0.3"), &make));
+        let peer = table
+            .by_address("10.64.0.3".parse().expect("ip"))
+            .expect("by address")
+            .clone();
+        assert_eq!(
+            peer.index & GENERATION_BIT,
+            GENERATION_BIT,
+            "generation bit set"
+        );
+        assert!(peer.index < 1 << 24, "fits boringtun's 24 bits");
+        let receiver = peer.index << 8 | 5;
+        assert_eq!(
+            table.by_receiver_index(receiver).map(|p| p.index),
+            Some(peer.index)
+        );
+        assert_eq!(
+            table.by_key(&peer.public_key).map(|p| p.index),
+            Some(peer.index)
+        );
+        assert_eq!(table.len(), 2);
+    }
+
+    #[test]
+    fn an_address_has_one_owner() {
+        let make = factory();
+        let mut table = PeerTable::new(0);
+        assert!(table.upsert(&entry(1, "10.64.0.2"), &make));
+        assert!(!table.upsert(&entry(2, "10.64.0.2"), &make));
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn replace_keeps_unchanged_peers_and_removes_the_rest() {
+        let make = factory();
+        let mut table = PeerTable::new(0);
+        table.upsert(&entry(1, "10.64.0.2"), &make);
+        table.upsert(&entry(2, "10.64.0.3"), &make);
+        let kept = table
+            .by_key(&entry(1, "10.64.0.2").public_key)
+            .cloned()
+            .expect("kept");
+        let refused = table.replace(&[entry(1, "10.64.0.2"), entry(3, "10.64.0.4")], &make);
+        assert_eq!(refused, 0);
+        assert_eq!(table.len(), 2);
+        let after = table.by_key(&kept.public_key).expect("still there");
+        assert!(Arc::ptr_eq(after, &kept), "the same session state");
+        assert!(table.by_address("10.64.0.3".parse().expect("ip")).is_none());
+        assert!(table.remove(&entry(3, "10.64.0.4").public_key));
+        assert!(!table.remove(&entry(3, "10.64.0.4").public_key));
+    }
+
+    #[test]
+    fn a_moved_address_keeps_the_index() {
+        let make = factory();
+        let mut table = PeerTable::new(0);
+        table.upsert(&entry(1, "10.64.0.2"), &make);
+        let index = table
+            .by_key(&entry(1, "10.64.0.2").public_key)
+            .map(|p| p.index);
+        assert!(table.upsert(&entry(1, "10.64.0.9"), &make));
+        assert!(table.by_address("10.64.0.2".parse().expect("ip")).is_none());
+        assert_eq!(
+            table
+                .by_address("10.64.0.9".parse().expect("ip"))
+                .map(|p| p.index),
+            index
+        );
+    }
+
+    #[test]
+    fn slots_wrap_and_skip_used_ones() {
+        let make = factory();
+        let mut table = PeerTable::new(0);
+        table.next_slot = SLOT_MASK;
+        table.upsert(&entry(1, "10.64.0.2"), &make);
+        table.upsert(&entry(2, "10.64.0.3"), &make);
+        let indices: Vec<u32> = [1u8, 2]
+            .iter()
+            .filter_map(|k| {
+                table
+                    .by_key(&entry(*k, "10.64.0.2").public_key)
+                    .map(|p| p.index)
+            })
+            .collect();
+        assert_eq!(indices, vec![SLOT_MASK, 1]);
+    }
+}
