@@ -56,6 +56,8 @@ pub struct Directory {
     feed_position: AtomicU64,
     catching_up: tokio::sync::Mutex<()>,
     removed: std::sync::Mutex<Vec<String>>,
+    /// Bumped on every applied change, for those who follow the client list.
+    version: tokio::sync::watch::Sender<u64>,
 }
 
 const FEED_PAGE: usize = 1000;
@@ -84,6 +86,7 @@ impl Directory {
             feed_position: AtomicU64::new(head),
             catching_up: tokio::sync::Mutex::new(()),
             removed: std::sync::Mutex::new(Vec::new()),
+            version: tokio::sync::watch::channel(0).0,
         });
         directory.catch_up().await?;
         Ok(directory)
@@ -151,7 +154,42 @@ impl Directory {
         }
     }
 
+    /// Notified (the value bumped) whenever a client is added, changed or removed.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// The WireGuard peers: every client with a valid public key and a tunnel
+    /// address, by key. A key that is not base64 of 32 bytes is skipped (logged).
+    pub fn wireguard_peers(&self) -> HashMap<[u8; 32], blipless_protocol::channel::PeerEntry> {
+        let mut peers = HashMap::new();
+        for client in self.read().values() {
+            let record = &client.record;
+            let (Some(key), Some(address)) = (&record.wg_public_key, record.wg_address) else {
+                continue;
+            };
+            let Some(public_key) = blipless_config::wireguard_key::decode(key) else {
+                tracing::warn!(client = %record.name, "WireGuard public key is not base64 of 32 bytes; not a peer");
+                continue;
+            };
+            peers.insert(
+                public_key,
+                blipless_protocol::channel::PeerEntry {
+                    public_key,
+                    address,
+                    client: record.name.clone(),
+                },
+            );
+        }
+        peers
+    }
+
     fn apply(&self, name: &str, record: Option<ClientRecord>) {
+        self.apply_record(name, record);
+        self.version.send_modify(|version| *version += 1);
+    }
+
+    fn apply_record(&self, name: &str, record: Option<ClientRecord>) {
         let mut clients = self.write();
         match record {
             Some(record) => {

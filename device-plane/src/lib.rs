@@ -14,12 +14,16 @@ pub mod devices;
 pub mod egress;
 pub mod http_proxy;
 pub mod link;
+pub mod net;
 pub mod piped;
 pub mod relay;
 pub mod serve;
 pub mod socks;
 pub mod store;
+pub mod tun;
 pub mod tunnel;
+pub mod wg_clients;
+pub mod wireguard;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -41,6 +45,7 @@ use crate::egress::Egress;
 use crate::link::{HelloError, Incoming};
 use crate::serve::{Context, Mode};
 use crate::store::NodeId;
+use crate::wireguard::{PacketPath, PeerSync};
 
 /// How often the plane reports its figures to the ingress.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -49,10 +54,15 @@ const READY_MARGIN: Duration = Duration::from_secs(5);
 /// Fault injection for tests: stall the warm-up this many milliseconds, so
 /// the plane does not say Ready within its budget.
 pub const FAULT_STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
+/// Fault injection for tests: wait this many milliseconds after Activate
+/// before sending the WireGuard peer set, so the ingress has an active plane
+/// but no peer set yet.
+pub const FAULT_DELAY_PEERS: &str = "BLIPLESS_FAULT_DELAY_PEERS_MS";
 
 /// What warm-up builds once and every attachment reuses.
 struct Warm {
     context: Arc<Context>,
+    packets: Arc<PacketPath>,
     directory: Arc<Directory>,
     devices: Arc<Devices>,
     background: CancellationToken,
@@ -70,13 +80,18 @@ enum SessionEnd {
 /// Drain hand over or finish, and return once nothing is held. SIGTERM
 /// (`terminate`) asks the ingress for a drain without a successor.
 pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result<()> {
+    if config.egress.tun.manage {
+        net::setup(&config).await.context(
+            "setting up the host for packet egress (egress.tun.manage = true; or set it false and run `blipless-ctl net setup` once)",
+        )?;
+    }
     let path = config.device_socket();
     let mut buffer = vec![0u8; MAX_FRAME];
     let mut warm: Option<Warm> = None;
     let mut offline_drain: Option<Instant> = None;
     while let Some(socket) = link::attach(&path, &terminate).await {
-        let generation = match link::hello(&socket, &mut buffer).await {
-            Ok(generation) => generation,
+        let welcome = match link::hello(&socket, &mut buffer).await {
+            Ok(welcome) => welcome,
             Err(HelloError::Refused(reason)) => {
                 anyhow::bail!("the ingress refused this device plane: {reason}")
             }
@@ -86,10 +101,11 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                 continue;
             }
         };
-        tracing::info!(generation, path = %path.display(), "attached to the ingress (standby)");
+        let generation = welcome.generation;
+        tracing::info!(generation, successor = welcome.successor, path = %path.display(), "attached to the ingress (standby)");
         let attached_at = Instant::now();
         if warm.is_none() {
-            let warming = warm_up(&config, attached_at);
+            let warming = warm_up(&config, attached_at, welcome.successor);
             tokio::select! {
                 ready = warming => warm = Some(ready?),
                 () = terminate.cancelled() => {
@@ -108,7 +124,10 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                 }
             }
         }
-        let Some(Warm { context, .. }) = &warm else {
+        let Some(Warm {
+            context, packets, ..
+        }) = &warm
+        else {
             continue;
         };
         if let Err(error) = link::send(&socket, &Message::Ready).await {
@@ -118,8 +137,10 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
         tracing::info!(generation, "ready");
         let socket = Arc::new(socket);
         context.set_channel(Some(socket.clone()));
-        let end = session(&socket, context, &config, &mut buffer, &terminate).await;
+        packets.set_channel(Some(socket.clone()));
+        let end = session(&socket, context, packets, &config, &mut buffer, &terminate).await;
         context.set_channel(None);
+        packets.set_channel(None);
         match end {
             Ok(SessionEnd::Drained) => break,
             Ok(SessionEnd::Lost(Some(deadline))) => {
@@ -135,6 +156,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
     }
     let Some(Warm {
         context,
+        packets,
         directory,
         devices,
         background,
@@ -156,6 +178,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             let _ = tokio::time::timeout(Duration::from_secs(5), context.connections.wait()).await;
         }
     }
+    packets.hand_over().await;
     background.cancel();
     background::flush_usage(&directory, &devices).await;
     devices.keep_all().await;
@@ -167,7 +190,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
 }
 
 /// Opens the store and loads the clients (pre-warm will grow here).
-async fn warm_up(config: &Config, attached_at: Instant) -> anyhow::Result<Warm> {
+async fn warm_up(config: &Config, attached_at: Instant, successor: bool) -> anyhow::Result<Warm> {
     if let Some(stall) = std::env::var(FAULT_STALL_WARMUP)
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
@@ -224,15 +247,25 @@ async fn warm_up(config: &Config, attached_at: Instant) -> anyhow::Result<Warm> 
         devices.clone(),
         background.clone(),
     ));
+    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout);
+    // A successor inherits its predecessor's TUN queues at handover; the
+    // first plane attaches its own now, before Ready.
+    let packets = Arc::new(PacketPath::new(
+        &config.egress.tun.name,
+        config.egress.tun.queues,
+        egress.clone(),
+        successor,
+    ));
     let context = Arc::new(Context::new(
         directory.clone(),
         devices.clone(),
-        Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout),
+        egress,
         config.proxy.handshake_timeout,
         config.proxy.idle_timeout,
     ));
     Ok(Warm {
         context,
+        packets,
         directory,
         devices,
         background,
@@ -243,6 +276,7 @@ async fn warm_up(config: &Config, attached_at: Instant) -> anyhow::Result<Warm> 
 async fn session(
     socket: &UnixSeqpacket,
     context: &Arc<Context>,
+    packets: &Arc<PacketPath>,
     config: &Config,
     buffer: &mut [u8],
     terminate: &CancellationToken,
@@ -253,6 +287,9 @@ async fn session(
     let mut cut_count: Option<u64> = None;
     let mut open_at_drain = 0u64;
     let migrated_before = context.migrated.load(Ordering::Relaxed);
+    let mut peers = PeerSync::new();
+    let mut client_changes = context.directory.subscribe();
+    let mut active = false;
     loop {
         let draining = drain_deadline.is_some();
         let deadline = drain_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
@@ -270,27 +307,58 @@ async fn session(
                 let Incoming { message, fds } = incoming;
                 match message {
                     Message::Accepted(accepted) => take_connection(context, accepted, fds),
+                    Message::Packets(batch) => packets.to_tun(&batch).await,
+                    Message::TunQueues(_) => packets.adopt(fds),
                     Message::MigrateDone(id) => context.handover_confirmed(id),
                     Message::Migrate(migrate) => {
                         context.taken.fetch_add(1, Ordering::Relaxed);
                         context.connections.spawn(tunnel::adopt(context.clone(), migrate, fds));
                     }
-                    Message::Activate if draining => {
-                        tracing::warn!("re-activated: the successor is gone; serving again");
-                        drain_deadline = None;
-                        cut_count = None;
-                        context.serve_again();
+                    Message::Activate => {
+                        if draining {
+                            tracing::warn!("re-activated: the successor is gone; serving again");
+                            drain_deadline = None;
+                            cut_count = None;
+                            context.serve_again();
+                            packets.resume();
+                        } else {
+                            tracing::info!("active: new connections come here");
+                            if !packets.has_queues() {
+                                packets.expect_inherited();
+                            }
+                        }
+                        active = true;
+                        client_changes.borrow_and_update();
+                        if let Some(delay) = std::env::var(FAULT_DELAY_PEERS).ok().and_then(|ms| ms.parse::<u64>().ok()) {
+                            tracing::warn!(delay_ms = delay, "fault injection: delaying the peer set");
+                            tokio::time::sleep(Duration::from_millis(delay)).await;
+                        }
+                        wireguard::send_peers(socket, peers.full(&context.directory))
+                            .await
+                            .context("sending the WireGuard peer set")?;
                     }
-                    Message::Activate => tracing::info!("active: new connections come here"),
                     Message::Drain(DrainOrder { handover }) => {
                         open_at_drain = context.connections.len() as u64;
                         tracing::info!(handover, open = open_at_drain, grace = ?config.drain.grace, "draining");
                         drain_deadline = Some(Instant::now() + config.drain.grace);
                         context.mode.send_replace(if handover { Mode::Handover } else { Mode::Finish });
                         context.connections.close();
+                        active = false;
+                        if handover {
+                            // The successor is active: the TUN queues are its
+                            // now (before Drained can end this session).
+                            packets.hand_over().await;
+                        }
                     }
                     Message::Goaway => return Ok(SessionEnd::Lost(drain_deadline)),
                     other => anyhow::bail!("the ingress may not send {}", other.name()),
+                }
+            }
+            changed = client_changes.changed(), if active => {
+                if changed.is_ok() {
+                    wireguard::send_peers(socket, peers.changes(&context.directory))
+                        .await
+                        .context("sending WireGuard peer changes")?;
                 }
             }
             _ = report.tick() => {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, Hello, Message};
+use blipless_protocol::channel::{DecodeError, Hello, Message, Welcome};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -82,8 +82,9 @@ pub enum HelloError {
     Failed(#[from] anyhow::Error),
 }
 
-/// Says Hello and waits for Welcome; returns the generation the ingress gave us.
-pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<u64, HelloError> {
+/// Says Hello and waits for Welcome, which it returns (the generation the
+/// ingress gave us, and whether another plane is active).
+pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Welcome, HelloError> {
     let hello = Message::Hello(Hello {
         pid: std::process::id(),
         software: env!("CARGO_PKG_VERSION").to_string(),
@@ -113,7 +114,7 @@ pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<u64, Hel
         Ok(Ok(reply)) => reply,
     };
     match reply.map(|(message, _)| message) {
-        Some(Message::Welcome(welcome)) => Ok(welcome.generation),
+        Some(Message::Welcome(welcome)) => Ok(welcome),
         Some(Message::Refused(refused)) => Err(HelloError::Refused(refused.reason)),
         Some(other) => {
             Err(anyhow::anyhow!("the ingress answered Hello with {}", other.name()).into())

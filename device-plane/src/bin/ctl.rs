@@ -1,18 +1,23 @@
 //! `blipless-ctl`: the operator's tool. `status` asks the ingress over its
 //! control socket; `client add|list|remove` manage clients in the store,
-//! which every device plane follows within a second.
+//! which every device plane follows within a second (`client add --wg` also
+//! gives the client a WireGuard address and key pair and prints its wg-quick
+//! config: see [`blipless_device::wg_clients`]); `net setup|teardown`
+//! prepare the host for WireGuard packet egress.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use blipless_config::wireguard_key::WireguardKey;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
-use blipless_device::credentials;
 use blipless_device::store::{self, ClientRecord, Store, StoreError};
+use blipless_device::wg_clients::{self, WgQuickConfig};
+use blipless_device::{credentials, net};
 use blipless_protocol::control::{ControlRequest, ControlResponse, DeployInfo, StatusReport};
 use clap::{Parser, Subcommand};
 use serde_json::json;
@@ -61,6 +66,24 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Host network setup for WireGuard packet egress (needs CAP_NET_ADMIN).
+    Net {
+        #[command(subcommand)]
+        command: NetCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NetCommand {
+    /// Create the persistent multi-queue TUN device (egress.tun.name) with
+    /// the node's pool address, turn IPv4 forwarding on, and (re)load the
+    /// nftables table `inet blipless` (masquerade out of
+    /// egress.tun.out_interface; invalid TCP answered with a reset).
+    /// Idempotent.
+    Setup,
+    /// Delete the nftables table `inet blipless` and the TUN device.
+    /// Idempotent; leaves IPv4 forwarding as it is.
+    Teardown,
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,14 +99,63 @@ enum ClientCommand {
     Add {
         /// The client's name, also its proxy username ([A-Za-z0-9._-], up to 64).
         name: String,
+        /// Also make it a WireGuard client: give it the lowest free address of
+        /// wireguard.pool and a new key pair, and print its wg-quick config (and a
+        /// QR code of it on a terminal). Needs wireguard.endpoint.
+        #[arg(long)]
+        wg: bool,
     },
-    /// List clients and their usage.
+    /// List clients, their WireGuard addresses and their usage.
     List,
     /// Remove a client; its open connections close within seconds.
     Remove {
         /// The client's name.
         name: String,
     },
+}
+
+/// A configuration that cannot serve the command: exits with [`EXIT_CONFIG_ERROR`],
+/// like a configuration that does not load.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConfigProblem(String);
+
+/// What `client add --wg` needs from the node, checked before the store is opened.
+struct WgNode {
+    /// `wireguard.endpoint`.
+    endpoint: String,
+    /// `wireguard.pool`.
+    pool: ipnet::IpNet,
+    /// The node's key pair (its public half goes into client configs).
+    key: WireguardKey,
+}
+
+impl WgNode {
+    /// Checks the WireGuard settings and loads (or creates) the node's key, from
+    /// the file the ingress uses.
+    fn prepare(config: &Config) -> anyhow::Result<Self> {
+        let Some(endpoint) = config.wireguard.endpoint.clone() else {
+            return Err(ConfigProblem(
+                "client add --wg needs wireguard.endpoint, the host:port WireGuard clients \
+                 dial (for example vpn.example.com:51820): set it under [wireguard] in the \
+                 config file, or with BLIPLESS_WIREGUARD_ENDPOINT or \
+                 --set wireguard.endpoint=HOST:PORT"
+                    .into(),
+            )
+            .into());
+        };
+        let pool = config.wireguard.pool;
+        if let Err(error) = wg_clients::node_address(&pool) {
+            return Err(ConfigProblem(error.to_string()).into());
+        }
+        let key = WireguardKey::load_or_create(&config.wireguard_key_file())
+            .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
+        Ok(Self {
+            endpoint,
+            pool,
+            key,
+        })
+    }
 }
 
 /// Prints a line; a reader that went away (`| head`) ends the program quietly.
@@ -136,6 +208,17 @@ fn main() -> ExitCode {
     };
     match run(&args, &config) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<ConfigProblem>() => {
+            if args.json {
+                say!(
+                    "{}",
+                    json!({ "error": "configuration", "problems": [error.to_string()] })
+                );
+            } else {
+                eprintln!("blipless-ctl: {error}");
+            }
+            ExitCode::from(EXIT_CONFIG_ERROR as u8)
+        }
         Err(error) => {
             if args.json {
                 say!("{}", json!({ "error": format!("{error:#}") }));
@@ -162,7 +245,13 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
         // Answered in main before any configuration is read.
         Command::Config { .. } => Ok(()),
         Command::Deploy { watch } => deploy(config, *watch, args.json),
+        Command::Net { command } => net(config, command, args.json),
         Command::Client { command } => {
+            // Before the store is opened: a missing setting changes nothing.
+            let wg = match command {
+                ClientCommand::Add { wg: true, .. } => Some(WgNode::prepare(config)?),
+                _ => None,
+            };
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -175,13 +264,71 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                     )
                 })?;
                 match command {
-                    ClientCommand::Add { name } => add(&*store, config, name, args.json).await,
+                    ClientCommand::Add { name, .. } => {
+                        add(&*store, config, name, wg.as_ref(), args.json).await
+                    }
                     ClientCommand::List => list(&*store, args.json).await,
                     ClientCommand::Remove { name } => remove(&*store, name, args.json).await,
                 }
             })
         }
     }
+}
+
+/// `net setup` and `net teardown`.
+fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyhow::Result<()> {
+    // Checks the configuration (IPv4 pool, interface names) before any change.
+    let plan = net::Plan::from_config(config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match command {
+        NetCommand::Setup => {
+            runtime.block_on(net::setup(config))?;
+            if as_json {
+                say!(
+                    "{}",
+                    json!({
+                        "net": "setup",
+                        "tun": plan.tun,
+                        "address": plan.address.to_string(),
+                        "pool": plan.pool.to_string(),
+                        "out_interface": plan.out_interface,
+                        "nft_table": net::NFT_TABLE,
+                    })
+                );
+            } else {
+                say!(
+                    "host set up: TUN device {} (persistent, multi-queue) has {}, IPv4 forwarding is on,",
+                    plan.tun,
+                    plan.address
+                );
+                say!(
+                    "  nftables table {} masquerades {} out of {} and resets invalid TCP",
+                    net::NFT_TABLE,
+                    plan.pool,
+                    plan.out_interface
+                );
+            }
+        }
+        NetCommand::Teardown => {
+            runtime.block_on(net::teardown(config))?;
+            if as_json {
+                say!(
+                    "{}",
+                    json!({ "net": "teardown", "tun": plan.tun, "nft_table": net::NFT_TABLE })
+                );
+            } else {
+                say!(
+                    "host setup removed: no TUN device {} and no nftables table {} (IPv4 forwarding left as it was)",
+                    plan.tun,
+                    net::NFT_TABLE
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Sends one request to the ingress's control socket and reads the answer.
@@ -355,7 +502,21 @@ fn dial_address(listen: SocketAddr, config: &Config) -> String {
     }
 }
 
-async fn add(store: &dyn Store, config: &Config, name: &str, as_json: bool) -> anyhow::Result<()> {
+/// A new client's WireGuard side, as printed once.
+struct WgClient {
+    address: IpAddr,
+    public_key: String,
+    /// The wg-quick config, with the client's private key: never stored.
+    config: String,
+}
+
+async fn add(
+    store: &dyn Store,
+    config: &Config,
+    name: &str,
+    wg: Option<&WgNode>,
+    as_json: bool,
+) -> anyhow::Result<()> {
     let secret =
         credentials::try_new_secret().context("the system random number generator failed")?;
     let record = ClientRecord {
@@ -368,18 +529,16 @@ async fn add(store: &dyn Store, config: &Config, name: &str, as_json: bool) -> a
         wg_public_key: None,
         wg_address: None,
     };
-    match store.add_client(record).await {
-        Ok(()) => {}
-        Err(StoreError::AlreadyExists(_)) => {
-            anyhow::bail!(
-                "a client named {name} exists already (remove it first, or pick another name)"
-            )
+    let wireguard = match wg {
+        None => {
+            store
+                .add_client(record)
+                .await
+                .map_err(|error| add_error(name, error))?;
+            None
         }
-        Err(StoreError::InvalidName(_)) => {
-            anyhow::bail!("{name:?} is not a valid client name: use 1 to 64 of A-Z a-z 0-9 . _ -")
-        }
-        Err(error) => return Err(error.into()),
-    }
+        Some(node) => Some(add_wg(store, record, node).await?),
+    };
     let socks = format!(
         "socks5h://{name}:{secret}@{}",
         dial_address(config.listen.socks, config)
@@ -389,19 +548,86 @@ async fn add(store: &dyn Store, config: &Config, name: &str, as_json: bool) -> a
         dial_address(config.listen.http, config)
     );
     if as_json {
+        let mut answer =
+            json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http });
+        if let Some(wg) = &wireguard {
+            answer["wireguard"] = json!({
+                "address": wg.address,
+                "public_key": wg.public_key,
+                "config": wg.config,
+            });
+        }
+        say!("{answer}");
+        return Ok(());
+    }
+    say!("client {name} added. Its secret is shown only now; keep it.");
+    say!("  SOCKS5: {socks}");
+    say!("  HTTP:   {http}");
+    say!("try:");
+    say!("  curl --proxy '{socks}' https://example.com/");
+    say!("  curl --proxy '{http}' https://example.com/");
+    if let Some(wg) = &wireguard {
+        say!("");
         say!(
-            "{}",
-            json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http })
+            "WireGuard address {}. Its config holds the client's private key, shown only now:",
+            wg.address
         );
-    } else {
-        say!("client {name} added. Its secret is shown only now; keep it.");
-        say!("  SOCKS5: {socks}");
-        say!("  HTTP:   {http}");
-        say!("try:");
-        say!("  curl --proxy '{socks}' https://example.com/");
-        say!("  curl --proxy '{http}' https://example.com/");
+        say!("save it as {name}.conf for wg-quick, or import it into a WireGuard app.");
+        say!("");
+        say!("{}", wg.config.trim_end());
+        if std::io::stdout().is_terminal() {
+            if let Some(code) = wg_clients::qr_code(&wg.config) {
+                say!("");
+                say!("Or scan it with the WireGuard app:");
+                say!("{code}");
+            }
+        }
     }
     Ok(())
+}
+
+/// Adds a WireGuard client: a new key pair, the lowest free address of the pool.
+async fn add_wg(
+    store: &dyn Store,
+    mut record: ClientRecord,
+    node: &WgNode,
+) -> anyhow::Result<WgClient> {
+    let key = WireguardKey::generate().context("making the client's WireGuard key")?;
+    let public_key = key.public_base64();
+    record.wg_public_key = Some(public_key.clone());
+    let name = record.name.clone();
+    let address = match wg_clients::add_with_address(store, record, &node.pool).await {
+        Ok(address) => address,
+        Err(wg_clients::AddError::Store(error)) => return Err(add_error(&name, error)),
+        Err(error) => return Err(error.into()),
+    };
+    let private_key = key.private_base64();
+    let node_public_key = node.key.public_base64();
+    let config = WgQuickConfig {
+        client_private_key: &private_key,
+        address,
+        node_public_key: &node_public_key,
+        endpoint: &node.endpoint,
+    }
+    .render();
+    Ok(WgClient {
+        address,
+        public_key,
+        config,
+    })
+}
+
+/// What an operator reads when the store refuses a new client.
+fn add_error(name: &str, error: StoreError) -> anyhow::Error {
+    match error {
+        StoreError::AlreadyExists(_) => anyhow::anyhow!(
+            "a client named {name} exists already (remove it first, or pick another name)"
+        ),
+        StoreError::InvalidName(_) => {
+            anyhow::anyhow!("{name:?} is not a valid client name: use 1 to 64 of A-Z a-z 0-9 . _ -")
+        }
+        error => error.into(),
+    }
 }
 
 async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
@@ -414,7 +640,15 @@ async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
     if as_json {
         let items: Vec<_> = rows
             .iter()
-            .map(|(c, u)| json!({ "name": c.name, "created_at": c.created_at, "usage": u }))
+            .map(|(c, u)| {
+                json!({
+                    "name": c.name,
+                    "created_at": c.created_at,
+                    "wg_address": c.wg_address,
+                    "wg_public_key": c.wg_public_key,
+                    "usage": u,
+                })
+            })
             .collect();
         say!("{}", serde_json::to_string_pretty(&items)?);
         return Ok(());
@@ -424,16 +658,21 @@ async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     say!(
-        "{:<24} {:>14} {:>14} {:>12}",
+        "{:<24} {:<15} {:>14} {:>14} {:>12}",
         "name",
+        "wg address",
         "bytes up",
         "bytes down",
         "connections"
     );
     for (client, usage) in rows {
+        let address = client
+            .wg_address
+            .map_or_else(|| "-".to_string(), |a| a.to_string());
         say!(
-            "{:<24} {:>14} {:>14} {:>12}",
+            "{:<24} {:<15} {:>14} {:>14} {:>12}",
             client.name,
+            address,
             usage.bytes_up,
             usage.bytes_down,
             usage.connections

@@ -40,7 +40,9 @@ pub struct ClientRecord {
     pub created_at: i64,
     /// WireGuard public key, stored and returned as given.
     pub wg_public_key: Option<String>,
-    /// WireGuard tunnel address, stored and returned as given.
+    /// WireGuard tunnel address, stored and returned as given. At most one client
+    /// holds each address: [`Store::add_client`] refuses a taken one
+    /// ([`StoreError::AddressTaken`]); removing the client frees it.
     pub wg_address: Option<std::net::IpAddr>,
 }
 
@@ -118,6 +120,11 @@ pub enum StoreError {
     /// A client of that name already exists.
     #[error("client {0:?} already exists")]
     AlreadyExists(String),
+    /// Another client holds that WireGuard tunnel address (`wg_address`). Worth
+    /// retrying with another address: two `blipless-ctl client add --wg` running at
+    /// once may pick the same one, and the store lets only one of them have it.
+    #[error("WireGuard address {0} is taken by another client")]
+    AddressTaken(std::net::IpAddr),
     /// No client of that name exists (usage of an unknown client).
     #[error("no client named {0:?}")]
     NotFound(String),
@@ -153,14 +160,17 @@ pub enum StoreError {
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Adds a client; `StoreError::AlreadyExists` if the name is taken,
-    /// `StoreError::InvalidName` if the name is invalid. Appends an Upsert change.
+    /// `StoreError::InvalidName` if the name is invalid, `StoreError::AddressTaken` if
+    /// its `wg_address` is another client's (a taken name is reported first). Appends
+    /// an Upsert change. Of several adds racing for one name or one address, exactly
+    /// one succeeds.
     async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError>;
     /// The client of that name, if any.
     async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError>;
     /// All clients, ordered by name.
     async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError>;
-    /// Removes a client (and its usage); Ok(false) if there was none. Appends a Remove
-    /// change (only when a client was removed).
+    /// Removes a client (and its usage) and frees its `wg_address`; Ok(false) if there
+    /// was none. Appends a Remove change (only when a client was removed).
     async fn remove_client(&self, name: &str) -> Result<bool, StoreError>;
     /// Changes with seq > `after`, oldest first, at most `limit`. `after = 0` reads the
     /// feed from the start; follow it by passing the last seq seen.

@@ -2,6 +2,7 @@
 //!
 //! Each check is a generic async fn over `Arc<dyn Store>` (two handles on the same
 //! backend for the multi-process checks): [`clients`] for clients and the change feed,
+//! [`wg_addresses`] for the uniqueness of WireGuard addresses,
 //! [`usage`] for counters, [`presence`] for activity sets and egress identities,
 //! [`handles`] for several processes on one backend.
 //! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
@@ -14,6 +15,7 @@ mod handles;
 mod presence;
 pub(crate) mod redis_server;
 mod usage;
+mod wg_addresses;
 
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ pub(crate) use self::clients::*;
 pub(crate) use self::handles::*;
 pub(crate) use self::presence::*;
 pub(crate) use self::usage::*;
+pub(crate) use self::wg_addresses::*;
 use super::{ChangeKind, ClientRecord, Store};
 
 /// A backend to test: its URL, and a guard that keeps it alive (a temp dir, a child
@@ -53,9 +56,9 @@ macro_rules! contract_tests {
         contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
             remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
-            identity_taken_once, identity_expires);
+            identity_taken_once, identity_expires, wg_address_unique);
         contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
-            identity_race);
+            identity_race, wg_address_race);
     };
     (@one $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,15 +77,28 @@ macro_rules! contract_tests {
     )*};
 }
 
-/// A client record for tests, with every field set.
+/// A client record for tests, with every field set. Its WireGuard address is derived
+/// from the name (in `fd00:64::/64`), as addresses are unique: clients of different
+/// names do not collide, the same name always gets the same one.
 pub(crate) fn client(name: &str) -> ClientRecord {
     ClientRecord {
         name: name.to_owned(),
         secret_hash: crate::credentials::hash_secret(name),
         created_at: 1_700_000_000,
         wg_public_key: Some(format!("{name}-wg-key=")),
-        wg_address: Some("10.64.0.7".parse().expect("address literal")),
+        wg_address: Some(address_of(name)),
     }
+}
+
+/// A WireGuard address for tests, unique per name: `fd00:64::` and 64 bits of the
+/// name's SHA-256.
+pub(crate) fn address_of(name: &str) -> std::net::IpAddr {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let mut octets = [0u8; 16];
+    octets[..4].copy_from_slice(&[0xfd, 0x00, 0x00, 0x64]);
+    octets[8..].copy_from_slice(&digest[..8]);
+    std::net::IpAddr::from(octets)
 }
 
 /// The whole change feed, as (name, kind) pairs.

@@ -14,6 +14,7 @@
 //! | `{blipless}:feed:seq` | string | the last seq handed out (`INCR`) |
 //! | `{pca_<host>_<block>}` | sorted set | a node's activity: client to unix seconds |
 //! | `{pwi_<client>}` | string | a client's egress identity, as JSON, with a TTL |
+//! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
 //!
 //! # What is atomic
 //! Within one slot, every write is one Lua script or one `MULTI`/`EXEC`:
@@ -27,7 +28,10 @@
 //!   increasing and never reused, and the index and the feed always agree;
 //! - an activity touch raises the entries (`ZADD GT`), trims those older than 1 h and
 //!   resets the set's 2 h expiry in one `MULTI`;
-//! - an identity is taken with `GETDEL`: only one taker gets it.
+//! - an identity is taken with `GETDEL`: only one taker gets it;
+//! - a WireGuard address is claimed with `SET NX` of its key to the client's name
+//!   (which decides who wins a contested address) and freed by deleting the key only
+//!   if that client still holds it.
 //!
 //! Not atomic: `add_client` and `remove_client` each touch two slots (the client's, then
 //! `{blipless}`), which no Redis Cluster operation spans. The client's slot is written
@@ -43,6 +47,17 @@
 //! the record was already gone, so a remove retried after a lost reply still reaches
 //! the feed. Racing an add and a remove of one name can leave the feed's last entry
 //! for it an Upsert of a client that is gone; followers read `None` and drop it.
+//!
+//! A client with a WireGuard address touches a third slot, the address's: `add_client`
+//! claims the address first, and only then writes the record, so no record ever holds
+//! an address that another client's record holds; `remove_client` frees the address
+//! only after deleting the record. An add that loses the name (`AlreadyExists`) frees
+//! the address it claimed, unless the record that won holds that same address. A
+//! claim whose holder has no record (the process died between the steps, or a remove
+//! failed after deleting the record) keeps the address out of use: adding a client
+//! fails with [`StoreError::AddressTaken`] and `blipless-ctl` moves on to the next
+//! address, and adding a client of the holder's name with that address takes it over
+//! (a claim by the same name counts as the adder's own).
 //!
 //! # Limits
 //! The keys are ready for Redis Cluster, but this store connects to one Redis (a
@@ -113,6 +128,10 @@ fn activity_key(node: &NodeId) -> String {
 
 fn identity_key(client: &str) -> String {
     format!("{{pwi_{client}}}")
+}
+
+fn address_key(address: std::net::IpAddr) -> String {
+    format!("{{pwg_{address}}}")
 }
 
 /// The Redis store. Open it with [`super::open`] or [`RedisStore::open`]; clone the

@@ -2,13 +2,14 @@
 //! doc describes.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use deadpool_redis::redis;
 
 use super::{
-    activity_key, client_key, identity_key, scripts, usage_key, RedisStore, Req, Retry, FEED_KEY,
-    FEED_SEQ_KEY, INDEX_KEY,
+    activity_key, address_key, client_key, identity_key, scripts, usage_key, RedisStore, Req,
+    Retry, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
 };
 use crate::store::{
     decode_identity, encode_identity, is_valid_name, ttl_millis, unix_now, validate_name, Change,
@@ -51,6 +52,67 @@ impl RedisStore {
         .await
     }
 
+    /// Claims `address` for client `name`: `Ok(true)` if claimed now, `Ok(false)` if
+    /// that name held it already, `StoreError::AddressTaken` if another client does.
+    async fn claim_address(&self, address: IpAddr, name: &str) -> Result<bool, StoreError> {
+        let mut script = scripts::CLAIM_ADDRESS.prepare_invoke();
+        script.key(address_key(address)).arg(name);
+        let claimed: i64 = self
+            .run(
+                "claiming a WireGuard address",
+                Retry::Once,
+                &Req::Script(script),
+            )
+            .await?;
+        match claimed {
+            1 => Ok(true),
+            2 => Ok(false),
+            _ => Err(StoreError::AddressTaken(address)),
+        }
+    }
+
+    /// Frees `address` if client `name` holds it.
+    async fn release_address(&self, address: IpAddr, name: &str) -> Result<(), StoreError> {
+        let mut script = scripts::RELEASE_ADDRESS.prepare_invoke();
+        script.key(address_key(address)).arg(name);
+        let _: i64 = self
+            .run(
+                "freeing a WireGuard address",
+                Retry::Idempotent,
+                &Req::Script(script),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Whether a client record of that name exists.
+    async fn client_exists(&self, name: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(client_key(name));
+        let found: i64 = self
+            .run("checking a client name", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(found > 0)
+    }
+
+    /// A client's WireGuard address as its record says, leniently: a corrupt record
+    /// has none (so that it can still be removed).
+    async fn stored_address(&self, name: &str) -> Result<Option<IpAddr>, StoreError> {
+        let key = client_key(name);
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&key);
+        let json: Option<String> = self
+            .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(json.and_then(|json| match self.decode_client(&key, &json) {
+            Ok(record) => record.wg_address,
+            Err(error) => {
+                tracing::warn!(%error, "reading a client's WireGuard address");
+                None
+            }
+        }))
+    }
+
     fn decode_client(&self, key: &str, json: &str) -> Result<ClientRecord, StoreError> {
         serde_json::from_str(json).map_err(|err| self.corrupt(key, err))
     }
@@ -84,6 +146,15 @@ impl Store for RedisStore {
         validate_name(&record.name)?;
         let json = serde_json::to_string(&record)
             .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;
+        // The address first (its own slot): a record never holds an unclaimed address.
+        let mut claimed_now = None;
+        if let Some(address) = record.wg_address {
+            // A taken name is reported before a taken address.
+            if self.client_exists(&record.name).await? {
+                return Err(StoreError::AlreadyExists(record.name));
+            }
+            claimed_now = Some((address, self.claim_address(address, &record.name).await?));
+        }
         let mut script = scripts::ADD_CLIENT.prepare_invoke();
         script
             .key(client_key(&record.name))
@@ -93,6 +164,12 @@ impl Store for RedisStore {
             .run("adding a client", Retry::Once, &Req::Script(script))
             .await?;
         if created == 0 {
+            if let Some((address, true)) = claimed_now {
+                // Free what this add claimed, unless the client that won holds it.
+                if self.stored_address(&record.name).await? != Some(address) {
+                    self.release_address(address, &record.name).await?;
+                }
+            }
             return Err(StoreError::AlreadyExists(record.name));
         }
         self.append_change(&record.name, ChangeKind::Upsert, false)
@@ -144,6 +221,8 @@ impl Store for RedisStore {
         if !is_valid_name(name) {
             return Ok(false);
         }
+        // Records do not change: the address read now is the one deleted below.
+        let address = self.stored_address(name).await?;
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("DEL")
@@ -153,6 +232,10 @@ impl Store for RedisStore {
         let (records, _usage): (i64, i64) = self
             .run("removing a client", Retry::Idempotent, &Req::Pipe(pipe))
             .await?;
+        // The record is gone: its address may go to another client now.
+        if let Some(address) = address {
+            self.release_address(address, name).await?;
+        }
         let appended = self
             .append_change(name, ChangeKind::Remove, records > 0)
             .await?;

@@ -69,3 +69,34 @@ return seq
 ",
     )
 });
+
+/// Claims a WireGuard address for a client (`SET NX` of the address key to the name).
+/// KEYS: the address key. ARGV: the client's name.
+/// Returns 1 if claimed now, 2 if that name held it already (an earlier or concurrent
+/// add of the same name), 0 if another client holds it.
+pub(super) static CLAIM_ADDRESS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return 2
+end
+return 0
+",
+    )
+});
+
+/// Frees a WireGuard address if the client holds it (compare and delete).
+/// KEYS: the address key. ARGV: the client's name. Returns 1 if freed, else 0.
+pub(super) static RELEASE_ADDRESS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+    )
+});

@@ -1,5 +1,5 @@
 //! Tests of the Redis store beyond the backend contract (`store::contract`): its key
-//! shapes, half-done adds and removes, URLs in errors, and a Redis that dies, hangs or
+//! shapes, half-done adds and removes, leftover WireGuard address claims, URLs in errors, and a Redis that dies, hangs or
 //! comes back.
 
 use std::time::{Duration, Instant};
@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, AsyncCommands};
 
 use super::*;
-use crate::store::contract::client;
 use crate::store::contract::redis_server::RedisServer;
-use crate::store::{ChangeKind, EgressIdentity, Store, Usage};
+use crate::store::contract::{address_of, client};
+use crate::store::{ChangeKind, ClientRecord, EgressIdentity, Store, Usage};
 
 /// A plain connection for looking at (or tampering with) the keys.
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -65,18 +65,21 @@ async fn key_shapes() {
     let mut conn = raw(&server).await;
     let mut keys: Vec<String> = conn.keys("*").await.expect("KEYS");
     keys.sort();
-    assert_eq!(
-        keys,
-        [
-            "{blipless}:clients",
-            "{blipless}:feed",
-            "{blipless}:feed:seq",
-            "{pc_alice}",
-            "{pc_alice}:usage",
-            "{pca_h1_b0}",
-            "{pwi_alice}",
-        ]
-    );
+    let address_claim = format!("{{pwg_{}}}", address_of("alice"));
+    let mut expected = vec![
+        "{blipless}:clients",
+        "{blipless}:feed",
+        "{blipless}:feed:seq",
+        "{pc_alice}",
+        "{pc_alice}:usage",
+        "{pca_h1_b0}",
+        "{pwi_alice}",
+        address_claim.as_str(),
+    ];
+    expected.sort_unstable();
+    assert_eq!(keys, expected);
+    let holder: String = conn.get(&address_claim).await.expect("GET");
+    assert_eq!(holder, "alice", "the address key names its client");
     let usage: Vec<(String, i64)> = conn.hgetall("{pc_alice}:usage").await.expect("HGETALL");
     assert_eq!(usage.len(), 3);
     assert!(usage.contains(&("down".into(), 6)), "{usage:?}");
@@ -128,6 +131,45 @@ async fn half_done_adds_and_removes_are_repaired() {
         ("gone", ChangeKind::Remove)
     );
     assert!(!store.remove_client("gone").await.expect("remove again"));
+}
+
+/// The WireGuard address claims the module doc describes: a claim left without a
+/// record (an add that died between its steps) keeps the address from other clients
+/// and is taken over by an add of the same name; a remove deletes the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftover_address_claims() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let mut conn = raw(&server).await;
+    let address: std::net::IpAddr = "10.64.0.2".parse().expect("literal");
+    let key = format!("{{pwg_{address}}}");
+    let _: () = conn.set(&key, "ghost").await.expect("SET");
+    let other = ClientRecord {
+        wg_address: Some(address),
+        ..client("other")
+    };
+    assert!(matches!(
+        store.add_client(other).await,
+        Err(StoreError::AddressTaken(a)) if a == address
+    ));
+    let ghost = ClientRecord {
+        wg_address: Some(address),
+        ..client("ghost")
+    };
+    store
+        .add_client(ghost.clone())
+        .await
+        .expect("the claim's own name takes it over");
+    assert_eq!(store.get_client("ghost").await.expect("get"), Some(ghost));
+    assert!(store.remove_client("ghost").await.expect("remove"));
+    let left: Option<String> = conn.get(&key).await.expect("GET");
+    assert_eq!(left, None, "removing the client deletes its claim");
+    // A claim of another client is never deleted by a remove.
+    let _: () = conn.set(&key, "someone").await.expect("SET");
+    store.add_client(client("plain")).await.expect("add");
+    assert!(store.remove_client("plain").await.expect("remove"));
+    let left: Option<String> = conn.get(&key).await.expect("GET");
+    assert_eq!(left.as_deref(), Some("someone"));
 }
 
 #[tokio::test]

@@ -11,6 +11,9 @@
 //!   increasing across processes (writes are serialized by SQLite) and never reused.
 //! - Activity sets and egress identities (schema version 2) live in `presence`'s
 //!   tables; row conversions are in `rows`.
+//! - A client's WireGuard address is unique (schema version 3: a `UNIQUE` index on
+//!   `clients.wg_address`), so of two adds racing for one address the second is refused
+//!   ([`StoreError::AddressTaken`]); deleting the client's row frees the address.
 //! - Every call runs on tokio's blocking pool (`spawn_blocking`); the connection sits in
 //!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
 
@@ -116,7 +119,21 @@ impl Store for SqliteStore {
                 )
                 .map_err(db("inserting client"))?;
             if inserted == 0 {
-                return Err(StoreError::AlreadyExists(record.name));
+                // Ignored for a taken name or a taken WireGuard address (the unique
+                // index); the name is reported first.
+                let name_taken = tx
+                    .query_row(
+                        "SELECT 1 FROM clients WHERE name = ?1",
+                        params![record.name],
+                        |_| Ok(()),
+                    )
+                    .optional()
+                    .map_err(db("checking client name"))?
+                    .is_some();
+                return Err(match record.wg_address {
+                    Some(address) if !name_taken => StoreError::AddressTaken(address),
+                    _ => StoreError::AlreadyExists(record.name),
+                });
             }
             // A leftover row (there should be none) is reset: a new client starts at zero.
             tx.execute(

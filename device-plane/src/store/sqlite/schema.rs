@@ -2,20 +2,23 @@
 //! with a busy timeout, and creating (idempotently) or checking the versioned schema.
 //!
 //! Versions: 1 has clients, the change feed and usage; 2 adds the activity sets and the
-//! egress identities. Each version's statements are `IF NOT EXISTS`, and a store is
-//! brought from whatever version it has to [`SCHEMA_VERSION`] by running the ones above
-//! it, under the write lock.
+//! egress identities; 3 makes a client's WireGuard address unique (a `UNIQUE` index on
+//! `clients.wg_address`; clients without one, `NULL`, do not collide). Each version's
+//! statements are `IF NOT EXISTS`, and a store is brought from whatever version it has
+//! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
+//! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
+//! where two clients share an address anyway is refused with their names, unchanged.
 
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::db;
 use crate::store::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,7 +46,7 @@ CREATE TABLE IF NOT EXISTS usage (
 ";
 
 /// Version 2: the activity set per node and the egress identity per client.
-const SCHEMA_V2: &str = "
+pub(super) const SCHEMA_V2: &str = "
 CREATE TABLE IF NOT EXISTS activity (
     host   TEXT NOT NULL,
     block  TEXT NOT NULL,
@@ -60,8 +63,13 @@ CREATE TABLE IF NOT EXISTS identities (
 CREATE INDEX IF NOT EXISTS identities_expires_at ON identities (expires_at);
 ";
 
+/// Version 3: at most one client per WireGuard tunnel address.
+const SCHEMA_V3: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS clients_wg_address ON clients (wg_address);
+";
+
 /// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
-const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
+const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
@@ -105,6 +113,9 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     }
     if version < SCHEMA_VERSION {
         let from = usize::try_from(version.max(0)).unwrap_or(0);
+        if from >= 1 {
+            refuse_shared_wg_addresses(&tx)?;
+        }
         for statements in MIGRATIONS.iter().skip(from) {
             tx.execute_batch(statements)
                 .map_err(db("creating or upgrading schema"))?;
@@ -113,4 +124,26 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             .map_err(db("writing schema version"))?;
     }
     tx.commit().map_err(db("committing schema"))
+}
+
+/// Before version 3's unique index: a store where two clients share a WireGuard address
+/// cannot get it, so say which clients, instead of SQLite's bare constraint error.
+fn refuse_shared_wg_addresses(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    let shared: Option<(String, String)> = tx
+        .query_row(
+            "SELECT wg_address, group_concat(name, ', ') FROM clients \
+             WHERE wg_address IS NOT NULL GROUP BY wg_address HAVING count(*) > 1 LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(db("checking WireGuard addresses before the upgrade"))?;
+    match shared {
+        None => Ok(()),
+        Some((address, names)) => Err(StoreError::Backend(format!(
+            "cannot upgrade the store to schema version 3: clients {names} share the \
+             WireGuard address {address}; remove all but one of them (with the \
+             blipless-ctl that wrote them) and try again"
+        ))),
+    }
 }

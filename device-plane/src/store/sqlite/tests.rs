@@ -102,3 +102,62 @@ async fn version_1_store_is_upgraded_in_place() {
         Some(identity)
     );
 }
+
+/// A store as version 2 left it (`wg_address` not yet unique), with `clients`.
+fn version_2_store(path: &std::path::Path, clients: &[(&str, Option<&str>)]) {
+    let conn = Connection::open(path).expect("create v2 file");
+    conn.execute_batch(schema::SCHEMA_V1).expect("v1 schema");
+    conn.execute_batch(schema::SCHEMA_V2).expect("v2 schema");
+    for (name, address) in clients {
+        conn.execute(
+            "INSERT INTO clients (name, secret_hash, created_at, wg_address) \
+             VALUES (?1, 'h', 1, ?2)",
+            params![name, address],
+        )
+        .expect("v2 client");
+    }
+    conn.pragma_update(None, "user_version", 2)
+        .expect("v2 version");
+}
+
+#[tokio::test]
+async fn version_2_store_gets_unique_wg_addresses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(
+        &path,
+        &[("old", None), ("older", None), ("wg", Some("10.64.0.2"))],
+    );
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    assert_eq!(store.list_clients().await.expect("list").len(), 3);
+    let taken = ClientRecord {
+        wg_address: Some("10.64.0.2".parse().expect("literal")),
+        ..crate::store::contract::client("new")
+    };
+    assert!(matches!(
+        store.add_client(taken).await,
+        Err(StoreError::AddressTaken(_))
+    ));
+}
+
+#[tokio::test]
+async fn version_2_store_with_shared_wg_addresses_is_refused_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(
+        &path,
+        &[("one", Some("10.64.0.2")), ("two", Some("10.64.0.2"))],
+    );
+    let error = SqliteStore::open(&path).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(
+        message.contains("one, two") || message.contains("two, one"),
+        "{message}"
+    );
+    assert!(message.contains("10.64.0.2"), "{message}");
+    let conn = Connection::open(&path).expect("reopen raw");
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 2, "left as it was");
+}
