@@ -2,7 +2,7 @@
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 # Debian packages the tests drive (package:command); make run needs only curl.
-TEST_PACKAGES = curl:curl redis-server:redis-server
+TEST_PACKAGES = curl:curl redis-server:redis-server wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping
 RUN_PACKAGES = curl:curl
 
 .PHONY: all build run test deps bench lint fuzz clean

@@ -1,16 +1,21 @@
 //! The end-to-end harness: start the real `blipless-ingress` and
 //! `blipless-device` binaries on free loopback ports with their own state
 //! folder, an origin server to proxy to, and real clients (curl).
+//! For WireGuard, [`netns`] builds topologies of network namespaces (as
+//! root) and [`wireguard`] runs the real client, wireguard-go, inside them.
 //!
 //! Binaries are found in the workspace's target folder (`debug` unless
 //! `BLIPLESS_PROFILE` says `release`, or `BLIPLESS_BIN_DIR` points
 //! elsewhere); `make test` builds them before running the tests.
 
 pub mod curl;
+pub mod netns;
 pub mod node;
 pub mod origin;
 pub mod raw;
 pub mod redis;
+pub mod wg_peer;
+pub mod wireguard;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

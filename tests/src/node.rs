@@ -87,6 +87,8 @@ pub struct Node {
     pub http: SocketAddr,
     /// Status listener.
     pub status: SocketAddr,
+    /// The network namespace the daemons run in (None: the test's own).
+    pub netns: Option<String>,
     daemons: usize,
 }
 
@@ -123,7 +125,52 @@ impl Node {
             socks: at(socks),
             http: at(http),
             status: at(status),
+            netns: None,
             daemons: 0,
+        }
+    }
+
+    /// A node whose daemons run inside the network namespace `netns` (which
+    /// has a loopback of its own, so the listeners take their default ports),
+    /// with WireGuard on `0.0.0.0:51820`, `egress` lines added to its [egress]
+    /// table and `extra` TOML appended. `blipless-ctl` runs in the test's own
+    /// namespace: it needs only the Unix sockets and the store.
+    pub fn in_netns(netns: &str, egress: &str, extra: &str) -> Self {
+        crate::raise_fd_limit();
+        let dir = tempfile::Builder::new()
+            .prefix("blipns")
+            .tempdir()
+            .expect("temporary folder");
+        let config = dir.path().join("blipless.toml");
+        let text = format!(
+            "[node]\nhost = \"{netns}\"\nruntime_dir = \"{run}\"\nstate_dir = \"{state}\"\n\n\
+             [listen]\nwg = \"0.0.0.0:51820\"\n\n\
+             [egress]\n{egress}\n\n{extra}\n",
+            run = dir.path().join("run").display(),
+            state = dir.path().join("state").display(),
+        );
+        std::fs::write(&config, text).expect("writing the config");
+        let at = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self {
+            dir,
+            config,
+            socks: at(1080),
+            http: at(8080),
+            status: at(9180),
+            netns: Some(netns.to_owned()),
+            daemons: 0,
+        }
+    }
+
+    /// A command for `program`, inside the node's namespace if it has one.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match &self.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(program);
+                command
+            }
+            None => Command::new(program),
         }
     }
 
@@ -142,7 +189,9 @@ impl Node {
             .path()
             .join(format!("{}-{}.log", binary_name, self.daemons));
         let stderr = File::create(&log).expect("log file");
-        let child = Command::new(binary(binary_name))
+        // `ip netns exec` execs the daemon in place: the child is the daemon.
+        let child = self
+            .command(binary(binary_name))
             .arg("--config")
             .arg(&self.config)
             .args(args)
@@ -167,11 +216,19 @@ impl Node {
     pub fn start_ingress(&mut self) -> Daemon {
         let daemon = self.spawn("blipless-ingress", &[]);
         let status = self.status;
-        wait_until(
-            Duration::from_secs(20),
-            "the ingress's status listener",
-            || std::net::TcpStream::connect(status).is_ok(),
-        );
+        if self.netns.is_some() {
+            wait_until(
+                Duration::from_secs(20),
+                "the ingress's status listener",
+                || self.status().0 != 0,
+            );
+        } else {
+            wait_until(
+                Duration::from_secs(20),
+                "the ingress's status listener",
+                || std::net::TcpStream::connect(status).is_ok(),
+            );
+        }
         daemon
     }
 
@@ -223,16 +280,50 @@ impl Node {
 
     /// `/status`: (HTTP code, body); (0, "") when unreachable.
     pub fn status(&self) -> (u16, String) {
-        let output = crate::curl::curl(&[
+        let output = self.status_get("/status");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.trim().to_string())
+    }
+
+    /// `/metrics` as text ("" when unreachable).
+    pub fn metrics(&self) -> String {
+        let output = self.status_get("/metrics");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.rsplit_once('\n')
+            .map(|(body, _)| body.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The value of one metric line (`name{labels}` exactly as exposed), 0 if absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.rsplit_once(' ')?;
+                (name == series).then(|| value.parse().ok())?
+            })
+            .unwrap_or(0.0)
+    }
+
+    fn status_get(&self, path: &str) -> std::process::Output {
+        let args = [
+            "--silent",
             "--max-time",
             "5",
             "-w",
             "\n%{http_code}",
-            &format!("http://{}/status", self.status),
-        ]);
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.trim().parse().unwrap_or(0), body.trim().to_string())
+            &format!("http://{}{path}", self.status),
+        ];
+        if self.netns.is_some() {
+            return self
+                .command("curl")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|error| panic!("running curl in the node's namespace: {error}"));
+        }
+        crate::curl::curl(&args)
     }
 
     /// Waits until `/status` answers 200 ok.

@@ -1,6 +1,7 @@
 //! A small HTTP/1.1 origin on loopback for the tests to proxy to.
 //!
-//! - `GET /bytes/N`: N bytes of [`crate::pattern`];
+//! - `GET /bytes/N`: N bytes of [`crate::pattern`] (public, so tests can
+//!   compute the expected body);
 //! - `GET /slow/MS`: "ok" after MS milliseconds;
 //! - `PUT /echo` (or POST): streams the request body back as it arrives;
 //! - `GET /whoami`: the address the request came from (the proxy's egress source);
@@ -8,6 +9,10 @@
 //!
 //! Every response closes its connection. The origin counts connections and
 //! the most it ever held at once, so tests can tell real concurrency.
+//!
+//! The `blipless-test-origin` binary (`src/bin/origin.rs`) serves the same
+//! origin on a given address, for tests that run it inside a network
+//! namespace.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,15 +41,18 @@ struct Stats {
 impl Origin {
     /// Starts an origin on 127.0.0.1 with a free port.
     pub fn start() -> Self {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).expect("origin start")
+    }
+
+    /// Starts an origin listening on `listen` (port 0: a free port; see
+    /// [`Origin::address`] for the one it got).
+    pub fn start_on(listen: SocketAddr) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()
-            .expect("origin runtime");
-        let listener = runtime
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("origin bind");
-        let address = listener.local_addr().expect("origin address");
+            .build()?;
+        let listener = runtime.block_on(TcpListener::bind(listen))?;
+        let address = listener.local_addr()?;
         let stats = Arc::new(Stats::default());
         let shared = stats.clone();
         runtime.spawn(async move {
@@ -63,11 +71,11 @@ impl Origin {
                 });
             }
         });
-        Self {
+        Ok(Self {
             address,
             stats,
             _runtime: runtime,
-        }
+        })
     }
 
     /// A URL on this origin.

@@ -1,0 +1,478 @@
+//! WireGuard end to end, as root, in network namespaces the tests create and
+//! remove: a "customer" namespace with the real client (wireguard-go and `wg`,
+//! configured from the wg-quick config `blipless-ctl client add --wg` prints),
+//! a "node" namespace running blipless-ingress and blipless-device (TUN egress
+//! with nftables masquerade, set up by the device plane: `egress.tun.manage`),
+//! and an "internet" namespace with an HTTP origin.
+//!
+//! ```text
+//! customer 10.S.1.2 ── 10.S.1.1 node 10.S.2.1 ── 10.S.2.2 internet (origin :8000)
+//!   wg (10.64.0.x) ──UDP 51820──▶ ingress ⇄ device plane ⇄ blip0 ⇄ masquerade
+//! ```
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use blipless_tests::netns::{self, start_origin, veth, Background, Netns};
+use blipless_tests::node::{Daemon, Node};
+use blipless_tests::wg_peer::{icmp_echo, in_netns, is_echo_reply, TestPeer};
+use blipless_tests::wireguard::WireguardGoPeer;
+use blipless_tests::{pattern, sha256, wait_until};
+
+/// One customer, one node, one internet, wired up and serving.
+struct World {
+    // Dropped in this order: client and daemons first, namespaces last.
+    peer: WireguardGoPeer,
+    device: Daemon,
+    ingress: Daemon,
+    node: Node,
+    _origin_process: Background,
+    /// The origin's address in the internet namespace.
+    origin: SocketAddr,
+    internet_net: String,
+    customer: Netns,
+    _node_ns: Netns,
+    _internet: Netns,
+}
+
+impl World {
+    /// Builds the topology on subnets 10.`s`.1.0/24 and 10.`s`.2.0/24.
+    fn new(s: u8) -> World {
+        netns::require_root();
+        let customer = Netns::new("customer").expect("customer namespace");
+        let node_ns = Netns::new("node").expect("node namespace");
+        let internet = Netns::new("internet").expect("internet namespace");
+        let node_ip = format!("10.{s}.1.1");
+        veth(
+            &node_ns,
+            &format!("{node_ip}/24"),
+            &customer,
+            &format!("10.{s}.1.2/24"),
+        )
+        .expect("customer link");
+        let uplink = veth(
+            &node_ns,
+            &format!("10.{s}.2.1/24"),
+            &internet,
+            &format!("10.{s}.2.2/24"),
+        )
+        .expect("internet link");
+        let origin: SocketAddr = format!("10.{s}.2.2:8000").parse().expect("origin address");
+        let origin_process = start_origin(&internet, origin).expect("origin");
+        let internet_net = format!("10.{s}.2.0/24");
+        let mut node = Node::in_netns(
+            node_ns.name(),
+            &format!("allow = [\"{internet_net}\"]"),
+            &format!(
+                "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
+                 [wireguard]\nendpoint = \"{node_ip}:51820\"\npool = \"10.64.0.0/24\"\n",
+                uplink.a
+            ),
+        );
+        let ingress = node.start_ingress();
+        let config = add_wg_client(&node, "alice");
+        let device = node.start_device();
+        node.wait_ready();
+        let peer = WireguardGoPeer::start(&customer, &config, &[internet_net.as_str()])
+            .expect("wireguard-go client");
+        World {
+            peer,
+            device,
+            ingress,
+            node,
+            _origin_process: origin_process,
+            origin,
+            internet_net,
+            customer,
+            _node_ns: node_ns,
+            _internet: internet,
+        }
+    }
+
+    /// curl in the customer namespace; the body, or a panic with curl's error.
+    fn fetch(&self, path: &str, extra: &[&str]) -> Vec<u8> {
+        let url = format!("http://{}{path}", self.origin);
+        let output = self
+            .customer
+            .command("curl")
+            .args(["--silent", "--show-error", "--max-time", "120"])
+            .args(extra)
+            .arg(&url)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running curl");
+        assert!(
+            output.status.success(),
+            "curl {url} through the tunnel failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.diagnostics()
+        );
+        output.stdout
+    }
+
+    fn ingress_serving(&self) -> bool {
+        self.node.status().0 == 200
+    }
+
+    fn diagnostics(&self) -> String {
+        format!(
+            "--- ingress log:\n{}\n--- device log:\n{}\n--- wireguard-go:\n{}",
+            tail(&self.ingress.log_text()),
+            tail(&self.device.log_text()),
+            tail(&self.peer.log())
+        )
+    }
+
+    /// Starts ping in the customer namespace toward the origin's host.
+    fn ping(&self, count: u32, interval: &str) -> std::process::Child {
+        let host = self.origin.ip().to_string();
+        self.customer
+            .command("ping")
+            .args([
+                "-n",
+                "-q",
+                "-i",
+                interval,
+                "-c",
+                &count.to_string(),
+                "-W",
+                "2",
+                &host,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting ping")
+    }
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// A key line (`PrivateKey = ...`) of a wg-quick config, decoded.
+fn config_key(config: &str, field: &str) -> [u8; 32] {
+    let line = config
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.trim_start().strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {field} in {config}"));
+    blipless_config::wireguard_key::decode(line.trim()).expect("a base64 key")
+}
+
+/// `client add NAME --wg --json` and the wg-quick config it printed.
+fn add_wg_client(node: &Node, name: &str) -> String {
+    let output = node.ctl(&["--json", "client", "add", name, "--wg"]);
+    assert!(
+        output.status.success(),
+        "client add --wg failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let value: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("client add --json");
+    value["wireguard"]["config"]
+        .as_str()
+        .expect("a wg-quick config in the JSON")
+        .to_string()
+}
+
+/// Transmitted and received counts from ping's summary line.
+fn ping_counts(output: &std::process::Output) -> (u64, u64) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find(|line| line.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary in: {text}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn a_wireguard_go_client_fetches_through_the_node_byte_exact() {
+    let world = World::new(71);
+    let size = 8_000_000;
+    let body = world.fetch(&format!("/bytes/{size}"), &[]);
+    assert_eq!(body.len(), size);
+    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+    // The origin sees the node's masqueraded address, not the tunnel address.
+    let whoami = String::from_utf8(world.fetch("/whoami", &[])).expect("utf-8");
+    assert!(
+        whoami.starts_with(&world.internet_net[..world.internet_net.len() - 4]),
+        "origin saw {whoami:?}"
+    );
+    assert_eq!(world.node.metric("blipless_wg_peers"), 1.0);
+    assert!(world.node.metric("blipless_wg_handshakes_total") >= 1.0);
+}
+
+#[test]
+fn packets_from_an_address_that_is_not_the_peers_own_are_dropped_and_counted() {
+    let world = World::new(72);
+    let interface = world.peer.interface().to_string();
+    world
+        .customer
+        .ip(&["addr", "add", "10.64.0.200/32", "dev", &interface])
+        .expect("a second address");
+    let spoofed = world
+        .customer
+        .command("ping")
+        .args([
+            "-n",
+            "-q",
+            "-c",
+            "5",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "-I",
+            "10.64.0.200",
+        ])
+        .arg(world.origin.ip().to_string())
+        .output()
+        .expect("ping");
+    let (sent, received) = ping_counts(&spoofed);
+    assert_eq!(
+        (sent, received),
+        (5, 0),
+        "spoofed pings must not get through"
+    );
+    wait_until(Duration::from_secs(10), "the drops to be counted", || {
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"source\"}")
+            >= 5.0
+    });
+    // The peer's own address still works.
+    assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);
+}
+
+#[test]
+fn a_removed_client_loses_its_session_within_seconds() {
+    let world = World::new(73);
+    assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);
+    let output = world.node.ctl(&["client", "remove", "alice"]);
+    assert!(output.status.success(), "client remove failed");
+    wait_until(Duration::from_secs(10), "the peer to be removed", || {
+        world.node.metric("blipless_wg_peers") == 0.0
+    });
+    let ping = world.ping(3, "0.2").wait_with_output().expect("ping");
+    assert_eq!(
+        ping_counts(&ping).1,
+        0,
+        "a removed client's packets must not pass"
+    );
+}
+
+#[test]
+fn an_inner_tcp_stream_survives_five_device_deploys() {
+    let mut world = World::new(74);
+    let size = 24_000_000usize;
+    let url = format!("http://{}/bytes/{size}", world.origin);
+    let output_file = world.node.path().join("stream.bin");
+    // Rate-limited so the stream outlasts the deploys by a wide margin.
+    let mut download = world
+        .customer
+        .command("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "300",
+            "--limit-rate",
+            "3M",
+            "-o",
+        ])
+        .arg(&output_file)
+        .arg(&url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting curl");
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    for round in 1..=5 {
+        let (device, took) = world.node.deploy(&mut world.device);
+        world.device = device;
+        eprintln!("deploy {round} took {took:?}");
+    }
+    eprintln!("5 deploys in {:?}", started.elapsed());
+    assert!(
+        download.try_wait().expect("curl state").is_none(),
+        "the download ended before the deploys did: make it longer"
+    );
+    let status = download.wait().expect("curl");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = download.stderr.take() {
+        use std::io::Read;
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(
+        status.success(),
+        "the stream broke: {stderr}\n{}",
+        world.diagnostics()
+    );
+    let body = std::fs::read(&output_file).expect("downloaded file");
+    assert_eq!(body.len(), size, "every byte arrives");
+    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+}
+
+#[test]
+fn ping_through_the_tunnel_loses_nothing_across_a_deploy() {
+    let mut world = World::new(75);
+    // 10 ms apart for 6 s; the deploy happens in the middle.
+    let ping = world.ping(600, "0.01");
+    std::thread::sleep(Duration::from_secs(2));
+    let (device, took) = world.node.deploy(&mut world.device);
+    world.device = device;
+    let output = ping.wait_with_output().expect("ping");
+    let (sent, received) = ping_counts(&output);
+    eprintln!(
+        "ping across a deploy ({took:?}): {sent} sent, {received} received, {} lost",
+        sent - received
+    );
+    assert_eq!(sent, 600);
+    assert_eq!(
+        received,
+        sent,
+        "lost pings across a deploy\n{}",
+        world.diagnostics()
+    );
+}
+
+#[test]
+fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
+    let world = World::new(76);
+    let config = add_wg_client(&world.node, "bob");
+    wait_until(Duration::from_secs(10), "bob to be a peer", || {
+        world.node.metric("blipless_wg_peers") == 2.0
+    });
+    let private = config_key(&config, "PrivateKey");
+    let server = config_key(&config, "PublicKey");
+    let address = config
+        .lines()
+        .find_map(|line| line.strip_prefix("Address = "))
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("bob's address");
+    let endpoint: SocketAddr = "10.76.1.1:51820".parse().expect("endpoint");
+    let origin = match world.origin.ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(_) => unreachable!("the origin is IPv4"),
+    };
+    let (replies, cookies) = in_netns(world.customer.name(), move || {
+        let mut bob = TestPeer::new(private, server, address, endpoint, 11).expect("bob");
+        // Junk of every size, and junk that looks like each message type.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for size in 0..300usize {
+            let mut datagram: Vec<u8> = (0..size).map(|_| random() as u8).collect();
+            if let Some(first) = datagram.first_mut() {
+                *first = (size % 5) as u8;
+            }
+            bob.socket().send_to(&datagram, endpoint).expect("junk");
+        }
+        // Truncated initiations, then a session, then truncated data.
+        let initiation = bob.initiation().expect("initiation");
+        for cut in [1, 4, 32, 100, initiation.len() - 1] {
+            bob.socket()
+                .send_to(&initiation[..cut], endpoint)
+                .expect("truncated");
+        }
+        bob.handshake(Duration::from_secs(10))
+            .expect("bob's handshake");
+        let ping = icmp_echo(address, origin, 77, 1);
+        let sent = bob.send_inner(&ping).expect("ping");
+        for cut in [16, 31, sent.len() - 1] {
+            bob.socket()
+                .send_to(&sent[..cut], endpoint)
+                .expect("truncated data");
+        }
+        // Replays of the same encrypted ping: each must be dropped.
+        for _ in 0..5 {
+            bob.socket().send_to(&sent, endpoint).expect("replay");
+        }
+        let mut replies = 0;
+        while let Some(packet) = bob.recv_inner(Duration::from_secs(2)).expect("receive") {
+            if is_echo_reply(&packet, 77, 1) {
+                replies += 1;
+            }
+        }
+        // A flood of initiations from keys no one knows, with valid mac1s.
+        let flood = std::net::UdpSocket::bind("0.0.0.0:0").expect("flood socket");
+        flood
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        for n in 0..1500u32 {
+            let mut stranger = TestPeer::new(
+                [(n % 251) as u8 + 1; 32],
+                server,
+                address,
+                endpoint,
+                1000 + n,
+            )
+            .expect("stranger");
+            let initiation = stranger.initiation().expect("initiation");
+            flood.send_to(&initiation, endpoint).expect("flood");
+        }
+        let mut cookies = 0;
+        let mut datagram = [0u8; 256];
+        while let Ok((length, _)) = flood.recv_from(&mut datagram) {
+            if length == 64 && datagram[0] == 3 {
+                cookies += 1;
+            }
+        }
+        (replies, cookies)
+    });
+    assert_eq!(replies, 1, "one ping, one reply: replays are not delivered");
+    assert!(cookies > 0, "the flood got cookie replies");
+    assert!(world.node.metric("blipless_wg_cookie_replies_total") > 0.0);
+    assert!(
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"replay\"}")
+            >= 5.0
+    );
+    assert!(
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"invalid\"}")
+            > 0.0
+    );
+    // The legitimate client keeps working, and so does the ingress.
+    let ping = world.ping(5, "0.2").wait_with_output().expect("ping");
+    assert_eq!(ping_counts(&ping), (5, 5), "alice's pings after the flood");
+    assert_eq!(world.fetch("/bytes/100000", &[]).len(), 100_000);
+    assert!(world.ingress_serving(), "the ingress survived");
+}
+
+#[test]
+fn status_is_503_until_the_device_planes_peer_set_is_applied() {
+    // No namespaces needed: nothing crosses the tunnel here.
+    let mut node = Node::new("[wireguard]\nendpoint = \"127.0.0.1:51820\"\n");
+    let _ingress = node.start_ingress();
+    add_wg_client(&node, "carol");
+    let _device = node.start_device_with_env(&[("BLIPLESS_FAULT_DELAY_PEERS_MS", "3000")]);
+    wait_until(Duration::from_secs(30), "an active device plane", || {
+        node.active_generation().is_some()
+    });
+    let (code, body) = node.status();
+    assert_eq!(
+        (code, body.as_str()),
+        (503, "starting"),
+        "active plane, no peer set yet"
+    );
+    assert_eq!(node.metric("blipless_wg_peers"), 0.0);
+    node.wait_ready();
+    assert_eq!(node.metric("blipless_wg_peers"), 1.0);
+}
