@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
@@ -30,10 +31,19 @@ struct Args {
     /// Log as JSON lines instead of human-readable text (same as --set log.format=json).
     #[arg(long)]
     log_json: bool,
+    /// Run under a stand-in main process for systemd (Type=notify,
+    /// KillMode=process, RestartKillSignal=SIGUSR2): it relays readiness and
+    /// SIGTERM/SIGINT, and on a restart (SIGUSR2) leaves this daemon running
+    /// for its successor. Needs NOTIFY_SOCKET.
+    #[arg(long, env = "BLIPLESS_SUPERVISE", value_parser = clap::builder::BoolishValueParser::new())]
+    supervise: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.supervise {
+        return supervise();
+    }
     let mut sets = args.sets.clone();
     if args.log_json {
         sets.push("log.format=json".into());
@@ -57,6 +67,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--supervise`: run this program again, without the flag, under the
+/// stand-in, before loading anything else.
+fn supervise() -> ExitCode {
+    let program = match std::env::current_exe() {
+        Ok(program) => program,
+        Err(error) => {
+            eprintln!("blipless-device --supervise: locating this program: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = blipless_supervise::child_args(std::env::args_os().skip(1));
+    let code = blipless_supervise::run(&program, &args);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
 fn run(config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
@@ -64,6 +89,8 @@ fn run(config: Config) -> anyhow::Result<()> {
         let signals = terminate.clone();
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
+        let restart = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+            .context("installing the SIGUSR2 handler")?;
         tokio::spawn(async move {
             tokio::select! {
                 _ = sigterm.recv() => tracing::info!("SIGTERM: draining"),
@@ -71,6 +98,44 @@ fn run(config: Config) -> anyhow::Result<()> {
             }
             signals.cancel();
         });
+        tokio::spawn(wait_for_successor(
+            restart,
+            config.drain.grace,
+            terminate.clone(),
+        ));
+        tokio::spawn(tell_stopping(terminate.clone()));
         blipless_device::run(config, terminate).await
     })
+}
+
+/// SIGUSR2 (`systemctl restart` through the --supervise stand-in): a
+/// successor device plane is starting beside this one; the deploy drains
+/// this one and it exits by itself. If it is still running `grace` later,
+/// no successor took over, and it drains as on SIGTERM.
+async fn wait_for_successor(
+    mut restart: tokio::signal::unix::Signal,
+    grace: Duration,
+    terminate: CancellationToken,
+) {
+    if restart.recv().await.is_none() {
+        return;
+    }
+    tracing::info!(?grace, "SIGUSR2: waiting for a successor");
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "no successor took over within drain.grace: draining");
+            terminate.cancel();
+        }
+        () = terminate.cancelled() => {}
+    }
+}
+
+/// Tells the service manager STOPPING=1 once SIGTERM or SIGINT (or the
+/// restart's timeout) asks for a drain (a stand-in already gone makes this
+/// fail: logged only).
+async fn tell_stopping(terminate: CancellationToken) {
+    terminate.cancelled().await;
+    if let Err(error) = blipless_supervise::notify::stopping() {
+        tracing::debug!(%error, "telling the service manager STOPPING=1 failed");
+    }
 }
