@@ -12,6 +12,7 @@ pub mod clients;
 pub mod credentials;
 pub mod devices;
 pub mod egress;
+pub mod endpoints;
 pub mod http_proxy;
 pub mod link;
 pub mod net;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::Directory;
 use crate::devices::Devices;
 use crate::egress::Egress;
+use crate::endpoints::{Assembler, Snapshots};
 use crate::link::{HelloError, Incoming};
 use crate::serve::{Context, Mode};
 use crate::store::NodeId;
@@ -66,6 +68,8 @@ struct Warm {
     directory: Arc<Directory>,
     devices: Arc<Devices>,
     background: CancellationToken,
+    /// The WireGuard endpoint snapshots the ingress sends, kept in the store.
+    endpoints: Snapshots,
 }
 
 /// How one attachment to the ingress ended.
@@ -74,6 +78,9 @@ enum SessionEnd {
     Drained,
     /// The channel is gone; `draining` holds the drain deadline if a drain had started.
     Lost(Option<Instant>),
+    /// The ingress is handing off to a successor: attach to it, and keep
+    /// reading what the old one still sends until it closes the channel.
+    Goaway,
 }
 
 /// Runs the device plane: attach (Standby), warm up, say Ready, serve; on
@@ -124,23 +131,38 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                 }
             }
         }
-        let Some(Warm {
-            context, packets, ..
-        }) = &warm
-        else {
+        let Some(ready) = &warm else {
             continue;
         };
+        let Warm {
+            context, packets, ..
+        } = ready;
         if let Err(error) = link::send(&socket, &Message::Ready).await {
             tracing::warn!(%error, "telling the ingress Ready failed; reattaching");
             continue;
         }
         tracing::info!(generation, "ready");
+        // Under systemd (Type=notify), directly or through --supervise.
+        let state = format!("READY=1\nSTATUS=ready (generation {generation})");
+        if let Err(error) = blipless_supervise::notify::notify(&state) {
+            tracing::warn!(%error, "telling the service manager READY=1 failed");
+        }
         let socket = Arc::new(socket);
         context.set_channel(Some(socket.clone()));
         packets.set_channel(Some(socket.clone()));
-        let end = session(&socket, context, packets, &config, &mut buffer, &terminate).await;
+        let end = session(
+            &socket,
+            ready,
+            welcome.wants_endpoints,
+            &config,
+            &mut buffer,
+            &terminate,
+        )
+        .await;
         context.set_channel(None);
-        packets.set_channel(None);
+        if !matches!(end, Ok(SessionEnd::Goaway)) {
+            packets.set_channel(None);
+        }
         match end {
             Ok(SessionEnd::Drained) => break,
             Ok(SessionEnd::Lost(Some(deadline))) => {
@@ -151,6 +173,28 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             Ok(SessionEnd::Lost(None)) => {
                 tracing::warn!("the ingress closed the channel; reattaching")
             }
+            Ok(SessionEnd::Goaway) => {
+                if let Some(Warm { packets, .. }) = &warm {
+                    let c = &packets.counters;
+                    tracing::info!(
+                        to_tun = c.to_tun.load(Ordering::Relaxed),
+                        from_tun = c.from_tun.load(Ordering::Relaxed),
+                        denied = c.denied.load(Ordering::Relaxed),
+                        lost = c.lost.load(Ordering::Relaxed),
+                        "the ingress hands off: attaching to its successor"
+                    );
+                }
+                // Until the successor's channel is up, packets from the TUN
+                // device still go to the old ingress, which still has the
+                // sessions; and what it decrypts meanwhile is still read.
+                if let Some(Warm {
+                    context, packets, ..
+                }) = &warm
+                {
+                    packets.set_channel(Some(socket.clone()));
+                    tokio::spawn(linger(socket.clone(), context.clone(), packets.clone()));
+                }
+            }
             Err(error) => tracing::warn!("device channel lost: {error:#}; reattaching"),
         }
     }
@@ -160,6 +204,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
         directory,
         devices,
         background,
+        ..
     }) = warm
     else {
         return Ok(());
@@ -212,6 +257,7 @@ async fn warm_up(config: &Config, attached_at: Instant, successor: bool) -> anyh
         host: config.node.host.clone(),
         block: config.node.block.clone(),
     };
+    let endpoints = Snapshots::new(store.clone(), node.clone());
     let devices = Arc::new(Devices::new(store, node, config.egress.sources.clone()));
     // Pre-warm, but say Ready in time: the ingress gives up deploy.ready_budget
     // after our Hello, and opening the store took some of that already.
@@ -269,18 +315,27 @@ async fn warm_up(config: &Config, attached_at: Instant, successor: bool) -> anyh
         directory,
         devices,
         background,
+        endpoints,
     })
 }
 
 /// Serves one attachment until drained or the channel is lost.
+/// `wants_endpoints`: the ingress started fresh (Welcome) and gets the last
+/// WireGuard endpoint snapshot after the first peer set.
 async fn session(
-    socket: &UnixSeqpacket,
-    context: &Arc<Context>,
-    packets: &Arc<PacketPath>,
+    socket: &Arc<UnixSeqpacket>,
+    warm: &Warm,
+    wants_endpoints: bool,
     config: &Config,
     buffer: &mut [u8],
     terminate: &CancellationToken,
 ) -> anyhow::Result<SessionEnd> {
+    let Warm {
+        context,
+        packets,
+        endpoints,
+        ..
+    } = warm;
     let mut report = tokio::time::interval(REPORT_EVERY);
     let mut asked_to_leave = false;
     let mut drain_deadline: Option<Instant> = None;
@@ -290,6 +345,10 @@ async fn session(
     let mut peers = PeerSync::new();
     let mut client_changes = context.directory.subscribe();
     let mut active = false;
+    let mut endpoint_parts = Assembler::default();
+    // Answered once per attachment; the task stops with the session.
+    let mut answer_endpoints = wants_endpoints;
+    let mut _endpoints_answer = None;
     loop {
         let draining = drain_deadline.is_some();
         let deadline = drain_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
@@ -309,6 +368,11 @@ async fn session(
                     Message::Accepted(accepted) => take_connection(context, accepted, fds),
                     Message::Packets(batch) => packets.to_tun(&batch).await,
                     Message::TunQueues(_) => packets.adopt(fds),
+                    Message::Endpoints(part) => {
+                        if let Some(snapshot) = endpoint_parts.push(&part) {
+                            endpoints.keep(snapshot);
+                        }
+                    }
                     Message::MigrateDone(id) => context.handover_confirmed(id),
                     Message::Migrate(migrate) => {
                         context.taken.fetch_add(1, Ordering::Relaxed);
@@ -336,6 +400,9 @@ async fn session(
                         wireguard::send_peers(socket, peers.full(&context.directory))
                             .await
                             .context("sending the WireGuard peer set")?;
+                        if std::mem::take(&mut answer_endpoints) {
+                            _endpoints_answer = Some(endpoints.answer(socket.clone()));
+                        }
                     }
                     Message::Drain(DrainOrder { handover }) => {
                         open_at_drain = context.connections.len() as u64;
@@ -350,7 +417,8 @@ async fn session(
                             packets.hand_over().await;
                         }
                     }
-                    Message::Goaway => return Ok(SessionEnd::Lost(drain_deadline)),
+                    Message::Goaway if draining => return Ok(SessionEnd::Lost(drain_deadline)),
+                    Message::Goaway => return Ok(SessionEnd::Goaway),
                     other => anyhow::bail!("the ingress may not send {}", other.name()),
                 }
             }
@@ -401,6 +469,29 @@ async fn session(
                 };
                 let _ = link::send(socket, &Message::Drained(summary)).await;
                 return Ok(SessionEnd::Drained);
+            }
+        }
+    }
+}
+
+/// Reads what an ingress that handed off still sends on its channel (inner
+/// packets of the sessions it still decrypts, a connection it accepted just
+/// before) until it exits and the channel closes.
+async fn linger(socket: Arc<UnixSeqpacket>, context: Arc<Context>, packets: Arc<PacketPath>) {
+    let mut buffer = vec![0u8; MAX_FRAME];
+    loop {
+        match link::receive(&socket, &mut buffer).await {
+            Ok(Some(Incoming { message, fds })) => match message {
+                Message::Packets(batch) => packets.to_tun(&batch).await,
+                Message::Accepted(accepted) => take_connection(&context, accepted, fds),
+                // The old ingress took everything back and this plane attached
+                // to it again: this channel is the stale one.
+                Message::Drain(_) => return,
+                other => tracing::debug!("the old ingress sent {}: ignored", other.name()),
+            },
+            Ok(None) | Err(_) => {
+                tracing::info!("the old ingress has closed its channel");
+                return;
             }
         }
     }

@@ -86,6 +86,19 @@ impl Store for Instrumented {
     async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
         self.inner.drop_identity(client).await
     }
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &store::EndpointSnapshot,
+    ) -> Result<(), StoreError> {
+        self.inner.put_endpoints(node, snapshot).await
+    }
+    async fn get_endpoints(
+        &self,
+        node: &NodeId,
+    ) -> Result<Option<store::EndpointSnapshot>, StoreError> {
+        self.inner.get_endpoints(node).await
+    }
 }
 
 fn node() -> NodeId {

@@ -1,5 +1,6 @@
 //! The device plane's state: proxy clients, their change feed and usage counters, the
-//! activity set per node and the egress identities per client (DESIGN.md section 6).
+//! activity set per node, the egress identities per client and the WireGuard endpoint
+//! snapshot per node (DESIGN.md section 6).
 //!
 //! One object-safe [`Store`] trait, used as `Arc<dyn Store>`, with one implementation per
 //! backend and one contract test suite (`store::contract`, test builds only) that every backend must pass:
@@ -93,6 +94,34 @@ pub struct EgressIdentity {
     /// The source address the client's traffic leaves from, if pinned.
     pub source: Option<std::net::IpAddr>,
 }
+
+/// One WireGuard peer in an [`EndpointSnapshot`]: where the ingress last heard from it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredEndpoint {
+    /// The peer's public key, standard base64 (as `wg` writes it).
+    pub public_key: String,
+    /// Its endpoint: the UDP address its last authenticated packet came from.
+    pub endpoint: std::net::SocketAddr,
+    /// When that packet came, in milliseconds since the Unix epoch.
+    pub last_received_ms: u64,
+}
+
+/// A node's WireGuard peer endpoints, as the ingress last reported them (it sends the
+/// active device plane one every few seconds). An ingress that starts with no
+/// predecessor to hand off from (after a crash) gets it back and initiates handshakes
+/// to the recently active peers at once. Stored as JSON, one per node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EndpointSnapshot {
+    /// When the ingress took it, in milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// Every peer the ingress had an endpoint for.
+    pub peers: Vec<StoredEndpoint>,
+}
+
+/// How long a node's endpoint snapshot lives after its last write: a node that has been
+/// gone for a day has no peers worth calling back (their NAT mappings are long gone,
+/// and a peer that still wants the tunnel handshakes again by itself).
+pub const ENDPOINTS_EXPIRY_SECS: i64 = 24 * 3600;
 
 /// How long an activity entry counts: older ones are trimmed on write and ignored on read.
 pub const ACTIVITY_RETENTION_SECS: i64 = 3600;
@@ -206,6 +235,17 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError>;
     /// Deletes a client's identity (live eviction).
     async fn drop_identity(&self, client: &str) -> Result<(), StoreError>;
+
+    /// Saves `node`'s WireGuard endpoint snapshot, replacing the one it had. It expires
+    /// [`ENDPOINTS_EXPIRY_SECS`] after this write unless replaced again.
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &EndpointSnapshot,
+    ) -> Result<(), StoreError>;
+    /// `node`'s last WireGuard endpoint snapshot; None if it has none (never saved, or
+    /// expired).
+    async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError>;
 }
 
 /// Longest identity TTL kept: 100 years (a longer one is cut to this), so an expiry in
@@ -230,6 +270,22 @@ pub(crate) fn decode_identity(client: &str, json: &str) -> Result<EgressIdentity
     serde_json::from_str(json).map_err(|err| {
         StoreError::Backend(format!(
             "corrupt store: identity of client {client:?}: {err}"
+        ))
+    })
+}
+
+/// An endpoint snapshot as stored: JSON.
+pub(crate) fn encode_endpoints(snapshot: &EndpointSnapshot) -> Result<String, StoreError> {
+    serde_json::to_string(snapshot)
+        .map_err(|err| StoreError::Backend(format!("encoding endpoint snapshot: {err}")))
+}
+
+/// An endpoint snapshot read back; anything but its JSON is corrupt data.
+pub(crate) fn decode_endpoints(node: &NodeId, json: &str) -> Result<EndpointSnapshot, StoreError> {
+    serde_json::from_str(json).map_err(|err| {
+        StoreError::Backend(format!(
+            "corrupt store: endpoint snapshot of node {}/{}: {err}",
+            node.host, node.block
         ))
     })
 }

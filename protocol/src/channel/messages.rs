@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use super::cursor::{put_socket_addr, Reader};
+use super::endpoints::{self, EndpointPart};
 use super::migrate::{self, Migrate};
 use super::peers::{self, PeerUpdate};
 use super::{truncated, DecodeError, MAX_PAYLOAD};
@@ -31,6 +32,19 @@ pub enum Message {
     /// to the active plane: the queues are never closed or detached, so the
     /// kernel drops none of the packets waiting in them.
     TunQueues(u8),
+    /// Either way: part of a snapshot of WireGuard peers' endpoints. Ingress to
+    /// the active device plane: keep it in the store. Device plane to an ingress
+    /// that asked in Welcome: the last one kept.
+    Endpoints(EndpointPart),
+    /// Successor ingress to its predecessor, on handoff.sock: take me over.
+    HandoffHello(Hello),
+    /// Predecessor to successor: every listening socket, their fds beside the
+    /// frame in the order listed; the peer set (`Peers`) and an endpoint
+    /// snapshot (`Endpoints`) follow.
+    HandoffOffer(HandoffOffer),
+    /// Successor to predecessor: serving on the sockets now; stop accepting,
+    /// send device planes Goaway, and exit once your sessions are idle.
+    HandoffServing,
     /// Device plane to ingress: warm-up done, able to take traffic.
     Ready,
     /// Ingress to device plane: you are the active plane now.
@@ -74,6 +88,48 @@ pub struct Welcome {
     /// TUN queues at handover instead of attaching its own.
     #[serde(default)]
     pub successor: bool,
+    /// This ingress started with no predecessor to hand off from: send it the
+    /// last endpoint snapshot from the store after the peer set.
+    #[serde(default)]
+    pub wants_endpoints: bool,
+}
+
+/// One listening socket in a [`HandoffOffer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferedSocket {
+    /// What it is: `socks`, `http`, `status`, `device`, `control`, `handoff`,
+    /// `wg0`, `wg1` (the two members of the WireGuard reuseport group).
+    pub name: String,
+    /// Its address (`ip:port`, or a Unix socket path), to compare with the
+    /// successor's configuration.
+    pub address: String,
+}
+
+/// Payload of [`Message::HandoffOffer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffOffer {
+    /// The sockets whose fds travel beside the frame, in order.
+    pub sockets: Vec<OfferedSocket>,
+    /// The predecessor's WireGuard generation (0 or 1, bit 23 of its peer
+    /// indices); the successor takes the other one.
+    pub wg_generation: u32,
+    /// Counters, so the successor's metrics carry on.
+    pub counters: HandoffCounters,
+}
+
+/// Counters a successor ingress carries on from (see [`HandoffOffer`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffCounters {
+    /// Connections accepted on the SOCKS5 listener.
+    pub accepted_socks: u64,
+    /// Connections accepted on the HTTP listener.
+    pub accepted_http: u64,
+    /// Connections handed to device planes.
+    pub handed: u64,
+    /// Tunnels migrated between device planes.
+    pub migrated: u64,
+    /// Ingress handoffs before this one.
+    pub handoffs: u64,
 }
 
 /// Payload of [`Message::Refused`].
@@ -231,6 +287,10 @@ pub(crate) const T_MIGRATE: u8 = 12;
 const T_MIGRATE_DONE: u8 = 13;
 const T_PEERS: u8 = 14;
 const T_TUN_QUEUES: u8 = 15;
+const T_ENDPOINTS: u8 = 16;
+const T_HANDOFF_HELLO: u8 = 17;
+const T_HANDOFF_OFFER: u8 = 18;
+const T_HANDOFF_SERVING: u8 = 19;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -250,6 +310,10 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_MIGRATE_DONE => "MigrateDone",
         T_PEERS => "Peers",
         T_TUN_QUEUES => "TunQueues",
+        T_ENDPOINTS => "Endpoints",
+        T_HANDOFF_HELLO => "HandoffHello",
+        T_HANDOFF_OFFER => "HandoffOffer",
+        T_HANDOFF_SERVING => "HandoffServing",
         _ => return None,
     })
 }
@@ -272,6 +336,10 @@ impl Message {
             Message::Report(_) => T_REPORT,
             Message::Peers(_) => T_PEERS,
             Message::TunQueues(_) => T_TUN_QUEUES,
+            Message::Endpoints(_) => T_ENDPOINTS,
+            Message::HandoffHello(_) => T_HANDOFF_HELLO,
+            Message::HandoffOffer(_) => T_HANDOFF_OFFER,
+            Message::HandoffServing => T_HANDOFF_SERVING,
         }
     }
 
@@ -286,6 +354,7 @@ impl Message {
             Message::Accepted(_) => 1,
             Message::Migrate(migrate) => migrate.fd_count(),
             Message::TunQueues(count) => usize::from(*count),
+            Message::HandoffOffer(offer) => offer.sockets.len(),
             _ => 0,
         }
     }
@@ -298,6 +367,8 @@ pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
         Message::Refused(body) => put_json(out, body),
         Message::Drained(body) => put_json(out, body),
         Message::Report(body) => put_json(out, body),
+        Message::HandoffHello(body) => put_json(out, body),
+        Message::HandoffOffer(body) => put_json(out, body),
         Message::Accepted(accepted) => {
             out.push(accepted.listener.to_byte());
             out.extend_from_slice(&accepted.connection_id.to_be_bytes());
@@ -317,7 +388,8 @@ pub(crate) fn encode_payload(message: &Message, out: &mut Vec<u8>) {
         Message::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
         Message::Peers(update) => peers::encode(update, out),
         Message::TunQueues(count) => out.push(*count),
-        Message::Ready | Message::Activate | Message::Goaway => {}
+        Message::Endpoints(part) => endpoints::encode(part, out),
+        Message::Ready | Message::Activate | Message::Goaway | Message::HandoffServing => {}
     }
 }
 
@@ -337,10 +409,19 @@ pub(crate) fn decode_payload(message_type: u8, payload: &[u8]) -> Result<Message
         T_REFUSED => Message::Refused(json(name, payload)?),
         T_DRAINED => Message::Drained(json(name, payload)?),
         T_REPORT => Message::Report(json(name, payload)?),
+        T_HANDOFF_HELLO => Message::HandoffHello(json(name, payload)?),
+        T_HANDOFF_OFFER => {
+            let offer: HandoffOffer = json(name, payload)?;
+            if offer.sockets.len() > super::MAX_FDS_PER_FRAME {
+                return Err(malformed(name, "more sockets than a frame can carry"));
+            }
+            Message::HandoffOffer(offer)
+        }
         T_ACCEPTED => Message::Accepted(accepted(payload)?),
         T_PACKETS => Message::Packets(packets(payload)?),
         T_MIGRATE => Message::Migrate(migrate::decode(payload)?),
         T_PEERS => Message::Peers(peers::decode(payload)?),
+        T_ENDPOINTS => Message::Endpoints(endpoints::decode(payload)?),
         T_TUN_QUEUES => match payload {
             [count] if *count > 0 && usize::from(*count) <= super::MAX_FDS_PER_FRAME => {
                 Message::TunQueues(*count)
@@ -360,13 +441,14 @@ pub(crate) fn decode_payload(message_type: u8, payload: &[u8]) -> Result<Message
             [1] => Message::Drain(DrainOrder { handover: true }),
             _ => return Err(malformed(name, "expected one byte, 0 or 1")),
         },
-        T_READY | T_ACTIVATE | T_GOAWAY => {
+        T_READY | T_ACTIVATE | T_GOAWAY | T_HANDOFF_SERVING => {
             if !payload.is_empty() {
                 return Err(malformed(name, "expected an empty payload"));
             }
             match message_type {
                 T_READY => Message::Ready,
                 T_ACTIVATE => Message::Activate,
+                T_HANDOFF_SERVING => Message::HandoffServing,
                 _ => Message::Goaway,
             }
         }

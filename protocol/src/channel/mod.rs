@@ -23,15 +23,17 @@
 //! apart from every error that means the bytes are wrong (close the peer).
 
 mod cursor;
+mod endpoints;
 mod messages;
 mod migrate;
 mod peers;
 #[cfg(test)]
 mod tests;
 
+pub use endpoints::{EndpointEntry, EndpointPart};
 pub use messages::{
-    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Message, Packets, Refused,
-    Welcome,
+    Accepted, DeviceReport, DrainOrder, Drained, HandoffCounters, HandoffOffer, Hello,
+    ListenerKind, Message, OfferedSocket, Packets, Refused, Welcome,
 };
 pub use migrate::{Direction, Migrate, MigrateKind};
 pub use peers::{PeerEntry, PeerUpdate};

@@ -39,6 +39,7 @@ fn samples() -> Vec<Message> {
             generation: 3,
             ingress_pid: 9,
             successor: true,
+            wants_endpoints: false,
         }),
         Message::Refused(Refused {
             reason: "no".into(),
@@ -54,6 +55,37 @@ fn samples() -> Vec<Message> {
         Message::Peers(sample_peers()),
         Message::Peers(PeerUpdate::full(true, true)),
         Message::TunQueues(2),
+        Message::HandoffHello(Hello {
+            pid: 7,
+            software: "0.1.0".into(),
+        }),
+        Message::HandoffOffer(HandoffOffer {
+            sockets: vec![OfferedSocket {
+                name: "socks".into(),
+                address: "127.0.0.1:1080".into(),
+            }],
+            wg_generation: 1,
+            counters: HandoffCounters::default(),
+        }),
+        Message::HandoffServing,
+        Message::Endpoints(
+            EndpointPart::split(
+                1_700_000_000_000,
+                &[
+                    EndpointEntry {
+                        public_key: [4; 32],
+                        endpoint: addr("192.0.2.1:51820"),
+                        last_received_ms: 1_699_999_999_000,
+                    },
+                    EndpointEntry {
+                        public_key: [5; 32],
+                        endpoint: addr("[2001:db8::1]:4444"),
+                        last_received_ms: 0,
+                    },
+                ],
+            )[0]
+            .clone(),
+        ),
         Message::Ready,
         Message::Activate,
         Message::Drain(DrainOrder { handover: true }),
@@ -314,6 +346,7 @@ fn fd_counts() {
             Message::Migrate(m) if m.up_piped > 0 && m.down_piped > 0 => 4,
             Message::Migrate(_) => 2,
             Message::TunQueues(n) => usize::from(*n),
+            Message::HandoffOffer(offer) => offer.sockets.len(),
             _ => 0,
         };
         assert_eq!(message.fd_count(), expected, "{}", message.name());
@@ -400,4 +433,32 @@ fn malformed_peer_updates_are_refused() {
         short[4..8].copy_from_slice(&len.to_be_bytes());
         assert!(decode(&short).is_err(), "cut at {cut}");
     }
+}
+
+#[test]
+fn endpoint_snapshots_split_into_frames() {
+    let entries: Vec<EndpointEntry> = (0..10_000u32)
+        .map(|n| EndpointEntry {
+            public_key: [(n % 251) as u8; 32],
+            endpoint: SocketAddr::from(([10, 0, (n >> 8) as u8, n as u8], 51820)),
+            last_received_ms: u64::from(n),
+        })
+        .collect();
+    let parts = EndpointPart::split(7, &entries);
+    assert!(parts.len() > 1, "10,000 peers take several frames");
+    assert!(parts[0].start && !parts[0].end);
+    assert!(parts.last().is_some_and(|p| p.end));
+    let mut back = Vec::new();
+    for part in parts {
+        let frame = encode(&Message::Endpoints(part));
+        assert!(frame.len() <= MAX_FRAME);
+        match decode(&frame).expect("decodes").0 {
+            Message::Endpoints(part) => back.extend_from_slice(part.entries()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(back, entries);
+    let empty = EndpointPart::split(7, &[]);
+    assert_eq!(empty.len(), 1);
+    assert!(empty[0].start && empty[0].end);
 }

@@ -4,6 +4,7 @@
 //! backend for the multi-process checks): [`clients`] for clients and the change feed,
 //! [`wg_addresses`] for the uniqueness of WireGuard addresses,
 //! [`usage`] for counters, [`presence`] for activity sets and egress identities,
+//! [`endpoints`] for WireGuard endpoint snapshots,
 //! [`handles`] for several processes on one backend.
 //! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
 //! into one `#[tokio::test]` per check; the embedded store runs it below on a temp
@@ -11,6 +12,7 @@
 //! `redis-server` ([`redis_server`]).
 
 mod clients;
+mod endpoints;
 mod handles;
 mod presence;
 pub(crate) mod redis_server;
@@ -20,6 +22,7 @@ mod wg_addresses;
 use std::sync::Arc;
 
 pub(crate) use self::clients::*;
+pub(crate) use self::endpoints::*;
 pub(crate) use self::handles::*;
 pub(crate) use self::presence::*;
 pub(crate) use self::usage::*;
@@ -56,7 +59,8 @@ macro_rules! contract_tests {
         contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
             remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
-            identity_taken_once, identity_expires, wg_address_unique);
+            identity_taken_once, identity_expires, wg_address_unique, endpoints_round_trip,
+            endpoints_replaced, endpoints_per_node);
         contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
             identity_race, wg_address_race);
     };

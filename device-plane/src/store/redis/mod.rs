@@ -15,6 +15,7 @@
 //! | `{pca_<host>_<block>}` | sorted set | a node's activity: client to unix seconds |
 //! | `{pwi_<client>}` | string | a client's egress identity, as JSON, with a TTL |
 //! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
+//! | `{pwh_<host>_<block>}` | string | a node's WireGuard endpoint snapshot, as JSON, expiring a day after its last write |
 //!
 //! # What is atomic
 //! Within one slot, every write is one Lua script or one `MULTI`/`EXEC`:
@@ -29,6 +30,7 @@
 //! - an activity touch raises the entries (`ZADD GT`), trims those older than 1 h and
 //!   resets the set's 2 h expiry in one `MULTI`;
 //! - an identity is taken with `GETDEL`: only one taker gets it;
+//! - an endpoint snapshot is replaced whole, with its expiry, by one `SET ... EX`;
 //! - a WireGuard address is claimed with `SET NX` of its key to the client's name
 //!   (which decides who wins a contested address) and freed by deleting the key only
 //!   if that client still holds it.
@@ -128,6 +130,10 @@ fn activity_key(node: &NodeId) -> String {
 
 fn identity_key(client: &str) -> String {
     format!("{{pwi_{client}}}")
+}
+
+fn endpoints_key(node: &NodeId) -> String {
+    format!("{{pwh_{}_{}}}", node.host, node.block)
 }
 
 fn address_key(address: std::net::IpAddr) -> String {

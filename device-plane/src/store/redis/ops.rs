@@ -8,13 +8,14 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 use super::{
-    activity_key, address_key, client_key, identity_key, scripts, usage_key, RedisStore, Req,
-    Retry, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
+    activity_key, address_key, client_key, endpoints_key, identity_key, scripts, usage_key,
+    RedisStore, Req, Retry, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
 };
 use crate::store::{
-    decode_identity, encode_identity, is_valid_name, ttl_millis, unix_now, validate_name, Change,
-    ChangeKind, ClientRecord, EgressIdentity, NodeId, Store, StoreError, Usage,
-    ACTIVITY_EXPIRY_SECS, ACTIVITY_RETENTION_SECS,
+    decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
+    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientRecord, EgressIdentity,
+    EndpointSnapshot, NodeId, Store, StoreError, Usage, ACTIVITY_EXPIRY_SECS,
+    ACTIVITY_RETENTION_SECS, ENDPOINTS_EXPIRY_SECS,
 };
 
 /// Usage hash fields, in [`Usage`] order.
@@ -410,5 +411,40 @@ impl Store for RedisStore {
             .run("dropping an identity", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         Ok(())
+    }
+
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &EndpointSnapshot,
+    ) -> Result<(), StoreError> {
+        // A plain SET with an expiry: a node gone for a day has no peers worth calling
+        // back, and one that stops writing leaves nothing behind for good.
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(endpoints_key(node))
+            .arg(encode_endpoints(snapshot)?)
+            .arg("EX")
+            .arg(ENDPOINTS_EXPIRY_SECS);
+        let _: redis::Value = self
+            .run(
+                "saving the endpoint snapshot",
+                Retry::Idempotent,
+                &Req::Cmd(cmd),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(endpoints_key(node));
+        let json: Option<String> = self
+            .run(
+                "reading the endpoint snapshot",
+                Retry::Idempotent,
+                &Req::Cmd(cmd),
+            )
+            .await?;
+        json.map(|json| decode_endpoints(node, &json)).transpose()
     }
 }

@@ -1,5 +1,5 @@
 //! Tests of the Redis store beyond the backend contract (`store::contract`): its key
-//! shapes, half-done adds and removes, leftover WireGuard address claims, URLs in errors, and a Redis that dies, hangs or
+//! shapes (and expiries), half-done adds and removes, leftover WireGuard address claims, URLs in errors, and a Redis that dies, hangs or
 //! comes back.
 
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use deadpool_redis::redis::{self, AsyncCommands};
 use super::*;
 use crate::store::contract::redis_server::RedisServer;
 use crate::store::contract::{address_of, client};
-use crate::store::{ChangeKind, ClientRecord, EgressIdentity, Store, Usage};
+use crate::store::{ChangeKind, ClientRecord, EgressIdentity, EndpointSnapshot, Store, Usage};
 
 /// A plain connection for looking at (or tampering with) the keys.
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -61,6 +61,10 @@ async fn key_shapes() {
         .put_identity("alice", &id, Duration::from_secs(600))
         .await
         .expect("put");
+    store
+        .put_endpoints(&node(), &EndpointSnapshot::default())
+        .await
+        .expect("put endpoints");
 
     let mut conn = raw(&server).await;
     let mut keys: Vec<String> = conn.keys("*").await.expect("KEYS");
@@ -74,6 +78,7 @@ async fn key_shapes() {
         "{pc_alice}:usage",
         "{pca_h1_b0}",
         "{pwi_alice}",
+        "{pwh_h1_b0}",
         address_claim.as_str(),
     ];
     expected.sort_unstable();
@@ -87,6 +92,13 @@ async fn key_shapes() {
     assert!((7190..=7200).contains(&activity_ttl), "{activity_ttl}");
     let identity_ttl: i64 = conn.ttl("{pwi_alice}").await.expect("TTL");
     assert!((590..=600).contains(&identity_ttl), "{identity_ttl}");
+    let endpoints_ttl: i64 = conn.ttl("{pwh_h1_b0}").await.expect("TTL");
+    assert!(
+        (86_390..=86_400).contains(&endpoints_ttl),
+        "{endpoints_ttl}"
+    );
+    let endpoints: String = conn.get("{pwh_h1_b0}").await.expect("GET");
+    assert_eq!(endpoints, r#"{"taken_at_ms":0,"peers":[]}"#, "plain JSON");
     let feed: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
         .arg("{blipless}:feed")
         .arg("-")

@@ -11,12 +11,16 @@
 //!   increasing across processes (writes are serialized by SQLite) and never reused.
 //! - Activity sets and egress identities (schema version 2) live in `presence`'s
 //!   tables; row conversions are in `rows`.
+//! - WireGuard endpoint snapshots (schema version 4), one per node, are rows of the
+//!   `endpoints` table (module `endpoints`) that expire a day after their last write,
+//!   as the Redis key does.
 //! - A client's WireGuard address is unique (schema version 3: a `UNIQUE` index on
 //!   `clients.wg_address`), so of two adds racing for one address the second is refused
 //!   ([`StoreError::AddressTaken`]); deleting the client's row frees the address.
 //! - Every call runs on tokio's blocking pool (`spawn_blocking`); the connection sits in
 //!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
 
+mod endpoints;
 mod presence;
 mod rows;
 mod schema;
@@ -33,8 +37,8 @@ use self::rows::{
 };
 pub use self::schema::{BUSY_TIMEOUT, SCHEMA_VERSION};
 use super::{
-    validate_name, Change, ChangeKind, ClientRecord, EgressIdentity, NodeId, Store, StoreError,
-    Usage,
+    validate_name, Change, ChangeKind, ClientRecord, EgressIdentity, EndpointSnapshot, NodeId,
+    Store, StoreError, Usage,
 };
 
 /// The embedded store on a SQLite file. Open it with [`super::open`] or
@@ -359,6 +363,22 @@ impl Store for SqliteStore {
         }
         let client = client.to_owned();
         self.with_conn(move |conn| presence::drop_identity(conn, &client))
+            .await
+    }
+
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &EndpointSnapshot,
+    ) -> Result<(), StoreError> {
+        let (node, json) = (node.clone(), super::encode_endpoints(snapshot)?);
+        self.with_conn(move |conn| endpoints::put_endpoints(conn, &node, &json, super::unix_now()))
+            .await
+    }
+
+    async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError> {
+        let node = node.clone();
+        self.with_conn(move |conn| endpoints::get_endpoints(conn, &node, super::unix_now()))
             .await
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Versions: 1 has clients, the change feed and usage; 2 adds the activity sets and the
 //! egress identities; 3 makes a client's WireGuard address unique (a `UNIQUE` index on
-//! `clients.wg_address`; clients without one, `NULL`, do not collide). Each version's
+//! `clients.wg_address`; clients without one, `NULL`, do not collide); 4 adds the
+//! WireGuard endpoint snapshot per node (`endpoints`). Each version's
 //! statements are `IF NOT EXISTS`, and a store is brought from whatever version it has
 //! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
 //! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
@@ -18,7 +19,7 @@ use super::db;
 use crate::store::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,12 +65,24 @@ CREATE INDEX IF NOT EXISTS identities_expires_at ON identities (expires_at);
 ";
 
 /// Version 3: at most one client per WireGuard tunnel address.
-const SCHEMA_V3: &str = "
+pub(super) const SCHEMA_V3: &str = "
 CREATE UNIQUE INDEX IF NOT EXISTS clients_wg_address ON clients (wg_address);
 ";
 
+/// Version 4: the WireGuard endpoint snapshot per node, as JSON; `updated_at` (unix
+/// seconds) is when it was last written, for its expiry.
+const SCHEMA_V4: &str = "
+CREATE TABLE IF NOT EXISTS endpoints (
+    host       TEXT NOT NULL,
+    block      TEXT NOT NULL,
+    snapshot   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (host, block)
+);
+";
+
 /// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
-const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
+const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
@@ -113,7 +126,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     }
     if version < SCHEMA_VERSION {
         let from = usize::try_from(version.max(0)).unwrap_or(0);
-        if from >= 1 {
+        if (1..3).contains(&from) {
             refuse_shared_wg_addresses(&tx)?;
         }
         for statements in MIGRATIONS.iter().skip(from) {

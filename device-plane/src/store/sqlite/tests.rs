@@ -90,6 +90,14 @@ async fn version_1_store_is_upgraded_in_place() {
         .put_identity("old", &identity, Duration::from_secs(60))
         .await
         .expect("identity table exists");
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 5,
+        peers: Vec::new(),
+    };
+    store
+        .put_endpoints(&node, &snapshot)
+        .await
+        .expect("endpoints table exists");
     drop(store);
     // Opening again (already at the current version) changes nothing.
     let store = SqliteStore::open(&path).await.expect("reopen");
@@ -100,6 +108,10 @@ async fn version_1_store_is_upgraded_in_place() {
     assert_eq!(
         store.take_identity("old").await.expect("take"),
         Some(identity)
+    );
+    assert_eq!(
+        store.get_endpoints(&node).await.expect("endpoints"),
+        Some(snapshot)
     );
 }
 
@@ -160,4 +172,83 @@ async fn version_2_store_with_shared_wg_addresses_is_refused_unchanged() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("version");
     assert_eq!(version, 2, "left as it was");
+}
+
+#[tokio::test]
+async fn version_3_store_gets_endpoints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(&path, &[("wg", Some("10.64.0.2"))]);
+    {
+        let conn = Connection::open(&path).expect("reopen raw");
+        conn.execute_batch(schema::SCHEMA_V3).expect("v3 schema");
+        conn.pragma_update(None, "user_version", 3)
+            .expect("v3 version");
+    }
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    assert_eq!(store.list_clients().await.expect("list").len(), 1);
+    let node = NodeId {
+        host: "h".into(),
+        block: "0".into(),
+    };
+    assert_eq!(store.get_endpoints(&node).await.expect("get"), None);
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 7,
+        peers: Vec::new(),
+    };
+    store.put_endpoints(&node, &snapshot).await.expect("put");
+    assert_eq!(
+        store.get_endpoints(&node).await.expect("get"),
+        Some(snapshot)
+    );
+}
+
+/// A snapshot last written more than a day ago is gone, as its Redis key would be; the
+/// next put (of any node) deletes it.
+#[tokio::test]
+async fn endpoint_snapshots_expire_after_a_day() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("state.db"))
+        .await
+        .expect("open");
+    let (old, other) = (
+        NodeId {
+            host: "old".into(),
+            block: "0".into(),
+        },
+        NodeId {
+            host: "other".into(),
+            block: "0".into(),
+        },
+    );
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 1,
+        peers: Vec::new(),
+    };
+    store.put_endpoints(&old, &snapshot).await.expect("put");
+    let age = |secs: i64| {
+        move |conn: &mut Connection| {
+            conn.execute(
+                "UPDATE endpoints SET updated_at = updated_at - ?1 WHERE host = 'old'",
+                params![secs],
+            )
+            .map_err(db("ageing"))
+        }
+    };
+    store.with_conn(age(3600)).await.expect("an hour old");
+    assert!(store.get_endpoints(&old).await.expect("get").is_some());
+    store
+        .with_conn(age(crate::store::ENDPOINTS_EXPIRY_SECS))
+        .await
+        .expect("a day older");
+    assert_eq!(store.get_endpoints(&old).await.expect("get"), None);
+    store.put_endpoints(&other, &snapshot).await.expect("put");
+    let rows: i64 = store
+        .with_conn(|conn| {
+            conn.query_row("SELECT count(*) FROM endpoints", [], |row| row.get(0))
+                .map_err(db("count"))
+        })
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "the expired row was deleted");
 }
