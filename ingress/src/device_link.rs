@@ -133,6 +133,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
             generation,
             ingress_pid: std::process::id(),
             successor: planes.active().is_some(),
+            wants_endpoints: context.wireguard.wants_endpoints(),
         }),
         &[],
     )
@@ -188,6 +189,7 @@ async fn read_loop(
             Message::Report(report) => link.set_report(report),
             Message::Packets(batch) => context.wireguard.from_plane(&batch).await,
             Message::Peers(update) => context.wireguard.on_peers(link, update),
+            Message::Endpoints(part) => context.wireguard.on_endpoints(link, part),
             Message::Drain(_) => {
                 tracing::info!(generation = link.generation, "device plane asked to drain");
                 Planes::send_orders(planes.on_leaving(link.generation)).await;

@@ -36,6 +36,8 @@ pub struct Metrics {
     deploy_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The WireGuard metrics, registered in the same registry.
     pub wg: WgMetrics,
+    handoffs: Counter,
+    handoff_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -259,8 +261,22 @@ impl Metrics {
             deploy_seconds.clone(),
         );
         let wg = WgMetrics::register(&mut registry);
+        let handoffs = Counter::default();
+        registry.register(
+            "ingress_handoffs",
+            "Ingress restarts by handoff this node has seen (carried from predecessor to successor)",
+            handoffs.clone(),
+        );
+        let handoff_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "ingress_handoff_duration_seconds",
+            "The latest ingress handoff: connecting to the predecessor to serving",
+            handoff_seconds.clone(),
+        );
         Self {
             wg,
+            handoffs,
+            handoff_seconds,
             registry,
             migrated,
             deploys,
@@ -316,6 +332,46 @@ impl Metrics {
             })
             .inc();
         self.deploy_seconds.set(duration.as_secs_f64());
+    }
+
+    /// The counters a successor ingress carries on from.
+    pub fn handoff_counters(&self) -> blipless_protocol::channel::HandoffCounters {
+        let accepted = |listener: &str| {
+            self.accepted
+                .get_or_create(&ListenerLabel {
+                    listener: listener.into(),
+                })
+                .get()
+        };
+        blipless_protocol::channel::HandoffCounters {
+            accepted_socks: accepted("socks"),
+            accepted_http: accepted("http"),
+            handed: self.handed.get(),
+            migrated: self.migrated.get(),
+            handoffs: self.handoffs.get(),
+        }
+    }
+
+    /// Carries on from a predecessor's counters, counting this handoff.
+    pub fn carry_on(
+        &self,
+        counters: &blipless_protocol::channel::HandoffCounters,
+        took: std::time::Duration,
+    ) {
+        for (listener, count) in [
+            ("socks", counters.accepted_socks),
+            ("http", counters.accepted_http),
+        ] {
+            self.accepted
+                .get_or_create(&ListenerLabel {
+                    listener: listener.into(),
+                })
+                .inc_by(count);
+        }
+        self.handed.inc_by(counters.handed);
+        self.migrated.inc_by(counters.migrated);
+        self.handoffs.inc_by(counters.handoffs + 1);
+        self.handoff_seconds.set(took.as_secs_f64());
     }
 
     /// Counts one connection handed to a plane.

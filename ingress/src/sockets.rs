@@ -75,6 +75,18 @@ pub fn bind_device_socket(path: &Path) -> anyhow::Result<UnixSeqpacketListener> 
     Ok(listener)
 }
 
+/// Binds the handoff socket (SOCK_SEQPACKET): a successor ingress connects
+/// here. A live one is left alone: the caller connects to it instead.
+pub fn bind_handoff_socket(path: &Path) -> anyhow::Result<UnixSeqpacketListener> {
+    clear_path(path, |p| {
+        tokio_seqpacket::UnixSeqpacket::connect_blocking(p).is_ok()
+    })?;
+    let listener = UnixSeqpacketListener::bind_with_backlog(path, 8)
+        .with_context(|| format!("binding the handoff socket {}", path.display()))?;
+    restrict(path)?;
+    Ok(listener)
+}
+
 /// Binds the control socket (stream).
 pub fn bind_control_socket(path: &Path) -> anyhow::Result<UnixListener> {
     clear_path(path, |p| std::os::unix::net::UnixStream::connect(p).is_ok())?;

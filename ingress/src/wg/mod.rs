@@ -24,6 +24,8 @@
 //!   first full set has been applied.
 
 pub mod peers;
+mod recovery;
+pub mod steer;
 pub mod udp;
 
 use std::collections::{HashMap, VecDeque};
@@ -66,6 +68,9 @@ pub struct Wireguard {
     queue_limit: usize,
     staging: Mutex<Option<Staging>>,
     synced: AtomicBool,
+    /// Endpoints were given (by a predecessor or a device plane's snapshot).
+    seeded: AtomicBool,
+    endpoint_staging: Mutex<Option<(u64, Vec<blipless_protocol::channel::EndpointEntry>)>>,
     epoch: std::time::Instant,
     epoch_ms: u64,
 }
@@ -182,6 +187,8 @@ impl Wireguard {
             queue_limit,
             staging: Mutex::new(None),
             synced: AtomicBool::new(false),
+            seeded: AtomicBool::new(false),
+            endpoint_staging: Mutex::new(None),
             epoch: std::time::Instant::now(),
             epoch_ms,
         }
@@ -205,6 +212,18 @@ impl Wireguard {
     /// How many peers there are.
     pub fn peer_count(&self) -> usize {
         self.read_peers().len()
+    }
+
+    /// How long since any peer's last authenticated packet on this ingress
+    /// (`None`: none ever).
+    pub fn idle_for(&self) -> Option<Duration> {
+        let last = self
+            .read_peers()
+            .iter()
+            .map(|peer| peer.last_received_ms())
+            .max()
+            .filter(|ms| *ms > 0)?;
+        Some(Duration::from_millis(self.now_ms().saturating_sub(last)))
     }
 
     fn now_ms(&self) -> u64 {
@@ -239,6 +258,7 @@ impl Wireguard {
     pub async fn serve(self: Arc<Self>, shutdown: CancellationToken) {
         let timers = tokio::spawn(self.clone().run_timers(shutdown.clone()));
         let flusher = tokio::spawn(self.clone().deliver_held(shutdown.clone()));
+        let snapshots = tokio::spawn(self.clone().send_snapshots(shutdown.clone()));
         let batch = quinn_udp::BATCH_SIZE;
         let mut buffers = vec![vec![0u8; MAX_DATAGRAM]; batch];
         let mut meta = vec![RecvMeta::default(); batch];
@@ -275,6 +295,7 @@ impl Wireguard {
         }
         timers.abort();
         flusher.abort();
+        snapshots.abort();
     }
 
     /// Handles one datagram from `from`.

@@ -92,6 +92,20 @@ impl Peer {
         self.last_received_ms.store(now_ms, Ordering::Relaxed);
     }
 
+    /// Sets the endpoint and last-heard time from a snapshot, unless the peer
+    /// has been heard from directly since.
+    pub fn seed_endpoint(&self, endpoint: SocketAddr, last_received_ms: u64) {
+        let mut current = self
+            .endpoint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.is_none() {
+            *current = Some(endpoint);
+            self.last_received_ms
+                .fetch_max(last_received_ms, Ordering::Relaxed);
+        }
+    }
+
     /// Milliseconds since the epoch of the last authenticated packet (0: never).
     pub fn last_received_ms(&self) -> u64 {
         self.last_received_ms.load(Ordering::Relaxed)

@@ -1,0 +1,217 @@
+//! Every listening socket of an ingress, as owned fds: bound fresh at a first
+//! start, or taken over from a predecessor at a handoff (DESIGN §5.2).
+//!
+//! The ingress never hands its [`Listeners`] to a task: each accept loop gets a
+//! duplicate of the fd ([`Listeners::tcp`] and friends), so the same listening
+//! sockets can be offered to a successor, and served again if the successor
+//! dies. A listener is bound once and then only ever moves, so nothing queued on
+//! it is lost; only a listener whose configured address changed is bound afresh
+//! (the old one closes when the predecessor exits).
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use anyhow::Context;
+use blipless_config::Config;
+use blipless_protocol::channel::{HandoffOffer, OfferedSocket};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_seqpacket::UnixSeqpacketListener;
+
+use crate::sockets;
+use crate::wg::steer;
+
+/// Names of the sockets, in the order they are offered.
+pub const NAMES: [&str; 8] = [
+    "socks", "http", "status", "device", "control", "handoff", "wg0", "wg1",
+];
+
+/// The listening sockets and the configured address each was bound for.
+#[derive(Debug)]
+pub struct Listeners {
+    sockets: Vec<(String, String, OwnedFd)>,
+}
+
+/// What each socket should be bound to under `config`.
+fn configured(config: &Config, name: &str) -> String {
+    match name {
+        "socks" => config.listen.socks.to_string(),
+        "http" => config.listen.http.to_string(),
+        "status" => config.listen.status.to_string(),
+        "device" => config.device_socket().display().to_string(),
+        "control" => config.control_socket().display().to_string(),
+        "handoff" => config.handoff_socket().display().to_string(),
+        _ => config.listen.wg.to_string(),
+    }
+}
+
+impl Listeners {
+    /// Binds every socket afresh (no predecessor).
+    pub fn bind(config: &Config) -> anyhow::Result<Self> {
+        let group = steer::bind_group(config.listen.wg)
+            .with_context(|| format!("binding the WireGuard socket {} (UDP)", config.listen.wg))?;
+        let [wg0, wg1] = group;
+        let mut listeners = Self {
+            sockets: Vec::new(),
+        };
+        for name in NAMES {
+            let fd = match name {
+                "wg0" => OwnedFd::from(wg0.try_clone()?),
+                "wg1" => OwnedFd::from(wg1.try_clone()?),
+                other => bind_one(config, other)?,
+            };
+            listeners
+                .sockets
+                .push((name.to_string(), configured(config, name), fd));
+        }
+        Ok(listeners)
+    }
+
+    /// Takes over the sockets a predecessor offered. A socket whose configured
+    /// address differs from ours is bound afresh (its offered fd is closed
+    /// here; the predecessor's copy closes when it exits). Returns the names
+    /// bound afresh too.
+    pub fn adopt(
+        config: &Config,
+        offer: &HandoffOffer,
+        fds: Vec<OwnedFd>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        anyhow::ensure!(
+            offer.sockets.len() == fds.len(),
+            "the predecessor offered {} sockets with {} fds",
+            offer.sockets.len(),
+            fds.len()
+        );
+        let mut offered: Vec<(OfferedSocket, OwnedFd)> =
+            offer.sockets.iter().cloned().zip(fds).collect();
+        let mut listeners = Self {
+            sockets: Vec::new(),
+        };
+        let mut rebound = Vec::new();
+        let wg_moved = configured(config, "wg0");
+        let wg_same = offered
+            .iter()
+            .any(|(socket, _)| socket.name == "wg0" && socket.address == wg_moved);
+        for name in NAMES {
+            let wanted = configured(config, name);
+            let position = offered.iter().position(|(socket, _)| socket.name == name);
+            let reuse = position.filter(|at| {
+                let socket = &offered[*at].0;
+                if name.starts_with("wg") {
+                    wg_same
+                } else {
+                    socket.address == wanted
+                }
+            });
+            let fd = match reuse {
+                Some(at) => offered.swap_remove(at).1,
+                None => {
+                    rebound.push(name.to_string());
+                    match name {
+                        "wg0" | "wg1" => continue,
+                        other => bind_one(config, other)?,
+                    }
+                }
+            };
+            listeners.sockets.push((name.to_string(), wanted, fd));
+        }
+        if !wg_same {
+            // The WireGuard address changed: a new group of two.
+            let [wg0, wg1] = steer::bind_group(config.listen.wg).with_context(|| {
+                format!("binding the WireGuard socket {} (UDP)", config.listen.wg)
+            })?;
+            for (name, socket) in [("wg0", wg0), ("wg1", wg1)] {
+                listeners
+                    .sockets
+                    .push((name.to_string(), wg_moved.clone(), OwnedFd::from(socket)));
+            }
+        }
+        Ok((listeners, rebound))
+    }
+
+    fn fd(&self, name: &str) -> anyhow::Result<BorrowedFd<'_>> {
+        self.sockets
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, fd)| fd.as_fd())
+            .with_context(|| format!("no {name} socket"))
+    }
+
+    fn dup(&self, name: &str) -> anyhow::Result<OwnedFd> {
+        self.fd(name)?
+            .try_clone_to_owned()
+            .with_context(|| format!("duplicating the {name} socket"))
+    }
+
+    /// What to offer a successor: the sockets, and their fds in the same order.
+    pub fn offer(&self) -> (Vec<OfferedSocket>, Vec<BorrowedFd<'_>>) {
+        let sockets = self
+            .sockets
+            .iter()
+            .map(|(name, address, _)| OfferedSocket {
+                name: name.clone(),
+                address: address.clone(),
+            })
+            .collect();
+        let fds = self.sockets.iter().map(|(_, _, fd)| fd.as_fd()).collect();
+        (sockets, fds)
+    }
+
+    /// A TCP listener (`socks`, `http` or `status`) for an accept loop.
+    pub fn tcp(&self, name: &str) -> anyhow::Result<TcpListener> {
+        let listener = std::net::TcpListener::from(self.dup(name)?);
+        listener.set_nonblocking(true)?;
+        Ok(TcpListener::from_std(listener)?)
+    }
+
+    /// Where a TCP listener is bound.
+    pub fn tcp_address(&self, name: &str) -> anyhow::Result<SocketAddr> {
+        let listener = std::net::TcpListener::from(self.dup(name)?);
+        Ok(listener.local_addr()?)
+    }
+
+    /// The device socket listener.
+    pub fn device(&self) -> anyhow::Result<UnixSeqpacketListener> {
+        UnixSeqpacketListener::try_from(self.dup("device")?)
+            .context("registering the device socket")
+    }
+
+    /// The handoff socket listener.
+    pub fn handoff(&self) -> anyhow::Result<UnixSeqpacketListener> {
+        UnixSeqpacketListener::try_from(self.dup("handoff")?)
+            .context("registering the handoff socket")
+    }
+
+    /// The control socket listener.
+    pub fn control(&self) -> anyhow::Result<UnixListener> {
+        let listener = std::os::unix::net::UnixListener::from(self.dup("control")?);
+        listener.set_nonblocking(true)?;
+        Ok(UnixListener::from_std(listener)?)
+    }
+
+    /// The WireGuard group member of `generation`.
+    pub fn wg(&self, generation: u32) -> anyhow::Result<std::net::UdpSocket> {
+        Ok(std::net::UdpSocket::from(
+            self.dup(if generation & 1 == 0 { "wg0" } else { "wg1" })?,
+        ))
+    }
+
+    /// Steers handshake initiations to `generation` (see [`steer`]).
+    pub fn steer_to(&self, generation: u32) -> anyhow::Result<()> {
+        steer::steer(self.fd("wg0")?, generation)
+            .context("attaching the WireGuard steering program")
+    }
+}
+
+fn bind_one(config: &Config, name: &str) -> anyhow::Result<OwnedFd> {
+    Ok(match name {
+        "socks" => OwnedFd::from(sockets::bind_tcp("socks", config.listen.socks)?.into_std()?),
+        "http" => OwnedFd::from(sockets::bind_tcp("http", config.listen.http)?.into_std()?),
+        "status" => OwnedFd::from(sockets::bind_tcp("status", config.listen.status)?.into_std()?),
+        "device" => OwnedFd::from(sockets::bind_device_socket(&config.device_socket())?),
+        "control" => {
+            OwnedFd::from(sockets::bind_control_socket(&config.control_socket())?.into_std()?)
+        }
+        "handoff" => OwnedFd::from(sockets::bind_handoff_socket(&config.handoff_socket())?),
+        other => anyhow::bail!("no socket named {other}"),
+    })
+}

@@ -1,0 +1,237 @@
+//! Keeping WireGuard customers through an ingress restart: endpoint snapshots,
+//! seeding a new ingress, and calling peers back.
+//!
+//! - Every [`SNAPSHOT_EVERY`] the ingress sends the active device plane where
+//!   its peers are (`Endpoints`); the plane keeps the latest in the store.
+//! - A successor ingress is seeded by its predecessor (peer set and endpoints);
+//!   an ingress that started fresh (after a crash) asks the device plane for the
+//!   stored snapshot in Welcome ([`Wireguard::wants_endpoints`]).
+//! - Either way, peers heard from within [`CALL_BACK_WINDOW`] are called back:
+//!   the ingress initiates a handshake to each at once and again every
+//!   [`CALL_BACK_RETRY`] until it has a new session, for at most
+//!   [`CALL_BACK_BUDGET`]. A peer answers in a round trip, instead of its own
+//!   retry 15-30 s later; with a predecessor still decrypting the old sessions,
+//!   no packet is lost meanwhile.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blipless_protocol::channel::{EndpointEntry, EndpointPart, Message, PeerEntry};
+use boringtun::noise::TunnResult;
+use tokio_util::sync::CancellationToken;
+
+use super::udp::Outgoing;
+use super::{Wireguard, WORK_BUFFER};
+use crate::planes::PlaneLink;
+
+/// How often the ingress sends the active device plane an endpoint snapshot.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
+/// Peers heard from within this window are called back after a restart.
+pub const CALL_BACK_WINDOW: Duration = Duration::from_secs(600);
+/// How often a peer that has not answered is called again.
+pub const CALL_BACK_RETRY: Duration = Duration::from_secs(1);
+/// How long the ingress keeps calling peers back.
+pub const CALL_BACK_BUDGET: Duration = Duration::from_secs(30);
+
+impl Wireguard {
+    /// True while this ingress started with no predecessor and has not been
+    /// given an endpoint snapshot yet: device planes are asked for one.
+    pub fn wants_endpoints(&self) -> bool {
+        !self.seeded.load(Ordering::SeqCst)
+    }
+
+    /// The peer set and endpoints now, for a successor or the store.
+    pub fn snapshot(&self) -> (Vec<PeerEntry>, Vec<EndpointEntry>) {
+        let table = self.read_peers();
+        let mut peers = Vec::with_capacity(table.len());
+        let mut endpoints = Vec::new();
+        for peer in table.iter() {
+            peers.push(PeerEntry {
+                public_key: peer.public_key,
+                address: peer.address,
+                client: peer.client.clone(),
+            });
+            if let Some(endpoint) = peer.endpoint() {
+                endpoints.push(EndpointEntry {
+                    public_key: peer.public_key,
+                    endpoint,
+                    last_received_ms: peer.last_received_ms(),
+                });
+            }
+        }
+        (peers, endpoints)
+    }
+
+    /// Seeds a successor from its predecessor: the peer set (so it can answer
+    /// and initiate handshakes before a device plane attaches), then the
+    /// endpoints, then calls the recently active peers back.
+    pub fn seed(self: &Arc<Self>, peers: &[PeerEntry], endpoints: &[EndpointEntry]) {
+        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
+        let refused = self.write_peers().replace(peers, &factory);
+        if refused > 0 {
+            tracing::warn!(refused, "peers in the predecessor's snapshot refused");
+        }
+        self.synced.store(true, Ordering::SeqCst);
+        self.metrics.set_peers(self.peer_count());
+        self.apply_endpoints(endpoints);
+    }
+
+    /// Applies endpoints (from a predecessor or the store) once, and calls the
+    /// recently active peers back.
+    fn apply_endpoints(self: &Arc<Self>, endpoints: &[EndpointEntry]) {
+        if self.seeded.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let now = self.now_ms();
+        let window = CALL_BACK_WINDOW.as_millis() as u64;
+        let mut recent = Vec::new();
+        {
+            let table = self.read_peers();
+            for entry in endpoints {
+                let Some(peer) = table.by_key(&entry.public_key) else {
+                    continue;
+                };
+                peer.seed_endpoint(entry.endpoint, entry.last_received_ms);
+                if now.saturating_sub(entry.last_received_ms) <= window {
+                    recent.push(peer.public_key);
+                }
+            }
+        }
+        tracing::info!(
+            endpoints = endpoints.len(),
+            calling_back = recent.len(),
+            "WireGuard endpoints seeded"
+        );
+        if !recent.is_empty() {
+            tokio::spawn(self.clone().call_back(recent));
+        }
+    }
+
+    /// Collects an endpoint snapshot a device plane sends (the answer to
+    /// `wants_endpoints`), and applies it when whole.
+    pub fn on_endpoints(self: &Arc<Self>, from: &PlaneLink, part: EndpointPart) {
+        let mut staging = self
+            .endpoint_staging
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if part.start {
+            *staging = Some((from.generation, Vec::new()));
+        }
+        let Some((generation, entries)) = staging.as_mut() else {
+            return;
+        };
+        if *generation != from.generation {
+            return;
+        }
+        entries.extend_from_slice(part.entries());
+        if part.end {
+            let Some((_, entries)) = staging.take() else {
+                return;
+            };
+            drop(staging);
+            tracing::info!(
+                generation = from.generation,
+                entries = entries.len(),
+                "endpoint snapshot from the device plane"
+            );
+            self.apply_endpoints(&entries);
+        }
+    }
+
+    /// Initiates handshakes to `keys` until each has a session made after now,
+    /// within [`CALL_BACK_BUDGET`].
+    async fn call_back(self: Arc<Self>, keys: Vec<[u8; 32]>) {
+        let started = Instant::now();
+        let mut waiting: HashMap<[u8; 32], Option<Instant>> =
+            keys.into_iter().map(|key| (key, None)).collect();
+        let mut buffer = vec![0u8; WORK_BUFFER];
+        let segments = self.socket.max_gso_segments();
+        while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
+            let mut out = Outgoing::default();
+            {
+                let table = self.read_peers();
+                waiting.retain(|key, last_try| {
+                    let Some(peer) = table.by_key(key) else {
+                        return false;
+                    };
+                    let mut tunnel = peer.tunnel();
+                    // stats().0: time since the last handshake completed.
+                    let answered = tunnel
+                        .stats()
+                        .0
+                        .is_some_and(|since| since < started.elapsed());
+                    if answered {
+                        return false;
+                    }
+                    let due = last_try.is_none_or(|at| at.elapsed() >= CALL_BACK_RETRY);
+                    if let (true, Some(endpoint)) = (due, peer.endpoint()) {
+                        if let TunnResult::WriteToNetwork(initiation) =
+                            tunnel.format_handshake_initiation(&mut buffer, true)
+                        {
+                            out.push(endpoint, initiation, segments);
+                            *last_try = Some(Instant::now());
+                        }
+                    }
+                    true
+                });
+            }
+            let failed = out.flush(&self.socket).await;
+            self.metrics.count_send_failures(failed);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tracing::info!(
+            took = ?started.elapsed(),
+            unanswered = waiting.len(),
+            "WireGuard call-back done"
+        );
+    }
+
+    /// Sends the active device plane an endpoint snapshot every
+    /// [`SNAPSHOT_EVERY`], for the store.
+    pub(super) async fn send_snapshots(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sent: Option<Vec<EndpointEntry>> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let Some(plane) = self.planes.active() else {
+                continue;
+            };
+            let (_, mut endpoints) = self.snapshot();
+            endpoints.sort_by_key(|entry| entry.public_key);
+            // Unchanged endpoints and only newer timestamps: skip a round in
+            // five, so the store still learns who was active recently.
+            if last_sent
+                .as_ref()
+                .is_some_and(|sent| same_endpoints(sent, &endpoints))
+                && tick_is_skippable(&self.epoch)
+            {
+                continue;
+            }
+            for part in EndpointPart::split(self.now_ms(), &endpoints) {
+                if let Err(error) = plane.send(&Message::Endpoints(part), &[]).await {
+                    tracing::debug!(%error, "could not send an endpoint snapshot");
+                    break;
+                }
+            }
+            last_sent = Some(endpoints);
+        }
+    }
+}
+
+fn same_endpoints(a: &[EndpointEntry], b: &[EndpointEntry]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.public_key == y.public_key && x.endpoint == y.endpoint)
+}
+
+/// Four rounds in five may be skipped when nothing but timestamps changed.
+fn tick_is_skippable(epoch: &Instant) -> bool {
+    !(epoch.elapsed().as_secs() / SNAPSHOT_EVERY.as_secs().max(1)).is_multiple_of(5)
+}
