@@ -27,10 +27,11 @@ test: deps
 	$(CARGO) build --workspace --bins
 	@scripts/test.sh
 
-## bench: throughput and latency figures into docs/BENCHMARKS.md.
+## bench: throughput and latency figures into docs/BENCHMARKS.md (WireGuard
+## beside wireguard-go too, as root); BENCH_ARGS=--quick for a short check.
 bench: deps
 	$(CARGO) build --release --workspace --bins
-	@scripts/bench.sh
+	@scripts/bench.sh $(BENCH_ARGS)
 
 ## lint: formatting and clippy with warnings as errors.
 lint:

@@ -1,18 +1,58 @@
 #!/bin/sh
-# Runs the benchmarks against the release binaries and writes docs/BENCHMARKS.md.
-# `make bench` builds the binaries first; run from anywhere.
+# Runs the benchmarks against the release binaries and writes docs/BENCHMARKS.md:
+# first blipless-bench (it rewrites the whole file), then, as root,
+# blipless-bench-wg (WireGuard through network namespaces, beside wireguard-go),
+# which rewrites only its section between <!-- wireguard:begin --> and
+# <!-- wireguard:end -->. Arguments go to blipless-bench; --quick and --out also
+# to blipless-bench-wg. `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench="$target/release/blipless-bench"
-if [ ! -x "$bench" ]; then
-    echo "bench.sh: $bench is missing: run \`make bench\` (it builds the release binaries)" >&2
-    exit 1
-fi
+bench_wg="$target/release/blipless-bench-wg"
+for binary in "$bench" "$bench_wg"; do
+    if [ ! -x "$binary" ]; then
+        echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
+        exit 1
+    fi
+done
 # Compilers or test runs beside the benchmark skew every figure.
 if pgrep -x rustc >/dev/null 2>&1 || pgrep -x cargo >/dev/null 2>&1; then
     echo "bench.sh: warning: cargo or rustc is running on this machine; the figures will be disturbed" >&2
 fi
+out=docs/BENCHMARKS.md
+wg_args=""
+previous=""
+for arg in "$@"; do
+    if [ "$previous" = "--out" ]; then out="$arg"; fi
+    if [ "$arg" = "--quick" ]; then wg_args="--quick"; fi
+    previous="$arg"
+done
 # The harness finds target/release binaries with this.
 # Daemons log at the production level while measured.
-BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release exec "$bench" --out docs/BENCHMARKS.md "$@"
+export BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release
+# The main bench rewrites the whole file: keep the WireGuard section to put
+# back if the WireGuard bench cannot run.
+saved="$(mktemp)"
+trap 'rm -f "$saved"' EXIT
+if [ -f "$out" ]; then
+    sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
+fi
+restore() {
+    if [ -s "$saved" ]; then
+        printf '\n' >>"$out"
+        cat "$saved" >>"$out"
+        echo "bench.sh: kept the previous WireGuard section of $out" >&2
+    fi
+}
+"$bench" --out docs/BENCHMARKS.md "$@"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "bench.sh: the WireGuard bench needs root (network namespaces, TUN, nftables): run \`sudo make bench\`" >&2
+    restore
+    exit 0
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_wg" --out "$out" $wg_args; then
+    restore
+    exit 1
+fi

@@ -2,18 +2,22 @@
 //! `blipless-device` binaries on free loopback ports with their own state
 //! folder, an origin server to proxy to, and real clients (curl).
 //! For WireGuard, [`netns`] builds topologies of network namespaces (as
-//! root) and [`wireguard`] runs the real client, wireguard-go, inside them.
+//! root) and [`wireguard`] runs the real client, wireguard-go, inside them;
+//! [`topology`] is the customer/node/internet world of the WireGuard tests
+//! and benchmark, with blipless or wireguard-go as the server.
 //!
 //! Binaries are found in the workspace's target folder (`debug` unless
 //! `BLIPLESS_PROFILE` says `release`, or `BLIPLESS_BIN_DIR` points
 //! elsewhere); `make test` builds them before running the tests.
 
 pub mod curl;
+pub mod load;
 pub mod netns;
 pub mod node;
 pub mod origin;
 pub mod raw;
 pub mod redis;
+pub mod topology;
 pub mod wg_peer;
 pub mod wireguard;
 

@@ -278,6 +278,33 @@ impl Node {
         (new, started.elapsed())
     }
 
+    /// Restarts the ingress by handoff: starts a new one beside `old`, waits
+    /// until `old` has exited (status 0); returns the new one and how long the
+    /// old one took to leave.
+    pub fn hand_off(&mut self, old: &mut Daemon) -> (Daemon, Duration) {
+        let started = Instant::now();
+        let new = self.spawn("blipless-ingress", &[]);
+        let status = old
+            .wait_exit(Duration::from_secs(90))
+            .unwrap_or_else(|| panic!("the old ingress did not exit: {}", old.log_text()));
+        assert!(
+            status.success(),
+            "the old ingress exited with {status}: {}",
+            old.log_text()
+        );
+        (new, started.elapsed())
+    }
+
+    /// Starts an ingress without waiting for anything.
+    pub fn spawn_ingress(&mut self) -> Daemon {
+        self.spawn("blipless-ingress", &[])
+    }
+
+    /// Starts an ingress with extra arguments (e.g. `--set`), without waiting.
+    pub fn spawn_ingress_with(&mut self, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        self.spawn_with_env("blipless-ingress", args, env)
+    }
+
     /// `/status`: (HTTP code, body); (0, "") when unreachable.
     pub fn status(&self) -> (u16, String) {
         let output = self.status_get("/status");

@@ -2,54 +2,16 @@
 //! fail, the old plane exits as soon as it is empty, and every failure case
 //! leaves the node serving.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use blipless_tests::curl::fetch;
+use blipless_tests::load::{steady_load, streaming_echo};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::{pattern, sha256, wait_until};
-
-/// A curl that uploads `file` to the origin's echo endpoint through `proxy`
-/// slowly, so the tunnel streams both ways for many seconds.
-fn streaming_echo(
-    proxy: &str,
-    url: &str,
-    file: &std::path::Path,
-    out: &std::path::Path,
-    tunnel: bool,
-) -> Child {
-    let mut command = Command::new("curl");
-    command.args([
-        "-s",
-        "-S",
-        "--max-time",
-        "180",
-        "--limit-rate",
-        "1M",
-        "-H",
-        "Expect:",
-        "--proxy",
-        proxy,
-    ]);
-    if tunnel {
-        command.arg("--proxytunnel");
-    }
-    command
-        .arg("-T")
-        .arg(file)
-        .arg("-o")
-        .arg(out)
-        .arg(url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("curl")
-}
 
 fn metric(node: &Node, name: &str) -> f64 {
     let output = blipless_tests::curl::curl(&[
@@ -114,56 +76,6 @@ fn tunnels_stream_both_ways_through_ten_deploys_byte_exact() {
         migrated >= 20.0,
         "two tunnels times ten deploys migrated, metric says {migrated}"
     );
-}
-
-/// Runs batches of `parallel` short requests through `proxy` until `stop`;
-/// returns (requests, failures).
-fn steady_load(
-    proxy: String,
-    url: String,
-    parallel: usize,
-    stop: Arc<AtomicBool>,
-) -> JoinHandle<(usize, Vec<String>)> {
-    std::thread::spawn(move || {
-        let mut total = 0;
-        let mut failures = Vec::new();
-        while !stop.load(Ordering::SeqCst) {
-            let mut command = Command::new("curl");
-            let parallel_max = parallel.to_string();
-            command.args([
-                "-s",
-                "--no-progress-meter",
-                "--parallel",
-                "--parallel-immediate",
-                "--parallel-max",
-                &parallel_max,
-                "--max-time",
-                "60",
-                "--proxy",
-                &proxy,
-                "-w",
-                "%{http_code}\n",
-            ]);
-            for _ in 0..parallel * 3 {
-                command.args(["-o", "/dev/null", &url]);
-            }
-            let output = command.stdin(Stdio::null()).output().expect("curl");
-            for line in String::from_utf8_lossy(&output.stdout).lines() {
-                total += 1;
-                if line != "200" {
-                    failures.push(line.to_string());
-                }
-            }
-            if !output.status.success() {
-                failures.push(format!(
-                    "curl exit {}: {}",
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr)
-                ));
-            }
-        }
-        (total, failures)
-    })
 }
 
 #[test]

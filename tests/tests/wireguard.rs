@@ -9,149 +9,18 @@
 //! customer 10.S.1.2 ── 10.S.1.1 node 10.S.2.1 ── 10.S.2.2 internet (origin :8000)
 //!   wg (10.64.0.x) ──UDP 51820──▶ ingress ⇄ device plane ⇄ blip0 ⇄ masquerade
 //! ```
+//!
+//! The world is [`blipless_tests::topology::WgWorld`] (the WireGuard
+//! benchmark builds the same one, and its wireguard-go baseline).
 
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use blipless_tests::netns::{self, start_origin, veth, Background, Netns};
-use blipless_tests::node::{Daemon, Node};
+use blipless_tests::node::Node;
+use blipless_tests::topology::{add_wg_client, WgWorld};
 use blipless_tests::wg_peer::{icmp_echo, in_netns, is_echo_reply, TestPeer};
-use blipless_tests::wireguard::WireguardGoPeer;
 use blipless_tests::{pattern, sha256, wait_until};
-
-/// One customer, one node, one internet, wired up and serving.
-struct World {
-    // Dropped in this order: client and daemons first, namespaces last.
-    peer: WireguardGoPeer,
-    device: Daemon,
-    ingress: Daemon,
-    node: Node,
-    _origin_process: Background,
-    /// The origin's address in the internet namespace.
-    origin: SocketAddr,
-    internet_net: String,
-    customer: Netns,
-    _node_ns: Netns,
-    _internet: Netns,
-}
-
-impl World {
-    /// Builds the topology on subnets 10.`s`.1.0/24 and 10.`s`.2.0/24.
-    fn new(s: u8) -> World {
-        netns::require_root();
-        let customer = Netns::new("customer").expect("customer namespace");
-        let node_ns = Netns::new("node").expect("node namespace");
-        let internet = Netns::new("internet").expect("internet namespace");
-        let node_ip = format!("10.{s}.1.1");
-        veth(
-            &node_ns,
-            &format!("{node_ip}/24"),
-            &customer,
-            &format!("10.{s}.1.2/24"),
-        )
-        .expect("customer link");
-        let uplink = veth(
-            &node_ns,
-            &format!("10.{s}.2.1/24"),
-            &internet,
-            &format!("10.{s}.2.2/24"),
-        )
-        .expect("internet link");
-        let origin: SocketAddr = format!("10.{s}.2.2:8000").parse().expect("origin address");
-        let origin_process = start_origin(&internet, origin).expect("origin");
-        let internet_net = format!("10.{s}.2.0/24");
-        let mut node = Node::in_netns(
-            node_ns.name(),
-            &format!("allow = [\"{internet_net}\"]"),
-            &format!(
-                "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
-                 [wireguard]\nendpoint = \"{node_ip}:51820\"\npool = \"10.64.0.0/24\"\n",
-                uplink.a
-            ),
-        );
-        let ingress = node.start_ingress();
-        let config = add_wg_client(&node, "alice");
-        let device = node.start_device();
-        node.wait_ready();
-        let peer = WireguardGoPeer::start(&customer, &config, &[internet_net.as_str()])
-            .expect("wireguard-go client");
-        World {
-            peer,
-            device,
-            ingress,
-            node,
-            _origin_process: origin_process,
-            origin,
-            internet_net,
-            customer,
-            _node_ns: node_ns,
-            _internet: internet,
-        }
-    }
-
-    /// curl in the customer namespace; the body, or a panic with curl's error.
-    fn fetch(&self, path: &str, extra: &[&str]) -> Vec<u8> {
-        let url = format!("http://{}{path}", self.origin);
-        let output = self
-            .customer
-            .command("curl")
-            .args(["--silent", "--show-error", "--max-time", "120"])
-            .args(extra)
-            .arg(&url)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running curl");
-        assert!(
-            output.status.success(),
-            "curl {url} through the tunnel failed: {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            self.diagnostics()
-        );
-        output.stdout
-    }
-
-    fn ingress_serving(&self) -> bool {
-        self.node.status().0 == 200
-    }
-
-    fn diagnostics(&self) -> String {
-        format!(
-            "--- ingress log:\n{}\n--- device log:\n{}\n--- wireguard-go:\n{}",
-            tail(&self.ingress.log_text()),
-            tail(&self.device.log_text()),
-            tail(&self.peer.log())
-        )
-    }
-
-    /// Starts ping in the customer namespace toward the origin's host.
-    fn ping(&self, count: u32, interval: &str) -> std::process::Child {
-        let host = self.origin.ip().to_string();
-        self.customer
-            .command("ping")
-            .args([
-                "-n",
-                "-q",
-                "-i",
-                interval,
-                "-c",
-                &count.to_string(),
-                "-W",
-                "2",
-                &host,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting ping")
-    }
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
 
 /// A key line (`PrivateKey = ...`) of a wg-quick config, decoded.
 fn config_key(config: &str, field: &str) -> [u8; 32] {
@@ -160,23 +29,6 @@ fn config_key(config: &str, field: &str) -> [u8; 32] {
         .find_map(|line| line.strip_prefix(field)?.trim_start().strip_prefix('='))
         .unwrap_or_else(|| panic!("no {field} in {config}"));
     blipless_config::wireguard_key::decode(line.trim()).expect("a base64 key")
-}
-
-/// `client add NAME --wg --json` and the wg-quick config it printed.
-fn add_wg_client(node: &Node, name: &str) -> String {
-    let output = node.ctl(&["--json", "client", "add", name, "--wg"]);
-    assert!(
-        output.status.success(),
-        "client add --wg failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let value: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("client add --json");
-    value["wireguard"]["config"]
-        .as_str()
-        .expect("a wg-quick config in the JSON")
-        .to_string()
 }
 
 /// Transmitted and received counts from ping's summary line.
@@ -195,7 +47,7 @@ fn ping_counts(output: &std::process::Output) -> (u64, u64) {
 
 #[test]
 fn a_wireguard_go_client_fetches_through_the_node_byte_exact() {
-    let world = World::new(71);
+    let world = WgWorld::new(71);
     let size = 8_000_000;
     let body = world.fetch(&format!("/bytes/{size}"), &[]);
     assert_eq!(body.len(), size);
@@ -203,7 +55,7 @@ fn a_wireguard_go_client_fetches_through_the_node_byte_exact() {
     // The origin sees the node's masqueraded address, not the tunnel address.
     let whoami = String::from_utf8(world.fetch("/whoami", &[])).expect("utf-8");
     assert!(
-        whoami.starts_with(&world.internet_net[..world.internet_net.len() - 4]),
+        whoami.starts_with(&world.net.internet_net[..world.net.internet_net.len() - 4]),
         "origin saw {whoami:?}"
     );
     assert_eq!(world.node.metric("blipless_wg_peers"), 1.0);
@@ -212,13 +64,15 @@ fn a_wireguard_go_client_fetches_through_the_node_byte_exact() {
 
 #[test]
 fn packets_from_an_address_that_is_not_the_peers_own_are_dropped_and_counted() {
-    let world = World::new(72);
+    let world = WgWorld::new(72);
     let interface = world.peer.interface().to_string();
     world
+        .net
         .customer
         .ip(&["addr", "add", "10.64.0.200/32", "dev", &interface])
         .expect("a second address");
     let spoofed = world
+        .net
         .customer
         .command("ping")
         .args([
@@ -233,7 +87,7 @@ fn packets_from_an_address_that_is_not_the_peers_own_are_dropped_and_counted() {
             "-I",
             "10.64.0.200",
         ])
-        .arg(world.origin.ip().to_string())
+        .arg(world.net.origin.ip().to_string())
         .output()
         .expect("ping");
     let (sent, received) = ping_counts(&spoofed);
@@ -254,14 +108,14 @@ fn packets_from_an_address_that_is_not_the_peers_own_are_dropped_and_counted() {
 
 #[test]
 fn a_removed_client_loses_its_session_within_seconds() {
-    let world = World::new(73);
+    let world = WgWorld::new(73);
     assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);
     let output = world.node.ctl(&["client", "remove", "alice"]);
     assert!(output.status.success(), "client remove failed");
     wait_until(Duration::from_secs(10), "the peer to be removed", || {
         world.node.metric("blipless_wg_peers") == 0.0
     });
-    let ping = world.ping(3, "0.2").wait_with_output().expect("ping");
+    let ping = world.net.ping(3, "0.2").wait_with_output().expect("ping");
     assert_eq!(
         ping_counts(&ping).1,
         0,
@@ -271,12 +125,13 @@ fn a_removed_client_loses_its_session_within_seconds() {
 
 #[test]
 fn an_inner_tcp_stream_survives_five_device_deploys() {
-    let mut world = World::new(74);
+    let mut world = WgWorld::new(74);
     let size = 24_000_000usize;
-    let url = format!("http://{}/bytes/{size}", world.origin);
+    let url = format!("http://{}/bytes/{size}", world.net.origin);
     let output_file = world.node.path().join("stream.bin");
     // Rate-limited so the stream outlasts the deploys by a wide margin.
     let mut download = world
+        .net
         .customer
         .command("curl")
         .args([
@@ -324,9 +179,9 @@ fn an_inner_tcp_stream_survives_five_device_deploys() {
 
 #[test]
 fn ping_through_the_tunnel_loses_nothing_across_a_deploy() {
-    let mut world = World::new(75);
+    let mut world = WgWorld::new(75);
     // 10 ms apart for 6 s; the deploy happens in the middle.
-    let ping = world.ping(600, "0.01");
+    let ping = world.net.ping(600, "0.01");
     std::thread::sleep(Duration::from_secs(2));
     let (device, took) = world.node.deploy(&mut world.device);
     world.device = device;
@@ -347,7 +202,7 @@ fn ping_through_the_tunnel_loses_nothing_across_a_deploy() {
 
 #[test]
 fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
-    let world = World::new(76);
+    let world = WgWorld::new(76);
     let config = add_wg_client(&world.node, "bob");
     wait_until(Duration::from_secs(10), "bob to be a peer", || {
         world.node.metric("blipless_wg_peers") == 2.0
@@ -361,11 +216,11 @@ fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
         .and_then(|a| a.parse().ok())
         .expect("bob's address");
     let endpoint: SocketAddr = "10.76.1.1:51820".parse().expect("endpoint");
-    let origin = match world.origin.ip() {
+    let origin = match world.net.origin.ip() {
         std::net::IpAddr::V4(ip) => ip,
         std::net::IpAddr::V6(_) => unreachable!("the origin is IPv4"),
     };
-    let (replies, cookies) = in_netns(world.customer.name(), move || {
+    let (replies, cookies) = in_netns(world.net.customer.name(), move || {
         let mut bob = TestPeer::new(private, server, address, endpoint, 11).expect("bob");
         // Junk of every size, and junk that looks like each message type.
         let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -450,7 +305,7 @@ fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
             > 0.0
     );
     // The legitimate client keeps working, and so does the ingress.
-    let ping = world.ping(5, "0.2").wait_with_output().expect("ping");
+    let ping = world.net.ping(5, "0.2").wait_with_output().expect("ping");
     assert_eq!(ping_counts(&ping), (5, 5), "alice's pings after the flood");
     assert_eq!(world.fetch("/bytes/100000", &[]).len(), 100_000);
     assert!(world.ingress_serving(), "the ingress survived");

@@ -1,0 +1,96 @@
+//! Load for end-to-end tests: real curl clients streaming through a tunnel,
+//! and steady batches of short requests, shared by the deploy and handoff
+//! tests.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A curl that uploads `file` to the origin's echo endpoint through `proxy`
+/// slowly, so the tunnel streams both ways for many seconds.
+pub fn streaming_echo(
+    proxy: &str,
+    url: &str,
+    file: &std::path::Path,
+    out: &std::path::Path,
+    tunnel: bool,
+) -> Child {
+    let mut command = Command::new("curl");
+    command.args([
+        "-s",
+        "-S",
+        "--max-time",
+        "180",
+        "--limit-rate",
+        "1M",
+        "-H",
+        "Expect:",
+        "--proxy",
+        proxy,
+    ]);
+    if tunnel {
+        command.arg("--proxytunnel");
+    }
+    command
+        .arg("-T")
+        .arg(file)
+        .arg("-o")
+        .arg(out)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("curl")
+}
+
+/// Runs batches of `parallel` short requests through `proxy` until `stop`;
+/// returns (requests, failures).
+pub fn steady_load(
+    proxy: String,
+    url: String,
+    parallel: usize,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(usize, Vec<String>)> {
+    std::thread::spawn(move || {
+        let mut total = 0;
+        let mut failures = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let mut command = Command::new("curl");
+            let parallel_max = parallel.to_string();
+            command.args([
+                "-s",
+                "--no-progress-meter",
+                "--parallel",
+                "--parallel-immediate",
+                "--parallel-max",
+                &parallel_max,
+                "--max-time",
+                "60",
+                "--proxy",
+                &proxy,
+                "-w",
+                "%{http_code}\n",
+            ]);
+            for _ in 0..parallel * 3 {
+                command.args(["-o", "/dev/null", &url]);
+            }
+            let output = command.stdin(Stdio::null()).output().expect("curl");
+            for line in String::from_utf8_lossy(&output.stdout).lines() {
+                total += 1;
+                if line != "200" {
+                    failures.push(line.to_string());
+                }
+            }
+            if !output.status.success() {
+                failures.push(format!(
+                    "curl exit {}: {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+        }
+        (total, failures)
+    })
+}

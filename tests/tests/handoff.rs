@@ -1,0 +1,187 @@
+//! Ingress restart-by-handoff: a new ingress takes the running one's sockets
+//! and the old one steps aside, with no failed request, no broken tunnel, and
+//! every failure case leaving the node serving.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blipless_tests::curl::fetch;
+use blipless_tests::load::{steady_load, streaming_echo};
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+use blipless_tests::{pattern, sha256, wait_until};
+
+#[test]
+fn ten_ingress_handoffs_under_load_fail_no_request_and_break_no_tunnel() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (mut ingress, _device, client) = node.start();
+    // At 1 MB/s each way, longer than ten handoffs take.
+    let size = 24 * 1024 * 1024;
+    let upload = node.path().join("upload.bin");
+    std::fs::write(&upload, pattern(size)).expect("write upload");
+    let (socks_out, http_out) = (node.path().join("socks.out"), node.path().join("http.out"));
+    let url = origin.url("/echo");
+    let mut socks = streaming_echo(&client.socks, &url, &upload, &socks_out, false);
+    let mut http = streaming_echo(&client.http, &url, &upload, &http_out, true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let short = origin.url("/bytes/2000");
+    let loads = [
+        steady_load(client.socks.clone(), short.clone(), 4, stop.clone()),
+        steady_load(client.http.clone(), short, 4, stop.clone()),
+    ];
+    std::thread::sleep(Duration::from_millis(500));
+    for round in 1..=10 {
+        let (next, took) = node.hand_off(&mut ingress);
+        ingress = next;
+        eprintln!("handoff {round}: the old ingress left after {took:?}");
+    }
+    node.wait_ready();
+    stop.store(true, Ordering::SeqCst);
+    for load in loads {
+        let (total, failures) = load.join().expect("load thread");
+        assert!(total > 0, "the load ran");
+        assert!(
+            failures.is_empty(),
+            "{} of {total} requests failed: {failures:?}",
+            failures.len()
+        );
+    }
+    assert!(
+        socks.try_wait().expect("poll").is_none(),
+        "the SOCKS5 tunnel ended early"
+    );
+    assert!(
+        http.try_wait().expect("poll").is_none(),
+        "the HTTP tunnel ended early"
+    );
+    for (child, out, what) in [
+        (&mut socks, &socks_out, "SOCKS5"),
+        (&mut http, &http_out, "HTTP CONNECT"),
+    ] {
+        let status = child.wait().expect("curl");
+        assert!(status.success(), "{what} tunnel failed");
+        let got = std::fs::read(out).expect("output");
+        assert_eq!(got.len(), size, "{what} length");
+        assert_eq!(sha256(&got), sha256(&pattern(size)), "{what} bytes");
+    }
+    assert_eq!(node.metric("blipless_ingress_handoffs_total"), 10.0);
+}
+
+#[test]
+fn a_third_ingress_is_refused_while_two_serve() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (mut first, _device, client) = node.start();
+    // Hold the first one beside its successor: a WireGuard-quiet ingress
+    // leaves after a second, so start the third at once.
+    let second = node.spawn_ingress();
+    wait_until(
+        Duration::from_secs(20),
+        "the second ingress to serve",
+        || second.log_text().contains("ingress serving"),
+    );
+    let mut third = node.spawn_ingress();
+    let status = third
+        .wait_exit(Duration::from_secs(20))
+        .expect("the third exits");
+    assert!(!status.success(), "the third ingress must not start");
+    assert!(
+        third.log_text().contains("refused"),
+        "it says why: {}",
+        third.log_text()
+    );
+    assert!(first
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+}
+
+#[test]
+fn a_successor_killed_mid_handoff_leaves_the_old_one_serving() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (mut first, _device, client) = node.start();
+    // The successor stalls after taking the offer, before it serves.
+    let mut doomed = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_STALL_HANDOFF_MS", "60000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the successor to take the offer",
+        || doomed.log_text().contains("taking over"),
+    );
+    doomed.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "the old one serves on"
+    );
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    // And the next successor takes over from it as usual.
+    let (_next, _) = node.hand_off(&mut first);
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.http, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+}
+
+#[test]
+fn a_successor_that_dies_after_serving_gives_the_node_back_to_the_old_one() {
+    let origin = Origin::start();
+    // Keep the old ingress around long enough to see the successor die.
+    let mut node = Node::new("[wireguard]\nendpoint = \"127.0.0.1:51820\"\n");
+    let (mut first, _device, client) = node.start();
+    let mut second =
+        node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_DIE_AFTER_SERVING_MS", "300")]);
+    let status = second
+        .wait_exit(Duration::from_secs(20))
+        .expect("the successor dies");
+    assert!(!status.success());
+    wait_until(
+        Duration::from_secs(20),
+        "the old ingress to serve again",
+        || first.log_text().contains("serving again"),
+    );
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "still running"
+    );
+}
+
+#[test]
+fn a_listener_whose_address_changed_is_bound_afresh() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (mut first, _device, client) = node.start();
+    let moved = blipless_tests::free_port();
+    let set = format!("listen.socks=127.0.0.1:{moved}");
+    let mut second = node.spawn_ingress_with(&["--set", &set], &[]);
+    assert!(first
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    node.wait_ready();
+    let proxy = client
+        .socks
+        .replace(&node.socks.port().to_string(), &moved.to_string());
+    assert_eq!(fetch(&proxy, &origin.url("/bytes/100"), &[]).len(), 100);
+    // The HTTP listener moved unchanged.
+    assert_eq!(
+        fetch(&client.http, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    assert!(second.log_text().contains("socks"), "{}", second.log_text());
+    second.kill();
+}

@@ -1,0 +1,158 @@
+//! WireGuard across ingress restarts, as root in network namespaces (see
+//! `blipless_tests::topology`): a wireguard-go client keeps pinging and
+//! streaming through handoffs, and comes back within seconds after a crash.
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use blipless_tests::topology::{tail, WgWorld};
+use blipless_tests::{pattern, sha256, wait_until};
+
+/// Transmitted and received counts from ping's summary line.
+fn ping_counts(output: &Output) -> (u64, u64) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find(|line| line.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary in: {text}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+/// Five handoffs, back to back: each waits for the old ingress to exit.
+fn five_handoffs(world: &mut WgWorld) {
+    let started = Instant::now();
+    for round in 1..=5 {
+        let (next, took) = world.node.hand_off(&mut world.ingress);
+        world.ingress = next;
+        eprintln!("ingress handoff {round}: the old one left after {took:?}");
+    }
+    eprintln!("5 handoffs in {:?}", started.elapsed());
+}
+
+#[test]
+fn pings_every_10ms_cross_five_ingress_handoffs_without_a_loss() {
+    // Nothing else on the tunnel: a loss here is the handoff's, not congestion's.
+    let mut world = WgWorld::new(81);
+    let ping = world.net.ping(3500, "0.01");
+    std::thread::sleep(Duration::from_secs(1));
+    five_handoffs(&mut world);
+    let output = ping.wait_with_output().expect("ping");
+    let (sent, received) = ping_counts(&output);
+    eprintln!(
+        "ping every 10 ms across 5 ingress handoffs: {sent} sent, {received} received, {} lost",
+        sent - received
+    );
+    assert_eq!(sent, 3500, "ping ran to the end");
+    let counters: Vec<String> = world
+        .node
+        .metrics()
+        .lines()
+        .filter(|line| line.starts_with("blipless_wg_"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        received,
+        sent,
+        "lost pings; the last ingress counted {counters:?}\n{}",
+        world.diagnostics()
+    );
+    assert_eq!(world.node.metric("blipless_ingress_handoffs_total"), 5.0);
+}
+
+#[test]
+fn an_inner_tcp_stream_crosses_five_ingress_handoffs_unbroken() {
+    let mut world = WgWorld::new(83);
+    let size = 60_000_000usize;
+    let output_file = world.node.path().join("stream.bin");
+    let url = format!("http://{}/bytes/{size}", world.net.origin);
+    let mut download = world
+        .net
+        .customer
+        .command("curl")
+        .args([
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "300",
+            "--limit-rate",
+            "2M",
+            "-o",
+        ])
+        .arg(&output_file)
+        .arg(&url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    std::thread::sleep(Duration::from_secs(1));
+    five_handoffs(&mut world);
+    assert!(
+        download.try_wait().expect("curl").is_none(),
+        "the stream ended before the handoffs did: make it longer"
+    );
+    let status = download.wait().expect("curl");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = download.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert!(
+        status.success(),
+        "the inner TCP stream broke: {stderr}\n{}",
+        world.diagnostics()
+    );
+    let body = std::fs::read(&output_file).expect("downloaded");
+    assert_eq!(body.len(), size);
+    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+}
+
+#[test]
+fn after_an_ingress_crash_wireguard_traffic_resumes_within_seconds() {
+    let mut world = WgWorld::new(82);
+    assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);
+    // Let the ingress send the device plane an endpoint snapshot to keep.
+    wait_until(
+        Duration::from_secs(20),
+        "an endpoint snapshot in the store",
+        || {
+            world
+                .device
+                .log_text()
+                .contains("WireGuard endpoint snapshot kept")
+        },
+    );
+    world.ingress.kill();
+    let restarted = Instant::now();
+    world.ingress = world.node.spawn_ingress();
+    let resumed = loop {
+        let ping = world
+            .net
+            .customer
+            .command("ping")
+            .args(["-n", "-q", "-c", "1", "-W", "1"])
+            .arg(world.net.origin.ip().to_string())
+            .output()
+            .expect("ping");
+        if ping_counts(&ping).1 == 1 {
+            break restarted.elapsed();
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(30),
+            "WireGuard did not come back\n{}",
+            world.diagnostics()
+        );
+    };
+    eprintln!("WireGuard traffic resumed {resumed:?} after the ingress restarted");
+    assert!(
+        resumed < Duration::from_secs(5),
+        "took {resumed:?}: the client's own retry, not the call-back\n{}",
+        tail(&world.ingress.log_text())
+    );
+    assert!(world
+        .ingress
+        .log_text()
+        .contains("WireGuard endpoints seeded"));
+}
