@@ -80,10 +80,21 @@ fn check_peer(socket: &UnixSeqpacket) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a predecessor may take to answer when the handoff socket itself
+/// came back from the service manager's fd store: then the socket accepts
+/// connections even with no ingress behind it (the one that crashed).
+const KEPT_SOCKET_ANSWER: Duration = Duration::from_secs(2);
+
 /// Connects to the handoff socket of a running ingress and takes its offer;
 /// `None` when no ingress answers there (a first start, or after a crash). A
 /// refusal (a third ingress while two serve) is an error that says so.
-pub async fn find_predecessor(config: &Config) -> anyhow::Result<Option<Predecessor>> {
+/// `socket_kept`: the service manager passed the handoff socket back, so a
+/// connection may succeed with nobody listening; no offer within
+/// [`KEPT_SOCKET_ANSWER`] then means no predecessor.
+pub async fn find_predecessor(
+    config: &Config,
+    socket_kept: bool,
+) -> anyhow::Result<Option<Predecessor>> {
     let path = config.handoff_socket();
     let socket = match UnixSeqpacket::connect(&path).await {
         Ok(socket) => socket,
@@ -112,7 +123,23 @@ pub async fn find_predecessor(config: &Config) -> anyhow::Result<Option<Predeces
     .await
     .context("saying hello to the running ingress")?;
     let mut buffer = vec![0u8; MAX_FRAME];
-    let (offer, fds) = match receive(&socket, &mut buffer, "the handoff offer").await? {
+    let first = if socket_kept {
+        match tokio::time::timeout(
+            KEPT_SOCKET_ANSWER,
+            receive(&socket, &mut buffer, "the handoff offer"),
+        )
+        .await
+        {
+            Ok(first) => first?,
+            Err(_) => {
+                tracing::info!("no ingress answers on the kept handoff socket: starting afresh");
+                return Ok(None);
+            }
+        }
+    } else {
+        receive(&socket, &mut buffer, "the handoff offer").await?
+    };
+    let (offer, fds) = match first {
         (Message::HandoffOffer(offer), fds) => (offer, fds),
         (Message::Refused(Refused { reason }), _) => {
             anyhow::bail!("the running ingress refused to hand off: {reason}")

@@ -88,7 +88,13 @@ struct Lineage {
 /// gone quiet (or at the drain grace).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let started = Instant::now();
-    let predecessor = handoff::find_predecessor(&config).await?;
+    // Sockets the service manager kept for us (after a crash), by name.
+    let inherited = blipless_supervise::listen_fds::take().unwrap_or_else(|error| {
+        tracing::warn!(%error, "ignoring LISTEN_FDS");
+        Vec::new()
+    });
+    let socket_kept = inherited.iter().any(|(name, _)| name == "handoff");
+    let predecessor = handoff::find_predecessor(&config, socket_kept).await?;
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));
     let lineage = Arc::new(Lineage::default());
@@ -99,7 +105,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .iter()
                 .map(|fd| fd.try_clone())
                 .collect::<Result<Vec<_>, _>>()?;
+            // The predecessor's sockets are the ones the service manager keeps.
+            drop(inherited);
             let (listeners, rebound) = Listeners::adopt(&config, &predecessor.offer, fds)?;
+            listeners.park(&rebound);
             tracing::info!(
                 predecessor_generation = predecessor.offer.wg_generation,
                 rebound = ?rebound,
@@ -108,7 +117,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             );
             (listeners, 1 - (predecessor.offer.wg_generation & 1))
         }
-        None => (Listeners::bind(&config)?, 0),
+        None => {
+            let (listeners, fresh) = Listeners::bind(&config, inherited)?;
+            listeners.park(&fresh);
+            (listeners, 0)
+        }
     };
     let key_file = config.wireguard_key_file();
     let key = blipless_config::wireguard_key::WireguardKey::load_or_create(&key_file)?;

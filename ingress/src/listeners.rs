@@ -45,25 +45,77 @@ fn configured(config: &Config, name: &str) -> String {
 }
 
 impl Listeners {
-    /// Binds every socket afresh (no predecessor).
-    pub fn bind(config: &Config) -> anyhow::Result<Self> {
-        let group = steer::bind_group(config.listen.wg)
-            .with_context(|| format!("binding the WireGuard socket {} (UDP)", config.listen.wg))?;
+    /// Binds every socket afresh (no predecessor), except those the service
+    /// manager passed back from its file descriptor store (`inherited`, by
+    /// name: the sockets of an ingress that crashed, still holding what was
+    /// queued on them). Returns the names bound afresh too, to park in the
+    /// store.
+    pub fn bind(
+        config: &Config,
+        inherited: Vec<(String, OwnedFd)>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        let mut inherited = inherited;
+        let mut take = |name: &str| {
+            inherited
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|at| inherited.swap_remove(at).1)
+        };
+        let mut fresh = Vec::new();
+        let group = match (take("wg0"), take("wg1")) {
+            (Some(wg0), Some(wg1)) => [wg0, wg1],
+            _ => {
+                fresh.extend(["wg0".to_string(), "wg1".to_string()]);
+                let [wg0, wg1] = steer::bind_group(config.listen.wg).with_context(|| {
+                    format!("binding the WireGuard socket {} (UDP)", config.listen.wg)
+                })?;
+                [OwnedFd::from(wg0), OwnedFd::from(wg1)]
+            }
+        };
         let [wg0, wg1] = group;
+        let mut wg = [Some(wg0), Some(wg1)];
         let mut listeners = Self {
             sockets: Vec::new(),
         };
         for name in NAMES {
             let fd = match name {
-                "wg0" => OwnedFd::from(wg0.try_clone()?),
-                "wg1" => OwnedFd::from(wg1.try_clone()?),
-                other => bind_one(config, other)?,
+                "wg0" => wg[0].take().context("the WireGuard group")?,
+                "wg1" => wg[1].take().context("the WireGuard group")?,
+                other => match take(other) {
+                    Some(fd) => {
+                        tracing::info!(
+                            socket = other,
+                            "using the socket kept by the service manager"
+                        );
+                        fd
+                    }
+                    None => {
+                        fresh.push(other.to_string());
+                        bind_one(config, other)?
+                    }
+                },
             };
             listeners
                 .sockets
                 .push((name.to_string(), configured(config, name), fd));
         }
-        Ok(listeners)
+        Ok((listeners, fresh))
+    }
+
+    /// Parks `names` in the service manager's file descriptor store
+    /// (`FDSTORE=1`, DESIGN §5.7), replacing what it held under those names,
+    /// so an ingress that crashes gets the same sockets back on restart. A
+    /// no-op without NOTIFY_SOCKET.
+    pub fn park(&self, names: &[String]) {
+        for name in names {
+            let Ok(fd) = self.fd(name) else { continue };
+            let replaced =
+                blipless_supervise::notify::notify(&format!("FDSTOREREMOVE=1\nFDNAME={name}"))
+                    .and_then(|()| blipless_supervise::notify::store_fds(name, &[fd]));
+            if let Err(error) = replaced {
+                tracing::warn!(socket = %name, %error, "could not park the socket in the service manager's fd store");
+            }
+        }
     }
 
     /// Takes over the sockets a predecessor offered. A socket whose configured
@@ -91,6 +143,9 @@ impl Listeners {
         let wg_same = offered
             .iter()
             .any(|(socket, _)| socket.name == "wg0" && socket.address == wg_moved);
+        if !wg_same {
+            rebound.extend(["wg0".to_string(), "wg1".to_string()]);
+        }
         for name in NAMES {
             let wanted = configured(config, name);
             let position = offered.iter().position(|(socket, _)| socket.name == name);
@@ -104,13 +159,13 @@ impl Listeners {
             });
             let fd = match reuse {
                 Some(at) => offered.swap_remove(at).1,
-                None => {
-                    rebound.push(name.to_string());
-                    match name {
-                        "wg0" | "wg1" => continue,
-                        other => bind_one(config, other)?,
+                None => match name {
+                    "wg0" | "wg1" => continue,
+                    other => {
+                        rebound.push(other.to_string());
+                        bind_one(config, other)?
                     }
-                }
+                },
             };
             listeners.sockets.push((name.to_string(), wanted, fd));
         }

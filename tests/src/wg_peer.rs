@@ -80,6 +80,17 @@ impl TestPeer {
         })
     }
 
+    /// Moves to a fresh UDP socket (a new source port), as a client behind a
+    /// NAT that changed its mapping would: the session stays.
+    pub fn rebind(&mut self) -> io::Result<()> {
+        self.socket = UdpSocket::bind(if self.endpoint.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        })?;
+        Ok(())
+    }
+
     /// The UDP socket (to send raw datagrams from the same address).
     pub fn socket(&self) -> &UdpSocket {
         &self.socket

@@ -331,3 +331,50 @@ fn status_is_503_until_the_device_planes_peer_set_is_applied() {
     node.wait_ready();
     assert_eq!(node.metric("blipless_wg_peers"), 1.0);
 }
+
+#[test]
+fn a_peer_that_roams_gets_its_replies_at_its_new_address() {
+    let world = WgWorld::new(77);
+    let config = add_wg_client(&world.node, "dave");
+    wait_until(Duration::from_secs(10), "dave to be a peer", || {
+        world.node.metric("blipless_wg_peers") == 2.0
+    });
+    let private = config_key(&config, "PrivateKey");
+    let server = config_key(&config, "PublicKey");
+    let address = config
+        .lines()
+        .find_map(|line| line.strip_prefix("Address = "))
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("dave's address");
+    let endpoint: SocketAddr = world.net.endpoint().parse().expect("endpoint");
+    let std::net::IpAddr::V4(origin) = world.net.origin.ip() else {
+        unreachable!("the origin is IPv4")
+    };
+    let (before, after, ports) = in_netns(world.net.customer.name(), move || {
+        let mut dave = TestPeer::new(private, server, address, endpoint, 21).expect("dave");
+        dave.handshake(Duration::from_secs(10)).expect("handshake");
+        let echo = |dave: &mut TestPeer, sequence: u16| {
+            dave.send_inner(&icmp_echo(address, origin, 5, sequence))
+                .expect("send");
+            let mut replied = false;
+            while let Some(packet) = dave.recv_inner(Duration::from_secs(3)).expect("receive") {
+                if is_echo_reply(&packet, 5, sequence) {
+                    replied = true;
+                    break;
+                }
+            }
+            replied
+        };
+        let before = echo(&mut dave, 1);
+        let old_port = dave.socket().local_addr().expect("address").port();
+        // Same session, new source port: the next reply must find it there.
+        dave.rebind().expect("rebind");
+        let new_port = dave.socket().local_addr().expect("address").port();
+        let after = echo(&mut dave, 2);
+        (before, after, (old_port, new_port))
+    });
+    assert_ne!(ports.0, ports.1);
+    assert!(before, "a reply before roaming");
+    assert!(after, "the reply followed the peer to its new port");
+}

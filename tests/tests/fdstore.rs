@@ -1,0 +1,121 @@
+//! The crash safety net of DESIGN §5.7, with the test playing systemd: an
+//! ingress parks its listening sockets in the service manager's file
+//! descriptor store (`FDSTORE=1`); after it is SIGKILLed, a new one started
+//! with those sockets (`LISTEN_FDS`) serves on them, and a connection made
+//! while no ingress ran is served, not refused.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use blipless_supervise::notify::Listener;
+use blipless_tests::curl::fetch;
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+use blipless_tests::{binary, wait_until};
+use command_fds::{CommandFdExt, FdMapping};
+
+/// Collects FDSTORE notifications until all eight sockets are parked.
+fn parked(listener: &Listener) -> HashMap<String, OwnedFd> {
+    let mut store = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.len() < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "parked so far: {:?}",
+            store.keys()
+        );
+        let Some(notification) = listener
+            .recv_timeout(Duration::from_millis(200))
+            .expect("notify socket")
+        else {
+            continue;
+        };
+        if !notification.state.contains("FDSTORE=1") {
+            continue;
+        }
+        let name = notification
+            .state
+            .lines()
+            .find_map(|line| line.strip_prefix("FDNAME="))
+            .expect("FDNAME")
+            .to_string();
+        let fd = notification.fds.into_iter().next().expect("the socket");
+        store.insert(name, fd);
+    }
+    store
+}
+
+#[test]
+fn a_crashed_ingress_comes_back_on_the_sockets_the_service_manager_kept() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let notify_path = node.path().join("notify.sock");
+    let listener = Listener::bind(&notify_path).expect("notify socket");
+    let mut first = node.spawn_ingress_with(
+        &[],
+        &[("NOTIFY_SOCKET", notify_path.to_str().expect("utf-8"))],
+    );
+    let store = parked(&listener);
+    let client = node.add_client("alice");
+    let _device = node.start_device();
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+
+    first.kill();
+    // No ingress runs: a customer connects meanwhile, into the kept socket's
+    // backlog (a fresh bind would refuse it).
+    let waiting = Command::new("curl")
+        .args(["-s", "--max-time", "60", "--proxy", &client.socks])
+        .arg(origin.url("/bytes/1234"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Restart as systemd would: the stored fds from 3 on, named.
+    let names = [
+        "socks", "http", "status", "device", "control", "handoff", "wg0", "wg1",
+    ];
+    let mappings: Vec<FdMapping> = names
+        .iter()
+        .enumerate()
+        .map(|(at, name)| FdMapping {
+            parent_fd: store[*name].try_clone().expect("dup"),
+            child_fd: 3 + at as i32,
+        })
+        .collect();
+    let log = node.path().join("restarted.log");
+    let mut command = Command::new(binary("blipless-ingress"));
+    command
+        .arg("--config")
+        .arg(&node.config)
+        .env("BLIPLESS_LOG", "info")
+        .env("LISTEN_FDS", names.len().to_string())
+        .env("LISTEN_FDNAMES", names.join(":"))
+        // Our child: LISTEN_PID names its parent, as the stand-in's child would see.
+        .env("LISTEN_PID", std::process::id().to_string())
+        .env("BLIPLESS_SUPERVISED", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    command.fd_mappings(mappings).expect("fd mappings");
+    let mut second = command.spawn().expect("restarting the ingress");
+    let output = waiting.wait_with_output().expect("curl");
+    assert_eq!(
+        output.stdout.len(),
+        1234,
+        "the connection made while down was served"
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("using the socket kept by the service manager"),
+        "{text}"
+    );
+    wait_until(Duration::from_secs(20), "ready", || node.status().0 == 200);
+    let _ = second.kill();
+    let _ = second.wait();
+}
