@@ -378,3 +378,100 @@ fn a_peer_that_roams_gets_its_replies_at_its_new_address() {
     assert!(before, "a reply before roaming");
     assert!(after, "the reply followed the peer to its new port");
 }
+
+#[test]
+fn with_no_device_plane_packets_wait_up_to_a_bound_and_then_arrive() {
+    let mut world = WgWorld::new(78);
+    world.device.kill();
+    wait_until(Duration::from_secs(10), "no active device plane", || {
+        world.node.status().0 == 503
+    });
+    // Bursts until more than the 4,096-packet bound wait while no plane is
+    // active (not every burst's packet makes it through the client's queues).
+    let overflowed = || {
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"queue_full\"}")
+            > 0.0
+    };
+    for _ in 0..20 {
+        let burst = world
+            .net
+            .customer
+            .command("ping")
+            .args(["-n", "-q", "-l", "2000", "-c", "2000", "-W", "1"])
+            .arg(world.net.origin.ip().to_string())
+            .output()
+            .expect("ping -l");
+        assert_eq!(ping_counts(&burst).1, 0, "no plane, no replies yet");
+        if overflowed() {
+            break;
+        }
+    }
+    assert!(overflowed(), "the overflow is counted");
+    assert_eq!(
+        world.node.metric("blipless_wg_held_packets"),
+        4096.0,
+        "up to the bound is held"
+    );
+    // Once a plane is active the held requests go out, in order, and the
+    // origin's replies come back through the tunnel.
+    let replies_before = world
+        .node
+        .metric("blipless_wg_inner_packets_total{direction=\"out\"}");
+    world.device = world.node.start_device();
+    wait_until(
+        Duration::from_secs(30),
+        "the held packets to be delivered",
+        || world.node.metric("blipless_wg_held_packets") == 0.0,
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the replies to the held requests",
+        || {
+            world
+                .node
+                .metric("blipless_wg_inner_packets_total{direction=\"out\"}")
+                - replies_before
+                >= 4000.0
+        },
+    );
+    assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);
+}
+
+#[test]
+fn inner_packets_to_a_denied_destination_go_nowhere() {
+    let world = WgWorld::new(79);
+    let ping = |target: &str| {
+        world
+            .net
+            .customer
+            .command("ping")
+            .args(["-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", target])
+            .output()
+            .expect("ping")
+    };
+    // The origin's network is allowed (egress.allow). The node's own address
+    // on the TUN device, 10.64.0.1, is private and not allowed: without the
+    // policy the node's kernel would answer it.
+    assert_eq!(
+        ping_counts(&ping(&world.net.origin.ip().to_string())),
+        (3, 3)
+    );
+    world
+        .net
+        .customer
+        .ip(&[
+            "route",
+            "add",
+            "10.64.0.1/32",
+            "dev",
+            world.peer.interface(),
+        ])
+        .expect("a route through the tunnel");
+    assert_eq!(
+        ping_counts(&ping("10.64.0.1")).1,
+        0,
+        "10.64.0.1 is denied by default"
+    );
+}
