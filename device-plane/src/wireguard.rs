@@ -60,6 +60,8 @@ const INHERIT_WAIT: Duration = Duration::from_secs(2);
 /// The TUN queues of this plane and the tasks reading them.
 pub struct PacketPath {
     device: String,
+    /// A successor: its queues come from its predecessor.
+    inherit: bool,
     queue_count: usize,
     queues: Mutex<Vec<Arc<TunQueue>>>,
     readers: Mutex<(TaskTracker, CancellationToken)>,
@@ -90,6 +92,7 @@ impl PacketPath {
     pub fn new(device: &str, queues: usize, egress: Egress, inherit: bool) -> Self {
         let path = Self {
             device: device.to_owned(),
+            inherit,
             queue_count: queues,
             queues: Mutex::new(Vec::new()),
             readers: Mutex::new((TaskTracker::new(), CancellationToken::new())),
@@ -180,8 +183,12 @@ impl PacketPath {
     }
 
     /// After Activate as a successor: attaches queues of our own unless the
-    /// predecessor's arrive within [`INHERIT_WAIT`] (it may have died).
+    /// predecessor's arrive within [`INHERIT_WAIT`] (it may have died). A
+    /// first plane has tried at start already: nothing to do.
     pub fn expect_inherited(self: &Arc<Self>) {
+        if !self.inherit {
+            return;
+        }
         let path = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(INHERIT_WAIT).await;
