@@ -180,7 +180,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Count>(
             "egress.tun.queues",
             Text("2"),
-            "Queues each device plane attaches to the multi-queue TUN device (a successor attaches its own beside them).",
+            "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy.",
             |c| &mut c.egress.tun.queues,
         ),
         Key::new::<OptionalHostPort>(

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
@@ -98,44 +97,14 @@ fn run(config: Config) -> anyhow::Result<()> {
             }
             signals.cancel();
         });
-        tokio::spawn(wait_for_successor(
+        tokio::spawn(blipless_supervise::lifecycle::wait_for_successor(
             restart,
             config.drain.grace,
             terminate.clone(),
         ));
-        tokio::spawn(tell_stopping(terminate.clone()));
+        tokio::spawn(blipless_supervise::lifecycle::tell_stopping(
+            terminate.clone(),
+        ));
         blipless_device::run(config, terminate).await
     })
-}
-
-/// SIGUSR2 (`systemctl restart` through the --supervise stand-in): a
-/// successor device plane is starting beside this one; the deploy drains
-/// this one and it exits by itself. If it is still running `grace` later,
-/// no successor took over, and it drains as on SIGTERM.
-async fn wait_for_successor(
-    mut restart: tokio::signal::unix::Signal,
-    grace: Duration,
-    terminate: CancellationToken,
-) {
-    if restart.recv().await.is_none() {
-        return;
-    }
-    tracing::info!(?grace, "SIGUSR2: waiting for a successor");
-    tokio::select! {
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "no successor took over within drain.grace: draining");
-            terminate.cancel();
-        }
-        () = terminate.cancelled() => {}
-    }
-}
-
-/// Tells the service manager STOPPING=1 once SIGTERM or SIGINT (or the
-/// restart's timeout) asks for a drain (a stand-in already gone makes this
-/// fail: logged only).
-async fn tell_stopping(terminate: CancellationToken) {
-    terminate.cancelled().await;
-    if let Err(error) = blipless_supervise::notify::stopping() {
-        tracing::debug!(%error, "telling the service manager STOPPING=1 failed");
-    }
 }

@@ -213,7 +213,7 @@ async fn read_loop(
                     queues = count,
                     "passing TUN queues to the active plane"
                 );
-                pass_to_successor(planes, link, Message::TunQueues(count), fds).await;
+                pass_on(planes, link, &Message::TunQueues(count), &fds).await;
             }
             Message::MigrateDone(id) => {
                 if let Some(from) = planes.migration_done(id) {
@@ -227,15 +227,16 @@ async fn read_loop(
     }
 }
 
-/// Passes what a handing-over plane gives up (its TUN queues) to the active
-/// plane; when no other plane is active within [`MIGRATION_WAIT`], it goes
-/// back to the sender, which then keeps using it. Fds are never dropped here.
-async fn pass_to_successor(
+/// Passes what a plane gives up (a migrating connection, its TUN queues) to
+/// the active plane, waiting up to [`MIGRATION_WAIT`] for one other than the
+/// sender; returns its generation. When none takes it, it goes back to the
+/// sender, which then keeps it (`None`). Fds are never dropped here.
+async fn pass_on(
     planes: &Planes,
     from: &Arc<PlaneLink>,
-    message: Message,
-    fds: Vec<OwnedFd>,
-) {
+    message: &Message,
+    fds: &[OwnedFd],
+) -> Option<u64> {
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
     let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
     let mut active = planes.subscribe();
@@ -245,8 +246,8 @@ async fn pass_to_successor(
             Some(target)
                 if target.generation != from.generation && !target.closed.is_cancelled() =>
             {
-                match target.send_if_active(&message, &borrowed).await {
-                    Ok(true) => return,
+                match target.send_if_active(message, &borrowed).await {
+                    Ok(true) => return Some(target.generation),
                     Ok(false) => {}
                     Err(error) => {
                         tracing::warn!(generation = target.generation, %error, "could not pass {} on", message.name());
@@ -264,18 +265,18 @@ async fn pass_to_successor(
             break;
         }
     }
-    if let Err(error) = from.send(&message, &borrowed).await {
-        tracing::warn!(generation = from.generation, %error, "could not return {}", message.name());
+    if let Err(error) = from.send(message, &borrowed).await {
+        tracing::warn!(generation = from.generation, %error, "could not return {}; it is lost", message.name());
     }
+    None
 }
 
 /// How long a migrating connection waits for an active plane before it is
 /// sent back to the plane it came from (which then keeps serving it).
 const MIGRATION_WAIT: Duration = Duration::from_secs(10);
 
-/// Passes a migrating connection to the active plane. If the active plane
-/// is the sender (re-activated) or none appears in time, the connection
-/// goes back to the sender: fds are never dropped here.
+/// Passes a migrating connection to the active plane (see [`pass_on`]) and
+/// records where it went, for the successor's MigrateDone.
 async fn forward_migration(
     planes: &Planes,
     from: &Arc<PlaneLink>,
@@ -284,41 +285,11 @@ async fn forward_migration(
     fds: Vec<OwnedFd>,
     metrics: &Metrics,
 ) {
-    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
-    let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
-    let mut active = planes.subscribe();
-    loop {
-        let target = active.borrow_and_update().clone();
-        match target {
-            Some(target)
-                if target.generation != from.generation && !target.closed.is_cancelled() =>
-            {
-                match target.send_if_active(&message, &borrowed).await {
-                    Ok(true) => {
-                        planes.migration_passed(id, target.generation);
-                        metrics.count_migrated();
-                        return;
-                    }
-                    Ok(false) => {}
-                    Err(error) => {
-                        tracing::warn!(generation = target.generation, %error, "could not pass a migrating connection on");
-                        target.closed.cancel();
-                    }
-                }
-            }
-            Some(_) => break,
-            None => {}
+    match pass_on(planes, from, &message, &fds).await {
+        Some(to) => {
+            planes.migration_passed(id, to);
+            metrics.count_migrated();
         }
-        if tokio::time::timeout_at(deadline, active.changed())
-            .await
-            .is_err()
-        {
-            break;
-        }
-    }
-    // No other plane can take it: back to where it came from.
-    planes.migration_passed(id, from.generation);
-    if let Err(error) = from.send(&message, &borrowed).await {
-        tracing::warn!(generation = from.generation, %error, "could not return a migrating connection; it is lost");
+        None => planes.migration_passed(id, from.generation),
     }
 }

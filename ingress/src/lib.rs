@@ -98,7 +98,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));
     let lineage = Arc::new(Lineage::default());
-    let (listeners, generation) = match &predecessor {
+    let (mut listeners, generation) = match &predecessor {
         Some(predecessor) => {
             let fds = predecessor
                 .fds
@@ -254,6 +254,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     node.start_draining();
     tokio::time::sleep(config.drain.lame_duck).await;
     stop_accepting.cancel();
+    listeners.close(&["socks", "http"]);
     Planes::send_orders(planes.drain_all()).await;
     let deadline = tokio::time::Instant::now() + config.drain.grace;
     while !planes.all().is_empty() && tokio::time::Instant::now() < deadline {

@@ -81,7 +81,7 @@ impl Listeners {
             let fd = match name {
                 "wg0" => wg[0].take().context("the WireGuard group")?,
                 "wg1" => wg[1].take().context("the WireGuard group")?,
-                other => match take(other) {
+                other => match take(other).filter(|_| path_still_there(config, other)) {
                     Some(fd) => {
                         tracing::info!(
                             socket = other,
@@ -183,6 +183,14 @@ impl Listeners {
         Ok((listeners, rebound))
     }
 
+    /// Closes the named listeners now (the accept loops hold duplicates; they
+    /// close when those loops stop). A drain closes the customer listeners
+    /// after its lame-duck period, so new customers are refused, not queued.
+    pub fn close(&mut self, names: &[&str]) {
+        self.sockets
+            .retain(|(name, _, _)| !names.contains(&name.as_str()));
+    }
+
     fn fd(&self, name: &str) -> anyhow::Result<BorrowedFd<'_>> {
         self.sockets
             .iter()
@@ -255,6 +263,23 @@ impl Listeners {
         steer::steer(self.fd("wg0")?, generation)
             .context("attaching the WireGuard steering program")
     }
+}
+
+/// A Unix socket kept by the service manager is only usable while its path
+/// still names it: a drain removes the files, and a kept socket whose file is
+/// gone can no longer be reached (it is bound afresh instead).
+fn path_still_there(config: &Config, name: &str) -> bool {
+    let path = match name {
+        "device" => config.device_socket(),
+        "control" => config.control_socket(),
+        "handoff" => config.handoff_socket(),
+        _ => return true,
+    };
+    let there = path.exists();
+    if !there {
+        tracing::info!(socket = name, path = %path.display(), "the kept socket's file is gone: binding it afresh");
+    }
+    there
 }
 
 fn bind_one(config: &Config, name: &str) -> anyhow::Result<OwnedFd> {

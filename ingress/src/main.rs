@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
@@ -97,43 +96,14 @@ fn run(config: Config) -> anyhow::Result<()> {
             }
             signals.cancel();
         });
-        tokio::spawn(wait_for_successor(
+        tokio::spawn(blipless_supervise::lifecycle::wait_for_successor(
             restart,
             config.drain.grace,
             shutdown.clone(),
         ));
-        tokio::spawn(tell_stopping(shutdown.clone()));
+        tokio::spawn(blipless_supervise::lifecycle::tell_stopping(
+            shutdown.clone(),
+        ));
         blipless_ingress::run(config, shutdown).await
     })
-}
-
-/// SIGUSR2 (`systemctl restart` through the --supervise stand-in): a
-/// successor ingress is starting and takes over by handoff, which ends this
-/// process; if this one is still running `grace` later, no successor came,
-/// and it drains as on SIGTERM.
-async fn wait_for_successor(
-    mut restart: tokio::signal::unix::Signal,
-    grace: Duration,
-    shutdown: CancellationToken,
-) {
-    if restart.recv().await.is_none() {
-        return;
-    }
-    tracing::info!(?grace, "SIGUSR2: waiting for a successor");
-    tokio::select! {
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "no successor took over within drain.grace: draining");
-            shutdown.cancel();
-        }
-        () = shutdown.cancelled() => {}
-    }
-}
-
-/// Tells the service manager STOPPING=1 once a drain starts, however it
-/// was asked for (a stand-in already gone makes this fail: logged only).
-async fn tell_stopping(shutdown: CancellationToken) {
-    shutdown.cancelled().await;
-    if let Err(error) = blipless_supervise::notify::stopping() {
-        tracing::debug!(%error, "telling the service manager STOPPING=1 failed");
-    }
 }

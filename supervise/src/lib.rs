@@ -11,6 +11,7 @@
 //! Linux only.
 
 mod fd;
+pub mod lifecycle;
 pub mod listen_fds;
 pub mod notify;
 mod stand_in;

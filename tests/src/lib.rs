@@ -98,3 +98,17 @@ pub fn base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// Transmitted and received counts from ping's summary line.
+pub fn ping_counts(output: &std::process::Output) -> (u64, u64) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find(|line| line.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary in: {text}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}

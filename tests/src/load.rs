@@ -94,3 +94,35 @@ pub fn steady_load(
         (total, failures)
     })
 }
+
+/// Checks two `streaming_echo` tunnels (SOCKS5 and HTTP CONNECT): both still
+/// streaming now (`what_outlasted`: what they had to outlast), then each ends
+/// with success and echoes `size` bytes of [`crate::pattern`] exactly.
+pub fn finish_echoes(
+    tunnels: [(&mut Child, &std::path::Path, &str); 2],
+    size: usize,
+    what_outlasted: &str,
+) {
+    let mut tunnels = tunnels;
+    for (child, _, what) in tunnels.iter_mut() {
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "the {what} transfer ended before the {what_outlasted} did"
+        );
+    }
+    for (child, out, what) in tunnels {
+        let status = child.wait().expect("curl");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        assert!(status.success(), "{what} curl failed: {stderr}");
+        let got = std::fs::read(out).expect("output");
+        assert_eq!(got.len(), size, "{what} echo length");
+        assert_eq!(
+            crate::sha256(&got),
+            crate::sha256(&crate::pattern(size)),
+            "{what} echo bytes"
+        );
+    }
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blipless_tests::curl::fetch;
-use blipless_tests::load::{steady_load, streaming_echo};
+use blipless_tests::load::{finish_echoes, steady_load, streaming_echo};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::{pattern, sha256, wait_until};
@@ -48,29 +48,14 @@ fn tunnels_stream_both_ways_through_ten_deploys_byte_exact() {
         );
     }
     // Both tunnels were still streaming when the last deploy finished.
-    assert!(
-        socks.try_wait().expect("poll").is_none(),
-        "the SOCKS5 transfer ended before the deploys did"
+    finish_echoes(
+        [
+            (&mut socks, &socks_out, "SOCKS5"),
+            (&mut http, &http_out, "HTTP CONNECT"),
+        ],
+        size,
+        "deploys",
     );
-    assert!(
-        http.try_wait().expect("poll").is_none(),
-        "the HTTP transfer ended before the deploys did"
-    );
-
-    for (child, out, what) in [
-        (&mut socks, &socks_out, "SOCKS5"),
-        (&mut http, &http_out, "HTTP CONNECT"),
-    ] {
-        let status = child.wait().expect("curl");
-        let mut stderr = String::new();
-        if let Some(mut pipe) = child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-        }
-        assert!(status.success(), "{what} curl failed: {stderr}");
-        let got = std::fs::read(out).expect("output");
-        assert_eq!(got.len(), size, "{what} echo length");
-        assert_eq!(sha256(&got), sha256(&pattern(size)), "{what} echo bytes");
-    }
     let migrated = metric(&node, "blipless_tunnels_migrated_total");
     assert!(
         migrated >= 20.0,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blipless_tests::curl::fetch;
-use blipless_tests::load::{steady_load, streaming_echo};
+use blipless_tests::load::{finish_echoes, steady_load, streaming_echo};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
-use blipless_tests::{pattern, sha256, wait_until};
+use blipless_tests::{pattern, wait_until};
 
 #[test]
 fn ten_ingress_handoffs_under_load_fail_no_request_and_break_no_tunnel() {
@@ -48,24 +48,14 @@ fn ten_ingress_handoffs_under_load_fail_no_request_and_break_no_tunnel() {
             failures.len()
         );
     }
-    assert!(
-        socks.try_wait().expect("poll").is_none(),
-        "the SOCKS5 tunnel ended early"
+    finish_echoes(
+        [
+            (&mut socks, &socks_out, "SOCKS5"),
+            (&mut http, &http_out, "HTTP CONNECT"),
+        ],
+        size,
+        "handoffs",
     );
-    assert!(
-        http.try_wait().expect("poll").is_none(),
-        "the HTTP tunnel ended early"
-    );
-    for (child, out, what) in [
-        (&mut socks, &socks_out, "SOCKS5"),
-        (&mut http, &http_out, "HTTP CONNECT"),
-    ] {
-        let status = child.wait().expect("curl");
-        assert!(status.success(), "{what} tunnel failed");
-        let got = std::fs::read(out).expect("output");
-        assert_eq!(got.len(), size, "{what} length");
-        assert_eq!(sha256(&got), sha256(&pattern(size)), "{what} bytes");
-    }
     assert_eq!(node.metric("blipless_ingress_handoffs_total"), 10.0);
 }
 

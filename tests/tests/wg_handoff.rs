@@ -2,25 +2,11 @@
 //! `blipless_tests::topology`): a wireguard-go client keeps pinging and
 //! streaming through handoffs, and comes back within seconds after a crash.
 
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use blipless_tests::topology::{tail, WgWorld};
-use blipless_tests::{pattern, sha256, wait_until};
-
-/// Transmitted and received counts from ping's summary line.
-fn ping_counts(output: &Output) -> (u64, u64) {
-    let text = String::from_utf8_lossy(&output.stdout);
-    let line = text
-        .lines()
-        .find(|line| line.contains("packets transmitted"))
-        .unwrap_or_else(|| panic!("no ping summary in: {text}"));
-    let numbers: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|part| part.parse().ok())
-        .collect();
-    (numbers[0], numbers[1])
-}
+use blipless_tests::{pattern, ping_counts, sha256, wait_until};
 
 /// Five handoffs, back to back: each waits for the old ingress to exit.
 fn five_handoffs(world: &mut WgWorld) {

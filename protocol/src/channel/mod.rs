@@ -42,9 +42,10 @@ use cursor::Truncated;
 
 /// The protocol version this build speaks.
 /// Version 2 added MigrateDone and piped pending bytes (Migrate flag bits 2
-/// and 3); version 3 added Peers and Packets from the device plane. An older
-/// peer cannot read these, so mismatched versions are refused at Hello.
-pub const PROTOCOL_VERSION: u8 = 3;
+/// and 3); version 3 added Peers, TunQueues and Packets from the device
+/// plane; version 4 added Endpoints and the handoff messages. An older peer
+/// cannot read these, so mismatched versions are refused at Hello.
+pub const PROTOCOL_VERSION: u8 = 4;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"BL";
 /// Length of the fixed header.
