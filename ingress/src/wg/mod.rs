@@ -482,7 +482,10 @@ impl Wireguard {
     pub async fn from_plane(&self, batch: &Packets) {
         let segments = self.socket.max_gso_segments();
         let mut out = Outgoing::default();
-        let mut buffer = vec![0u8; WORK_BUFFER];
+        // Room for the largest packet of the batch and WireGuard's overhead
+        // (boringtun wants at least 148 bytes for a handshake it may start).
+        let largest = batch.packets().iter().map(Vec::len).max().unwrap_or(0);
+        let mut buffer = vec![0u8; largest + 256];
         {
             let table = self.read_peers();
             for packet in batch.packets() {
