@@ -167,9 +167,10 @@ impl Wireguard {
     ) -> Self {
         let private = StaticSecret::from(private_key);
         let public = PublicKey::from(&private);
-        // Each initiation passes the shared limiter twice (once before it is
-        // routed to its peer, once inside the peer's Tunn), so it is counted twice.
-        let limiter = Arc::new(RateLimiter::new(&public, 2 * handshake_limit as u64));
+        // Initiations from anyone, before they are routed to a peer. Each
+        // peer's Tunn also has a limiter of its own (boringtun's default, 10
+        // handshakes a second for that peer, reset by its timers).
+        let limiter = Arc::new(RateLimiter::new(&public, handshake_limit as u64));
         let epoch_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -249,7 +250,7 @@ impl Wireguard {
             None,
             None,
             index,
-            Some(self.limiter.clone()),
+            None,
         )
     }
 
@@ -301,22 +302,38 @@ impl Wireguard {
     /// Handles one datagram from `from`.
     fn handle_datagram(&self, from: SocketAddr, datagram: &[u8], work: &mut Work) {
         self.metrics.count_datagram_in();
-        let packet = match self
-            .limiter
-            .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
-        {
-            Ok(packet) => packet,
-            Err(TunnResult::WriteToNetwork(cookie)) => {
-                self.metrics.count_cookie_reply();
-                work.replies
-                    .push(from, cookie, self.socket.max_gso_segments());
-                return;
-            }
-            Err(_) => {
-                self.metrics.count_drop("invalid");
-                return;
-            }
+        let Ok(parsed) = Tunn::parse_incoming_packet(datagram) else {
+            self.metrics.count_drop("invalid");
+            return;
         };
+        // Only initiations pass the shared limiter: under load they get cookie
+        // replies. Responses answer this ingress's own initiations (a
+        // call-back may send a thousand at once), so they are not limited
+        // here; each peer's own limiter still checks their mac1.
+        let packet = if matches!(parsed, Packet::HandshakeInit(_)) {
+            match self
+                .limiter
+                .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
+            {
+                Ok(packet) => packet,
+                Err(TunnResult::WriteToNetwork(cookie)) => {
+                    self.metrics.count_cookie_reply();
+                    work.replies
+                        .push(from, cookie, self.socket.max_gso_segments());
+                    return;
+                }
+                Err(_) => {
+                    self.metrics.count_drop("invalid");
+                    return;
+                }
+            }
+        } else {
+            parsed
+        };
+        let handshake = matches!(
+            packet,
+            Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
+        );
         let peer = {
             let table = self.read_peers();
             let found = match &packet {
@@ -347,6 +364,11 @@ impl Wireguard {
                 // it must not move the endpoint.
                 if reply.first() != Some(&3) {
                     peer.heard_from(from, self.now_ms());
+                    if handshake {
+                        // Our response to its initiation, or the keepalive
+                        // that confirms our own: a new session either way.
+                        peer.session_made(self.now_ms());
+                    }
                 }
                 if reply.first() == Some(&2) {
                     self.metrics.count_handshake();

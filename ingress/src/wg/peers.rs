@@ -48,6 +48,8 @@ pub struct Peer {
     endpoint: Mutex<Option<SocketAddr>>,
     /// Milliseconds since the Unix epoch of the last authenticated packet, 0 if none.
     last_received_ms: AtomicU64,
+    /// Milliseconds since the Unix epoch of the last session made, 0 if none.
+    session_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for Peer {
@@ -104,6 +106,16 @@ impl Peer {
             self.last_received_ms
                 .fetch_max(last_received_ms, Ordering::Relaxed);
         }
+    }
+
+    /// Records a session made now (a handshake completed either way).
+    pub fn session_made(&self, now_ms: u64) {
+        self.session_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the epoch of the last session made (0: never).
+    pub fn session_made_ms(&self) -> u64 {
+        self.session_ms.load(Ordering::Relaxed)
     }
 
     /// Milliseconds since the epoch of the last authenticated packet (0: never).
@@ -190,6 +202,7 @@ impl PeerTable {
                 tunnel: Mutex::new(take_tunnel(&existing, factory)),
                 endpoint: Mutex::new(existing.endpoint()),
                 last_received_ms: AtomicU64::new(existing.last_received_ms()),
+                session_ms: AtomicU64::new(existing.session_made_ms()),
             });
             self.insert(moved);
             return true;
@@ -205,6 +218,7 @@ impl PeerTable {
             tunnel: Mutex::new(factory(&entry.public_key, index)),
             endpoint: Mutex::new(None),
             last_received_ms: AtomicU64::new(0),
+            session_ms: AtomicU64::new(0),
         });
         self.insert(peer);
         true

@@ -144,6 +144,7 @@ impl Wireguard {
     /// within [`CALL_BACK_BUDGET`].
     async fn call_back(self: Arc<Self>, keys: Vec<[u8; 32]>) {
         let started = Instant::now();
+        let started_ms = self.now_ms();
         let mut waiting: HashMap<[u8; 32], Option<Instant>> =
             keys.into_iter().map(|key| (key, None)).collect();
         let mut buffer = vec![0u8; WORK_BUFFER];
@@ -156,15 +157,10 @@ impl Wireguard {
                     let Some(peer) = table.by_key(key) else {
                         return false;
                     };
-                    let mut tunnel = peer.tunnel();
-                    // stats().0: time since the last handshake completed.
-                    let answered = tunnel
-                        .stats()
-                        .0
-                        .is_some_and(|since| since < started.elapsed());
-                    if answered {
+                    if peer.session_made_ms() >= started_ms {
                         return false;
                     }
+                    let mut tunnel = peer.tunnel();
                     let due = last_try.is_none_or(|at| at.elapsed() >= CALL_BACK_RETRY);
                     if let (true, Some(endpoint)) = (due, peer.endpoint()) {
                         if let TunnResult::WriteToNetwork(initiation) =
