@@ -4,13 +4,17 @@
 # blipless-bench-wg (WireGuard through network namespaces, beside wireguard-go),
 # which rewrites only its section between <!-- wireguard:begin --> and
 # <!-- wireguard:end -->. Arguments go to blipless-bench; --quick and --out also
-# to blipless-bench-wg. `make bench` builds the binaries first; run from anywhere.
+# to blipless-bench-wg. Then, as root, blipless-bench-handoff (ingress handoffs
+# under WireGuard traffic) rewrites its section between <!-- handoff:begin -->
+# and <!-- handoff:end --> (--quick and --out go to it too). `make bench` builds
+# the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench="$target/release/blipless-bench"
 bench_wg="$target/release/blipless-bench-wg"
-for binary in "$bench" "$bench_wg"; do
+bench_handoff="$target/release/blipless-bench-handoff"
+for binary in "$bench" "$bench_wg" "$bench_handoff"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -31,12 +35,14 @@ done
 # The harness finds target/release binaries with this.
 # Daemons log at the production level while measured.
 export BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release
-# The main bench rewrites the whole file: keep the WireGuard section to put
-# back if the WireGuard bench cannot run.
+# The main bench rewrites the whole file: keep the WireGuard and handoff sections to put
+# back if their benches cannot run.
 saved="$(mktemp)"
-trap 'rm -f "$saved"' EXIT
+saved_handoff="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
+    sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -45,14 +51,28 @@ restore() {
         echo "bench.sh: kept the previous WireGuard section of $out" >&2
     fi
 }
+restore_handoff() {
+    if [ -s "$saved_handoff" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_handoff" >>"$out"
+        echo "bench.sh: kept the previous handoff section of $out" >&2
+    fi
+}
 "$bench" --out docs/BENCHMARKS.md "$@"
 if [ "$(id -u)" -ne 0 ]; then
     echo "bench.sh: the WireGuard bench needs root (network namespaces, TUN, nftables): run \`sudo make bench\`" >&2
     restore
+    restore_handoff
     exit 0
 fi
 # shellcheck disable=SC2086 # wg_args is empty or one word
 if ! "$bench_wg" --out "$out" $wg_args; then
     restore
+    restore_handoff
+    exit 1
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_handoff" --out "$out" $wg_args; then
+    restore_handoff
     exit 1
 fi
