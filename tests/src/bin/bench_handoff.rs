@@ -45,13 +45,14 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
+use blipless_tests::bench_doc::{self, Machine, Markers};
 use blipless_tests::node::{Daemon, Node};
 use blipless_tests::topology::{add_wg_client, tail, Topology};
 use blipless_tests::wg_peer::{icmp_echo, in_netns, TestPeer};
@@ -59,8 +60,10 @@ use blipless_tests::wireguard::WireguardGoPeer;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 /// The section's markers in docs/BENCHMARKS.md.
-const BEGIN: &str = "<!-- handoff:begin -->";
-const END: &str = "<!-- handoff:end -->";
+const MARKERS: Markers = Markers {
+    begin: "<!-- handoff:begin -->",
+    end: "<!-- handoff:end -->",
+};
 /// The subnet number S (10.S.1.0/24, 10.S.2.0/24); the namespaces are the
 /// bench's own, so it may equal another bench's.
 const SUBNET: u8 = 91;
@@ -1272,107 +1275,6 @@ fn measure_size(
 // ---------------------------------------------------------------------------
 // The report.
 
-/// Facts about the machine and the run, for the report.
-#[derive(Debug)]
-struct Machine {
-    cpus: usize,
-    model: String,
-    kernel: String,
-    date: String,
-    commit: String,
-    load_before: String,
-    load_after: String,
-    wireguard_go: String,
-    profile: String,
-    command: String,
-    /// cargo, rustc or clippy-driver seen running at the start or the end.
-    compilers: bool,
-}
-
-/// Whether a `cargo`, `rustc` or `clippy-driver` process runs on the
-/// machine now (a build beside the bench takes CPU from the daemons).
-fn compilers_running() -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| matches!(comm.trim(), "cargo" | "rustc" | "clippy-driver"))
-    })
-}
-
-fn first_line(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(|l| l.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-impl Machine {
-    fn now(command: String) -> Self {
-        let model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix("model name"))
-                    .and_then(|rest| rest.split_once(':'))
-                    .map(|(_, name)| name.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown CPU".into());
-        let mut commit = first_line("git", &["rev-parse", "--short", "HEAD"]);
-        let dirty = Command::new("git")
-            .args(["status", "--porcelain", "--untracked-files=no"])
-            .stderr(Stdio::null())
-            .output()
-            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
-        if dirty {
-            commit.push_str(" (with uncommitted changes)");
-        }
-        Self {
-            cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            model,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|k| k.trim().to_string())
-                .unwrap_or_else(|_| "unknown".into()),
-            date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-            commit,
-            load_before: load_average(),
-            load_after: String::new(),
-            wireguard_go: first_line("wireguard-go", &["--version"]),
-            profile: std::env::var("BLIPLESS_PROFILE").unwrap_or_else(|_| "debug".into()),
-            command,
-            compilers: compilers_running(),
-        }
-    }
-}
-
 fn ms(seconds: f64) -> String {
     // Log timestamps have microseconds, the quiet the old ingress logs
     // milliseconds: a difference of them can come out a hair below zero.
@@ -1460,7 +1362,7 @@ fn render(machine: &Machine, plan: Plan<'_>, knobs: &Knobs, results: &[SizeResul
     let mut s = String::new();
     let handoffs: Vec<&Handoff> = results.iter().flat_map(|r| &r.handoffs).collect();
     let warnings: usize = results.iter().map(|r| r.warnings.len()).sum();
-    let _ = writeln!(s, "{BEGIN}");
+    let _ = writeln!(s, "{}", MARKERS.begin);
     s.push_str("## Ingress restart-by-handoff under WireGuard traffic\n\n");
     s.push_str(
         "Generated by `blipless-bench-handoff` (`tests/src/bin/bench_handoff.rs`), which `make bench` runs after the \
@@ -1732,7 +1634,7 @@ fn render(machine: &Machine, plan: Plan<'_>, knobs: &Knobs, results: &[SizeResul
         }
         s.push_str("```\n\n");
     }
-    let _ = writeln!(s, "{END}");
+    let _ = writeln!(s, "{}", MARKERS.end);
     s
 }
 
@@ -1913,45 +1815,6 @@ fn retries(s: &mut String, handoffs: &[&Handoff]) {
     );
 }
 
-/// Replaces the section between the markers in `existing`, or appends it.
-fn splice(existing: &str, section: &str) -> String {
-    if let Some(begin) = existing.find(BEGIN) {
-        if let Some(end) = existing[begin..].find(END).map(|e| begin + e + END.len()) {
-            let mut text = String::with_capacity(existing.len() + section.len());
-            text.push_str(&existing[..begin]);
-            text.push_str(section.trim_end());
-            text.push_str(&existing[end..]);
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            return text;
-        }
-    }
-    let mut text = existing.trim_end().to_string();
-    if !text.is_empty() {
-        text.push_str("\n\n");
-    }
-    text.push_str(section.trim_end());
-    text.push('\n');
-    text
-}
-
-fn write_section(out: &Path, section: &str) -> Result<(), String> {
-    let existing = match std::fs::read_to_string(out) {
-        Ok(text) => text,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => String::new(),
-        Err(error) => return Err(format!("reading {}: {error}", out.display())),
-    };
-    std::fs::write(out, splice(&existing, section))
-        .map_err(|e| format!("writing {}: {e}", out.display()))
-}
-
-/// Whether `program` is on PATH.
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
 fn usage() -> ExitCode {
     eprintln!(
         "usage: blipless-bench-handoff [--out PATH] [--quick] [--peers N,N,...] [--runs N] [--logs DIR] [--handshake-limit N]"
@@ -2020,81 +1883,25 @@ fn main() -> ExitCode {
     if let Some(runs) = runs_override {
         plan.runs = runs;
     }
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "blipless-bench-handoff: needs root (network namespaces, a TUN device, nftables); run `sudo make bench`"
-        );
-        return ExitCode::FAILURE;
-    }
-    let missing: Vec<&str> = [
-        "ping",
-        "wireguard-go",
-        "wg",
-        "wg-quick",
-        "nft",
-        "ip",
-        "curl",
-    ]
-    .into_iter()
-    .filter(|p| !on_path(p))
-    .collect();
-    if !missing.is_empty() {
-        eprintln!(
-            "blipless-bench-handoff: missing {}: `make deps` installs them",
-            missing.join(", ")
-        );
-        return ExitCode::FAILURE;
-    }
-    // Set before any thread starts: the harness reads them when it spawns.
-    for (key, value) in [
-        ("BLIPLESS_PROFILE", "release"),
-        ("BLIPLESS_TEST_LOG", "info"),
-    ] {
-        if std::env::var_os(key).is_none() {
-            std::env::set_var(key, value);
-        }
-    }
-    let profile = std::env::var("BLIPLESS_PROFILE").unwrap_or_default();
-    if profile != "release" {
-        eprintln!("blipless-bench-handoff: warning: BLIPLESS_PROFILE={profile}: figures from a non-release build are not comparable");
-    }
-    for binary in [
-        "blipless-ingress",
-        "blipless-device",
-        "blipless-ctl",
-        "blipless-test-origin",
-    ] {
-        let path = blipless_tests::bin_dir().join(binary);
-        if !path.exists() {
-            eprintln!(
-                "blipless-bench-handoff: {} is missing: run `cargo build --release --workspace --bins` (`make bench` does)",
-                path.display()
-            );
+    let command = match bench_doc::prepare(
+        "blipless-bench-handoff",
+        &[
+            "ping",
+            "wireguard-go",
+            "wg",
+            "wg-quick",
+            "nft",
+            "ip",
+            "curl",
+        ],
+        &shown_args,
+    ) {
+        Ok(command) => command,
+        Err(error) => {
+            eprintln!("{error}");
             return ExitCode::FAILURE;
         }
-    }
-    let program = std::env::args()
-        .next()
-        .map(|p| {
-            let path = PathBuf::from(&p);
-            std::env::current_dir()
-                .ok()
-                .and_then(|dir| path.strip_prefix(&dir).ok().map(Path::to_path_buf))
-                .unwrap_or(path)
-                .display()
-                .to_string()
-        })
-        .unwrap_or_else(|| "blipless-bench-handoff".into());
-    let bin_dir = std::env::var("BLIPLESS_BIN_DIR")
-        .map(|dir| format!("BLIPLESS_BIN_DIR={dir} "))
-        .unwrap_or_default();
-    let command = format!(
-        "{bin_dir}BLIPLESS_PROFILE={} BLIPLESS_TEST_LOG={} {program}{}{}",
-        profile,
-        std::env::var("BLIPLESS_TEST_LOG").unwrap_or_default(),
-        if shown_args.is_empty() { "" } else { " " },
-        shown_args.join(" ")
-    );
+    };
     blipless_tests::raise_fd_limit();
     let mut machine = Machine::now(command);
     eprintln!(
@@ -2112,10 +1919,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    machine.load_after = load_average();
-    machine.compilers |= compilers_running();
+    machine.finish();
     let section = render(&machine, plan, &knobs, &results);
-    if let Err(error) = write_section(&out, &section) {
+    if let Err(error) = MARKERS.write(&out, &section) {
         eprintln!("blipless-bench-handoff: {error}");
         return ExitCode::FAILURE;
     }

@@ -27,16 +27,19 @@
 //! that still had one beside it is marked `*` in the report.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use blipless_tests::bench_doc::{self, compilers_running, Machine, Markers};
 use blipless_tests::netns::{Background, Netns};
 use blipless_tests::topology::{Topology, WgGoWorld, WgWorld};
 
 /// The section's markers in docs/BENCHMARKS.md.
-const BEGIN: &str = "<!-- wireguard:begin -->";
-const END: &str = "<!-- wireguard:end -->";
+const MARKERS: Markers = Markers {
+    begin: "<!-- wireguard:begin -->",
+    end: "<!-- wireguard:end -->",
+};
 /// The subnet number S of both worlds (10.S.1.0/24, 10.S.2.0/24). They live
 /// in namespaces of their own, so both can use the same addresses at once.
 const SUBNET: u8 = 81;
@@ -581,25 +584,6 @@ impl Bed {
     }
 }
 
-/// Whether a `cargo`, `rustc` or `clippy-driver` process runs on the
-/// machine now (a build beside the bench takes CPU from both servers).
-fn compilers_running() -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| matches!(comm.trim(), "cargo" | "rustc" | "clippy-driver"))
-    })
-}
-
 fn read_all(mut file: std::fs::File) -> String {
     use std::io::{Read as _, Seek as _};
     let mut text = String::new();
@@ -655,87 +639,6 @@ impl Results {
     }
 }
 
-/// Facts about the machine and the run, for the report.
-#[derive(Debug)]
-struct Machine {
-    cpus: usize,
-    model: String,
-    kernel: String,
-    date: String,
-    commit: String,
-    load_before: String,
-    load_after: String,
-    wireguard_go: String,
-    iperf3: String,
-    profile: String,
-    command: String,
-}
-
-fn first_line(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .map(|l| l.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-impl Machine {
-    fn now(command: String) -> Self {
-        let model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix("model name"))
-                    .and_then(|rest| rest.split_once(':'))
-                    .map(|(_, name)| name.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown CPU".into());
-        let mut commit = first_line("git", &["rev-parse", "--short", "HEAD"]);
-        let dirty = Command::new("git")
-            .args(["status", "--porcelain", "--untracked-files=no"])
-            .stderr(Stdio::null())
-            .output()
-            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
-        if dirty {
-            commit.push_str(" (with uncommitted changes)");
-        }
-        Self {
-            cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            model,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|k| k.trim().to_string())
-                .unwrap_or_else(|_| "unknown".into()),
-            date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-            commit,
-            load_before: load_average(),
-            load_after: String::new(),
-            wireguard_go: first_line("wireguard-go", &["--version"]),
-            iperf3: first_line("iperf3", &["--version"]),
-            profile: std::env::var("BLIPLESS_PROFILE").unwrap_or_else(|_| "debug".into()),
-            command,
-        }
-    }
-}
-
 fn mbit(bits_per_second: f64) -> String {
     format!("{:.0}", bits_per_second / 1e6)
 }
@@ -767,7 +670,7 @@ fn runs_text(runs: &[Run]) -> String {
 /// The markdown section, markers included.
 fn render(machine: &Machine, plan: Plan, blipless: &Results, baseline: &Results) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{BEGIN}");
+    let _ = writeln!(out, "{}", MARKERS.begin);
     out.push_str(
         "## WireGuard: throughput and latency through the tunnel, beside wireguard-go\n\n",
     );
@@ -975,7 +878,7 @@ fn render(machine: &Machine, plan: Plan, blipless: &Results, baseline: &Results)
     }
     out.push('\n');
     explain(&mut out, machine, blipless, baseline);
-    let _ = writeln!(out, "{END}");
+    let _ = writeln!(out, "{}", MARKERS.end);
     out
 }
 
@@ -1184,49 +1087,6 @@ fn explain(out: &mut String, machine: &Machine, blipless: &Results, baseline: &R
     );
 }
 
-/// Replaces the section between the markers in `existing`, or appends it.
-fn splice(existing: &str, section: &str) -> String {
-    if let Some(begin) = existing.find(BEGIN) {
-        if let Some(end) = existing[begin..].find(END).map(|e| begin + e + END.len()) {
-            let mut text = String::with_capacity(existing.len() + section.len());
-            text.push_str(&existing[..begin]);
-            text.push_str(section.trim_end());
-            text.push_str(&existing[end..]);
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            return text;
-        }
-    }
-    let mut text = existing.trim_end().to_string();
-    if !text.is_empty() {
-        text.push_str("\n\n");
-    }
-    text.push_str(section.trim_end());
-    text.push('\n');
-    text
-}
-
-fn write_section(out: &Path, section: &str) -> Result<(), String> {
-    let existing = match std::fs::read_to_string(out) {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(error) => return Err(format!("reading {}: {error}", out.display())),
-    };
-    std::fs::write(out, splice(&existing, section))
-        .map_err(|e| format!("writing {}: {e}", out.display()))
-}
-
-/// Whether `program` is on PATH.
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            let candidate = dir.join(program);
-            candidate.is_file()
-        })
-    })
-}
-
 fn usage() -> ExitCode {
     eprintln!("usage: blipless-bench-wg [--out PATH] [--quick]");
     ExitCode::from(2)
@@ -1253,81 +1113,25 @@ fn main() -> ExitCode {
             _ => return usage(),
         }
     }
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "blipless-bench-wg: needs root (network namespaces, a TUN device, nftables); run `sudo make bench`"
-        );
-        return ExitCode::FAILURE;
-    }
-    let missing: Vec<&str> = [
-        "iperf3",
-        "ping",
-        "wireguard-go",
-        "wg",
-        "wg-quick",
-        "nft",
-        "ip",
-    ]
-    .into_iter()
-    .filter(|p| !on_path(p))
-    .collect();
-    if !missing.is_empty() {
-        eprintln!(
-            "blipless-bench-wg: missing {}: `make deps` installs them",
-            missing.join(", ")
-        );
-        return ExitCode::FAILURE;
-    }
-    // Set before any thread starts: the harness reads them when it spawns.
-    for (key, value) in [
-        ("BLIPLESS_PROFILE", "release"),
-        ("BLIPLESS_TEST_LOG", "info"),
-    ] {
-        if std::env::var_os(key).is_none() {
-            std::env::set_var(key, value);
-        }
-    }
-    let profile = std::env::var("BLIPLESS_PROFILE").unwrap_or_default();
-    if profile != "release" {
-        eprintln!("blipless-bench-wg: warning: BLIPLESS_PROFILE={profile}: figures from a non-release build are not comparable");
-    }
-    for binary in [
-        "blipless-ingress",
-        "blipless-device",
-        "blipless-ctl",
-        "blipless-test-origin",
-    ] {
-        let path = blipless_tests::bin_dir().join(binary);
-        if !path.exists() {
-            eprintln!(
-                "blipless-bench-wg: {} is missing: run `cargo build --release --workspace --bins` (`make bench` does)",
-                path.display()
-            );
+    let command = match bench_doc::prepare(
+        "blipless-bench-wg",
+        &[
+            "iperf3",
+            "ping",
+            "wireguard-go",
+            "wg",
+            "wg-quick",
+            "nft",
+            "ip",
+        ],
+        &shown_args,
+    ) {
+        Ok(command) => command,
+        Err(error) => {
+            eprintln!("{error}");
             return ExitCode::FAILURE;
         }
-    }
-    let program = std::env::args()
-        .next()
-        .map(|p| {
-            let path = PathBuf::from(&p);
-            std::env::current_dir()
-                .ok()
-                .and_then(|dir| path.strip_prefix(&dir).ok().map(Path::to_path_buf))
-                .unwrap_or(path)
-                .display()
-                .to_string()
-        })
-        .unwrap_or_else(|| "blipless-bench-wg".into());
-    let bin_dir = std::env::var("BLIPLESS_BIN_DIR")
-        .map(|dir| format!("BLIPLESS_BIN_DIR={dir} "))
-        .unwrap_or_default();
-    let command = format!(
-        "{bin_dir}BLIPLESS_PROFILE={} BLIPLESS_TEST_LOG={} {program}{}{}",
-        profile,
-        std::env::var("BLIPLESS_TEST_LOG").unwrap_or_default(),
-        if shown_args.is_empty() { "" } else { " " },
-        shown_args.join(" ")
-    );
+    };
     blipless_tests::raise_fd_limit();
     let mut machine = Machine::now(command);
     eprintln!(
@@ -1348,9 +1152,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    machine.load_after = load_average();
+    machine.finish();
     let section = render(&machine, plan, &blipless, &baseline);
-    if let Err(error) = write_section(&out, &section) {
+    if let Err(error) = MARKERS.write(&out, &section) {
         eprintln!("blipless-bench-wg: {error}");
         return ExitCode::FAILURE;
     }
@@ -1477,25 +1281,6 @@ mod tests {
     }
 
     #[test]
-    fn replaces_or_appends_the_section() {
-        let section = format!("{BEGIN}\nnew\n{END}\n");
-        let appended = splice("# Benchmarks\n\nmain\n", &section);
-        assert_eq!(
-            appended,
-            format!("# Benchmarks\n\nmain\n\n{BEGIN}\nnew\n{END}\n")
-        );
-        let old = format!("# B\n\n{BEGIN}\nold\nlines\n{END}\n\n## After\n");
-        assert_eq!(
-            splice(&old, &section),
-            format!("# B\n\n{BEGIN}\nnew\n{END}\n\n## After\n")
-        );
-        assert_eq!(splice("", &section), section);
-        // An unterminated section is left alone and a whole one appended.
-        let broken = format!("x\n{BEGIN}\nhalf\n");
-        assert!(splice(&broken, &section).ends_with(&section));
-    }
-
-    #[test]
     fn reads_proc_stat_lines() {
         let line = "1234 (tokio (w) x) S 1 2 3 4 5 6 7 8 9 10 250 75 0 0 20 0 4 0 100\n";
         assert_eq!(
@@ -1562,9 +1347,10 @@ mod tests {
             iperf3: "iperf".into(),
             profile: "release".into(),
             command: "bench".into(),
+            compilers: false,
         };
         let text = render(&machine, Plan::quick(), &ours, &theirs);
-        assert!(text.starts_with(BEGIN) && text.trim_end().ends_with(END));
+        assert!(text.starts_with(MARKERS.begin) && text.trim_end().ends_with(MARKERS.end));
         assert!(
             text.contains("| 900 | 1000 | 1000 | 0.90 | **not met** |"),
             "{text}"
