@@ -234,6 +234,73 @@ impl WgWorld {
     }
 }
 
+/// A rate-limited download through the tunnel, started by
+/// [`WgWorld::start_download`], checked whole by [`Download::finish`].
+#[derive(Debug)]
+pub struct Download {
+    child: Child,
+    file: std::path::PathBuf,
+    size: usize,
+}
+
+impl WgWorld {
+    /// Starts curl in the customer namespace downloading `size` bytes of
+    /// [`crate::pattern`] from the origin at `rate` (curl's `--limit-rate`),
+    /// so the inner TCP stream outlasts what the test does meanwhile.
+    pub fn start_download(&self, size: usize, rate: &str) -> Download {
+        let file = self.node.path().join("stream.bin");
+        let url = format!("http://{}/bytes/{size}", self.net.origin);
+        let child = self
+            .net
+            .customer
+            .command("curl")
+            .args([
+                "--silent",
+                "--show-error",
+                "--max-time",
+                "300",
+                "--limit-rate",
+                rate,
+                "-o",
+            ])
+            .arg(&file)
+            .arg(&url)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting curl");
+        Download { child, file, size }
+    }
+}
+
+impl Download {
+    /// Checks the stream was still running (it outlasted `what`), then that it
+    /// ends with success and every byte exact; `diagnostics` for a failure.
+    pub fn finish(mut self, what: &str, diagnostics: impl FnOnce() -> String) {
+        assert!(
+            self.child.try_wait().expect("curl state").is_none(),
+            "the stream ended before the {what} did: make it longer"
+        );
+        let status = self.child.wait().expect("curl");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        assert!(
+            status.success(),
+            "the inner TCP stream broke: {stderr}\n{}",
+            diagnostics()
+        );
+        let body = std::fs::read(&self.file).expect("downloaded file");
+        assert_eq!(body.len(), self.size, "every byte arrives");
+        assert_eq!(
+            crate::sha256(&body),
+            crate::sha256(&crate::pattern(self.size)),
+            "bytes differ"
+        );
+    }
+}
+
 /// The baseline: the same namespaces and addresses with wireguard-go as the
 /// server in the node namespace.
 #[derive(Debug)]

@@ -2,11 +2,10 @@
 //! `blipless_tests::topology`): a wireguard-go client keeps pinging and
 //! streaming through handoffs, and comes back within seconds after a crash.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use blipless_tests::topology::{tail, WgWorld};
-use blipless_tests::{pattern, ping_counts, sha256, wait_until};
+use blipless_tests::{ping_counts, wait_until};
 
 /// Five handoffs, back to back: each waits for the old ingress to exit.
 fn five_handoffs(world: &mut WgWorld) {
@@ -52,47 +51,10 @@ fn pings_every_10ms_cross_five_ingress_handoffs_without_a_loss() {
 #[test]
 fn an_inner_tcp_stream_crosses_five_ingress_handoffs_unbroken() {
     let mut world = WgWorld::new(83);
-    let size = 60_000_000usize;
-    let output_file = world.node.path().join("stream.bin");
-    let url = format!("http://{}/bytes/{size}", world.net.origin);
-    let mut download = world
-        .net
-        .customer
-        .command("curl")
-        .args([
-            "--silent",
-            "--show-error",
-            "--max-time",
-            "300",
-            "--limit-rate",
-            "2M",
-            "-o",
-        ])
-        .arg(&output_file)
-        .arg(&url)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let download = world.start_download(60_000_000, "2M");
     std::thread::sleep(Duration::from_secs(1));
     five_handoffs(&mut world);
-    assert!(
-        download.try_wait().expect("curl").is_none(),
-        "the stream ended before the handoffs did: make it longer"
-    );
-    let status = download.wait().expect("curl");
-    let mut stderr = String::new();
-    if let Some(mut pipe) = download.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-    }
-    assert!(
-        status.success(),
-        "the inner TCP stream broke: {stderr}\n{}",
-        world.diagnostics()
-    );
-    let body = std::fs::read(&output_file).expect("downloaded");
-    assert_eq!(body.len(), size);
-    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+    download.finish("handoffs", || world.diagnostics());
 }
 
 #[test]

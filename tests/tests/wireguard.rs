@@ -14,7 +14,6 @@
 //! benchmark builds the same one, and its wireguard-go baseline).
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use blipless_tests::node::Node;
@@ -128,29 +127,8 @@ fn a_removed_client_loses_its_session_within_seconds() {
 #[test]
 fn an_inner_tcp_stream_survives_five_device_deploys() {
     let mut world = WgWorld::new(74);
-    let size = 24_000_000usize;
-    let url = format!("http://{}/bytes/{size}", world.net.origin);
-    let output_file = world.node.path().join("stream.bin");
     // Rate-limited so the stream outlasts the deploys by a wide margin.
-    let mut download = world
-        .net
-        .customer
-        .command("curl")
-        .args([
-            "--silent",
-            "--show-error",
-            "--max-time",
-            "300",
-            "--limit-rate",
-            "3M",
-            "-o",
-        ])
-        .arg(&output_file)
-        .arg(&url)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting curl");
+    let download = world.start_download(24_000_000, "3M");
     std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     for round in 1..=5 {
@@ -159,24 +137,7 @@ fn an_inner_tcp_stream_survives_five_device_deploys() {
         eprintln!("deploy {round} took {took:?}");
     }
     eprintln!("5 deploys in {:?}", started.elapsed());
-    assert!(
-        download.try_wait().expect("curl state").is_none(),
-        "the download ended before the deploys did: make it longer"
-    );
-    let status = download.wait().expect("curl");
-    let mut stderr = String::new();
-    if let Some(mut pipe) = download.stderr.take() {
-        use std::io::Read;
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    assert!(
-        status.success(),
-        "the stream broke: {stderr}\n{}",
-        world.diagnostics()
-    );
-    let body = std::fs::read(&output_file).expect("downloaded file");
-    assert_eq!(body.len(), size, "every byte arrives");
-    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+    download.finish("deploys", || world.diagnostics());
 }
 
 #[test]
