@@ -10,10 +10,12 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 /// The deployable plane of a blipless node: attaches to the ingress, serves
-/// SOCKS5 and HTTP proxy customers, and connects them out. Starting a second
+/// SOCKS5 and HTTP proxy customers, connects them out, and sends WireGuard
+/// clients' packets out through the TUN device (egress.tun). Starting a second
 /// one beside a running one is a deploy: the new one pre-warms, takes over
-/// new connections, receives every open tunnel and idle HTTP connection from
-/// the old one byte-exact, and the old one exits 0 once it holds nothing.
+/// new connections, receives every open tunnel and idle HTTP connection (and
+/// the TUN queues) from the old one byte-exact, and the old one exits 0 once
+/// it holds nothing.
 /// SIGTERM: drain with no successor (finish within drain.grace, then exit).
 #[derive(Debug, Parser)]
 #[command(

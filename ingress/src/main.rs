@@ -10,9 +10,12 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 /// The stable plane of a blipless node: owns the customer-facing sockets and
-/// hands every accepted connection to the active device plane; serves
-/// /status and /metrics and the control socket for blipless-ctl. SIGTERM or
-/// `blipless-ctl drain`: drain the node and exit.
+/// hands every accepted connection to the active device plane; terminates
+/// WireGuard and trades inner packets with the device plane; serves /status
+/// and /metrics and the control socket for blipless-ctl. Starting a second one
+/// beside a running one restarts the ingress by handoff: the new one takes the
+/// sockets and WireGuard peers, the old one exits once its sessions are quiet.
+/// SIGTERM or `blipless-ctl drain`: drain the node and exit.
 #[derive(Debug, Parser)]
 #[command(
     version,
