@@ -415,12 +415,9 @@ impl Wireguard {
         let mut pending: VecDeque<Packets> = batches.into();
         if self.held_is_empty() {
             while let Some(batch) = pending.pop_front() {
-                match self.send_to_active(&batch).await {
-                    true => {}
-                    false => {
-                        pending.push_front(batch);
-                        break;
-                    }
+                if let Err(batch) = self.send_to_active(batch).await {
+                    pending.push_front(batch);
+                    break;
                 }
             }
         }
@@ -429,21 +426,23 @@ impl Wireguard {
         }
     }
 
-    /// True when it went to an active plane.
-    async fn send_to_active(&self, batch: &Packets) -> bool {
+    /// Sends a batch to the active plane; gives it back when none took it.
+    async fn send_to_active(&self, batch: Packets) -> Result<(), Packets> {
         let Some(plane) = self.planes.active() else {
-            return false;
+            return Err(batch);
         };
-        match plane
-            .send_if_active(&Message::Packets(batch.clone()), &[])
-            .await
-        {
+        let message = Message::Packets(batch);
+        let sent = match plane.send_if_active(&message, &[]).await {
             Ok(sent) => sent,
             Err(error) => {
                 tracing::warn!(generation = plane.generation, %error, "could not send packets to the device plane");
                 plane.closed.cancel();
                 false
             }
+        };
+        match (sent, message) {
+            (false, Message::Packets(batch)) => Err(batch),
+            _ => Ok(()),
         }
     }
 
@@ -480,13 +479,17 @@ impl Wireguard {
             loop {
                 let next = self.lock_held().batches.pop_front();
                 let Some(batch) = next else { break };
-                if self.send_to_active(&batch).await {
-                    let mut held = self.lock_held();
-                    held.packets = held.packets.saturating_sub(batch.packets().len());
-                    self.metrics.set_held(held.packets);
-                } else {
-                    self.lock_held().batches.push_front(batch);
-                    break;
+                let count = batch.packets().len();
+                match self.send_to_active(batch).await {
+                    Ok(()) => {
+                        let mut held = self.lock_held();
+                        held.packets = held.packets.saturating_sub(count);
+                        self.metrics.set_held(held.packets);
+                    }
+                    Err(batch) => {
+                        self.lock_held().batches.push_front(batch);
+                        break;
+                    }
                 }
             }
             tokio::select! {
