@@ -174,26 +174,13 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                 tracing::warn!("the ingress closed the channel; reattaching")
             }
             Ok(SessionEnd::Goaway) => {
-                if let Some(Warm { packets, .. }) = &warm {
-                    let c = &packets.counters;
-                    tracing::info!(
-                        to_tun = c.to_tun.load(Ordering::Relaxed),
-                        from_tun = c.from_tun.load(Ordering::Relaxed),
-                        denied = c.denied.load(Ordering::Relaxed),
-                        lost = c.lost.load(Ordering::Relaxed),
-                        "the ingress hands off: attaching to its successor"
-                    );
-                }
+                tracing::info!("the ingress hands off: attaching to its successor");
+                packets.counters.log();
                 // Until the successor's channel is up, packets from the TUN
-                // device still go to the old ingress, which still has the
-                // sessions; and what it decrypts meanwhile is still read.
-                if let Some(Warm {
-                    context, packets, ..
-                }) = &warm
-                {
-                    packets.set_channel(Some(socket.clone()));
-                    tokio::spawn(linger(socket.clone(), context.clone(), packets.clone()));
-                }
+                // device still go to the old ingress (the channel stays set),
+                // which still has the sessions; and what it decrypts
+                // meanwhile is still read.
+                tokio::spawn(linger(socket.clone(), context.clone(), packets.clone()));
             }
             Err(error) => tracing::warn!("device channel lost: {error:#}; reattaching"),
         }

@@ -57,6 +57,19 @@ const PENDING_LIMIT: usize = 4096;
 /// it attaches queues of its own.
 const INHERIT_WAIT: Duration = Duration::from_secs(2);
 
+impl PacketCounters {
+    /// Logs the counters so far (at a handover or a handoff).
+    pub fn log(&self) {
+        tracing::info!(
+            to_tun = self.to_tun.load(Ordering::Relaxed),
+            from_tun = self.from_tun.load(Ordering::Relaxed),
+            denied = self.denied.load(Ordering::Relaxed),
+            lost = self.lost.load(Ordering::Relaxed),
+            "WireGuard packets so far"
+        );
+    }
+}
+
 /// The TUN queues of this plane and the tasks reading them.
 pub struct PacketPath {
     device: String,
@@ -284,14 +297,10 @@ impl PacketPath {
             )),
         };
         match sent {
-            Ok(()) => tracing::info!(
-                queues = queues.len(),
-                to_tun = self.counters.to_tun.load(Ordering::Relaxed),
-                from_tun = self.counters.from_tun.load(Ordering::Relaxed),
-                denied = self.counters.denied.load(Ordering::Relaxed),
-                lost = self.counters.lost.load(Ordering::Relaxed),
-                "TUN queues handed to the successor"
-            ),
+            Ok(()) => {
+                tracing::info!(queues = queues.len(), "TUN queues handed to the successor");
+                self.counters.log();
+            }
             Err(error) => {
                 tracing::warn!(%error, "could not hand the TUN queues over; closing them")
             }
@@ -401,21 +410,10 @@ impl PeerSync {
     /// differences from it.
     pub fn full(&mut self, directory: &Directory) -> Vec<Message> {
         let peers = directory.wireguard_peers();
-        let mut messages = Vec::new();
-        let mut part = PeerUpdate::full(true, false);
-        for peer in peers.values() {
-            if !part.try_upsert(peer.clone()) {
-                messages.push(Message::Peers(std::mem::replace(
-                    &mut part,
-                    PeerUpdate::full(false, false),
-                )));
-                // A name longer than 255 bytes is impossible (names are at
-                // most 64); anything else fits an empty message.
-                let _ = part.try_upsert(peer.clone());
-            }
-        }
-        part.full_end = true;
-        messages.push(Message::Peers(part));
+        let messages = PeerUpdate::split_full(peers.values().cloned())
+            .into_iter()
+            .map(Message::Peers)
+            .collect();
         self.sent = Some(peers);
         messages
     }
@@ -427,36 +425,21 @@ impl PeerSync {
             return Vec::new();
         };
         let now = directory.wireguard_peers();
-        let mut messages = Vec::new();
-        let mut part = PeerUpdate::change();
-        let mut push = |part: &mut PeerUpdate, add: &dyn Fn(&mut PeerUpdate) -> bool| {
-            if !add(part) {
-                messages.push(Message::Peers(std::mem::replace(
-                    part,
-                    PeerUpdate::change(),
-                )));
-                let _ = add(part);
-            }
-        };
-        for key in sent.keys() {
-            if !now.contains_key(key) {
-                let key = *key;
-                push(&mut part, &move |p: &mut PeerUpdate| p.try_remove(key));
-            }
-        }
-        for (key, peer) in &now {
-            if sent.get(key) != Some(peer) {
-                let peer = peer.clone();
-                push(&mut part, &move |p: &mut PeerUpdate| {
-                    p.try_upsert(peer.clone())
-                });
-            }
-        }
-        if !part.is_empty() {
-            messages.push(Message::Peers(part));
-        }
+        let removes: Vec<[u8; 32]> = sent
+            .keys()
+            .filter(|key| !now.contains_key(*key))
+            .copied()
+            .collect();
+        let upserts: Vec<PeerEntry> = now
+            .iter()
+            .filter(|(key, peer)| sent.get(*key) != Some(*peer))
+            .map(|(_, peer)| peer.clone())
+            .collect();
         *sent = now;
-        messages
+        PeerUpdate::split_change(removes, upserts)
+            .into_iter()
+            .map(Message::Peers)
+            .collect()
     }
 }
 

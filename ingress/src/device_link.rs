@@ -187,7 +187,7 @@ async fn read_loop(
                 Planes::send_orders(planes.on_ready(link.generation)).await;
             }
             Message::Report(report) => link.set_report(report),
-            Message::Packets(batch) => context.wireguard.from_plane(&batch).await,
+            Message::Packets(batch) => context.wireguard.from_plane(&batch, buffer).await,
             Message::Peers(update) => context.wireguard.on_peers(link, update),
             Message::Endpoints(part) => context.wireguard.on_endpoints(link, part),
             Message::Drain(_) => {

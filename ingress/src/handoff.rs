@@ -29,8 +29,8 @@ use anyhow::Context;
 use blipless_config::Config;
 use blipless_link::LinkError;
 use blipless_protocol::channel::{
-    EndpointEntry, EndpointPart, HandoffCounters, HandoffOffer, Hello, Message, PeerEntry,
-    PeerUpdate, Refused, MAX_FRAME,
+    EndpointEntry, EndpointPart, HandoffOffer, Hello, Message, PeerEntry, PeerUpdate, Refused,
+    MAX_FRAME,
 };
 use tokio_seqpacket::UnixSeqpacket;
 
@@ -255,16 +255,9 @@ pub async fn offer(socket: &UnixSeqpacket, offering: Offering<'_>) -> Result<boo
         &offering.fds,
     )
     .await?;
-    let mut part = PeerUpdate::full(true, false);
-    for peer in offering.peers {
-        if !part.try_upsert(peer.clone()) {
-            let full = std::mem::replace(&mut part, PeerUpdate::full(false, false));
-            blipless_link::send(socket, &Message::Peers(full), &[]).await?;
-            let _ = part.try_upsert(peer);
-        }
+    for part in PeerUpdate::split_full(offering.peers) {
+        blipless_link::send(socket, &Message::Peers(part), &[]).await?;
     }
-    part.full_end = true;
-    blipless_link::send(socket, &Message::Peers(part), &[]).await?;
     for part in EndpointPart::split(offering.taken_at_ms, &offering.endpoints) {
         blipless_link::send(socket, &Message::Endpoints(part), &[]).await?;
     }
@@ -284,9 +277,4 @@ pub async fn offer(socket: &UnixSeqpacket, offering: Offering<'_>) -> Result<boo
             Ok(false)
         }
     }
-}
-
-/// The counters carried to a successor.
-pub fn counters(metrics: &crate::metrics::Metrics) -> HandoffCounters {
-    metrics.handoff_counters()
 }

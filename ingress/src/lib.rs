@@ -98,13 +98,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));
     let lineage = Arc::new(Lineage::default());
-    let (mut listeners, generation) = match &predecessor {
+    let mut predecessor = predecessor;
+    let (mut listeners, generation) = match predecessor.as_mut() {
         Some(predecessor) => {
-            let fds = predecessor
-                .fds
-                .iter()
-                .map(|fd| fd.try_clone())
-                .collect::<Result<Vec<_>, _>>()?;
+            let fds = std::mem::take(&mut predecessor.fds);
             // The predecessor's sockets are the ones the service manager keeps.
             drop(inherited);
             let (listeners, rebound) = Listeners::adopt(&config, &predecessor.offer, fds)?;
@@ -135,7 +132,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         config.wireguard.queue,
         generation,
     ));
-    let infos = listener_infos(&listeners, &config);
+    let infos = listener_infos(&listeners);
     let node = Arc::new(Node::new(
         planes.clone(),
         wireguard.clone(),
@@ -438,17 +435,14 @@ async fn hand_off(socket: UnixSeqpacket, context: &HandoffContext) -> anyhow::Re
     tracing::info!(pid = hello.pid, software = %hello.software, "a successor ingress asks to take over");
     let (offer, fds) = &*context.listeners_offer;
     let mut offer = offer.clone();
-    offer.counters = handoff::counters(&context.node.metrics);
+    offer.counters = context.node.metrics.handoff_counters();
     let (peers, endpoints) = context.node.wireguard.snapshot();
     let offering = handoff::Offering {
         offer,
         fds: fds.iter().map(std::os::fd::AsFd::as_fd).collect(),
         peers,
         endpoints,
-        taken_at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+        taken_at_ms: context.node.wireguard.now_ms(),
     };
     let serves = handoff::offer(&socket, offering).await.unwrap_or(false);
     if !serves {
@@ -465,24 +459,19 @@ async fn hand_off(socket: UnixSeqpacket, context: &HandoffContext) -> anyhow::Re
     Ok(())
 }
 
-fn listener_infos(listeners: &Listeners, config: &Config) -> Vec<ListenerInfo> {
-    let mut infos: Vec<ListenerInfo> = ["socks", "http", "status"]
-        .iter()
-        .map(|name| ListenerInfo {
-            name: (*name).to_string(),
-            address: listeners
-                .tcp_address(name)
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "?".into()),
-        })
-        .collect();
-    infos.push(ListenerInfo {
-        name: "wg".to_string(),
+fn listener_infos(listeners: &Listeners) -> Vec<ListenerInfo> {
+    [
+        ("socks", "socks"),
+        ("http", "http"),
+        ("status", "status"),
+        ("wg", "wg0"),
+    ]
+    .iter()
+    .map(|(shown, name)| ListenerInfo {
+        name: (*shown).to_string(),
         address: listeners
-            .wg(0)
-            .and_then(|socket| Ok(socket.local_addr()?))
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| config.listen.wg.to_string()),
-    });
-    infos
+            .address(name)
+            .map_or_else(|| "?".into(), |a| a.to_string()),
+    })
+    .collect()
 }

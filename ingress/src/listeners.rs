@@ -226,10 +226,20 @@ impl Listeners {
         Ok(TcpListener::from_std(listener)?)
     }
 
-    /// Where a TCP listener is bound.
-    pub fn tcp_address(&self, name: &str) -> anyhow::Result<SocketAddr> {
-        let listener = std::net::TcpListener::from(self.dup(name)?);
-        Ok(listener.local_addr()?)
+    /// Where an IP socket (`socks`, `http`, `status`, `wg0`, `wg1`) is bound.
+    pub fn address(&self, name: &str) -> Option<SocketAddr> {
+        use nix::sys::socket::{getsockname, SockaddrLike, SockaddrStorage};
+        use std::os::fd::AsRawFd;
+        let address: SockaddrStorage = getsockname(self.fd(name).ok()?.as_raw_fd()).ok()?;
+        match address.family()? {
+            nix::sys::socket::AddressFamily::Inet => address
+                .as_sockaddr_in()
+                .map(|a| SocketAddr::from(std::net::SocketAddrV4::from(*a))),
+            nix::sys::socket::AddressFamily::Inet6 => address
+                .as_sockaddr_in6()
+                .map(|a| SocketAddr::from(std::net::SocketAddrV6::from(*a))),
+            _ => None,
+        }
     }
 
     /// The device socket listener.

@@ -151,11 +151,6 @@ impl TunQueue {
         self.fd.get_ref().as_fd()
     }
 
-    /// The TUN device this is a queue of.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Whether [`detach`](Self::detach) was called (and no
     /// [`reattach`](Self::reattach) since).
     pub fn is_detached(&self) -> bool {

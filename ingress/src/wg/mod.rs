@@ -195,16 +195,6 @@ impl Wireguard {
         }
     }
 
-    /// The node's public key.
-    pub fn public_key(&self) -> [u8; 32] {
-        self.public.to_bytes()
-    }
-
-    /// The UDP address WireGuard listens on.
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.socket.local_addr()
-    }
-
     /// True once the active device plane's first full peer set is applied.
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
@@ -227,7 +217,8 @@ impl Wireguard {
         Some(Duration::from_millis(self.now_ms().saturating_sub(last)))
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since the Unix epoch, by this ingress's clock.
+    pub fn now_ms(&self) -> u64 {
         self.epoch_ms + self.epoch.elapsed().as_millis() as u64
     }
 
@@ -503,14 +494,12 @@ impl Wireguard {
     }
 
     /// Encrypts what a device plane sends back, each packet to the peer that
-    /// owns its inner destination.
-    pub async fn from_plane(&self, batch: &Packets) {
+    /// owns its inner destination. `scratch` must hold the largest packet plus
+    /// WireGuard's overhead (the caller's frame buffer, idle once the frame is
+    /// decoded, does).
+    pub async fn from_plane(&self, batch: &Packets, scratch: &mut [u8]) {
         let segments = self.socket.max_gso_segments();
         let mut out = Outgoing::default();
-        // Room for the largest packet of the batch and WireGuard's overhead
-        // (boringtun wants at least 148 bytes for a handshake it may start).
-        let largest = batch.packets().iter().map(Vec::len).max().unwrap_or(0);
-        let mut buffer = vec![0u8; largest + 256];
         {
             let table = self.read_peers();
             for packet in batch.packets() {
@@ -526,7 +515,7 @@ impl Wireguard {
                     self.metrics.count_drop("no_endpoint");
                     continue;
                 };
-                match peer.tunnel().encapsulate(packet, &mut buffer) {
+                match peer.tunnel().encapsulate(packet, scratch) {
                     TunnResult::WriteToNetwork(datagram) => {
                         self.metrics.count_inner_out();
                         out.push(endpoint, datagram, segments);
@@ -577,6 +566,20 @@ impl Wireguard {
         self.metrics.count_send_failures(failed);
     }
 
+    /// Replaces the peer table with a whole set (keeping the sessions of the
+    /// peers that did not change); from then on `/status` may say ok. Returns
+    /// how many entries were refused (an address claimed by two keys).
+    fn apply_full_set(&self, entries: &[PeerEntry]) -> usize {
+        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
+        let refused = self.write_peers().replace(entries, &factory);
+        if refused > 0 {
+            tracing::warn!(refused, "peers refused: an address claimed by two keys");
+        }
+        self.synced.store(true, Ordering::SeqCst);
+        self.metrics.set_peers(self.peer_count());
+        refused
+    }
+
     /// Applies a peer-set message from the plane of `generation`. Only the active
     /// plane's messages count; a full set replaces the table when its last part
     /// arrives.
@@ -611,11 +614,8 @@ impl Wireguard {
                 if update.full_end {
                     let Some(set) = staging.take() else { return };
                     let entries: Vec<PeerEntry> = set.peers.into_values().collect();
-                    let refused = self.write_peers().replace(&entries, &factory);
-                    if refused > 0 {
-                        tracing::warn!(refused, "peers refused: an address claimed by two keys");
-                    }
-                    let first = !self.synced.swap(true, Ordering::SeqCst);
+                    let first = !self.synced();
+                    let refused = self.apply_full_set(&entries);
                     tracing::info!(
                         peers = entries.len() - refused,
                         generation = from.generation,
@@ -640,7 +640,7 @@ impl Wireguard {
                 }
             }
         }
-        self.metrics.set_peers(self.read_peers().len());
+        self.metrics.set_peers(self.peer_count());
     }
 }
 

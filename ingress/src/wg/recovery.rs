@@ -42,39 +42,39 @@ impl Wireguard {
         !self.seeded.load(Ordering::SeqCst)
     }
 
-    /// The peer set and endpoints now, for a successor or the store.
+    /// The peer set and endpoints now, for a successor.
     pub fn snapshot(&self) -> (Vec<PeerEntry>, Vec<EndpointEntry>) {
-        let table = self.read_peers();
-        let mut peers = Vec::with_capacity(table.len());
-        let mut endpoints = Vec::new();
-        for peer in table.iter() {
-            peers.push(PeerEntry {
+        let peers = self
+            .read_peers()
+            .iter()
+            .map(|peer| PeerEntry {
                 public_key: peer.public_key,
                 address: peer.address,
                 client: peer.client.clone(),
-            });
-            if let Some(endpoint) = peer.endpoint() {
-                endpoints.push(EndpointEntry {
+            })
+            .collect();
+        (peers, self.endpoints())
+    }
+
+    /// Where each peer was last heard from, for a successor or the store.
+    pub fn endpoints(&self) -> Vec<EndpointEntry> {
+        self.read_peers()
+            .iter()
+            .filter_map(|peer| {
+                Some(EndpointEntry {
                     public_key: peer.public_key,
-                    endpoint,
+                    endpoint: peer.endpoint()?,
                     last_received_ms: peer.last_received_ms(),
-                });
-            }
-        }
-        (peers, endpoints)
+                })
+            })
+            .collect()
     }
 
     /// Seeds a successor from its predecessor: the peer set (so it can answer
     /// and initiate handshakes before a device plane attaches), then the
     /// endpoints, then calls the recently active peers back.
     pub fn seed(self: &Arc<Self>, peers: &[PeerEntry], endpoints: &[EndpointEntry]) {
-        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
-        let refused = self.write_peers().replace(peers, &factory);
-        if refused > 0 {
-            tracing::warn!(refused, "peers in the predecessor's snapshot refused");
-        }
-        self.synced.store(true, Ordering::SeqCst);
-        self.metrics.set_peers(self.peer_count());
+        self.apply_full_set(peers);
         self.apply_endpoints(endpoints);
     }
 
@@ -198,7 +198,7 @@ impl Wireguard {
             let Some(plane) = self.planes.active() else {
                 continue;
             };
-            let (_, mut endpoints) = self.snapshot();
+            let mut endpoints = self.endpoints();
             endpoints.sort_by_key(|entry| entry.public_key);
             // Unchanged endpoints and only newer timestamps: skip a round in
             // five, so the store still learns who was active recently.

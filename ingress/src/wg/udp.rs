@@ -37,16 +37,6 @@ impl WgSocket {
         })
     }
 
-    /// The bound address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.io.local_addr()
-    }
-
-    /// The underlying socket (for handing it on).
-    pub fn socket(&self) -> &UdpSocket {
-        &self.io
-    }
-
     /// Segments per GSO send the kernel accepts (1: no GSO).
     pub fn max_gso_segments(&self) -> usize {
         self.state.max_gso_segments()
@@ -81,18 +71,6 @@ impl WgSocket {
                 other => return other,
             }
         }
-    }
-
-    /// Sends one datagram.
-    pub async fn send_to(&self, datagram: &[u8], destination: SocketAddr) -> io::Result<()> {
-        self.send(&Transmit {
-            destination,
-            ecn: None,
-            contents: datagram,
-            segment_size: None,
-            src_ip: None,
-        })
-        .await
     }
 }
 
@@ -135,11 +113,6 @@ impl Outgoing {
             bytes: datagram.to_vec(),
             closed: false,
         });
-    }
-
-    /// True when nothing is queued.
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
     }
 
     /// Sends everything queued; returns how many datagrams failed to go out

@@ -66,16 +66,7 @@ impl PeerUpdate {
     /// Adds a peer (new or changed) if it fits; false (and nothing added) when
     /// the message is full or the name is longer than 255 bytes.
     pub fn try_upsert(&mut self, peer: PeerEntry) -> bool {
-        let grown = self.encoded_len + 32 + ip_addr_len(peer.address) + 1 + peer.client.len();
-        if peer.client.len() > usize::from(u8::MAX)
-            || grown > MAX_PAYLOAD
-            || self.upserts.len() == usize::from(u16::MAX)
-        {
-            return false;
-        }
-        self.upserts.push(peer);
-        self.encoded_len = grown;
-        true
+        self.push_upsert(peer).is_ok()
     }
 
     /// Adds a removal if it fits; false when the message is full.
@@ -87,6 +78,63 @@ impl PeerUpdate {
         self.removes.push(public_key);
         self.encoded_len = grown;
         true
+    }
+
+    /// A whole peer set as the parts that carry it, each within a frame: the
+    /// first flagged `full_start`, the last `full_end` (one part for an empty
+    /// set). Entries that can never fit (a name over 255 bytes) are skipped.
+    pub fn split_full(peers: impl IntoIterator<Item = PeerEntry>) -> Vec<PeerUpdate> {
+        let mut parts = Vec::new();
+        let mut part = PeerUpdate::full(true, false);
+        for peer in peers {
+            if let Err(peer) = part.push_upsert(peer) {
+                parts.push(std::mem::replace(&mut part, PeerUpdate::full(false, false)));
+                let _ = part.push_upsert(peer);
+            }
+        }
+        part.full_end = true;
+        parts.push(part);
+        parts
+    }
+
+    /// A change (removals, then additions) as the messages that carry it, each
+    /// within a frame; none for no change.
+    pub fn split_change(
+        removes: impl IntoIterator<Item = [u8; 32]>,
+        upserts: impl IntoIterator<Item = PeerEntry>,
+    ) -> Vec<PeerUpdate> {
+        let mut parts = Vec::new();
+        let mut part = PeerUpdate::change();
+        for key in removes {
+            if !part.try_remove(key) {
+                parts.push(std::mem::replace(&mut part, PeerUpdate::change()));
+                let _ = part.try_remove(key);
+            }
+        }
+        for peer in upserts {
+            if let Err(peer) = part.push_upsert(peer) {
+                parts.push(std::mem::replace(&mut part, PeerUpdate::change()));
+                let _ = part.push_upsert(peer);
+            }
+        }
+        if !part.is_empty() {
+            parts.push(part);
+        }
+        parts
+    }
+
+    /// [`PeerUpdate::try_upsert`] that gives the entry back when it does not fit.
+    fn push_upsert(&mut self, peer: PeerEntry) -> Result<(), PeerEntry> {
+        let grown = self.encoded_len + 32 + ip_addr_len(peer.address) + 1 + peer.client.len();
+        if peer.client.len() > usize::from(u8::MAX)
+            || grown > MAX_PAYLOAD
+            || self.upserts.len() == usize::from(u16::MAX)
+        {
+            return Err(peer);
+        }
+        self.upserts.push(peer);
+        self.encoded_len = grown;
+        Ok(())
     }
 
     /// Peers added or changed.

@@ -462,3 +462,33 @@ fn endpoint_snapshots_split_into_frames() {
     assert_eq!(empty.len(), 1);
     assert!(empty[0].start && empty[0].end);
 }
+
+#[test]
+fn peer_sets_split_into_frames_in_order() {
+    let peers: Vec<PeerEntry> = (0..5_000u32)
+        .map(|n| PeerEntry {
+            public_key: [(n % 251) as u8; 32],
+            address: std::net::IpAddr::from([10, 64, (n >> 8) as u8, n as u8]),
+            client: format!("client-{n}"),
+        })
+        .collect();
+    let parts = PeerUpdate::split_full(peers.clone());
+    assert!(parts.len() > 1);
+    assert!(parts[0].full_start && !parts[0].full_end);
+    assert!(parts.last().is_some_and(|p| p.full_end && !p.full_start));
+    let back: Vec<PeerEntry> = parts.iter().flat_map(|p| p.upserts().to_vec()).collect();
+    assert_eq!(back, peers);
+    for part in &parts {
+        assert!(encode(&Message::Peers(part.clone())).len() <= MAX_FRAME);
+    }
+    let empty = PeerUpdate::split_full(Vec::new());
+    assert_eq!(empty.len(), 1);
+    assert!(empty[0].full_start && empty[0].full_end && empty[0].is_empty());
+    let change = PeerUpdate::split_change([[1; 32]], peers[..2].to_vec());
+    assert_eq!(change.len(), 1);
+    assert_eq!(
+        (change[0].removes().len(), change[0].upserts().len()),
+        (1, 2)
+    );
+    assert!(PeerUpdate::split_change(Vec::new(), Vec::new()).is_empty());
+}
