@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, Message, Refused, Welcome, MAX_FRAME};
+use blipless_protocol::channel::{DecodeError, Message, Welcome, MAX_FRAME};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
@@ -81,10 +81,7 @@ async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Received, 
 
 async fn refuse(socket: &UnixSeqpacket, reason: String) {
     tracing::error!("refusing a device plane: {reason}");
-    let _ = send_frame(socket, &Message::Refused(Refused { reason }), &[]).await;
-    // Give the peer a moment to read it before the channel closes.
-    let mut sink = [0u8; 64];
-    let _ = tokio::time::timeout(Duration::from_secs(1), socket.recv(&mut sink)).await;
+    peercred::refuse(socket, reason).await;
 }
 
 async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::Result<()> {

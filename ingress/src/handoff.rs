@@ -226,23 +226,15 @@ pub async fn hello(socket: &UnixSeqpacket) -> anyhow::Result<Hello> {
         (Message::HandoffHello(hello), _) => hello,
         (other, _) => {
             let reason = format!("expected HandoffHello, got {}", other.name());
-            refuse(socket, reason.clone()).await;
+            peercred::refuse(socket, reason.clone()).await;
             anyhow::bail!(reason);
         }
     };
     if let Err(error) = check_peer(socket) {
-        refuse(socket, error.to_string()).await;
+        peercred::refuse(socket, error.to_string()).await;
         return Err(error);
     }
     Ok(hello)
-}
-
-/// Tells a would-be successor no, with a reason an operator can act on.
-pub async fn refuse(socket: &UnixSeqpacket, reason: String) {
-    let _ = blipless_link::send(socket, &Message::Refused(Refused { reason }), &[]).await;
-    // Let it read the refusal before the connection closes.
-    let mut sink = [0u8; 64];
-    let _ = tokio::time::timeout(Duration::from_secs(1), socket.recv(&mut sink)).await;
 }
 
 /// Sends the offer, the peer set and the endpoints, then waits for the

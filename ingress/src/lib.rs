@@ -420,12 +420,12 @@ async fn hand_off(socket: UnixSeqpacket, context: &HandoffContext) -> anyhow::Re
     if context.lineage.beside_predecessor.load(Ordering::SeqCst) {
         let reason = "this ingress is still taking over from its own predecessor (two generations at most): retry once it has exited".to_string();
         tracing::warn!(pid = hello.pid, "refusing a third ingress");
-        handoff::refuse(&socket, reason).await;
+        peercred::refuse(&socket, reason).await;
         return Ok(());
     }
     if context.lineage.handing_off.swap(true, Ordering::SeqCst) {
         tracing::warn!(pid = hello.pid, "refusing a second successor");
-        handoff::refuse(
+        peercred::refuse(
             &socket,
             "another successor is taking over this ingress".to_string(),
         )

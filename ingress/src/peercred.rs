@@ -1,4 +1,5 @@
-//! Who may talk to this ingress over its Unix sockets: the same uid, or root.
+//! Who may talk to this ingress over its Unix sockets: the same uid, or root;
+//! and telling a peer no on a channel socket.
 
 /// This process's effective uid.
 pub fn own_uid() -> u32 {
@@ -18,4 +19,17 @@ pub fn refusal(uid: u32) -> String {
     } else {
         format!("uid {uid} may not use this socket: only uid {own} (the ingress's) or root may")
     }
+}
+
+/// Tells a peer on a channel socket (device or handoff) no, with a reason an
+/// operator can act on, and gives it a moment to read that before the
+/// connection closes.
+pub async fn refuse(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
+    let message =
+        blipless_protocol::channel::Message::Refused(blipless_protocol::channel::Refused {
+            reason,
+        });
+    let _ = blipless_link::send(socket, &message, &[]).await;
+    let mut sink = [0u8; 64];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), socket.recv(&mut sink)).await;
 }
