@@ -40,30 +40,18 @@ pub struct DeviceContext {
 /// Accepts device planes until `shutdown`. A plane that is not Ready
 /// within `ready_budget` of its Hello is told to go away.
 pub async fn serve(
-    mut listener: UnixSeqpacketListener,
+    listener: UnixSeqpacketListener,
     context: DeviceContext,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let socket = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => return,
-        };
-        match socket {
-            Ok(socket) => {
-                let context = context.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = serve_plane(socket, context).await {
-                        tracing::warn!("device plane connection ended: {error:#}");
-                    }
-                });
-            }
-            Err(error) => {
-                tracing::warn!(%error, "accepting on the device socket failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    crate::sockets::accept_each(
+        listener,
+        shutdown,
+        "device",
+        "device plane connection ended",
+        move |socket| serve_plane(socket, context.clone()),
+    )
+    .await;
 }
 
 /// What a plane's next frame turned out to be.

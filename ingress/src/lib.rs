@@ -387,30 +387,16 @@ struct HandoffContext {
 
 /// Accepts would-be successors on the handoff socket until `stop`.
 async fn serve_handoff(
-    mut listener: tokio_seqpacket::UnixSeqpacketListener,
+    listener: tokio_seqpacket::UnixSeqpacketListener,
     context: HandoffContext,
     stop: CancellationToken,
 ) {
     let context = Arc::new(context);
-    loop {
-        let socket = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(socket) => socket,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting on the handoff socket failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = stop.cancelled() => return,
-        };
+    sockets::accept_each(listener, stop, "handoff", "handoff failed", move |socket| {
         let context = context.clone();
-        tokio::spawn(async move {
-            if let Err(error) = hand_off(socket, &context).await {
-                tracing::warn!("handoff failed: {error:#}");
-            }
-        });
-    }
+        async move { hand_off(socket, &context).await }
+    })
+    .await;
 }
 
 /// One would-be successor: refuse it, or offer it everything and, once it

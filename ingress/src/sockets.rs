@@ -95,3 +95,38 @@ pub fn bind_control_socket(path: &Path) -> anyhow::Result<UnixListener> {
     restrict(path)?;
     Ok(listener)
 }
+
+/// Accepts on a channel socket (device or handoff) until `stop`, each
+/// connection handled by `handle` in a task of its own; `what` names the
+/// socket in logs, `ended` what a handler's error means.
+pub async fn accept_each<H, F>(
+    mut listener: UnixSeqpacketListener,
+    stop: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    ended: &'static str,
+    handle: H,
+) where
+    H: Fn(tokio_seqpacket::UnixSeqpacket) -> F,
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => return,
+        };
+        match accepted {
+            Ok(socket) => {
+                let handled = handle(socket);
+                tokio::spawn(async move {
+                    if let Err(error) = handled.await {
+                        tracing::warn!("{ended}: {error:#}");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accepting on the {what} socket failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
