@@ -20,10 +20,9 @@ use tokio_seqpacket::UnixSeqpacketListener;
 use crate::sockets;
 use crate::wg::steer;
 
-/// Names of the sockets, in the order they are offered.
-pub const NAMES: [&str; 8] = [
-    "socks", "http", "status", "device", "control", "handoff", "wg0", "wg1",
-];
+/// The sockets other than the WireGuard pair (`wg0`, `wg1`, offered last), in
+/// the order they are offered.
+const SINGLES: [&str; 6] = ["socks", "http", "status", "device", "control", "handoff"];
 
 /// The listening sockets and the configured address each was bound for.
 #[derive(Debug)]
@@ -61,44 +60,34 @@ impl Listeners {
                 .position(|(n, _)| n == name)
                 .map(|at| inherited.swap_remove(at).1)
         };
+        let mut listeners = Self {
+            sockets: Vec::new(),
+        };
         let mut fresh = Vec::new();
+        for name in SINGLES {
+            let fd = match take(name).filter(|_| path_still_there(config, name)) {
+                Some(fd) => {
+                    tracing::info!(
+                        socket = name,
+                        "using the socket kept by the service manager"
+                    );
+                    fd
+                }
+                None => {
+                    fresh.push(name.to_string());
+                    bind_one(config, name)?
+                }
+            };
+            listeners.push(config, name, fd);
+        }
         let group = match (take("wg0"), take("wg1")) {
             (Some(wg0), Some(wg1)) => [wg0, wg1],
             _ => {
                 fresh.extend(["wg0".to_string(), "wg1".to_string()]);
-                let [wg0, wg1] = steer::bind_group(config.listen.wg).with_context(|| {
-                    format!("binding the WireGuard socket {} (UDP)", config.listen.wg)
-                })?;
-                [OwnedFd::from(wg0), OwnedFd::from(wg1)]
+                bind_wg_group(config)?
             }
         };
-        let [wg0, wg1] = group;
-        let mut wg = [Some(wg0), Some(wg1)];
-        let mut listeners = Self {
-            sockets: Vec::new(),
-        };
-        for name in NAMES {
-            let fd = match name {
-                "wg0" => wg[0].take().context("the WireGuard group")?,
-                "wg1" => wg[1].take().context("the WireGuard group")?,
-                other => match take(other).filter(|_| path_still_there(config, other)) {
-                    Some(fd) => {
-                        tracing::info!(
-                            socket = other,
-                            "using the socket kept by the service manager"
-                        );
-                        fd
-                    }
-                    None => {
-                        fresh.push(other.to_string());
-                        bind_one(config, other)?
-                    }
-                },
-            };
-            listeners
-                .sockets
-                .push((name.to_string(), configured(config, name), fd));
-        }
+        listeners.push_wg_group(config, group);
         Ok((listeners, fresh))
     }
 
@@ -135,52 +124,48 @@ impl Listeners {
         );
         let mut offered: Vec<(OfferedSocket, OwnedFd)> =
             offer.sockets.iter().cloned().zip(fds).collect();
+        // The offered socket `name`, if it was bound where we want it.
+        let mut take = |name: &str| {
+            let wanted = configured(config, name);
+            offered
+                .iter()
+                .position(|(socket, _)| socket.name == name && socket.address == wanted)
+                .map(|at| offered.swap_remove(at).1)
+        };
         let mut listeners = Self {
             sockets: Vec::new(),
         };
         let mut rebound = Vec::new();
-        let wg_moved = configured(config, "wg0");
-        let wg_same = offered
-            .iter()
-            .any(|(socket, _)| socket.name == "wg0" && socket.address == wg_moved);
-        if !wg_same {
-            rebound.extend(["wg0".to_string(), "wg1".to_string()]);
-        }
-        for name in NAMES {
-            let wanted = configured(config, name);
-            let position = offered.iter().position(|(socket, _)| socket.name == name);
-            let reuse = position.filter(|at| {
-                let socket = &offered[*at].0;
-                if name.starts_with("wg") {
-                    wg_same
-                } else {
-                    socket.address == wanted
+        for name in SINGLES {
+            let fd = match take(name) {
+                Some(fd) => fd,
+                None => {
+                    rebound.push(name.to_string());
+                    bind_one(config, name)?
                 }
-            });
-            let fd = match reuse {
-                Some(at) => offered.swap_remove(at).1,
-                None => match name {
-                    "wg0" | "wg1" => continue,
-                    other => {
-                        rebound.push(other.to_string());
-                        bind_one(config, other)?
-                    }
-                },
             };
-            listeners.sockets.push((name.to_string(), wanted, fd));
+            listeners.push(config, name, fd);
         }
-        if !wg_same {
+        let group = match (take("wg0"), take("wg1")) {
+            (Some(wg0), Some(wg1)) => [wg0, wg1],
             // The WireGuard address changed: a new group of two.
-            let [wg0, wg1] = steer::bind_group(config.listen.wg).with_context(|| {
-                format!("binding the WireGuard socket {} (UDP)", config.listen.wg)
-            })?;
-            for (name, socket) in [("wg0", wg0), ("wg1", wg1)] {
-                listeners
-                    .sockets
-                    .push((name.to_string(), wg_moved.clone(), OwnedFd::from(socket)));
+            _ => {
+                rebound.extend(["wg0".to_string(), "wg1".to_string()]);
+                bind_wg_group(config)?
             }
-        }
+        };
+        listeners.push_wg_group(config, group);
         Ok((listeners, rebound))
+    }
+
+    fn push(&mut self, config: &Config, name: &str, fd: OwnedFd) {
+        self.sockets
+            .push((name.to_string(), configured(config, name), fd));
+    }
+
+    fn push_wg_group(&mut self, config: &Config, [wg0, wg1]: [OwnedFd; 2]) {
+        self.push(config, "wg0", wg0);
+        self.push(config, "wg1", wg1);
     }
 
     /// Closes the named listeners now (the accept loops hold duplicates; they
@@ -290,6 +275,13 @@ fn path_still_there(config: &Config, name: &str) -> bool {
         tracing::info!(socket = name, path = %path.display(), "the kept socket's file is gone: binding it afresh");
     }
     there
+}
+
+/// A fresh two-member WireGuard group on `listen.wg` (see [`steer`]).
+fn bind_wg_group(config: &Config) -> anyhow::Result<[OwnedFd; 2]> {
+    let [wg0, wg1] = steer::bind_group(config.listen.wg)
+        .with_context(|| format!("binding the WireGuard socket {} (UDP)", config.listen.wg))?;
+    Ok([OwnedFd::from(wg0), OwnedFd::from(wg1)])
 }
 
 fn bind_one(config: &Config, name: &str) -> anyhow::Result<OwnedFd> {
