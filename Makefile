@@ -13,16 +13,19 @@ build:
 	$(CARGO) build --workspace --bins
 
 ## run: an ingress and a device plane on the embedded store, a demo client, and what to type.
+## Only the daemons' and blipless-ctl's packages: a workspace build would take in
+## the tests crate and with it the test-only fault-injection feature.
 run:
 	@scripts/ensure-packages.sh $(RUN_PACKAGES)
-	$(CARGO) build --release --bins
+	$(CARGO) build --release -p blipless-ingress -p blipless-device -p blipless-ctl --bins
 	@scripts/run-local.sh
 
 ## deps: install the Debian packages the tests need (as root), or say how.
 deps:
 	@scripts/ensure-packages.sh $(TEST_PACKAGES)
 
-## test: every unit, property and end-to-end test.
+## test: every unit, property and end-to-end test. The workspace build includes
+## the tests crate, which turns on the daemons' fault-injection feature.
 test: deps
 	$(CARGO) build --workspace --bins
 	@scripts/test.sh
@@ -30,7 +33,8 @@ test: deps
 ## bench: throughput and latency figures into docs/BENCHMARKS.md (WireGuard
 ## beside wireguard-go too, as root); BENCH_ARGS=--quick for a short check.
 bench: deps
-	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release -p blipless-ingress -p blipless-device -p blipless-ctl --bins
+	$(CARGO) build --release -p blipless-tests -p blipless-bench --bins
 	@scripts/bench.sh $(BENCH_ARGS)
 
 ## lint: formatting and clippy with warnings as errors.

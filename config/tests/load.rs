@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use blipless_config::{documented_defaults, Config, ConfigError, ConfigErrors, LogFormat};
 
-/// The sample file from DESIGN.md section 9.
+/// The sample file the configuration reference shows (docs/CONFIG.md).
 const SAMPLE: &str = r#"
 [node]
 host = "node-1"                 # default: the hostname

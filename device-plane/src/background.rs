@@ -1,5 +1,5 @@
 //! The device plane's background duties: follow the change feed, flush
-//! usage, flush activity, evict removed clients' devices.
+//! usage, flush activity, evict removed clients' identities.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clients::Directory;
-use crate::devices::{Devices, ACTIVITY_FLUSH};
+use crate::identity::{Identities, ACTIVITY_FLUSH};
 
 /// How often the change feed is polled.
 pub const FEED_POLL: Duration = Duration::from_millis(500);
@@ -15,7 +15,11 @@ pub const FEED_POLL: Duration = Duration::from_millis(500);
 pub const USAGE_FLUSH: Duration = Duration::from_secs(10);
 
 /// Runs until `stop`.
-pub async fn maintain(directory: Arc<Directory>, devices: Arc<Devices>, stop: CancellationToken) {
+pub async fn maintain(
+    directory: Arc<Directory>,
+    identities: Arc<Identities>,
+    stop: CancellationToken,
+) {
     let mut feed = tokio::time::interval(FEED_POLL);
     let mut usage = tokio::time::interval(USAGE_FLUSH);
     let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
@@ -38,19 +42,19 @@ pub async fn maintain(directory: Arc<Directory>, devices: Arc<Devices>, stop: Ca
                     Err(_) => {}
                 }
                 for name in directory.take_removed() {
-                    devices.evict(&name).await;
+                    identities.evict(&name).await;
                 }
             }
-            _ = usage.tick() => flush_usage(&directory, &devices).await,
-            _ = activity.tick() => devices.flush().await,
+            _ = usage.tick() => flush_usage(&directory, &identities).await,
+            _ = activity.tick() => identities.flush().await,
             () = stop.cancelled() => return,
         }
     }
 }
 
 /// Flushes usage; every client that had traffic counts as active.
-pub async fn flush_usage(directory: &Directory, devices: &Devices) {
+pub async fn flush_usage(directory: &Directory, identities: &Identities) {
     for name in directory.flush_usage().await {
-        devices.touch(&name);
+        identities.touch(&name);
     }
 }

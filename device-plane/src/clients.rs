@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::credentials;
-use crate::store::{ClientRecord, Store, StoreError, Usage};
+use blipless_store::credentials;
+use blipless_store::{ClientRecord, Store, StoreError, Usage};
 
 /// Bytes and connections a client has used since the last flush.
 #[derive(Debug, Default)]
@@ -228,7 +228,7 @@ impl Directory {
         }
     }
 
-    /// Names removed since the last call (their devices must be evicted).
+    /// Names removed since the last call (their egress identities must be evicted).
     pub fn take_removed(&self) -> Vec<String> {
         std::mem::take(
             &mut *self

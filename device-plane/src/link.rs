@@ -6,15 +6,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, Hello, Message, Welcome};
+use blipless_protocol::channel::{DecodeError, Hello, ToDevice, ToIngress, Welcome};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
-/// One frame from the ingress and the fds that came with it.
+/// One frame from the ingress and the fds that came with it; a batch of
+/// packets borrows the receive buffer.
 #[derive(Debug)]
-pub struct Incoming {
+pub struct Incoming<'b> {
     /// The message.
-    pub message: Message,
+    pub message: ToDevice<'b>,
     /// Its fds, exactly as many as the message type carries.
     pub fds: Vec<OwnedFd>,
 }
@@ -51,15 +52,15 @@ pub async fn attach(path: &Path, stop: &CancellationToken) -> Option<UnixSeqpack
 }
 
 /// Sends one frame without fds.
-pub async fn send(socket: &UnixSeqpacket, message: &Message) -> Result<(), LinkError> {
+pub async fn send(socket: &UnixSeqpacket, message: &ToIngress<'_>) -> Result<(), LinkError> {
     blipless_link::send(socket, message, &[]).await
 }
 
 /// Reads one frame. Ok(None) when the ingress closed the channel.
-pub async fn receive(
+pub async fn receive<'b>(
     socket: &UnixSeqpacket,
-    buffer: &mut [u8],
-) -> anyhow::Result<Option<Incoming>> {
+    buffer: &'b mut [u8],
+) -> anyhow::Result<Option<Incoming<'b>>> {
     match blipless_link::receive(socket, buffer).await {
         Ok(Some((message, fds))) => Ok(Some(Incoming { message, fds })),
         Ok(None) => Ok(None),
@@ -85,7 +86,7 @@ pub enum HelloError {
 /// Says Hello and waits for Welcome, which it returns (the generation the
 /// ingress gave us, and whether another plane is active).
 pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Welcome, HelloError> {
-    let hello = Message::Hello(Hello {
+    let hello = ToIngress::Hello(Hello {
         pid: std::process::id(),
         software: env!("CARGO_PKG_VERSION").to_string(),
     });
@@ -93,7 +94,7 @@ pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Welcome,
     // Even if the send failed, a refusal may be waiting to be read.
     let reply = tokio::time::timeout(
         Duration::from_secs(10),
-        blipless_link::receive(socket, buffer),
+        blipless_link::receive::<ToDevice>(socket, buffer),
     )
     .await;
     let reply = match reply {
@@ -114,8 +115,8 @@ pub async fn hello(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Welcome,
         Ok(Ok(reply)) => reply,
     };
     match reply.map(|(message, _)| message) {
-        Some(Message::Welcome(welcome)) => Ok(welcome),
-        Some(Message::Refused(refused)) => Err(HelloError::Refused(refused.reason)),
+        Some(ToDevice::Welcome(welcome)) => Ok(welcome),
+        Some(ToDevice::Refused(refused)) => Err(HelloError::Refused(refused.reason)),
         Some(other) => {
             Err(anyhow::anyhow!("the ingress answered Hello with {}", other.name()).into())
         }

@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blipless_protocol::channel::{Accepted, ListenerKind, Message};
+use blipless_protocol::channel::{Accepted, ListenerKind, ToDevice};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::planes::{PlaneLink, Planes};
 
@@ -80,7 +81,7 @@ pub async fn serve(
             peer,
             local,
         };
-        hand_over(stream, accepted, plane, &mut active, &context, &shutdown).await;
+        hand_over(stream, accepted, &context, &shutdown).await;
     }
 }
 
@@ -101,40 +102,27 @@ async fn wait_for_plane(
     }
 }
 
-/// Sends the connection to a plane; if that plane is gone, to the next
-/// active one. The connection is only dropped at shutdown.
+/// Sends the connection to the active plane, waiting for one as long as it
+/// takes (the customer has a TCP connection and waits): it is only dropped
+/// at shutdown.
 async fn hand_over(
     stream: TcpStream,
     accepted: Accepted,
-    mut plane: Arc<PlaneLink>,
-    active: &mut tokio::sync::watch::Receiver<Option<Arc<PlaneLink>>>,
     context: &AcceptContext,
     shutdown: &CancellationToken,
 ) {
-    loop {
-        match plane
-            .send_if_active(&Message::Accepted(accepted), &[stream.as_fd()])
-            .await
-        {
-            Ok(false) => match wait_for_plane(active, shutdown).await {
-                // A newer plane took over between accept and send.
-                Some(next) => plane = next,
-                None => return,
-            },
-            Ok(true) => {
-                plane.count_handed();
-                context.metrics.count_handed();
-                tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(generation = plane.generation, %error, "could not hand a connection to the device plane; retrying with the next");
-                plane.closed.cancel();
-                match wait_for_plane(active, shutdown).await {
-                    Some(next) => plane = next,
-                    None => return,
-                }
-            }
-        }
+    let message = ToDevice::Accepted(accepted);
+    let taken = dispatch::to_active(
+        &context.planes,
+        &message,
+        &[stream.as_fd()],
+        None,
+        Wait::Forever(shutdown),
+    )
+    .await;
+    if let Some(plane) = taken {
+        plane.count_handed();
+        context.metrics.count_handed();
+        tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
     }
 }

@@ -12,10 +12,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, Message, Welcome, MAX_FRAME};
+use blipless_protocol::channel::{DecodeError, ToDevice, ToIngress, Welcome, MAX_FRAME};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
+use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::{send_frame, PlaneLink, Planes};
@@ -55,21 +56,26 @@ pub async fn serve(
 }
 
 /// What a plane's next frame turned out to be.
-enum Received {
-    Message(Message, Vec<OwnedFd>),
+enum Received<'b> {
+    Message(ToIngress<'b>, Vec<OwnedFd>),
     Closed,
 }
 
-async fn receive(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Received, LinkError> {
-    Ok(match blipless_link::receive(socket, buffer).await? {
-        Some((message, fds)) => Received::Message(message, fds),
-        None => Received::Closed,
-    })
+async fn receive<'b>(
+    socket: &UnixSeqpacket,
+    buffer: &'b mut [u8],
+) -> Result<Received<'b>, LinkError> {
+    Ok(
+        match blipless_link::receive::<ToIngress>(socket, buffer).await? {
+            Some((message, fds)) => Received::Message(message, fds),
+            None => Received::Closed,
+        },
+    )
 }
 
 async fn refuse(socket: &UnixSeqpacket, reason: String) {
     tracing::error!("refusing a device plane: {reason}");
-    peercred::refuse(socket, reason).await;
+    peercred::refuse_plane(socket, reason).await;
 }
 
 async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::Result<()> {
@@ -84,12 +90,16 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     let mut buffer = vec![0u8; MAX_FRAME];
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, receive(&socket, &mut buffer)).await {
         Err(_) => anyhow::bail!("no Hello within {HELLO_TIMEOUT:?}"),
-        Ok(Ok(Received::Message(Message::Hello(hello), _))) => hello,
+        Ok(Ok(Received::Message(ToIngress::Hello(hello), _))) => hello,
         Ok(Ok(Received::Message(other, _))) => {
             refuse(&socket, format!("expected Hello, got {}", other.name())).await;
             return Ok(());
         }
         Ok(Ok(Received::Closed)) => return Ok(()),
+        Ok(Err(LinkError::Decode(DecodeError::NotInConversation { message, .. }))) => {
+            refuse(&socket, format!("expected Hello, got {message}")).await;
+            return Ok(());
+        }
         Ok(Err(LinkError::Decode(DecodeError::VersionMismatch { ours, theirs }))) => {
             refuse(
                 &socket,
@@ -114,7 +124,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     let generation = planes.next_generation();
     send_frame(
         &socket,
-        &Message::Welcome(Welcome {
+        &ToDevice::Welcome(Welcome {
             generation,
             ingress_pid: std::process::id(),
             successor: planes.active().is_some(),
@@ -160,26 +170,26 @@ async fn read_loop(
     buffer: &mut [u8],
 ) -> anyhow::Result<()> {
     let planes = &*context.planes;
-    let metrics = &*context.metrics;
+    let mut scratch = vec![0u8; crate::wg::SCRATCH_LEN];
     loop {
         let (message, fds) = match receive(link.socket(), buffer).await? {
             Received::Closed => return Ok(()),
             Received::Message(message, fds) => (message, fds),
         };
         match message {
-            Message::Ready => {
+            ToIngress::Ready => {
                 tracing::info!(generation = link.generation, "device plane ready");
                 Planes::send_orders(planes.on_ready(link.generation)).await;
             }
-            Message::Report(report) => link.set_report(report),
-            Message::Packets(batch) => context.wireguard.from_plane(&batch, buffer).await,
-            Message::Peers(update) => context.wireguard.on_peers(link, update),
-            Message::Endpoints(part) => context.wireguard.on_endpoints(link, part),
-            Message::Drain(_) => {
+            ToIngress::Report(report) => link.set_report(report),
+            ToIngress::Packets(batch) => context.wireguard.from_plane(&batch, &mut scratch).await,
+            ToIngress::Peers(update) => context.wireguard.on_peers(link, update),
+            ToIngress::Endpoints(part) => context.wireguard.on_endpoints(link, part),
+            ToIngress::Drain(_) => {
                 tracing::info!(generation = link.generation, "device plane asked to drain");
                 Planes::send_orders(planes.on_leaving(link.generation)).await;
             }
-            Message::Drained(summary) => {
+            ToIngress::Drained(summary) => {
                 link.mark_drained();
                 tracing::info!(
                     generation = link.generation,
@@ -187,27 +197,40 @@ async fn read_loop(
                     "device plane drained"
                 );
             }
-            Message::Migrate(migrate) => {
+            ToIngress::Migrate(migrate) => {
                 let id = migrate.connection_id;
                 planes.migration_sent(id, link);
-                forward_migration(planes, link, id, Message::Migrate(migrate), fds, metrics).await;
+                // Passing on may wait for an active plane: never in this
+                // reader, which also carries the plane's return packets.
+                let (planes, from, metrics) = (
+                    context.planes.clone(),
+                    link.clone(),
+                    context.metrics.clone(),
+                );
+                tokio::spawn(async move {
+                    let message = ToDevice::Migrate(migrate);
+                    forward_migration(&planes, &from, id, message, fds, &metrics).await;
+                });
             }
-            Message::TunQueues(count) => {
+            ToIngress::TunQueues(count) => {
                 tracing::info!(
                     generation = link.generation,
                     queues = count,
                     "passing TUN queues to the active plane"
                 );
-                pass_on(planes, link, &Message::TunQueues(count), &fds).await;
+                let (planes, from) = (context.planes.clone(), link.clone());
+                tokio::spawn(async move {
+                    pass_on(&planes, &from, &ToDevice::TunQueues(count), &fds).await;
+                });
             }
-            Message::MigrateDone(id) => {
+            ToIngress::MigrateDone(id) => {
                 if let Some(from) = planes.migration_done(id) {
-                    if let Err(error) = from.send(&Message::MigrateDone(id), &[]).await {
+                    if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {
                         tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
                     }
                 }
             }
-            other => anyhow::bail!("a device plane may not send {}", other.name()),
+            ToIngress::Hello(_) => anyhow::bail!("a device plane said Hello twice"),
         }
     }
 }
@@ -219,36 +242,16 @@ async fn read_loop(
 async fn pass_on(
     planes: &Planes,
     from: &Arc<PlaneLink>,
-    message: &Message,
+    message: &ToDevice<'_>,
     fds: &[OwnedFd],
 ) -> Option<u64> {
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
     let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
-    let mut active = planes.subscribe();
-    loop {
-        let target = active.borrow_and_update().clone();
-        match target {
-            Some(target)
-                if target.generation != from.generation && !target.closed.is_cancelled() =>
-            {
-                match target.send_if_active(message, &borrowed).await {
-                    Ok(true) => return Some(target.generation),
-                    Ok(false) => {}
-                    Err(error) => {
-                        tracing::warn!(generation = target.generation, %error, "could not pass {} on", message.name());
-                        target.closed.cancel();
-                    }
-                }
-            }
-            Some(_) => break,
-            None => {}
-        }
-        if tokio::time::timeout_at(deadline, active.changed())
-            .await
-            .is_err()
-        {
-            break;
-        }
+    let wait = Wait::Until(deadline);
+    if let Some(to) =
+        dispatch::to_active(planes, message, &borrowed, Some(from.generation), wait).await
+    {
+        return Some(to.generation);
     }
     if let Err(error) = from.send(message, &borrowed).await {
         tracing::warn!(generation = from.generation, %error, "could not return {}; it is lost", message.name());
@@ -266,7 +269,7 @@ async fn forward_migration(
     planes: &Planes,
     from: &Arc<PlaneLink>,
     id: u64,
-    message: Message,
+    message: ToDevice<'static>,
     fds: Vec<OwnedFd>,
     metrics: &Metrics,
 ) {

@@ -1,5 +1,5 @@
 //! Every listening socket of an ingress, as owned fds: bound fresh at a first
-//! start, or taken over from a predecessor at a handoff (DESIGN §5.2).
+//! start, or taken over from a predecessor at a handoff (docs/ARCHITECTURE.md, "The sockets that move").
 //!
 //! The ingress never hands its [`Listeners`] to a task: each accept loop gets a
 //! duplicate of the fd ([`Listeners::tcp`] and friends), so the same listening
@@ -13,7 +13,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_config::Config;
-use blipless_protocol::channel::{HandoffOffer, OfferedSocket};
+use blipless_protocol::channel::{HandoffOffer, OfferedSocket, SocketName};
+use blipless_protocol::control::ListenerInfo;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_seqpacket::UnixSeqpacketListener;
 
@@ -22,24 +23,31 @@ use crate::wg::steer;
 
 /// The sockets other than the WireGuard pair (`wg0`, `wg1`, offered last), in
 /// the order they are offered.
-const SINGLES: [&str; 6] = ["socks", "http", "status", "device", "control", "handoff"];
+const SINGLES: [SocketName; 6] = [
+    SocketName::Socks,
+    SocketName::Http,
+    SocketName::Status,
+    SocketName::Device,
+    SocketName::Control,
+    SocketName::Handoff,
+];
 
 /// The listening sockets and the configured address each was bound for.
 #[derive(Debug)]
 pub struct Listeners {
-    sockets: Vec<(String, String, OwnedFd)>,
+    sockets: Vec<(SocketName, String, OwnedFd)>,
 }
 
 /// What each socket should be bound to under `config`.
-fn configured(config: &Config, name: &str) -> String {
+fn configured(config: &Config, name: SocketName) -> String {
     match name {
-        "socks" => config.listen.socks.to_string(),
-        "http" => config.listen.http.to_string(),
-        "status" => config.listen.status.to_string(),
-        "device" => config.device_socket().display().to_string(),
-        "control" => config.control_socket().display().to_string(),
-        "handoff" => config.handoff_socket().display().to_string(),
-        _ => config.listen.wg.to_string(),
+        SocketName::Socks => config.listen.socks.to_string(),
+        SocketName::Http => config.listen.http.to_string(),
+        SocketName::Status => config.listen.status.to_string(),
+        SocketName::Device => config.device_socket().display().to_string(),
+        SocketName::Control => config.control_socket().display().to_string(),
+        SocketName::Handoff => config.handoff_socket().display().to_string(),
+        SocketName::Wg0 | SocketName::Wg1 => config.listen.wg.to_string(),
     }
 }
 
@@ -47,17 +55,20 @@ impl Listeners {
     /// Binds every socket afresh (no predecessor), except those the service
     /// manager passed back from its file descriptor store (`inherited`, by
     /// name: the sockets of an ingress that crashed, still holding what was
-    /// queued on them). Returns the names bound afresh too, to park in the
-    /// store.
+    /// queued on them; a name that is none of ours is ignored). Returns the
+    /// names bound afresh too, to park in the store.
     pub fn bind(
         config: &Config,
         inherited: Vec<(String, OwnedFd)>,
-    ) -> anyhow::Result<(Self, Vec<String>)> {
-        let mut inherited = inherited;
-        let mut take = |name: &str| {
+    ) -> anyhow::Result<(Self, Vec<SocketName>)> {
+        let mut inherited: Vec<(SocketName, OwnedFd)> = inherited
+            .into_iter()
+            .filter_map(|(name, fd)| Some((SocketName::from_name(&name)?, fd)))
+            .collect();
+        let mut take = |name: SocketName| {
             inherited
                 .iter()
-                .position(|(n, _)| n == name)
+                .position(|(n, _)| *n == name)
                 .map(|at| inherited.swap_remove(at).1)
         };
         let mut listeners = Self {
@@ -68,22 +79,22 @@ impl Listeners {
             let fd = match take(name).filter(|_| path_still_there(config, name)) {
                 Some(fd) => {
                     tracing::info!(
-                        socket = name,
+                        socket = name.as_str(),
                         "using the socket kept by the service manager"
                     );
                     fd
                 }
                 None => {
-                    fresh.push(name.to_string());
+                    fresh.push(name);
                     bind_one(config, name)?
                 }
             };
             listeners.push(config, name, fd);
         }
-        let group = match (take("wg0"), take("wg1")) {
+        let group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
             (Some(wg0), Some(wg1)) => [wg0, wg1],
             _ => {
-                fresh.extend(["wg0".to_string(), "wg1".to_string()]);
+                fresh.extend([SocketName::Wg0, SocketName::Wg1]);
                 bind_wg_group(config)?
             }
         };
@@ -92,15 +103,15 @@ impl Listeners {
     }
 
     /// Parks `names` in the service manager's file descriptor store
-    /// (`FDSTORE=1`, DESIGN §5.7), replacing what it held under those names,
+    /// (`FDSTORE=1`, docs/ARCHITECTURE.md, "Crash recovery and the fd store"), replacing what it held under those names,
     /// so an ingress that crashes gets the same sockets back on restart. A
     /// no-op without NOTIFY_SOCKET.
-    pub fn park(&self, names: &[String]) {
-        for name in names {
+    pub fn park(&self, names: &[SocketName]) {
+        for &name in names {
             let Ok(fd) = self.fd(name) else { continue };
             let replaced =
                 blipless_supervise::notify::notify(&format!("FDSTOREREMOVE=1\nFDNAME={name}"))
-                    .and_then(|()| blipless_supervise::notify::store_fds(name, &[fd]));
+                    .and_then(|()| blipless_supervise::notify::store_fds(name.as_str(), &[fd]));
             if let Err(error) = replaced {
                 tracing::warn!(socket = %name, %error, "could not park the socket in the service manager's fd store");
             }
@@ -115,7 +126,7 @@ impl Listeners {
         config: &Config,
         offer: &HandoffOffer,
         fds: Vec<OwnedFd>,
-    ) -> anyhow::Result<(Self, Vec<String>)> {
+    ) -> anyhow::Result<(Self, Vec<SocketName>)> {
         anyhow::ensure!(
             offer.sockets.len() == fds.len(),
             "the predecessor offered {} sockets with {} fds",
@@ -125,7 +136,7 @@ impl Listeners {
         let mut offered: Vec<(OfferedSocket, OwnedFd)> =
             offer.sockets.iter().cloned().zip(fds).collect();
         // The offered socket `name`, if it was bound where we want it.
-        let mut take = |name: &str| {
+        let mut take = |name: SocketName| {
             let wanted = configured(config, name);
             offered
                 .iter()
@@ -140,17 +151,17 @@ impl Listeners {
             let fd = match take(name) {
                 Some(fd) => fd,
                 None => {
-                    rebound.push(name.to_string());
+                    rebound.push(name);
                     bind_one(config, name)?
                 }
             };
             listeners.push(config, name, fd);
         }
-        let group = match (take("wg0"), take("wg1")) {
+        let group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
             (Some(wg0), Some(wg1)) => [wg0, wg1],
             // The WireGuard address changed: a new group of two.
             _ => {
-                rebound.extend(["wg0".to_string(), "wg1".to_string()]);
+                rebound.extend([SocketName::Wg0, SocketName::Wg1]);
                 bind_wg_group(config)?
             }
         };
@@ -158,33 +169,31 @@ impl Listeners {
         Ok((listeners, rebound))
     }
 
-    fn push(&mut self, config: &Config, name: &str, fd: OwnedFd) {
-        self.sockets
-            .push((name.to_string(), configured(config, name), fd));
+    fn push(&mut self, config: &Config, name: SocketName, fd: OwnedFd) {
+        self.sockets.push((name, configured(config, name), fd));
     }
 
     fn push_wg_group(&mut self, config: &Config, [wg0, wg1]: [OwnedFd; 2]) {
-        self.push(config, "wg0", wg0);
-        self.push(config, "wg1", wg1);
+        self.push(config, SocketName::Wg0, wg0);
+        self.push(config, SocketName::Wg1, wg1);
     }
 
     /// Closes the named listeners now (the accept loops hold duplicates; they
     /// close when those loops stop). A drain closes the customer listeners
     /// after its lame-duck period, so new customers are refused, not queued.
-    pub fn close(&mut self, names: &[&str]) {
-        self.sockets
-            .retain(|(name, _, _)| !names.contains(&name.as_str()));
+    pub fn close(&mut self, names: &[SocketName]) {
+        self.sockets.retain(|(name, _, _)| !names.contains(name));
     }
 
-    fn fd(&self, name: &str) -> anyhow::Result<BorrowedFd<'_>> {
+    fn fd(&self, name: SocketName) -> anyhow::Result<BorrowedFd<'_>> {
         self.sockets
             .iter()
-            .find(|(n, _, _)| n == name)
+            .find(|(n, _, _)| *n == name)
             .map(|(_, _, fd)| fd.as_fd())
             .with_context(|| format!("no {name} socket"))
     }
 
-    fn dup(&self, name: &str) -> anyhow::Result<OwnedFd> {
+    fn dup(&self, name: SocketName) -> anyhow::Result<OwnedFd> {
         self.fd(name)?
             .try_clone_to_owned()
             .with_context(|| format!("duplicating the {name} socket"))
@@ -196,7 +205,7 @@ impl Listeners {
             .sockets
             .iter()
             .map(|(name, address, _)| OfferedSocket {
-                name: name.clone(),
+                name: *name,
                 address: address.clone(),
             })
             .collect();
@@ -205,14 +214,14 @@ impl Listeners {
     }
 
     /// A TCP listener (`socks`, `http` or `status`) for an accept loop.
-    pub fn tcp(&self, name: &str) -> anyhow::Result<TcpListener> {
+    pub fn tcp(&self, name: SocketName) -> anyhow::Result<TcpListener> {
         let listener = std::net::TcpListener::from(self.dup(name)?);
         listener.set_nonblocking(true)?;
         Ok(TcpListener::from_std(listener)?)
     }
 
     /// Where an IP socket (`socks`, `http`, `status`, `wg0`, `wg1`) is bound.
-    pub fn address(&self, name: &str) -> Option<SocketAddr> {
+    pub fn address(&self, name: SocketName) -> Option<SocketAddr> {
         use nix::sys::socket::{getsockname, SockaddrLike, SockaddrStorage};
         use std::os::fd::AsRawFd;
         let address: SockaddrStorage = getsockname(self.fd(name).ok()?.as_raw_fd()).ok()?;
@@ -227,21 +236,40 @@ impl Listeners {
         }
     }
 
+    /// The customer-facing listeners as `blipless-ctl status` shows them
+    /// (`wg`: member 0 of the WireGuard group; both members share its address).
+    pub fn infos(&self) -> Vec<ListenerInfo> {
+        [
+            ("socks", SocketName::Socks),
+            ("http", SocketName::Http),
+            ("status", SocketName::Status),
+            ("wg", SocketName::Wg0),
+        ]
+        .into_iter()
+        .map(|(shown, name)| ListenerInfo {
+            name: shown.to_string(),
+            address: self
+                .address(name)
+                .map_or_else(|| "?".into(), |a| a.to_string()),
+        })
+        .collect()
+    }
+
     /// The device socket listener.
     pub fn device(&self) -> anyhow::Result<UnixSeqpacketListener> {
-        UnixSeqpacketListener::try_from(self.dup("device")?)
+        UnixSeqpacketListener::try_from(self.dup(SocketName::Device)?)
             .context("registering the device socket")
     }
 
     /// The handoff socket listener.
     pub fn handoff(&self) -> anyhow::Result<UnixSeqpacketListener> {
-        UnixSeqpacketListener::try_from(self.dup("handoff")?)
+        UnixSeqpacketListener::try_from(self.dup(SocketName::Handoff)?)
             .context("registering the handoff socket")
     }
 
     /// The control socket listener.
     pub fn control(&self) -> anyhow::Result<UnixListener> {
-        let listener = std::os::unix::net::UnixListener::from(self.dup("control")?);
+        let listener = std::os::unix::net::UnixListener::from(self.dup(SocketName::Control)?);
         listener.set_nonblocking(true)?;
         Ok(UnixListener::from_std(listener)?)
     }
@@ -249,13 +277,13 @@ impl Listeners {
     /// The WireGuard group member of `generation`.
     pub fn wg(&self, generation: u32) -> anyhow::Result<std::net::UdpSocket> {
         Ok(std::net::UdpSocket::from(
-            self.dup(if generation & 1 == 0 { "wg0" } else { "wg1" })?,
+            self.dup(SocketName::wg(generation))?,
         ))
     }
 
     /// Steers handshake initiations to `generation` (see [`steer`]).
     pub fn steer_to(&self, generation: u32) -> anyhow::Result<()> {
-        steer::steer(self.fd("wg0")?, generation)
+        steer::steer(self.fd(SocketName::Wg0)?, generation)
             .context("attaching the WireGuard steering program")
     }
 }
@@ -263,16 +291,16 @@ impl Listeners {
 /// A Unix socket kept by the service manager is only usable while its path
 /// still names it: a drain removes the files, and a kept socket whose file is
 /// gone can no longer be reached (it is bound afresh instead).
-fn path_still_there(config: &Config, name: &str) -> bool {
+fn path_still_there(config: &Config, name: SocketName) -> bool {
     let path = match name {
-        "device" => config.device_socket(),
-        "control" => config.control_socket(),
-        "handoff" => config.handoff_socket(),
+        SocketName::Device => config.device_socket(),
+        SocketName::Control => config.control_socket(),
+        SocketName::Handoff => config.handoff_socket(),
         _ => return true,
     };
     let there = path.exists();
     if !there {
-        tracing::info!(socket = name, path = %path.display(), "the kept socket's file is gone: binding it afresh");
+        tracing::info!(socket = name.as_str(), path = %path.display(), "the kept socket's file is gone: binding it afresh");
     }
     there
 }
@@ -284,16 +312,24 @@ fn bind_wg_group(config: &Config) -> anyhow::Result<[OwnedFd; 2]> {
     Ok([OwnedFd::from(wg0), OwnedFd::from(wg1)])
 }
 
-fn bind_one(config: &Config, name: &str) -> anyhow::Result<OwnedFd> {
+/// Binds one of [`SINGLES`] afresh (the WireGuard pair is bound as a group).
+fn bind_one(config: &Config, name: SocketName) -> anyhow::Result<OwnedFd> {
+    let tcp = |address| -> anyhow::Result<OwnedFd> {
+        Ok(OwnedFd::from(
+            sockets::bind_tcp(name.as_str(), address)?.into_std()?,
+        ))
+    };
     Ok(match name {
-        "socks" => OwnedFd::from(sockets::bind_tcp("socks", config.listen.socks)?.into_std()?),
-        "http" => OwnedFd::from(sockets::bind_tcp("http", config.listen.http)?.into_std()?),
-        "status" => OwnedFd::from(sockets::bind_tcp("status", config.listen.status)?.into_std()?),
-        "device" => OwnedFd::from(sockets::bind_device_socket(&config.device_socket())?),
-        "control" => {
+        SocketName::Socks => tcp(config.listen.socks)?,
+        SocketName::Http => tcp(config.listen.http)?,
+        SocketName::Status => tcp(config.listen.status)?,
+        SocketName::Device => OwnedFd::from(sockets::bind_device_socket(&config.device_socket())?),
+        SocketName::Control => {
             OwnedFd::from(sockets::bind_control_socket(&config.control_socket())?.into_std()?)
         }
-        "handoff" => OwnedFd::from(sockets::bind_handoff_socket(&config.handoff_socket())?),
-        other => anyhow::bail!("no socket named {other}"),
+        SocketName::Handoff => {
+            OwnedFd::from(sockets::bind_handoff_socket(&config.handoff_socket())?)
+        }
+        SocketName::Wg0 | SocketName::Wg1 => anyhow::bail!("no single socket named {name}"),
     })
 }

@@ -1,6 +1,7 @@
 //! The ingress's Prometheus metrics, including the figures device planes report.
 
 use blipless_protocol::channel::ListenerKind;
+use blipless_protocol::control::DeployOutcome;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -185,7 +186,8 @@ impl WgMetrics {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
-    outcome: String,
+    /// [`DeployOutcome::as_str`].
+    outcome: &'static str,
 }
 
 impl Default for Metrics {
@@ -325,10 +327,10 @@ impl Metrics {
     }
 
     /// Records a finished deploy.
-    pub fn record_deploy(&self, outcome: &str, duration: std::time::Duration) {
+    pub fn record_deploy(&self, outcome: DeployOutcome, duration: std::time::Duration) {
         self.deploys
             .get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
+                outcome: outcome.as_str(),
             })
             .inc();
         self.deploy_seconds.set(duration.as_secs_f64());

@@ -97,7 +97,7 @@ impl Node {
             last_deploy: self.planes.last_deploy().map(|d| DeployInfo {
                 from: d.from,
                 to: d.to,
-                outcome: d.outcome.to_string(),
+                outcome: d.outcome,
                 detail: d.detail,
                 seconds: d.duration.map(|d| d.as_secs_f64()),
             }),

@@ -1,6 +1,8 @@
 //! Who may talk to this ingress over its Unix sockets: the same uid, or root;
 //! and telling a peer no on a channel socket.
 
+use blipless_protocol::channel::{Conversation, Handoff, Refused, ToDevice};
+
 /// This process's effective uid.
 pub fn own_uid() -> u32 {
     nix::unistd::geteuid().as_raw()
@@ -21,15 +23,20 @@ pub fn refusal(uid: u32) -> String {
     }
 }
 
-/// Tells a peer on a channel socket (device or handoff) no, with a reason an
-/// operator can act on, and gives it a moment to read that before the
-/// connection closes.
-pub async fn refuse(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
-    let message =
-        blipless_protocol::channel::Message::Refused(blipless_protocol::channel::Refused {
-            reason,
-        });
-    let _ = blipless_link::send(socket, &message, &[]).await;
+/// Tells a device plane no, with a reason an operator can act on (see [`refuse`]).
+pub async fn refuse_plane(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
+    refuse(socket, ToDevice::Refused(Refused { reason })).await;
+}
+
+/// Tells a successor ingress no, with a reason an operator can act on (see [`refuse`]).
+pub async fn refuse_ingress(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
+    refuse(socket, Handoff::Refused(Refused { reason })).await;
+}
+
+/// Tells a peer on a channel socket (device or handoff) no, and gives it a
+/// moment to read that before the connection closes.
+async fn refuse<'m, M: Conversation<'m>>(socket: &tokio_seqpacket::UnixSeqpacket, refusal: M) {
+    let _ = blipless_link::send(socket, &refusal, &[]).await;
     let mut sink = [0u8; 64];
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), socket.recv(&mut sink)).await;
 }

@@ -9,7 +9,7 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use blipless_protocol::channel::{self, DecodeError, Message, MAX_FRAME};
+use blipless_protocol::channel::{self, Conversation, DecodeError, MAX_FRAME};
 use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
 use tokio_seqpacket::UnixSeqpacket;
 
@@ -55,10 +55,10 @@ pub enum LinkError {
     },
 }
 
-/// Sends one frame with `fds` beside it.
-pub async fn send(
+/// Sends one frame of conversation `M` with `fds` beside it.
+pub async fn send<'m, M: Conversation<'m>>(
     socket: &UnixSeqpacket,
-    message: &Message,
+    message: &M,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), LinkError> {
     send_encoded(socket, &channel::encode(message), message.name(), fds).await
@@ -95,12 +95,13 @@ pub async fn send_encoded(
     Ok(())
 }
 
-/// Receives one frame and its fds; `Ok(None)` when the peer closed the
-/// channel. `buffer` must hold [`MAX_FRAME`] bytes.
-pub async fn receive(
+/// Receives one frame of conversation `M` and its fds; `Ok(None)` when the
+/// peer closed the channel. `buffer` must hold [`MAX_FRAME`] bytes; the
+/// message may borrow from it (a batch of packets does).
+pub async fn receive<'b, M: Conversation<'b>>(
     socket: &UnixSeqpacket,
-    buffer: &mut [u8],
-) -> Result<Option<(Message, Vec<OwnedFd>)>, LinkError> {
+    buffer: &'b mut [u8],
+) -> Result<Option<(M, Vec<OwnedFd>)>, LinkError> {
     let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
     let (info, ancillary) = socket
         .recv_with_ancillary(buffer, &mut ancillary_buffer)
@@ -121,8 +122,8 @@ pub async fn receive(
     if info.bytes_read() == 0 && fds.is_empty() {
         return Ok(None);
     }
-    let frame = &buffer[..info.bytes_read()];
-    let (message, used) = channel::decode(frame)?;
+    let frame: &'b [u8] = &buffer[..info.bytes_read()];
+    let (message, used) = channel::decode::<M>(frame)?;
     if used != frame.len() {
         return Err(LinkError::TrailingBytes);
     }
@@ -148,7 +149,9 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
 
-    use blipless_protocol::channel::{Accepted, ListenerKind, Migrate, MigrateKind};
+    use blipless_protocol::channel::{
+        Accepted, ListenerKind, Migrate, MigrateKind, ToDevice, ToIngress,
+    };
 
     use super::*;
 
@@ -163,7 +166,7 @@ mod tests {
     async fn a_frame_and_its_fd_cross_and_the_fd_works() {
         let (a, b) = pair();
         let (mut near, far) = std::os::unix::net::UnixStream::pair().expect("pair");
-        let accepted = Message::Accepted(Accepted {
+        let accepted = ToDevice::Accepted(Accepted {
             listener: ListenerKind::Http,
             connection_id: 9,
             peer: "127.0.0.1:1".parse().expect("addr"),
@@ -172,7 +175,7 @@ mod tests {
         send(&a, &accepted, &[far.as_fd()]).await.expect("send");
         drop(far);
         let mut buffer = vec![0u8; MAX_FRAME];
-        let (message, fds) = receive(&b, &mut buffer)
+        let (message, fds) = receive::<ToDevice>(&b, &mut buffer)
             .await
             .expect("receive")
             .expect("frame");
@@ -188,7 +191,7 @@ mod tests {
     async fn the_largest_frame_fits_one_message() {
         let (a, b) = pair();
         let (one, two) = std::os::unix::net::UnixStream::pair().expect("pair");
-        let migrate = Message::Migrate(Migrate {
+        let migrate = ToIngress::Migrate(Migrate {
             kind: MigrateKind::SocksTunnel,
             connection_id: 1,
             client: "c".into(),
@@ -209,7 +212,7 @@ mod tests {
             .await
             .expect("send");
         let mut buffer = vec![0u8; MAX_FRAME];
-        let (message, fds) = receive(&b, &mut buffer)
+        let (message, fds) = receive::<ToIngress>(&b, &mut buffer)
             .await
             .expect("receive")
             .expect("frame");
@@ -222,7 +225,7 @@ mod tests {
         let (a, b) = pair();
         let mut buffer = vec![0u8; MAX_FRAME];
         // Accepted without its fd.
-        let accepted = Message::Accepted(Accepted {
+        let accepted = ToDevice::Accepted(Accepted {
             listener: ListenerKind::Socks,
             connection_id: 1,
             peer: "127.0.0.1:1".parse().expect("addr"),
@@ -230,7 +233,7 @@ mod tests {
         });
         send(&a, &accepted, &[]).await.expect("send");
         assert!(matches!(
-            receive(&b, &mut buffer).await,
+            receive::<ToDevice>(&b, &mut buffer).await,
             Err(LinkError::FdCount {
                 got: 0,
                 expected: 1,
@@ -240,18 +243,27 @@ mod tests {
         // Garbage.
         a.send(b"not a frame").await.expect("send");
         assert!(matches!(
-            receive(&b, &mut buffer).await,
+            receive::<ToDevice>(&b, &mut buffer).await,
             Err(LinkError::Decode(DecodeError::BadMagic(_)))
         ));
         // A truncated frame (seqpacket keeps message boundaries: a short message is a short frame).
-        let frame = channel::encode(&Message::Ready);
+        let frame = channel::encode(&ToIngress::Ready);
         a.send(&frame[..5]).await.expect("send");
         assert!(matches!(
-            receive(&b, &mut buffer).await,
+            receive::<ToDevice>(&b, &mut buffer).await,
             Err(LinkError::Decode(DecodeError::Incomplete { .. }))
+        ));
+        // A message of the other direction.
+        send(&a, &ToIngress::Ready, &[]).await.expect("send");
+        assert!(matches!(
+            receive::<ToDevice>(&b, &mut buffer).await,
+            Err(LinkError::Decode(DecodeError::NotInConversation { .. }))
         ));
         // A close.
         drop(a);
-        assert!(matches!(receive(&b, &mut buffer).await, Ok(None)));
+        assert!(matches!(
+            receive::<ToDevice>(&b, &mut buffer).await,
+            Ok(None)
+        ));
     }
 }

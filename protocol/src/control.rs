@@ -66,12 +66,45 @@ pub struct DeployInfo {
     pub from: Option<u64>,
     /// The new generation.
     pub to: u64,
-    /// "in progress", "succeeded" or "failed".
-    pub outcome: String,
+    /// How it went.
+    pub outcome: DeployOutcome,
     /// What happened, in words.
     pub detail: String,
     /// From the new plane's Hello to the old plane's exit, when over.
     pub seconds: Option<f64>,
+}
+
+/// How a device-plane deploy went; on the wire (and in `/metrics`'
+/// `outcome` label) `"in progress"`, `"succeeded"` or `"failed"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeployOutcome {
+    /// The new plane is active; the old one is still handing over.
+    #[serde(rename = "in progress")]
+    InProgress,
+    /// The old plane handed everything over and exited (or there was none).
+    #[serde(rename = "succeeded")]
+    Succeeded,
+    /// The new plane was not ready in time or died after activation, or the
+    /// old one went away before it had handed everything over.
+    #[serde(rename = "failed")]
+    Failed,
+}
+
+impl DeployOutcome {
+    /// The word on the wire, in logs and in the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeployOutcome::InProgress => "in progress",
+            DeployOutcome::Succeeded => "succeeded",
+            DeployOutcome::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for DeployOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// One listening socket.
@@ -116,6 +149,35 @@ mod tests {
         let parsed: ControlRequest = serde_json::from_str(&line).expect("decodes");
         assert_eq!(parsed, ControlRequest::Status);
         assert!(serde_json::from_str::<ControlRequest>(r#"{"command":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn deploy_outcomes_are_the_words_on_the_wire() {
+        for (outcome, word) in [
+            (DeployOutcome::InProgress, "in progress"),
+            (DeployOutcome::Succeeded, "succeeded"),
+            (DeployOutcome::Failed, "failed"),
+        ] {
+            let json = serde_json::to_string(&outcome).expect("encodes");
+            assert_eq!(json, format!("\"{word}\""));
+            assert_eq!(outcome.to_string(), word);
+            assert_eq!(
+                serde_json::from_str::<DeployOutcome>(&json).expect("decodes"),
+                outcome
+            );
+        }
+        let deploy = DeployInfo {
+            from: Some(1),
+            to: 2,
+            outcome: DeployOutcome::InProgress,
+            detail: "g1 hands over to g2".into(),
+            seconds: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&deploy).expect("encodes"),
+            r#"{"from":1,"to":2,"outcome":"in progress","detail":"g1 hands over to g2","seconds":null}"#
+        );
+        assert!(serde_json::from_str::<DeployOutcome>(r#""done""#).is_err());
     }
 
     #[test]

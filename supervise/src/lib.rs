@@ -4,14 +4,17 @@
 //!   `FDSTORE=1` with descriptors); a no-op without `NOTIFY_SOCKET`.
 //! - [`listen_fds`]: the descriptors systemd passes at start
 //!   (`LISTEN_FDS`/`LISTEN_FDNAMES`/`LISTEN_PID`), by name.
-//! - [`run`]: the `--supervise` stand-in (DESIGN §5.6), the unit's main
+//! - [`run`]: the `--supervise` stand-in (docs/ARCHITECTURE.md, "The systemd stand-in"), the unit's main
 //!   process, which lets `systemctl restart` start a new daemon beside the
 //!   running one (`KillMode=process`, `RestartKillSignal=SIGUSR2`).
+//! - [`daemon`]: what both daemons' `main` shares, from the command line to
+//!   the exit status (the stand-in, the configuration, logging, the runtime,
+//!   SIGTERM/SIGINT and SIGUSR2).
 //!
 //! Linux only.
 
+pub mod daemon;
 mod fd;
-pub mod lifecycle;
 pub mod listen_fds;
 pub mod notify;
 mod stand_in;

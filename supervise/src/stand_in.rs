@@ -1,4 +1,4 @@
-//! The `--supervise` stand-in (DESIGN §5.6): the unit's main process under
+//! The `--supervise` stand-in (docs/ARCHITECTURE.md, "The systemd stand-in"): the unit's main process under
 //! systemd, so that `systemctl restart` can start a new daemon beside the
 //! running one instead of killing it first.
 //!

@@ -10,7 +10,6 @@
 //! `BLIPLESS_PROFILE` says `release`, or `BLIPLESS_BIN_DIR` points
 //! elsewhere); `make test` builds them before running the tests.
 
-pub mod bench_doc;
 pub mod curl;
 pub mod load;
 pub mod netns;

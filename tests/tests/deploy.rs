@@ -299,7 +299,7 @@ fn sigterm_to_a_lone_device_plane_finishes_its_work_then_exits() {
 
 #[test]
 fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
-    use blipless_protocol::channel::{self, Hello, Message};
+    use blipless_protocol::channel::{self, Hello, ToDevice, ToIngress};
     let origin = Origin::start();
     let mut node = Node::new("");
     let (_ingress, _device, client) = node.start();
@@ -322,17 +322,17 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
         let socket = tokio_seqpacket::UnixSeqpacket::connect(&path)
             .await
             .expect("connect");
-        let hello = Message::Hello(Hello {
+        let hello = ToIngress::Hello(Hello {
             pid: 1,
             software: "fake".into(),
         });
         socket.send(&channel::encode(&hello)).await.expect("hello");
         let info = socket.recv(&mut buffer).await.expect("welcome");
         assert!(matches!(
-            channel::decode(&buffer[..info.bytes_read()]),
-            Ok((Message::Welcome(_), _))
+            channel::decode::<ToDevice>(&buffer[..info.bytes_read()]),
+            Ok((ToDevice::Welcome(_), _))
         ));
-        let mut bad = channel::encode(&Message::Ready);
+        let mut bad = channel::encode(&ToIngress::Ready);
         bad[3] = 250;
         socket.send(&bad).await.expect("send");
         let closed = tokio::time::timeout(Duration::from_secs(10), async {
@@ -355,8 +355,8 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
         other_version[2] = channel::PROTOCOL_VERSION + 1;
         socket.send(&other_version).await.expect("send");
         let info = socket.recv(&mut buffer).await.expect("refusal");
-        match channel::decode(&buffer[..info.bytes_read()]) {
-            Ok((Message::Refused(refused), _)) => {
+        match channel::decode::<ToDevice>(&buffer[..info.bytes_read()]) {
+            Ok((ToDevice::Refused(refused), _)) => {
                 assert!(refused.reason.contains("version"), "{}", refused.reason)
             }
             other => panic!("expected Refused, got {other:?}"),

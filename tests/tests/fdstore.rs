@@ -1,4 +1,4 @@
-//! The crash safety net of DESIGN §5.7, with the test playing systemd: an
+//! The crash safety net of docs/ARCHITECTURE.md, "Crash recovery and the fd store", with the test playing systemd: an
 //! ingress parks its listening sockets in the service manager's file
 //! descriptor store (`FDSTORE=1`); after it is SIGKILLed, a new one started
 //! with those sockets (`LISTEN_FDS`) serves on them, and a connection made

@@ -290,7 +290,7 @@ fn a_supervised_device_plane_is_ready_after_the_ingress_has_it_ready_and_restart
     let ready = expect_line(&listener, "READY=1");
     assert_eq!(ready.sender, stand_in_pid(&first));
     assert!(
-        first.log_text().contains("blipless_device: ready"),
+        first.log_text().contains("blipless_device::plane: ready"),
         "the plane told the ingress Ready first: {}",
         first.log_text()
     );

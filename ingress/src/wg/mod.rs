@@ -23,19 +23,20 @@
 //!   a full set applies when its last part arrives. `/status` is 503 until the
 //!   first full set has been applied.
 
+mod inner;
+mod peer_sync;
 pub mod peers;
 mod recovery;
 pub mod steer;
 pub mod udp;
 
-use std::collections::{HashMap, VecDeque};
 use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use blipless_protocol::channel::{Message, Packets, PeerEntry, PeerUpdate};
+use blipless_protocol::channel::Packets;
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
@@ -45,9 +46,15 @@ use quinn_udp::RecvMeta;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::WgMetrics;
-use crate::planes::{PlaneLink, Planes};
+use crate::planes::Planes;
+use inner::{Held, InnerBatches};
+use peer_sync::Staging;
 use peers::PeerTable;
 use udp::{Outgoing, WgSocket, MAX_DATAGRAM};
+
+/// Room [`Wireguard::from_plane`] needs to encrypt one packet: the largest
+/// inner packet plus WireGuard's 32 bytes of overhead, rounded up.
+pub const SCRATCH_LEN: usize = 65_535 + 64;
 
 /// How often boringtun's timers run (as its own device loop does).
 const TIMER_TICK: Duration = Duration::from_millis(250);
@@ -87,20 +94,6 @@ impl std::fmt::Debug for Wireguard {
     }
 }
 
-/// Inner packets waiting for an active device plane.
-#[derive(Debug, Default)]
-struct Held {
-    batches: VecDeque<Packets>,
-    packets: usize,
-}
-
-/// A full peer set being received from one plane.
-#[derive(Debug)]
-struct Staging {
-    generation: u64,
-    peers: HashMap<[u8; 32], PeerEntry>,
-}
-
 /// What one receive batch produced.
 struct Work {
     replies: Outgoing,
@@ -115,41 +108,6 @@ impl Work {
             inner: InnerBatches::default(),
             buffer: vec![0u8; WORK_BUFFER],
         }
-    }
-}
-
-/// Inner packets of one receive batch, per peer, in the order peers appeared.
-#[derive(Default)]
-struct InnerBatches {
-    inner: HashMap<u32, Vec<Packets>>,
-    order: Vec<u32>,
-}
-
-impl InnerBatches {
-    fn push(&mut self, peer: u32, packet: &[u8]) {
-        let batches = self.inner.entry(peer).or_insert_with(|| {
-            self.order.push(peer);
-            Vec::new()
-        });
-        if let Some(last) = batches.last_mut() {
-            if last.try_push(packet) {
-                return;
-            }
-        }
-        let mut batch = Packets::new(peer);
-        // A packet of at most 65535 bytes always fits an empty batch.
-        let _ = batch.try_push(packet);
-        batches.push(batch);
-    }
-
-    fn take(&mut self) -> Vec<Packets> {
-        let mut out = Vec::new();
-        for peer in self.order.drain(..) {
-            if let Some(batches) = self.inner.remove(&peer) {
-                out.extend(batches);
-            }
-        }
-        out
     }
 }
 
@@ -401,108 +359,15 @@ impl Wireguard {
         batches.push(peer.index, inner);
     }
 
-    /// Sends inner packets to the active plane, or holds them while none is.
-    async fn to_plane(&self, batches: Vec<Packets>) {
-        let mut pending: VecDeque<Packets> = batches.into();
-        if self.held_is_empty() {
-            while let Some(batch) = pending.pop_front() {
-                if let Err(batch) = self.send_to_active(batch).await {
-                    pending.push_front(batch);
-                    break;
-                }
-            }
-        }
-        if !pending.is_empty() {
-            self.hold(pending);
-        }
-    }
-
-    /// Sends a batch to the active plane; gives it back when none took it.
-    async fn send_to_active(&self, batch: Packets) -> Result<(), Packets> {
-        let Some(plane) = self.planes.active() else {
-            return Err(batch);
-        };
-        let message = Message::Packets(batch);
-        let sent = match plane.send_if_active(&message, &[]).await {
-            Ok(sent) => sent,
-            Err(error) => {
-                tracing::warn!(generation = plane.generation, %error, "could not send packets to the device plane");
-                plane.closed.cancel();
-                false
-            }
-        };
-        match (sent, message) {
-            (false, Message::Packets(batch)) => Err(batch),
-            _ => Ok(()),
-        }
-    }
-
-    fn held_is_empty(&self) -> bool {
-        self.lock_held().batches.is_empty()
-    }
-
-    fn lock_held(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn hold(&self, batches: VecDeque<Packets>) {
-        let mut held = self.lock_held();
-        for batch in batches {
-            let count = batch.packets().len();
-            if held.packets + count > self.queue_limit {
-                self.metrics.count_drops("queue_full", count);
-                continue;
-            }
-            held.packets += count;
-            held.batches.push_back(batch);
-        }
-        self.metrics.set_held(held.packets);
-        drop(held);
-        self.held_changed.notify_one();
-    }
-
-    /// Delivers held packets, in order, whenever a plane is active.
-    async fn deliver_held(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut active = self.planes.subscribe();
-        loop {
-            loop {
-                let next = self.lock_held().batches.pop_front();
-                let Some(batch) = next else { break };
-                let count = batch.packets().len();
-                match self.send_to_active(batch).await {
-                    Ok(()) => {
-                        let mut held = self.lock_held();
-                        held.packets = held.packets.saturating_sub(count);
-                        self.metrics.set_held(held.packets);
-                    }
-                    Err(batch) => {
-                        self.lock_held().batches.push_front(batch);
-                        break;
-                    }
-                }
-            }
-            tokio::select! {
-                changed = active.changed() => if changed.is_err() { return },
-                () = self.held_changed.notified() => {}
-                () = shutdown.cancelled() => return,
-                // A plane that is active but briefly unable to take packets.
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
-            }
-        }
-    }
-
     /// Encrypts what a device plane sends back, each packet to the peer that
-    /// owns its inner destination. `scratch` must hold the largest packet plus
-    /// WireGuard's overhead (the caller's frame buffer, idle once the frame is
-    /// decoded, does).
-    pub async fn from_plane(&self, batch: &Packets, scratch: &mut [u8]) {
+    /// owns its inner destination. `scratch` must hold [`SCRATCH_LEN`] bytes:
+    /// the largest packet plus WireGuard's overhead.
+    pub async fn from_plane(&self, batch: &Packets<'_>, scratch: &mut [u8]) {
         let segments = self.socket.max_gso_segments();
         let mut out = Outgoing::default();
         {
             let table = self.read_peers();
-            for packet in batch.packets() {
+            for packet in batch.iter() {
                 let Some(destination) = blipless_protocol::ip::destination(packet) else {
                     self.metrics.count_drop("malformed_inner");
                     continue;
@@ -564,83 +429,6 @@ impl Wireguard {
         }
         let failed = out.flush(&self.socket).await;
         self.metrics.count_send_failures(failed);
-    }
-
-    /// Replaces the peer table with a whole set (keeping the sessions of the
-    /// peers that did not change); from then on `/status` may say ok. Returns
-    /// how many entries were refused (an address claimed by two keys).
-    fn apply_full_set(&self, entries: &[PeerEntry]) -> usize {
-        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
-        let refused = self.write_peers().replace(entries, &factory);
-        if refused > 0 {
-            tracing::warn!(refused, "peers refused: an address claimed by two keys");
-        }
-        self.synced.store(true, Ordering::SeqCst);
-        self.metrics.set_peers(self.peer_count());
-        refused
-    }
-
-    /// Applies a peer-set message from the plane of `generation`. Only the active
-    /// plane's messages count; a full set replaces the table when its last part
-    /// arrives.
-    pub fn on_peers(&self, from: &PlaneLink, update: PeerUpdate) {
-        let active = self.planes.active().map(|plane| plane.generation);
-        if active != Some(from.generation) {
-            tracing::debug!(
-                generation = from.generation,
-                "peer update from a plane that is not active: ignored"
-            );
-            return;
-        }
-        let mut staging = self
-            .staging
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if update.full_start {
-            *staging = Some(Staging {
-                generation: from.generation,
-                peers: HashMap::new(),
-            });
-        }
-        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
-        match staging.as_mut() {
-            Some(set) if set.generation == from.generation => {
-                for peer in update.upserts() {
-                    set.peers.insert(peer.public_key, peer.clone());
-                }
-                for key in update.removes() {
-                    set.peers.remove(key);
-                }
-                if update.full_end {
-                    let Some(set) = staging.take() else { return };
-                    let entries: Vec<PeerEntry> = set.peers.into_values().collect();
-                    let first = !self.synced();
-                    let refused = self.apply_full_set(&entries);
-                    tracing::info!(
-                        peers = entries.len() - refused,
-                        generation = from.generation,
-                        first,
-                        "WireGuard peer set applied"
-                    );
-                }
-            }
-            _ => {
-                // A change (or a stale partial set from another plane, dropped).
-                *staging = None;
-                let mut table = self.write_peers();
-                for peer in update.upserts() {
-                    if !table.upsert(peer, &factory) {
-                        tracing::warn!(client = %peer.client, address = %peer.address, "peer refused: its address belongs to another key");
-                    }
-                }
-                for key in update.removes() {
-                    if table.remove(key) {
-                        tracing::info!("WireGuard peer removed; its sessions end");
-                    }
-                }
-            }
-        }
-        self.metrics.set_peers(self.peer_count());
     }
 }
 

@@ -15,7 +15,7 @@
 //! +------------+--+-----------------------------+
 //! ```
 //!
-//! Bit 23 (`G`) is the ingress generation (DESIGN §5.3): an ingress and its
+//! Bit 23 (`G`) is the ingress generation (docs/ARCHITECTURE.md, "Two generations on one UDP port"): an ingress and its
 //! successor use different values, so a classic BPF program on the shared
 //! SO_REUSEPORT group can steer every non-initiation message to the ingress that
 //! owns the session. Slots are allocated round-robin and never 0, so a receiver

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blipless_protocol::channel::{EndpointEntry, EndpointPart, Message, PeerEntry};
+use blipless_protocol::channel::{EndpointEntry, EndpointPart, PeerEntry, ToDevice};
 use boringtun::noise::TunnResult;
 use tokio_util::sync::CancellationToken;
 
@@ -210,7 +210,7 @@ impl Wireguard {
                 continue;
             }
             for part in EndpointPart::split(self.now_ms(), &endpoints) {
-                if let Err(error) = plane.send(&Message::Endpoints(part), &[]).await {
+                if let Err(error) = plane.send(&ToDevice::Endpoints(part), &[]).await {
                     tracing::debug!(%error, "could not send an endpoint snapshot");
                     break;
                 }

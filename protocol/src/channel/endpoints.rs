@@ -28,7 +28,7 @@ pub struct EndpointEntry {
     pub last_received_ms: u64,
 }
 
-/// Payload of `Message::Endpoints`: one part of a snapshot.
+/// Payload of `Endpoints` (either way, and on the handoff): one part of a snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointPart {
     /// The first part: a new snapshot starts.

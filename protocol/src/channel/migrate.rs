@@ -1,4 +1,4 @@
-//! The payload of [`super::Message::Migrate`]: one customer connection moving
+//! The payload of [`super::ToIngress::Migrate`]: one customer connection moving
 //! from a draining device plane to its successor, byte-exact.
 //!
 //! Layout (big-endian):
@@ -70,7 +70,7 @@ pub struct Direction {
     pub eof: bool,
 }
 
-/// Payload of [`super::Message::Migrate`].
+/// Payload of [`super::ToIngress::Migrate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migrate {
     /// What moves.

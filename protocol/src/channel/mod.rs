@@ -14,28 +14,40 @@
 //! The header layout is fixed for every protocol version, so a peer that
 //! speaks another version is recognised and told so ([`DecodeError::VersionMismatch`])
 //! instead of being misread. File descriptors travel beside the frame as
-//! SCM_RIGHTS ancillary data; [`Message::fd_count`] says how many a frame
-//! must carry. Low-rate control messages carry a JSON payload; the
+//! SCM_RIGHTS ancillary data; [`Conversation::fd_count`] says how many a
+//! frame must carry. Low-rate control messages carry a JSON payload; the
 //! per-connection and per-packet messages are binary.
+//!
+//! Three conversations share the framing, each with its own message type
+//! ([`conversations`]): [`ToDevice`] (ingress to device plane), [`ToIngress`]
+//! (device plane to ingress) and [`Handoff`] (ingress to ingress). What a
+//! side may not send is not in its type; a frame of another conversation's
+//! type is refused on receipt ([`DecodeError::NotInConversation`]).
 //!
 //! [`decode`] works over any byte slice: given fewer bytes than a whole
 //! frame it answers [`DecodeError::Incomplete`] (read more), which is kept
 //! apart from every error that means the bytes are wrong (close the peer).
+//! A decoded [`Packets`] batch borrows the frame it came in.
 
+pub mod conversations;
 mod cursor;
 mod endpoints;
-mod messages;
+mod handoff;
 mod migrate;
+mod packets;
+mod payloads;
 mod peers;
 #[cfg(test)]
 mod tests;
 
+pub use conversations::{encode_migrate, Conversation, Handoff, ToDevice, ToIngress};
 pub use endpoints::{EndpointEntry, EndpointPart};
-pub use messages::{
-    Accepted, DeviceReport, DrainOrder, Drained, HandoffCounters, HandoffOffer, Hello,
-    ListenerKind, Message, OfferedSocket, Packets, Refused, Welcome,
-};
+pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
 pub use migrate::{Direction, Migrate, MigrateKind};
+pub use packets::{PacketIter, Packets};
+pub use payloads::{
+    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Welcome,
+};
 pub use peers::{PeerEntry, PeerUpdate};
 
 use cursor::Truncated;
@@ -94,6 +106,15 @@ pub enum DecodeError {
     /// The message type is not one this version knows.
     #[error("unknown message type {0}")]
     UnknownType(u8),
+    /// A known message that this conversation does not carry (a device
+    /// plane sending `Activate`, say): the peer is confused or hostile.
+    #[error("{message} is not a message of the {conversation} conversation")]
+    NotInConversation {
+        /// The message type's name.
+        message: &'static str,
+        /// The conversation it arrived on ([`Conversation::NAME`]).
+        conversation: &'static str,
+    },
     /// The payload does not match its message type's layout.
     #[error("malformed {message} payload: {reason}")]
     Malformed {
@@ -153,21 +174,22 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
     })
 }
 
-/// Decodes the frame at the start of `buf`, returning the message and how
-/// many bytes it used. Bytes after the frame are left for the next call.
-pub fn decode(buf: &[u8]) -> Result<(Message, usize), DecodeError> {
+/// Decodes the frame at the start of `buf` as a message of conversation
+/// `M`, returning it and how many bytes it used. Bytes after the frame are
+/// left for the next call.
+pub fn decode<'a, M: Conversation<'a>>(buf: &'a [u8]) -> Result<(M, usize), DecodeError> {
     let header = decode_header(buf)?;
     let total = HEADER_LEN + header.payload_len;
     if buf.len() < total {
         // Refuse an unknown type before waiting for its payload.
-        messages::type_name(header.message_type)
+        payloads::type_name(header.message_type)
             .ok_or(DecodeError::UnknownType(header.message_type))?;
         return Err(DecodeError::Incomplete {
             needed: total - buf.len(),
         });
     }
     let payload = &buf[HEADER_LEN..total];
-    let message = messages::decode_payload(header.message_type, payload)?;
+    let message = M::decode_payload(header.message_type, payload)?;
     Ok((message, total))
 }
 
@@ -176,16 +198,8 @@ pub fn decode(buf: &[u8]) -> Result<(Message, usize), DecodeError> {
 /// The result may exceed [`MAX_FRAME`] only for a JSON message built with
 /// absurd strings; [`Packets`] cannot (it refuses packets past the cap), and
 /// the sending side checks the length before it writes.
-pub fn encode(message: &Message) -> Vec<u8> {
-    frame(message.type_byte(), |out| {
-        messages::encode_payload(message, out)
-    })
-}
-
-/// Encodes a Migrate frame without building a [`Message`], so the sender
-/// keeps the connection's state if the send fails.
-pub fn encode_migrate(migrate: &Migrate) -> Vec<u8> {
-    frame(messages::T_MIGRATE, |out| migrate::encode(migrate, out))
+pub fn encode<'a, M: Conversation<'a>>(message: &M) -> Vec<u8> {
+    frame(message.type_byte(), |out| message.encode_payload(out))
 }
 
 fn frame(message_type: u8, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {

@@ -27,7 +27,7 @@ pub struct PeerEntry {
     pub client: String,
 }
 
-/// Payload of `Message::Peers`. Built with [`PeerUpdate::try_upsert`] and
+/// Payload of `Peers` ([`super::ToIngress::Peers`], [`super::Handoff::Peers`]). Built with [`PeerUpdate::try_upsert`] and
 /// [`PeerUpdate::try_remove`], which keep the encoded frame within [`MAX_PAYLOAD`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerUpdate {

@@ -26,71 +26,35 @@ fn sample_peers() -> PeerUpdate {
     update
 }
 
-fn samples() -> Vec<Message> {
+fn packets_sample() -> Packets<'static> {
     let mut batch = Packets::new(7);
     assert!(batch.try_push(&[0x45, 0, 0, 20]));
     assert!(batch.try_push(&[0x60; 40]));
+    batch
+}
+
+fn endpoints_sample() -> EndpointPart {
+    EndpointPart::split(
+        1_700_000_000_000,
+        &[
+            EndpointEntry {
+                public_key: [4; 32],
+                endpoint: addr("192.0.2.1:51820"),
+                last_received_ms: 1_699_999_999_000,
+            },
+            EndpointEntry {
+                public_key: [5; 32],
+                endpoint: addr("[2001:db8::1]:4444"),
+                last_received_ms: 0,
+            },
+        ],
+    )[0]
+    .clone()
+}
+
+fn migrate_samples() -> Vec<Migrate> {
     vec![
-        Message::Hello(Hello {
-            pid: 42,
-            software: "0.1.0".into(),
-        }),
-        Message::Welcome(Welcome {
-            generation: 3,
-            ingress_pid: 9,
-            successor: true,
-            wants_endpoints: false,
-        }),
-        Message::Refused(Refused {
-            reason: "no".into(),
-        }),
-        Message::Accepted(Accepted {
-            listener: ListenerKind::Socks,
-            connection_id: u64::MAX,
-            peer: addr("127.0.0.1:5555"),
-            local: addr("[::1]:1080"),
-        }),
-        Message::Packets(batch),
-        Message::Packets(Packets::new(1)),
-        Message::Peers(sample_peers()),
-        Message::Peers(PeerUpdate::full(true, true)),
-        Message::TunQueues(2),
-        Message::HandoffHello(Hello {
-            pid: 7,
-            software: "0.1.0".into(),
-        }),
-        Message::HandoffOffer(HandoffOffer {
-            sockets: vec![OfferedSocket {
-                name: "socks".into(),
-                address: "127.0.0.1:1080".into(),
-            }],
-            wg_generation: 1,
-            counters: HandoffCounters::default(),
-        }),
-        Message::HandoffServing,
-        Message::Endpoints(
-            EndpointPart::split(
-                1_700_000_000_000,
-                &[
-                    EndpointEntry {
-                        public_key: [4; 32],
-                        endpoint: addr("192.0.2.1:51820"),
-                        last_received_ms: 1_699_999_999_000,
-                    },
-                    EndpointEntry {
-                        public_key: [5; 32],
-                        endpoint: addr("[2001:db8::1]:4444"),
-                        last_received_ms: 0,
-                    },
-                ],
-            )[0]
-            .clone(),
-        ),
-        Message::Ready,
-        Message::Activate,
-        Message::Drain(DrainOrder { handover: true }),
-        Message::Drain(DrainOrder { handover: false }),
-        Message::Migrate(Migrate {
+        Migrate {
             kind: MigrateKind::SocksTunnel,
             connection_id: 77,
             client: "alice".into(),
@@ -106,8 +70,8 @@ fn samples() -> Vec<Message> {
             down_piped: 0,
             bytes_up: 10,
             bytes_down: 20,
-        }),
-        Message::Migrate(Migrate {
+        },
+        Migrate {
             kind: MigrateKind::HttpTunnel,
             connection_id: 79,
             client: "bob".into(),
@@ -120,8 +84,8 @@ fn samples() -> Vec<Message> {
             down_piped: 5,
             bytes_up: 0,
             bytes_down: 0,
-        }),
-        Message::Migrate(Migrate {
+        },
+        Migrate {
             kind: MigrateKind::HttpIdle,
             connection_id: 78,
             client: String::new(),
@@ -131,15 +95,66 @@ fn samples() -> Vec<Message> {
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+        },
+    ]
+}
+
+fn hello() -> Hello {
+    Hello {
+        pid: 42,
+        software: "0.1.0".into(),
+    }
+}
+
+fn to_device_samples() -> Vec<ToDevice<'static>> {
+    let mut samples = vec![
+        ToDevice::Welcome(Welcome {
+            generation: 3,
+            ingress_pid: 9,
+            successor: true,
+            wants_endpoints: false,
         }),
-        Message::MigrateDone(77),
-        Message::Drained(Drained {
+        ToDevice::Refused(Refused {
+            reason: "no".into(),
+        }),
+        ToDevice::Accepted(Accepted {
+            listener: ListenerKind::Socks,
+            connection_id: u64::MAX,
+            peer: addr("127.0.0.1:5555"),
+            local: addr("[::1]:1080"),
+        }),
+        ToDevice::Packets(packets_sample()),
+        ToDevice::Packets(Packets::new(1)),
+        ToDevice::TunQueues(2),
+        ToDevice::Endpoints(endpoints_sample()),
+        ToDevice::Activate,
+        ToDevice::Drain(DrainOrder { handover: true }),
+        ToDevice::Drain(DrainOrder { handover: false }),
+        ToDevice::MigrateDone(77),
+        ToDevice::Goaway,
+    ];
+    samples.extend(migrate_samples().into_iter().map(ToDevice::Migrate));
+    samples
+}
+
+fn to_ingress_samples() -> Vec<ToIngress<'static>> {
+    let mut samples = vec![
+        ToIngress::Hello(hello()),
+        ToIngress::Packets(packets_sample()),
+        ToIngress::Packets(Packets::new(0)),
+        ToIngress::Peers(sample_peers()),
+        ToIngress::Peers(PeerUpdate::full(true, true)),
+        ToIngress::TunQueues(252),
+        ToIngress::Endpoints(endpoints_sample()),
+        ToIngress::Ready,
+        ToIngress::Drain(DrainOrder { handover: false }),
+        ToIngress::MigrateDone(u64::MAX),
+        ToIngress::Drained(Drained {
             migrated: 1,
             finished: 2,
             cut: 3,
         }),
-        Message::Goaway,
-        Message::Report(DeviceReport {
+        ToIngress::Report(DeviceReport {
             connections: 5,
             connections_total: 6,
             clients: 7,
@@ -147,62 +162,177 @@ fn samples() -> Vec<Message> {
             devices: 9,
             prewarmed: 10,
         }),
+    ];
+    samples.extend(migrate_samples().into_iter().map(ToIngress::Migrate));
+    samples
+}
+
+fn handoff_samples() -> Vec<Handoff> {
+    vec![
+        Handoff::Hello(Hello {
+            pid: 7,
+            software: "0.1.0".into(),
+        }),
+        Handoff::Refused(Refused {
+            reason: "two generations at most".into(),
+        }),
+        Handoff::Offer(HandoffOffer {
+            sockets: vec![OfferedSocket {
+                name: SocketName::Socks,
+                address: "127.0.0.1:1080".into(),
+            }],
+            wg_generation: 1,
+            counters: HandoffCounters::default(),
+        }),
+        Handoff::Peers(sample_peers()),
+        Handoff::Endpoints(endpoints_sample()),
+        Handoff::Serving,
     ]
 }
 
-#[test]
-fn every_message_round_trips() {
-    for message in samples() {
-        let bytes = encode(&message);
-        assert!(bytes.len() <= MAX_FRAME);
-        let (decoded, used) = decode(&bytes).expect("decodes");
-        assert_eq!(decoded, message);
-        assert_eq!(used, bytes.len());
-    }
-}
+/// The frame-level checks every conversation must pass, for one message type.
+macro_rules! conversation_codec_tests {
+    ($module:ident, $message:ty, $samples:ident) => {
+        mod $module {
+            use super::*;
 
-#[test]
-fn every_truncation_is_incomplete_not_malformed() {
-    for message in samples() {
-        let bytes = encode(&message);
-        for cut in 0..bytes.len() {
-            let error = decode(&bytes[..cut]).expect_err("a prefix is not a frame");
-            assert!(error.is_incomplete(), "{message:?} cut at {cut}: {error}");
-        }
-    }
-}
+            #[test]
+            fn every_message_round_trips() {
+                for message in $samples() {
+                    let bytes = encode(&message);
+                    assert!(bytes.len() <= MAX_FRAME);
+                    let (decoded, used) = decode::<$message>(&bytes).expect("decodes");
+                    assert_eq!(decoded, message);
+                    assert_eq!(used, bytes.len());
+                    assert_eq!(decoded.fd_count(), message.fd_count());
+                }
+            }
 
-#[test]
-fn a_stream_split_across_reads_decodes_in_order() {
-    let messages = samples();
-    let stream: Vec<u8> = messages.iter().flat_map(encode).collect();
-    for chunk in [1usize, 3, 7, 64] {
-        let mut buffer = Vec::new();
-        let mut decoded = Vec::new();
-        for piece in stream.chunks(chunk) {
-            buffer.extend_from_slice(piece);
-            loop {
-                match decode(&buffer) {
-                    Ok((message, used)) => {
-                        decoded.push(message);
-                        buffer.drain(..used);
+            #[test]
+            fn every_truncation_is_incomplete_not_malformed() {
+                for message in $samples() {
+                    let bytes = encode(&message);
+                    for cut in 0..bytes.len() {
+                        let error =
+                            decode::<$message>(&bytes[..cut]).expect_err("a prefix is not a frame");
+                        assert!(error.is_incomplete(), "{message:?} cut at {cut}: {error}");
                     }
-                    Err(error) if error.is_incomplete() => break,
-                    Err(error) => panic!("chunk {chunk}: {error}"),
+                }
+            }
+
+            #[test]
+            fn a_stream_split_across_reads_decodes_in_order() {
+                let messages = $samples();
+                let stream: Vec<u8> = messages.iter().flat_map(|m| encode(m)).collect();
+                for chunk in [1usize, 3, 7, 64] {
+                    let mut buffer = Vec::new();
+                    let mut next = 0;
+                    for piece in stream.chunks(chunk) {
+                        buffer.extend_from_slice(piece);
+                        loop {
+                            let used = match decode::<$message>(&buffer) {
+                                Ok((message, used)) => {
+                                    assert_eq!(message, messages[next], "chunk {chunk}");
+                                    used
+                                }
+                                Err(error) if error.is_incomplete() => break,
+                                Err(error) => panic!("chunk {chunk}: {error}"),
+                            };
+                            next += 1;
+                            buffer.drain(..used);
+                        }
+                    }
+                    assert_eq!(next, messages.len());
+                    assert!(buffer.is_empty());
+                }
+            }
+
+            #[test]
+            fn names_are_the_type_names() {
+                for message in $samples() {
+                    let bytes = encode(&message);
+                    assert_eq!(Some(message.name()), payloads::type_name(bytes[3]));
                 }
             }
         }
-        assert_eq!(decoded, messages);
-        assert!(buffer.is_empty());
+    };
+}
+
+conversation_codec_tests!(to_device, ToDevice<'_>, to_device_samples);
+conversation_codec_tests!(to_ingress, ToIngress<'_>, to_ingress_samples);
+conversation_codec_tests!(handoff, Handoff, handoff_samples);
+
+#[test]
+fn a_message_of_another_conversation_is_refused_by_name() {
+    // A device plane may not activate the ingress, nor an ingress say Ready.
+    let ready = encode(&ToIngress::Ready);
+    assert_eq!(
+        decode::<ToDevice>(&ready),
+        Err(DecodeError::NotInConversation {
+            message: "Ready",
+            conversation: "ingress to device plane"
+        })
+    );
+    let activate = encode(&ToDevice::Activate);
+    assert!(matches!(
+        decode::<ToIngress>(&activate),
+        Err(DecodeError::NotInConversation {
+            message: "Activate",
+            ..
+        })
+    ));
+    // Channel messages on handoff.sock, and handoff messages on device.sock.
+    assert!(matches!(
+        decode::<Handoff>(&encode(&ToIngress::Hello(hello()))),
+        Err(DecodeError::NotInConversation {
+            message: "Hello",
+            ..
+        })
+    ));
+    assert!(matches!(
+        decode::<ToIngress>(&encode(&Handoff::Hello(hello()))),
+        Err(DecodeError::NotInConversation {
+            message: "HandoffHello",
+            ..
+        })
+    ));
+    // A type no conversation knows stays unknown.
+    let mut frame = encode(&ToIngress::Ready);
+    frame[3] = 99;
+    assert_eq!(
+        decode::<ToIngress>(&frame),
+        Err(DecodeError::UnknownType(99))
+    );
+}
+
+#[test]
+fn decoded_packets_borrow_the_frame() {
+    let frame = encode(&ToDevice::Packets(packets_sample()));
+    let (message, _) = decode::<ToDevice>(&frame).expect("decodes");
+    let ToDevice::Packets(batch) = message else {
+        panic!("{message:?}");
+    };
+    assert_eq!(batch.peer(), 7);
+    assert_eq!(batch.len(), 2);
+    let packets: Vec<&[u8]> = batch.iter().collect();
+    assert_eq!(packets, [&[0x45, 0, 0, 20][..], &[0x60; 40][..]]);
+    let frame_range = frame.as_ptr_range();
+    for packet in packets {
+        assert!(
+            frame_range.contains(&packet.as_ptr()),
+            "a decoded packet is a view into the frame, not a copy"
+        );
     }
+    let owned = batch.clone().into_owned();
+    assert_eq!(owned, batch);
 }
 
 #[test]
 fn oversize_is_refused_from_the_header_alone() {
-    let mut header = encode(&Message::Ready);
+    let mut header = encode(&ToIngress::Ready);
     header[4..8].copy_from_slice(&((MAX_PAYLOAD + 1) as u32).to_be_bytes());
     assert_eq!(
-        decode(&header),
+        decode::<ToIngress>(&header),
         Err(DecodeError::Oversize {
             len: MAX_PAYLOAD + 1,
             max: MAX_PAYLOAD
@@ -212,17 +342,20 @@ fn oversize_is_refused_from_the_header_alone() {
 
 #[test]
 fn unknown_type_is_refused_before_its_payload_arrives() {
-    let mut frame = encode(&Message::Ready);
+    let mut frame = encode(&ToIngress::Ready);
     frame[3] = 200;
     frame[4..8].copy_from_slice(&100u32.to_be_bytes());
-    assert_eq!(decode(&frame), Err(DecodeError::UnknownType(200)));
+    assert_eq!(
+        decode::<ToIngress>(&frame),
+        Err(DecodeError::UnknownType(200))
+    );
 }
 
 #[test]
 fn version_mismatch_names_both_versions() {
-    let mut frame = encode(&Message::Ready);
+    let mut frame = encode(&ToIngress::Ready);
     frame[2] = PROTOCOL_VERSION + 1;
-    let error = decode(&frame).expect_err("other version");
+    let error = decode::<ToIngress>(&frame).expect_err("other version");
     assert_eq!(
         error,
         DecodeError::VersionMismatch {
@@ -235,9 +368,12 @@ fn version_mismatch_names_both_versions() {
 
 #[test]
 fn bad_magic_is_refused_as_soon_as_two_bytes_arrive() {
-    assert_eq!(decode(b"GE"), Err(DecodeError::BadMagic(*b"GE")));
     assert_eq!(
-        decode(b"GET / HTTP/1.1\r\n"),
+        decode::<ToDevice>(b"GE"),
+        Err(DecodeError::BadMagic(*b"GE"))
+    );
+    assert_eq!(
+        decode::<ToIngress>(b"GET / HTTP/1.1\r\n"),
         Err(DecodeError::BadMagic(*b"GE"))
     );
 }
@@ -245,43 +381,43 @@ fn bad_magic_is_refused_as_soon_as_two_bytes_arrive() {
 #[test]
 fn malformed_payloads_are_named() {
     // A control message with a payload it must not have.
-    let mut frame = encode(&Message::Ready);
+    let mut frame = encode(&ToIngress::Ready);
     frame.push(1);
     frame[4..8].copy_from_slice(&1u32.to_be_bytes());
     assert!(matches!(
-        decode(&frame),
+        decode::<ToIngress>(&frame),
         Err(DecodeError::Malformed {
             message: "Ready",
             ..
         })
     ));
     // Accepted with an unknown listener kind.
-    let mut frame = encode(&samples()[3]);
+    let mut frame = encode(&to_device_samples()[2]);
     frame[HEADER_LEN] = 9;
     assert!(matches!(
-        decode(&frame),
+        decode::<ToDevice>(&frame),
         Err(DecodeError::Malformed {
             message: "Accepted",
             ..
         })
     ));
     // Packets whose count promises more than the payload holds.
-    let mut frame = encode(&Message::Packets(Packets::new(1)));
+    let mut frame = encode(&ToDevice::Packets(Packets::new(1)));
     frame[HEADER_LEN + 5] = 3;
     assert!(matches!(
-        decode(&frame),
+        decode::<ToDevice>(&frame),
         Err(DecodeError::Malformed {
             message: "Packets",
             ..
         })
     ));
     // JSON that is not a Hello.
-    let mut frame = encode(&Message::Ready);
+    let mut frame = encode(&ToIngress::Ready);
     frame[3] = 1;
     frame.extend_from_slice(b"{}");
     frame[4..8].copy_from_slice(&2u32.to_be_bytes());
     assert!(matches!(
-        decode(&frame),
+        decode::<ToIngress>(&frame),
         Err(DecodeError::Malformed {
             message: "Hello",
             ..
@@ -291,16 +427,16 @@ fn malformed_payloads_are_named() {
 
 #[test]
 fn encode_migrate_matches_encoding_the_message() {
-    for message in samples() {
-        if let Message::Migrate(migrate) = &message {
-            assert_eq!(encode_migrate(migrate), encode(&message));
-        }
+    for migrate in migrate_samples() {
+        let frame = encode_migrate(&migrate);
+        assert_eq!(frame, encode(&ToIngress::Migrate(migrate.clone())));
+        assert_eq!(frame, encode(&ToDevice::Migrate(migrate)));
     }
 }
 
 #[test]
 fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
-    let migrate = Message::Migrate(Migrate {
+    let migrate = ToDevice::Migrate(Migrate {
         kind: MigrateKind::HttpTunnel,
         connection_id: 1,
         client: "c".repeat(64),
@@ -319,7 +455,7 @@ fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
     });
     let bytes = encode(&migrate);
     assert!(bytes.len() <= MAX_FRAME);
-    assert_eq!(decode(&bytes).expect("decodes").0, migrate);
+    assert_eq!(decode::<ToDevice>(&bytes).expect("decodes").0, migrate);
 }
 
 #[test]
@@ -331,22 +467,45 @@ fn packets_batch_stops_at_the_cap() {
         pushed += 1;
     }
     assert!(pushed > 40, "a batch holds many MTU-sized packets");
-    let bytes = encode(&Message::Packets(batch.clone()));
+    let bytes = encode(&ToIngress::Packets(batch.clone()));
     assert!(bytes.len() <= MAX_FRAME);
-    assert_eq!(decode(&bytes).expect("fits").0, Message::Packets(batch));
+    assert_eq!(
+        decode::<ToIngress>(&bytes).expect("fits").0,
+        ToIngress::Packets(batch)
+    );
     assert!(!Packets::new(1).try_push(&[]));
 }
 
 #[test]
 fn fd_counts() {
-    for message in samples() {
+    fn migrate_fds(m: &Migrate) -> usize {
+        let base = if m.kind == MigrateKind::HttpIdle {
+            1
+        } else {
+            2
+        };
+        base + usize::from(m.up_piped > 0) + usize::from(m.down_piped > 0)
+    }
+    for message in to_device_samples() {
         let expected = match &message {
-            Message::Accepted(_) => 1,
-            Message::Migrate(m) if m.kind == MigrateKind::HttpIdle => 1,
-            Message::Migrate(m) if m.up_piped > 0 && m.down_piped > 0 => 4,
-            Message::Migrate(_) => 2,
-            Message::TunQueues(n) => usize::from(*n),
-            Message::HandoffOffer(offer) => offer.sockets.len(),
+            ToDevice::Accepted(_) => 1,
+            ToDevice::Migrate(m) => migrate_fds(m),
+            ToDevice::TunQueues(n) => usize::from(*n),
+            _ => 0,
+        };
+        assert_eq!(message.fd_count(), expected, "{}", message.name());
+    }
+    for message in to_ingress_samples() {
+        let expected = match &message {
+            ToIngress::Migrate(m) => migrate_fds(m),
+            ToIngress::TunQueues(n) => usize::from(*n),
+            _ => 0,
+        };
+        assert_eq!(message.fd_count(), expected, "{}", message.name());
+    }
+    for message in handoff_samples() {
+        let expected = match &message {
+            Handoff::Offer(offer) => offer.sockets.len(),
             _ => 0,
         };
         assert_eq!(message.fd_count(), expected, "{}", message.name());
@@ -356,9 +515,19 @@ fn fd_counts() {
 proptest! {
     #[test]
     fn decode_never_panics_and_never_overreads(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-        if let Ok((message, used)) = decode(&bytes) {
+        if let Ok((message, used)) = decode::<ToDevice>(&bytes) {
             prop_assert!(used <= bytes.len());
-            prop_assert_eq!(decode(&encode(&message)).map(|(m, _)| m), Ok(message));
+            let again = encode(&message);
+            prop_assert_eq!(decode::<ToDevice>(&again).map(|(m, _)| m), Ok(message));
+        }
+        if let Ok((message, used)) = decode::<ToIngress>(&bytes) {
+            prop_assert!(used <= bytes.len());
+            let again = encode(&message);
+            prop_assert_eq!(decode::<ToIngress>(&again).map(|(m, _)| m), Ok(message));
+        }
+        if let Ok((message, used)) = decode::<Handoff>(&bytes) {
+            prop_assert!(used <= bytes.len());
+            prop_assert_eq!(decode::<Handoff>(&encode(&message)).map(|(m, _)| m), Ok(message));
         }
     }
 
@@ -367,7 +536,9 @@ proptest! {
         let mut bytes = vec![b'B', b'L', PROTOCOL_VERSION, kind];
         bytes.extend_from_slice(&len.to_be_bytes());
         bytes.extend_from_slice(&rest);
-        let _ = decode(&bytes);
+        let _ = decode::<ToDevice>(&bytes);
+        let _ = decode::<ToIngress>(&bytes);
+        let _ = decode::<Handoff>(&bytes);
     }
 
     #[test]
@@ -376,8 +547,9 @@ proptest! {
         for packet in &packets {
             prop_assert!(batch.try_push(packet));
         }
-        let message = Message::Packets(batch);
-        prop_assert_eq!(decode(&encode(&message)), Ok((message.clone(), encode(&message).len())));
+        let message = ToDevice::Packets(batch);
+        let frame = encode(&message);
+        prop_assert_eq!(decode::<ToDevice>(&frame), Ok((message.clone(), frame.len())));
     }
 }
 
@@ -393,9 +565,12 @@ fn peer_updates_stay_within_a_frame() {
         added += 1;
     }
     assert!(added > 1000, "a frame holds {added} peers");
-    let bytes = encode(&Message::Peers(update.clone()));
+    let bytes = encode(&ToIngress::Peers(update.clone()));
     assert!(bytes.len() <= MAX_FRAME);
-    assert_eq!(decode(&bytes).expect("fits").0, Message::Peers(update));
+    assert_eq!(
+        decode::<ToIngress>(&bytes).expect("fits").0,
+        ToIngress::Peers(update)
+    );
     assert!(!PeerUpdate::change().try_upsert(PeerEntry {
         public_key: [0; 32],
         address: "10.64.0.2".parse().expect("ip"),
@@ -405,12 +580,12 @@ fn peer_updates_stay_within_a_frame() {
 
 #[test]
 fn malformed_peer_updates_are_refused() {
-    let good = encode(&Message::Peers(sample_peers()));
+    let good = encode(&ToIngress::Peers(sample_peers()));
     // Unknown flag bits.
     let mut bad = good.clone();
     bad[HEADER_LEN] = 0x80;
     assert!(matches!(
-        decode(&bad),
+        decode::<ToIngress>(&bad),
         Err(DecodeError::Malformed {
             message: "Peers",
             ..
@@ -420,7 +595,7 @@ fn malformed_peer_updates_are_refused() {
     let mut bad = good.clone();
     bad[HEADER_LEN + 3 + 32] = 5;
     assert!(matches!(
-        decode(&bad),
+        decode::<ToIngress>(&bad),
         Err(DecodeError::Malformed {
             message: "Peers",
             ..
@@ -431,7 +606,7 @@ fn malformed_peer_updates_are_refused() {
         let mut short = good[..cut].to_vec();
         let len = (cut - HEADER_LEN) as u32;
         short[4..8].copy_from_slice(&len.to_be_bytes());
-        assert!(decode(&short).is_err(), "cut at {cut}");
+        assert!(decode::<ToIngress>(&short).is_err(), "cut at {cut}");
     }
 }
 
@@ -450,10 +625,10 @@ fn endpoint_snapshots_split_into_frames() {
     assert!(parts.last().is_some_and(|p| p.end));
     let mut back = Vec::new();
     for part in parts {
-        let frame = encode(&Message::Endpoints(part));
+        let frame = encode(&ToIngress::Endpoints(part));
         assert!(frame.len() <= MAX_FRAME);
-        match decode(&frame).expect("decodes").0 {
-            Message::Endpoints(part) => back.extend_from_slice(part.entries()),
+        match decode::<ToIngress>(&frame).expect("decodes").0 {
+            ToIngress::Endpoints(part) => back.extend_from_slice(part.entries()),
             other => panic!("{other:?}"),
         }
     }
@@ -479,7 +654,7 @@ fn peer_sets_split_into_frames_in_order() {
     let back: Vec<PeerEntry> = parts.iter().flat_map(|p| p.upserts().to_vec()).collect();
     assert_eq!(back, peers);
     for part in &parts {
-        assert!(encode(&Message::Peers(part.clone())).len() <= MAX_FRAME);
+        assert!(encode(&ToIngress::Peers(part.clone())).len() <= MAX_FRAME);
     }
     let empty = PeerUpdate::split_full(Vec::new());
     assert_eq!(empty.len(), 1);
@@ -491,4 +666,60 @@ fn peer_sets_split_into_frames_in_order() {
         (1, 2)
     );
     assert!(PeerUpdate::split_change(Vec::new(), Vec::new()).is_empty());
+}
+
+#[test]
+fn handoff_offers_name_their_sockets_in_lowercase_json() {
+    let offer = HandoffOffer {
+        sockets: SocketName::ALL
+            .iter()
+            .map(|&name| OfferedSocket {
+                name,
+                address: format!("at-{name}"),
+            })
+            .collect(),
+        wg_generation: 0,
+        counters: HandoffCounters::default(),
+    };
+    let frame = encode(&Handoff::Offer(offer.clone()));
+    let payload = std::str::from_utf8(&frame[HEADER_LEN..]).expect("JSON");
+    assert_eq!(
+        payload,
+        concat!(
+            r#"{"sockets":[{"name":"socks","address":"at-socks"},"#,
+            r#"{"name":"http","address":"at-http"},{"name":"status","address":"at-status"},"#,
+            r#"{"name":"device","address":"at-device"},{"name":"control","address":"at-control"},"#,
+            r#"{"name":"handoff","address":"at-handoff"},{"name":"wg0","address":"at-wg0"},"#,
+            r#"{"name":"wg1","address":"at-wg1"}],"wg_generation":0,"#,
+            r#""counters":{"accepted_socks":0,"accepted_http":0,"handed":0,"migrated":0,"handoffs":0}}"#
+        )
+    );
+    for name in SocketName::ALL {
+        assert_eq!(SocketName::from_name(name.as_str()), Some(name));
+    }
+    assert_eq!(SocketName::from_name("wg"), None);
+    assert_eq!(
+        (SocketName::wg(0), SocketName::wg(3)),
+        (SocketName::Wg0, SocketName::Wg1)
+    );
+}
+
+#[test]
+fn a_handoff_offer_naming_an_unknown_socket_is_malformed() {
+    let payload = br#"{"sockets":[{"name":"gopher","address":"x"}],"wg_generation":0,"counters":{"accepted_socks":0,"accepted_http":0,"handed":0,"migrated":0,"handoffs":0}}"#;
+    let mut frame = encode(&Handoff::Offer(HandoffOffer {
+        sockets: Vec::new(),
+        wg_generation: 0,
+        counters: HandoffCounters::default(),
+    }));
+    frame.truncate(HEADER_LEN);
+    frame.extend_from_slice(payload);
+    frame[4..8].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+    assert!(matches!(
+        decode::<Handoff>(&frame),
+        Err(DecodeError::Malformed {
+            message: "HandoffOffer",
+            ..
+        })
+    ));
 }

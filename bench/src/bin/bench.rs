@@ -1,0 +1,276 @@
+//! `blipless-bench`: connection rate and latency, bulk throughput and
+//! memory of a real blipless node on loopback, each beside the same load
+//! sent straight to the origin, then deploys under open tunnels and
+//! pre-warm; writes docs/BENCHMARKS.md (sections 1–5, each measured and
+//! written by its module in `blipless_bench::scenarios`).
+//!
+//! Run it with `make bench` (release binaries; `scripts/bench.sh` sets
+//! `BLIPLESS_PROFILE=release`). Options: `--out PATH` (default
+//! `docs/BENCHMARKS.md`), `--quick` (tiny bounds, for checking the bench),
+//! `--deploy-only` (section 4 alone, for working on it), `--prewarm-only`
+//! (section 5 alone), `--deploy-max N` (section 4's largest size, run even
+//! where the open-file limit cannot hold it).
+//! Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use blipless_bench::client::{Mode, Proxies};
+use blipless_bench::document::{self, Results};
+use blipless_bench::echo;
+use blipless_bench::logs::warning_count;
+use blipless_bench::procfs::Pids;
+use blipless_bench::report::Machine;
+use blipless_bench::scenarios::rate::Bounds;
+use blipless_bench::scenarios::{bulk, deploy, memory, prewarm, rate};
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+
+/// How much work each section does.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    sequential: Bounds,
+    concurrent: Bounds,
+    bulk_size: u64,
+    bulk_runs: usize,
+    bulk_bound: Duration,
+    tunnels: usize,
+    deploy: deploy::Plan,
+    prewarm: prewarm::Plan,
+}
+
+impl Plan {
+    fn full() -> Self {
+        Self {
+            sequential: Bounds {
+                workers: 1,
+                connections: 3_000,
+                time: Duration::from_secs(3),
+            },
+            concurrent: Bounds {
+                workers: 32,
+                connections: 20_000,
+                time: Duration::from_secs(5),
+            },
+            bulk_size: 2 << 30,
+            bulk_runs: 5,
+            bulk_bound: Duration::from_secs(10),
+            tunnels: 1_000,
+            deploy: deploy::Plan {
+                sizes: [0, 1_000, 10_000],
+                runs: 3,
+                active: 200,
+                cadence: Duration::from_millis(10),
+                baseline: Duration::from_secs(2),
+                tail: Duration::from_secs(1),
+                section_bound: Duration::from_secs(100),
+                force_sizes: false,
+            },
+            prewarm: prewarm::Plan {
+                clients: 50,
+                rounds: 3,
+                section_bound: Duration::from_secs(30),
+            },
+        }
+    }
+
+    fn quick() -> Self {
+        Self {
+            sequential: Bounds {
+                workers: 1,
+                connections: 200,
+                time: Duration::from_millis(500),
+            },
+            concurrent: Bounds {
+                workers: 32,
+                connections: 1_000,
+                time: Duration::from_secs(1),
+            },
+            bulk_size: 256 << 20,
+            bulk_runs: 1,
+            bulk_bound: Duration::from_secs(5),
+            tunnels: 100,
+            deploy: deploy::Plan {
+                sizes: [0, 100, 1_000],
+                runs: 1,
+                active: 50,
+                cadence: Duration::from_millis(10),
+                baseline: Duration::from_millis(500),
+                tail: Duration::from_millis(500),
+                section_bound: Duration::from_secs(30),
+                force_sizes: false,
+            },
+            prewarm: prewarm::Plan {
+                clients: 10,
+                rounds: 1,
+                section_bound: Duration::from_secs(15),
+            },
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let mut out = PathBuf::from("docs/BENCHMARKS.md");
+    let mut plan = Plan::full();
+    let mut deploy_only = false;
+    let mut prewarm_only = false;
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some(echo::ECHO_SERVER_ARG) {
+        return echo::serve_echo();
+    }
+    let mut deploy_max = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => match args.next() {
+                Some(path) => out = PathBuf::from(path),
+                None => return usage(),
+            },
+            "--quick" => plan = Plan::quick(),
+            "--deploy-only" => deploy_only = true,
+            "--prewarm-only" => prewarm_only = true,
+            "--deploy-max" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) => deploy_max = Some(n),
+                None => return usage(),
+            },
+            _ => return usage(),
+        }
+    }
+
+    if let Some(max) = deploy_max {
+        plan.deploy.sizes[2] = max;
+        plan.deploy.force_sizes = true;
+    }
+    // 10,000 tunnels need some 40,000 fds across the processes (children inherit the limit).
+    blipless_tests::raise_fd_limit();
+    let mut machine = Machine::now("make bench".into());
+    if deploy_only || prewarm_only {
+        let deploy = if deploy_only {
+            eprintln!("deploy under open tunnels (section 4 only)");
+            deploy::run(plan.deploy)
+        } else {
+            deploy::Section::default()
+        };
+        let prewarm = if prewarm_only {
+            eprintln!("pre-warm (section 5 only)");
+            prewarm::run(plan.prewarm)
+        } else {
+            prewarm::Section::default()
+        };
+        machine.finish();
+        let results = Results {
+            machine,
+            rate: rate::Section {
+                sequential: Vec::new(),
+                concurrent: Vec::new(),
+            },
+            bulk: Vec::new(),
+            bulk_size: plan.bulk_size,
+            bulk_bound_s: plan.bulk_bound.as_secs(),
+            memory: Vec::new(),
+            daemon_warnings: deploy.daemon_warnings + prewarm.daemon_warnings,
+            deploy,
+            prewarm,
+        };
+        return write_report(&out, &results);
+    }
+    eprintln!(
+        "blipless-bench: {} CPUs, {}, kernel {}, load {}",
+        machine.cpus, machine.model, machine.kernel, machine.load_before
+    );
+    // The harness's origin and node run their own threads and block: start
+    // them outside the benchmark's runtime.
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (ingress, device, client) = node.start();
+    let proxies = Proxies::of(&node, &client);
+    let mut pids = Pids {
+        ingress: ingress.pid().as_raw(),
+        device: device.pid().as_raw(),
+    };
+
+    let runtime = match blipless_bench::runtime(2) {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("blipless-bench: starting a runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let memory = match memory::run(
+        &runtime,
+        &mut node,
+        device,
+        &proxies,
+        &mut pids,
+        plan.tunnels,
+    ) {
+        Ok(memory) => memory,
+        Err(error) => {
+            eprintln!("blipless-bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let measured = runtime.block_on(async {
+        eprintln!("connection rate and latency");
+        let rate = rate::run(&proxies, origin.address, plan.sequential, plan.concurrent).await;
+        eprintln!("bulk throughput");
+        let streaming = bulk::StreamOrigin::start().await?;
+        let bulk = bulk::run(
+            &proxies,
+            pids,
+            streaming.address,
+            &Mode::ALL,
+            plan.bulk_size,
+            plan.bulk_runs,
+            plan.bulk_bound,
+        )
+        .await;
+        Ok::<_, std::io::Error>((rate, bulk))
+    });
+    drop(runtime);
+    let (rate, bulk) = match measured {
+        Ok(measured) => measured,
+        Err(error) => {
+            eprintln!("blipless-bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The other sections' node stays up but idle while this one runs its own.
+    eprintln!("deploy under open tunnels");
+    let deploy = deploy::run(plan.deploy);
+    eprintln!("pre-warm: first request after a deploy");
+    let prewarm = prewarm::run(plan.prewarm);
+    machine.finish();
+    let daemon_warnings = warning_count(std::iter::once(&ingress).chain(&memory.devices))
+        + deploy.daemon_warnings
+        + prewarm.daemon_warnings;
+    let results = Results {
+        machine,
+        rate,
+        bulk,
+        bulk_size: plan.bulk_size,
+        bulk_bound_s: plan.bulk_bound.as_secs(),
+        memory: memory.held,
+        daemon_warnings,
+        deploy,
+        prewarm,
+    };
+    write_report(&out, &results)
+}
+
+fn write_report(out: &std::path::Path, results: &Results) -> ExitCode {
+    let text = document::render(results);
+    if let Err(error) = std::fs::write(out, text) {
+        eprintln!("blipless-bench: writing {}: {error}", out.display());
+        return ExitCode::FAILURE;
+    }
+    eprintln!("wrote {}", out.display());
+    ExitCode::SUCCESS
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--prewarm-only] [--deploy-max N]"
+    );
+    ExitCode::from(2)
+}

@@ -1,0 +1,14 @@
+//! One module per scenario; each measures and writes its own part of
+//! docs/BENCHMARKS.md.
+//!
+//! `blipless-bench` (sections 1–5, on loopback): [`rate`], [`bulk`],
+//! [`memory`], [`deploy`], [`prewarm`]. `blipless-bench-wg`: [`wireguard`].
+//! `blipless-bench-handoff`: [`handoff`].
+
+pub mod bulk;
+pub mod deploy;
+pub mod handoff;
+pub mod memory;
+pub mod prewarm;
+pub mod rate;
+pub mod wireguard;

@@ -1,0 +1,189 @@
+//! "Where the time goes" in the WireGuard bench's section: this run's CPU
+//! figures side by side, what they say, and the serial stages and copies of
+//! blipless's packet path (from the code, not measured one by one).
+
+use std::fmt::Write as _;
+
+use super::report::{cpu_per_gb, mbit, server_text};
+use super::{Results, Run, Test, TESTS};
+use crate::format::percent;
+use crate::report::Machine;
+use crate::stats::{max_f64, min_f64};
+
+/// "Where the time goes": this run's figures, what they say, and the
+/// structural reasons from the code.
+pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, baseline: &Results) {
+    out.push_str("### Where the time goes\n\n");
+    let pairs: Vec<(Test, &Run, &Run)> = TESTS
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.streams == 1)
+        .filter_map(|(index, test)| Some((*test, blipless.median(index)?, baseline.median(index)?)))
+        .collect();
+    for (test, ours, theirs) in &pairs {
+        let _ = writeln!(
+            out,
+            "- {}: blipless {} Mbit/s with its server on {} of a core ({}), wireguard-go {} Mbit/s on {}: \
+             **{:.2} against {:.2} CPU-seconds per GB** moved. Machine busy {} / {}; the client's wireguard-go {} / \
+             {} of a core; the busiest server thread {} / {} of a core (blipless / wireguard-go).",
+            test.label(),
+            mbit(ours.bits_per_second),
+            percent(ours.cpu.server_total()),
+            server_text(&ours.cpu),
+            mbit(theirs.bits_per_second),
+            percent(theirs.cpu.server_total()),
+            cpu_per_gb(ours),
+            cpu_per_gb(theirs),
+            percent(ours.cpu.machine),
+            percent(theirs.cpu.machine),
+            percent(ours.cpu.client.total()),
+            percent(theirs.cpu.client.total()),
+            ours.cpu.busiest.as_ref().map_or("—".into(), |b| percent(b.2)),
+            theirs.cpu.busiest.as_ref().map_or("—".into(), |b| percent(b.2)),
+        );
+    }
+    if pairs.is_empty() {
+        return;
+    }
+    out.push_str("\nWhat that says:\n\n");
+    let ours = || pairs.iter().map(|(_, a, _)| *a);
+    let theirs = || pairs.iter().map(|(_, _, b)| *b);
+    let low = |runs: &mut dyn Iterator<Item = &Run>| {
+        runs.map(|r| r.cpu.machine).fold(f64::INFINITY, f64::min)
+    };
+    if low(&mut ours()) >= 0.85 {
+        let _ = writeln!(
+            out,
+            "- **blipless is CPU-bound here.** The machine's {} cores were {} busy in its one-stream runs, and \
+             everything on the path shares them: the client's wireguard-go alone took {} of a core, iperf3 and the \
+             kernel's veth, forwarding and NAT work (softirq {} of the machine, plus the system time of whoever \
+             writes into a TUN device) the rest. Its throughput follows the CPU cost per byte of the whole path; the \
+             server's CPU-seconds per GB is the figure that carries over to other machines.",
+            machine.cpus,
+            span(ours().map(|r| r.cpu.machine)),
+            span(ours().map(|r| r.cpu.client.total())),
+            span(ours().map(|r| r.cpu.softirq)),
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "- **blipless is not CPU-bound overall**: the machine was {} busy in its one-stream runs, so its limit \
+             is a serial stage or a wait, not the CPU as a whole; see the busiest thread.",
+            span(ours().map(|r| r.cpu.machine)),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "- Under wireguard-go the machine was {} busy{}.",
+        span(theirs().map(|r| r.cpu.machine)),
+        if low(&mut theirs()) >= 0.85 {
+            ": CPU-bound as well"
+        } else {
+            ": it leaves CPU idle, so part of its limit is inside its own pipeline (hand-offs between its \
+             receive, crypto and TUN goroutines), not the CPU as a whole"
+        }
+    );
+    let busiest = pairs
+        .iter()
+        .filter_map(|(_, ours, _)| ours.cpu.busiest.clone())
+        .max_by(|a, b| a.2.total_cmp(&b.2));
+    if let Some((process, name, share)) = busiest {
+        if share >= 0.9 {
+            let _ = writeln!(
+                out,
+                "- **A blipless thread was saturated**: {} of a core ({process}, `{name}`). The serial stages \
+                 below are the limit.",
+                percent(share)
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "- **No blipless thread was saturated** (busiest: {} of a core, {process}, `{name}`), so the \
+                 serial stages below did not set the limit on this machine. Each caps its direction at one \
+                 core's worth of work; that matters on a host where the server is not starved of CPU.",
+                percent(share)
+            );
+        }
+    }
+    for (test, ours, theirs) in &pairs {
+        let (a, b) = (cpu_per_gb(ours), cpu_per_gb(theirs));
+        let verdict = if a <= b {
+            format!(
+                "{:.0}% less CPU per byte than wireguard-go",
+                (1.0 - a / b) * 100.0
+            )
+        } else {
+            format!(
+                "{:.0}% more CPU per byte than wireguard-go",
+                (a / b - 1.0) * 100.0
+            )
+        };
+        let why = if test.reverse {
+            "the device plane reads the TUN device one packet per `read` like wireguard-go, but the ingress \
+             encrypts a whole frame and sends each run of same-size datagrams with one GSO `sendmsg`, where this \
+             wireguard-go makes one `sendmsg` per packet; against that, the channel hop and its copies"
+        } else {
+            "both make one `write` per packet into a TUN device (the kernel's forwarding and NAT run inside that \
+             write, billed to the writer: see the system time of the device plane and of wireguard-go); blipless \
+             adds the channel hop and its copies, and saves on the receive side (`recvmmsg` batches)"
+        };
+        let _ = writeln!(out, "- {}: blipless spent {verdict}: {why}.", test.label());
+    }
+    if let (Some(ours), Some(theirs)) = (
+        blipless.ping().map(|p| p.summary),
+        baseline.ping().map(|p| p.summary),
+    ) {
+        let difference = ours.avg - theirs.avg;
+        let comparison = if difference.abs() < 0.0005 {
+            "the same as".to_string()
+        } else if difference > 0.0 {
+            format!("{difference:.3} ms more than")
+        } else {
+            format!("{:.3} ms less than", -difference)
+        };
+        let _ = writeln!(
+            out,
+            "- **Latency**: blipless's average round trip was {comparison} wireguard-go's ({:.3} against {:.3} \
+             ms; minimum {:.3} against {:.3} ms). Each echo and its reply cross the ingress–device channel (a \
+             SOCK_SEQPACKET send and the wake-up of another process each way), on top of the UDP and TUN hops both \
+             servers make; on a busy machine each extra wake-up may also wait for a CPU, which shows in the average \
+             and the maximum more than in the minimum.",
+            ours.avg, theirs.avg, ours.min, theirs.min
+        );
+    }
+    out.push_str(
+        "\nSerial stages and copies in blipless's packet path (from the code, not measured one by one):\n\n\
+         - **Upload** (customer → internet). In the ingress, one task, `Wireguard::serve` \
+           (`ingress/src/wg/mod.rs`), receives a batch (`recvmmsg`), decrypts every datagram in turn, and then \
+           awaits the channel send of the resulting `Packets` frames (`ingress/src/dispatch.rs`) before it \
+           receives again: decryption runs on one thread at a time, and receiving, decrypting and sending to the \
+           device plane do not overlap. Each inner packet is copied into its batch's buffer \
+           (`InnerBatches::push`, `ingress/src/wg/inner.rs`) and again into the encoded frame. The device plane \
+           decodes the frame as a view over the receive buffer (no copy), copies the batch once into the TUN \
+           writer's queue (`device-plane/src/wg/writer.rs`) and reads on; the writer task writes one packet per \
+           `write` (`PacketPath::to_tun`, `device-plane/src/wg/packets.rs`). wireguard-go decrypts in place on \
+           parallel goroutines and writes to its TUN device from there: no channel, no copies.\n\
+         - **Download** (internet → customer). The device plane reads each TUN queue one packet per `read` \
+           (`read_queue`, `device-plane/src/wg/packets.rs`), copies each into a `Packets` frame (up to 256 \
+           packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
+           it as a view over the frame (no copy) and awaits `Wireguard::from_plane`, which encrypts the packets \
+           in turn, copies each into its GSO group (`Outgoing::push`) and sends, before it reads the next frame: \
+           the download's crypto, too, runs on one thread at a time.\n\
+         - blipless runs from release builds here (`BLIPLESS_PROFILE=release`, see the tools line above); the \
+           debug builds `make test` uses are not comparable.\n\n",
+    );
+}
+
+/// The smallest and largest of `values` as "a–b%" (or "a%" when equal).
+fn span(values: impl IntoIterator<Item = f64>) -> String {
+    let values: Vec<f64> = values.into_iter().collect();
+    let low = min_f64(values.iter().copied());
+    let high = max_f64(values.iter().copied());
+    if values.is_empty() {
+        "—".into()
+    } else if (low * 100.0).round() == (high * 100.0).round() {
+        percent(low)
+    } else {
+        format!("{:.0}–{}", low * 100.0, percent(high))
+    }
+}

@@ -1,0 +1,252 @@
+//! `blipless-ctl client add|list|remove`: proxy clients in the store, the
+//! proxy URLs and (with `--wg`) the wg-quick config a new client gets.
+
+use std::io::IsTerminal;
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::Context;
+use blipless_config::wireguard_key::WireguardKey;
+use blipless_config::Config;
+use blipless_ctl::wg_clients::{self, WgQuickConfig};
+use blipless_store::{credentials, ClientRecord, Store, StoreError};
+use serde_json::json;
+
+use crate::ConfigProblem;
+
+/// What `client add --wg` needs from the node, checked before the store is opened.
+pub(crate) struct WgNode {
+    /// `wireguard.endpoint`.
+    endpoint: String,
+    /// `wireguard.pool`.
+    pool: ipnet::IpNet,
+    /// The node's key pair (its public half goes into client configs).
+    key: WireguardKey,
+}
+
+impl WgNode {
+    /// Checks the WireGuard settings and loads (or creates) the node's key, from
+    /// the file the ingress uses.
+    pub(crate) fn prepare(config: &Config) -> anyhow::Result<Self> {
+        let Some(endpoint) = config.wireguard.endpoint.clone() else {
+            return Err(ConfigProblem(
+                "client add --wg needs wireguard.endpoint, the host:port WireGuard clients \
+                 dial (for example vpn.example.com:51820): set it under [wireguard] in the \
+                 config file, or with BLIPLESS_WIREGUARD_ENDPOINT or \
+                 --set wireguard.endpoint=HOST:PORT"
+                    .into(),
+            )
+            .into());
+        };
+        let pool = config.wireguard.pool;
+        if let Err(error) = wg_clients::node_address(&pool) {
+            return Err(ConfigProblem(error.to_string()).into());
+        }
+        let key = WireguardKey::load_or_create(&config.wireguard_key_file())
+            .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
+        Ok(Self {
+            endpoint,
+            pool,
+            key,
+        })
+    }
+}
+
+/// Where customers dial a listener: a wildcard listen address is shown as the node's host.
+fn dial_address(listen: SocketAddr, config: &Config) -> String {
+    if listen.ip().is_unspecified() {
+        format!("{}:{}", config.node.host, listen.port())
+    } else {
+        listen.to_string()
+    }
+}
+
+/// A new client's WireGuard side, as printed once.
+struct WgClient {
+    address: IpAddr,
+    public_key: String,
+    /// The wg-quick config, with the client's private key: never stored.
+    config: String,
+}
+
+pub(crate) async fn add(
+    store: &dyn Store,
+    config: &Config,
+    name: &str,
+    wg: Option<&WgNode>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let secret =
+        credentials::try_new_secret().context("the system random number generator failed")?;
+    let record = ClientRecord {
+        name: name.to_string(),
+        secret_hash: credentials::hash_secret(&secret),
+        created_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0),
+        wg_public_key: None,
+        wg_address: None,
+    };
+    let wireguard = match wg {
+        None => {
+            store
+                .add_client(record)
+                .await
+                .map_err(|error| add_error(name, error))?;
+            None
+        }
+        Some(node) => Some(add_wg(store, record, node).await?),
+    };
+    let socks = format!(
+        "socks5h://{name}:{secret}@{}",
+        dial_address(config.listen.socks, config)
+    );
+    let http = format!(
+        "http://{name}:{secret}@{}",
+        dial_address(config.listen.http, config)
+    );
+    if as_json {
+        let mut answer =
+            json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http });
+        if let Some(wg) = &wireguard {
+            answer["wireguard"] = json!({
+                "address": wg.address,
+                "public_key": wg.public_key,
+                "config": wg.config,
+            });
+        }
+        say!("{answer}");
+        return Ok(());
+    }
+    say!("client {name} added. Its secret is shown only now; keep it.");
+    say!("  SOCKS5: {socks}");
+    say!("  HTTP:   {http}");
+    say!("try:");
+    say!("  curl --proxy '{socks}' https://example.com/");
+    say!("  curl --proxy '{http}' https://example.com/");
+    if let Some(wg) = &wireguard {
+        say!("");
+        say!(
+            "WireGuard address {}. Its config holds the client's private key, shown only now:",
+            wg.address
+        );
+        say!("save it as {name}.conf for wg-quick, or import it into a WireGuard app.");
+        say!("");
+        say!("{}", wg.config.trim_end());
+        if std::io::stdout().is_terminal() {
+            if let Some(code) = wg_clients::qr_code(&wg.config) {
+                say!("");
+                say!("Or scan it with the WireGuard app:");
+                say!("{code}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds a WireGuard client: a new key pair, the lowest free address of the pool.
+async fn add_wg(
+    store: &dyn Store,
+    mut record: ClientRecord,
+    node: &WgNode,
+) -> anyhow::Result<WgClient> {
+    let key = WireguardKey::generate().context("making the client's WireGuard key")?;
+    let public_key = key.public_base64();
+    record.wg_public_key = Some(public_key.clone());
+    let name = record.name.clone();
+    let address = match wg_clients::add_with_address(store, record, &node.pool).await {
+        Ok(address) => address,
+        Err(wg_clients::AddError::Store(error)) => return Err(add_error(&name, error)),
+        Err(error) => return Err(error.into()),
+    };
+    let private_key = key.private_base64();
+    let node_public_key = node.key.public_base64();
+    let config = WgQuickConfig {
+        client_private_key: &private_key,
+        address,
+        node_public_key: &node_public_key,
+        endpoint: &node.endpoint,
+    }
+    .render();
+    Ok(WgClient {
+        address,
+        public_key,
+        config,
+    })
+}
+
+/// What an operator reads when the store refuses a new client.
+fn add_error(name: &str, error: StoreError) -> anyhow::Error {
+    match error {
+        StoreError::AlreadyExists(_) => anyhow::anyhow!(
+            "a client named {name} exists already (remove it first, or pick another name)"
+        ),
+        StoreError::InvalidName(_) => {
+            anyhow::anyhow!("{name:?} is not a valid client name: use 1 to 64 of A-Z a-z 0-9 . _ -")
+        }
+        error => error.into(),
+    }
+}
+
+pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
+    let clients = store.list_clients().await?;
+    let mut rows = Vec::new();
+    for client in clients {
+        let usage = store.usage(&client.name).await.unwrap_or_default();
+        rows.push((client, usage));
+    }
+    if as_json {
+        let items: Vec<_> = rows
+            .iter()
+            .map(|(c, u)| {
+                json!({
+                    "name": c.name,
+                    "created_at": c.created_at,
+                    "wg_address": c.wg_address,
+                    "wg_public_key": c.wg_public_key,
+                    "usage": u,
+                })
+            })
+            .collect();
+        say!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        say!("no clients yet: add one with `blipless-ctl client add NAME`");
+        return Ok(());
+    }
+    say!(
+        "{:<24} {:<15} {:>14} {:>14} {:>12}",
+        "name",
+        "wg address",
+        "bytes up",
+        "bytes down",
+        "connections"
+    );
+    for (client, usage) in rows {
+        let address = client
+            .wg_address
+            .map_or_else(|| "-".to_string(), |a| a.to_string());
+        say!(
+            "{:<24} {:<15} {:>14} {:>14} {:>12}",
+            client.name,
+            address,
+            usage.bytes_up,
+            usage.bytes_down,
+            usage.connections
+        );
+    }
+    Ok(())
+}
+
+pub(crate) async fn remove(store: &dyn Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+    if !store.remove_client(name).await? {
+        anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
+    }
+    if as_json {
+        say!("{}", json!({ "removed": name }));
+    } else {
+        say!("client {name} removed; its open connections close within seconds");
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! The commands that ask the ingress over its control socket: `status`,
+//! `drain` and `deploy`, and how their answers are printed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use anyhow::Context;
+use blipless_config::Config;
+use blipless_protocol::control::{
+    ControlRequest, ControlResponse, DeployInfo, DeployOutcome, StatusReport,
+};
+use serde_json::json;
+
+/// Sends one request to the ingress's control socket and reads the answer.
+fn request(config: &Config, request: &ControlRequest) -> anyhow::Result<ControlResponse> {
+    let path = config.control_socket();
+    let stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "cannot reach the ingress at {} (is blipless-ingress running, with the same node.runtime_dir?)",
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = serde_json::to_string(request)?;
+    line.push('\n');
+    (&stream).write_all(line.as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .context("reading the ingress's answer")?;
+    serde_json::from_str(&answer)
+        .context("the ingress answered something this blipless-ctl cannot read")
+}
+
+pub(crate) fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
+    match request(config, &ControlRequest::Status)? {
+        ControlResponse::Status(report) => Ok(report),
+        ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
+        ControlResponse::Ok { message } => anyhow::bail!("unexpected answer: {message}"),
+    }
+}
+
+pub(crate) fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
+    match request(config, &ControlRequest::Drain)? {
+        ControlResponse::Ok { message } if as_json => {
+            say!("{}", json!({ "draining": true, "message": message }))
+        }
+        ControlResponse::Ok { message } => say!("{message}"),
+        ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
+        ControlResponse::Status(_) => anyhow::bail!("unexpected answer to drain"),
+    }
+    if !watch {
+        return Ok(());
+    }
+    // Until the control socket stops answering: the ingress has exited.
+    while let Ok(report) = status_report(config) {
+        let held: u64 = report
+            .device_planes
+            .iter()
+            .map(|p| p.connections_open)
+            .sum();
+        if as_json {
+            say!(
+                "{}",
+                json!({ "state": report.state, "planes": report.device_planes.len(), "connections_remaining": held })
+            );
+        } else {
+            say!(
+                "{}: {} device plane(s), {held} connection(s) remaining",
+                report.state,
+                report.device_planes.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    if as_json {
+        say!("{}", json!({ "state": "stopped" }));
+    } else {
+        say!("ingress stopped");
+    }
+    Ok(())
+}
+
+pub(crate) fn deploy(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
+    loop {
+        let report = status_report(config)?;
+        let in_progress = report
+            .last_deploy
+            .as_ref()
+            .is_some_and(|d| d.outcome == DeployOutcome::InProgress);
+        if as_json {
+            say!(
+                "{}",
+                json!({ "last_deploy": report.last_deploy, "device_planes": report.device_planes })
+            );
+        } else {
+            match &report.last_deploy {
+                None => say!(
+                    "no deploy yet: start a second blipless-device with the same config to deploy"
+                ),
+                Some(deploy) => print_deploy(deploy),
+            }
+            for plane in &report.device_planes {
+                say!(
+                    "  g{} {:<9} open {:>6}  migrated {:>6}",
+                    plane.generation,
+                    plane.state,
+                    plane.connections_open,
+                    plane.migrated
+                );
+            }
+        }
+        if !watch || !in_progress {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn print_deploy(deploy: &DeployInfo) {
+    let from = deploy
+        .from
+        .map(|g| format!("g{g}"))
+        .unwrap_or_else(|| "none".into());
+    let took = deploy
+        .seconds
+        .map(|s| format!(" in {s:.3}s"))
+        .unwrap_or_default();
+    say!(
+        "deploy {from} -> g{}: {}{took} ({})",
+        deploy.to,
+        deploy.outcome,
+        deploy.detail
+    );
+}
+
+pub(crate) fn print_status(report: &StatusReport) {
+    say!(
+        "node: {} (ingress pid {}, up {}s, {} connections accepted)",
+        report.state,
+        report.ingress_pid,
+        report.uptime_seconds,
+        report.connections_accepted
+    );
+    for listener in &report.listeners {
+        say!("  {:<7} {}", listener.name, listener.address);
+    }
+    if report.device_planes.is_empty() {
+        say!("device planes: none attached (new connections wait in the listen backlog)");
+        return;
+    }
+    say!("device planes:");
+    say!(
+        "  {:<4} {:<8} {:<9} {:>8} {:>6} {:>8}  version",
+        "gen",
+        "pid",
+        "state",
+        "handed",
+        "open",
+        "clients"
+    );
+    for plane in &report.device_planes {
+        say!(
+            "  {:<4} {:<8} {:<9} {:>8} {:>6} {:>8}  {}",
+            plane.generation,
+            plane.pid,
+            plane.state,
+            plane.connections_handed,
+            plane.connections_open,
+            plane.clients,
+            plane.software
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! `blipless-ctl net setup|teardown`: the host network setup for WireGuard
+//! packet egress ([`blipless_ctl::net`]), and what it prints.
+
+use anyhow::Context;
+use blipless_config::Config;
+use blipless_ctl::net;
+use serde_json::json;
+
+use crate::NetCommand;
+
+/// `net setup` and `net teardown`.
+pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyhow::Result<()> {
+    // Checks the configuration (IPv4 pool, interface names) before any change.
+    let plan = net::Plan::from_config(config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match command {
+        NetCommand::Setup => {
+            runtime.block_on(net::setup(config))?;
+            if as_json {
+                say!(
+                    "{}",
+                    json!({
+                        "net": "setup",
+                        "tun": plan.tun,
+                        "address": plan.address.to_string(),
+                        "pool": plan.pool.to_string(),
+                        "out_interface": plan.out_interface,
+                        "nft_table": net::NFT_TABLE,
+                    })
+                );
+            } else {
+                say!(
+                    "host set up: TUN device {} (persistent, multi-queue) has {}, IPv4 forwarding is on,",
+                    plan.tun,
+                    plan.address
+                );
+                say!(
+                    "  nftables table {} masquerades {} out of {} and resets invalid TCP",
+                    net::NFT_TABLE,
+                    plan.pool,
+                    plan.out_interface
+                );
+            }
+        }
+        NetCommand::Teardown => {
+            runtime.block_on(net::teardown(config))?;
+            if as_json {
+                say!(
+                    "{}",
+                    json!({ "net": "teardown", "tun": plan.tun, "nft_table": net::NFT_TABLE })
+                );
+            } else {
+                say!(
+                    "host setup removed: no TUN device {} and no nftables table {} (IPv4 forwarding left as it was)",
+                    plan.tun,
+                    net::NFT_TABLE
+                );
+            }
+        }
+    }
+    Ok(())
+}

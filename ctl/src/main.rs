@@ -1,0 +1,240 @@
+//! `blipless-ctl`: the operator's tool. `status` asks the ingress over its
+//! control socket; `client add|list|remove` manage clients in the store,
+//! which every device plane follows within a second (`client add --wg` also
+//! gives the client a WireGuard address and key pair and prints its wg-quick
+//! config: see [`blipless_ctl::wg_clients`]); `net setup|teardown`
+//! prepare the host for WireGuard packet egress.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use blipless_config::{Config, EXIT_CONFIG_ERROR};
+use blipless_store as store;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+/// Prints a line; a reader that went away (`| head`) ends the program quietly.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
+pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = writeln!(out, "{line}") {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("blipless-ctl: writing the output failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+mod clients;
+mod control;
+mod host;
+
+use clients::WgNode;
+use clients::{add, list, remove};
+use control::{deploy, drain, print_status, status_report};
+use host::net;
+
+/// Operate a blipless node: its status and its proxy clients.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-ctl", version)]
+struct Args {
+    /// The TOML configuration file the node's daemons use.
+    #[arg(long, short, env = "BLIPLESS_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Override one key, for example `--set node.runtime_dir=/tmp/blip` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE", global = true)]
+    sets: Vec<String>,
+    /// Print JSON for machines instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The node's readiness, listeners and device planes (asks the ingress).
+    Status,
+    /// Drain the node: /status 503, listeners close after the lame-duck
+    /// period, device planes finish what they hold, the ingress exits.
+    Drain {
+        /// Show progress every half second until the ingress is gone.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// The latest device-plane deploy (start a second blipless-device to deploy).
+    Deploy {
+        /// Show progress every half second until the deploy is over.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Manage proxy clients (in the store; device planes follow within a second).
+    Client {
+        #[command(subcommand)]
+        command: ClientCommand,
+    },
+    /// The configuration file's keys.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Host network setup for WireGuard packet egress (needs CAP_NET_ADMIN).
+    Net {
+        #[command(subcommand)]
+        command: NetCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NetCommand {
+    /// Create the persistent multi-queue TUN device (egress.tun.name) with
+    /// the node's pool address, turn IPv4 forwarding on, and (re)load the
+    /// nftables table `inet blipless` (masquerade out of
+    /// egress.tun.out_interface; invalid TCP answered with a reset).
+    /// Idempotent.
+    Setup,
+    /// Delete the nftables table `inet blipless` and the TUN device.
+    /// Idempotent; leaves IPv4 forwarding as it is.
+    Teardown,
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print a TOML file with every key, its default and what it is for
+    /// (under --json: {"toml": "..."}). Reads no configuration.
+    Defaults,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClientCommand {
+    /// Create a client with a new random secret and print its proxy URLs.
+    Add {
+        /// The client's name, also its proxy username ([A-Za-z0-9._-], up to 64).
+        name: String,
+        /// Also make it a WireGuard client: give it the lowest free address of
+        /// wireguard.pool and a new key pair, and print its wg-quick config (and a
+        /// QR code of it on a terminal). Needs wireguard.endpoint.
+        #[arg(long)]
+        wg: bool,
+    },
+    /// List clients, their WireGuard addresses and their usage.
+    List,
+    /// Remove a client; its open connections close within seconds.
+    Remove {
+        /// The client's name.
+        name: String,
+    },
+}
+
+/// A configuration that cannot serve the command: exits with [`EXIT_CONFIG_ERROR`],
+/// like a configuration that does not load.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct ConfigProblem(String);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Command::Config {
+        command: ConfigCommand::Defaults,
+    } = &args.command
+    {
+        // Needs no configuration: it prints what one looks like.
+        let defaults = blipless_config::documented_defaults();
+        if args.json {
+            say!("{}", json!({ "toml": defaults }));
+        } else {
+            say!("{}", defaults.trim_end());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let config = match Config::load(args.config.as_deref(), std::env::vars(), &args.sets) {
+        Ok(config) => config,
+        Err(errors) => {
+            if args.json {
+                let problems: Vec<String> = errors.0.iter().map(|e| e.to_string()).collect();
+                say!(
+                    "{}",
+                    json!({ "error": "configuration", "problems": problems })
+                );
+            } else {
+                eprintln!("blipless-ctl: {errors}");
+            }
+            return ExitCode::from(EXIT_CONFIG_ERROR as u8);
+        }
+    };
+    match run(&args, &config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<ConfigProblem>() => {
+            if args.json {
+                say!(
+                    "{}",
+                    json!({ "error": "configuration", "problems": [error.to_string()] })
+                );
+            } else {
+                eprintln!("blipless-ctl: {error}");
+            }
+            ExitCode::from(EXIT_CONFIG_ERROR as u8)
+        }
+        Err(error) => {
+            if args.json {
+                say!("{}", json!({ "error": format!("{error:#}") }));
+            } else {
+                eprintln!("blipless-ctl: {error:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
+    match &args.command {
+        Command::Status => {
+            let report = status_report(config)?;
+            if args.json {
+                say!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_status(&report);
+            }
+            Ok(())
+        }
+        Command::Drain { watch } => drain(config, *watch, args.json),
+        // Answered in main before any configuration is read.
+        Command::Config { .. } => Ok(()),
+        Command::Deploy { watch } => deploy(config, *watch, args.json),
+        Command::Net { command } => net(config, command, args.json),
+        Command::Client { command } => {
+            // Before the store is opened: a missing setting changes nothing.
+            let wg = match command {
+                ClientCommand::Add { wg: true, .. } => Some(WgNode::prepare(config)?),
+                _ => None,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(async {
+                let store = store::open(&config.store.url).await.with_context(|| {
+                    format!(
+                        "opening the store {} (is store.url the same as the device plane's?)",
+                        store::display_url(&config.store.url)
+                    )
+                })?;
+                match command {
+                    ClientCommand::Add { name, .. } => {
+                        add(&*store, config, name, wg.as_ref(), args.json).await
+                    }
+                    ClientCommand::List => list(&*store, args.json).await,
+                    ClientCommand::Remove { name } => remove(&*store, name, args.json).await,
+                }
+            })
+        }
+    }
+}

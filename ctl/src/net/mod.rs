@@ -1,0 +1,398 @@
+//! Host setup for packet egress: the persistent multi-queue TUN device, its
+//! address (which routes the client pool to it), IPv4 forwarding, and one
+//! nftables table that masquerades the client pool out of the configured
+//! interface and answers `ct state invalid` TCP with a reset (so an orphaned
+//! flow fails fast instead of hanging).
+//!
+//! Sans-IO core, thin runner: [`Plan::from_config`] checks the configuration
+//! and [`Plan::setup_steps`] / [`Plan::teardown_steps`] say exactly what to
+//! run (the `ip` commands, the sysctl, the nftables script) without touching
+//! the host, so they are unit tested without root. [`setup`] and
+//! [`teardown`] run those steps with `ip` and `nft` (tokio::process). Both
+//! are idempotent: setting up twice changes nothing the second time, and
+//! tearing down what is not there succeeds. The nftables table is replaced
+//! in one atomic `nft -f -` transaction, so re-running setup never leaves a
+//! moment without the rules, and conntrack's existing NAT bindings survive.
+//!
+//! `blipless-ctl net setup|teardown` call these; a device plane calls
+//! [`setup`] at start when `egress.tun.manage = true`. Both need
+//! CAP_NET_ADMIN. IPv4 client pools only, for now.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use blipless_config::Config;
+use ipnet::{IpNet, Ipv4Net};
+
+/// The nftables table blipless owns (family `inet`, so one table serves
+/// both IP versions).
+pub const NFT_TABLE: &str = "inet blipless";
+
+/// Where IPv4 forwarding is switched on.
+pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// How long one `ip` or `nft` command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why host setup or teardown failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// `wireguard.pool` is an IPv6 network; TUN egress masquerades IPv4 only.
+    #[error("wireguard.pool is {0}, an IPv6 network: packet egress through the TUN device supports IPv4 pools only for now")]
+    Ipv6Pool(ipnet::Ipv6Net),
+    /// `wireguard.pool` leaves no room for the node's address and a client.
+    #[error("wireguard.pool {0} is too small: it needs room for the node's address and at least one client (a /30 or larger)")]
+    PoolTooSmall(Ipv4Net),
+    /// An interface name from the configuration is not usable.
+    #[error("{key} = {name:?} is not a usable interface name: {reason}")]
+    InterfaceName {
+        /// The configuration key (`egress.tun.name` or `egress.tun.out_interface`).
+        key: &'static str,
+        /// The name as configured.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A device with the TUN's name exists but is not a multi-queue TUN.
+    #[error("a network device named {name} exists but is {what}: delete it (`ip link del {name}`) or pick another egress.tun.name")]
+    NotMultiQueueTun {
+        /// The device's name.
+        name: String,
+        /// What it is instead (for example `a tun device without multi_queue`).
+        what: String,
+    },
+    /// A command could not be started (for example `nft` is not installed).
+    #[error("cannot run {program}: {source}{hint}")]
+    Spawn {
+        /// The program (`ip` or `nft`).
+        program: &'static str,
+        /// Why it could not be started.
+        source: std::io::Error,
+        /// What to do about it, possibly empty.
+        hint: &'static str,
+    },
+    /// A command ran and failed, or did not finish in time.
+    #[error("`{command}` failed ({status}): {stderr}{hint}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status, or why it has none.
+        status: String,
+        /// What it printed on standard error.
+        stderr: String,
+        /// What to do about it, possibly empty.
+        hint: &'static str,
+    },
+    /// Reading or writing a sysctl failed.
+    #[error("writing {value} to {path}: {source}{hint}")]
+    Sysctl {
+        /// The `/proc/sys` path.
+        path: &'static str,
+        /// The value being written.
+        value: &'static str,
+        /// Why it failed.
+        source: std::io::Error,
+        /// What to do about it, possibly empty.
+        hint: &'static str,
+    },
+    /// `ip` printed something this code cannot read.
+    #[error("cannot read the output of `{command}`: {detail}")]
+    Unreadable {
+        /// The command line.
+        command: String,
+        /// What was wrong with its output.
+        detail: String,
+    },
+}
+
+const HINT_CAP: &str = " (host network setup needs CAP_NET_ADMIN: run as root)";
+
+/// What the configuration asks of the host, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The TUN device (`egress.tun.name`).
+    pub tun: String,
+    /// The interface client traffic is masqueraded out of (`egress.tun.out_interface`).
+    pub out_interface: String,
+    /// The client pool (`wireguard.pool`), host bits cleared.
+    pub pool: Ipv4Net,
+    /// The node's own address on the TUN device: the pool's first host
+    /// address, with the pool's prefix length (the connected route sends
+    /// the whole pool to the TUN device).
+    pub address: Ipv4Net,
+}
+
+/// One command line: a program and its arguments, and optionally what to
+/// feed it on standard input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cmd {
+    /// `ip` or `nft`.
+    pub program: &'static str,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Standard input (the nftables script for `nft -f -`).
+    pub stdin: Option<String>,
+}
+
+impl Cmd {
+    fn new(program: &'static str, args: &[&str]) -> Cmd {
+        Cmd {
+            program,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            stdin: None,
+        }
+    }
+}
+
+impl fmt::Display for Cmd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.program)?;
+        for arg in &self.args {
+            write!(f, " {arg}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One step of setup or teardown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Look the device up (`probe`); create it (`create`) if there is none;
+    /// accept a multi-queue TUN device; refuse any other device.
+    EnsureTun {
+        /// The device's name.
+        name: String,
+        /// `ip -j -d link show dev NAME`.
+        probe: Cmd,
+        /// `ip tuntap add dev NAME mode tun multi_queue`.
+        create: Cmd,
+    },
+    /// Look the device up (`probe`); delete it (`delete`) if it is a TUN
+    /// device; nothing if there is none; refuse any other device.
+    RemoveTun {
+        /// The device's name.
+        name: String,
+        /// `ip -j -d link show dev NAME`.
+        probe: Cmd,
+        /// `ip link del dev NAME`.
+        delete: Cmd,
+    },
+    /// Run a command that is idempotent by itself.
+    Run(Cmd),
+    /// Write `value` to the sysctl at `path` unless it holds it already.
+    Sysctl {
+        /// The `/proc/sys` path.
+        path: &'static str,
+        /// The value.
+        value: &'static str,
+    },
+}
+
+impl Plan {
+    /// Checks the configuration: an IPv4 pool with room for the node and a
+    /// client, and interface names that are safe to put in an nftables
+    /// script.
+    pub fn from_config(config: &Config) -> Result<Plan, NetError> {
+        let tun = &config.egress.tun;
+        check_interface("egress.tun.name", &tun.name)?;
+        check_interface("egress.tun.out_interface", &tun.out_interface)?;
+        let pool = match config.wireguard.pool {
+            IpNet::V4(pool) => pool.trunc(),
+            IpNet::V6(pool) => return Err(NetError::Ipv6Pool(pool)),
+        };
+        Ok(Plan {
+            tun: tun.name.clone(),
+            out_interface: tun.out_interface.clone(),
+            address: first_host(pool)?,
+            pool,
+        })
+    }
+
+    /// The nftables transaction setup runs with `nft -f -`: create the table
+    /// if missing, delete it, and define it afresh, all in one atomic
+    /// transaction.
+    pub fn nft_script(&self) -> String {
+        let Plan {
+            tun,
+            out_interface,
+            pool,
+            ..
+        } = self;
+        format!(
+            "add table {NFT_TABLE}
+delete table {NFT_TABLE}
+table {NFT_TABLE} {{
+	chain forward {{
+		type filter hook forward priority filter; policy accept;
+		iifname \"{tun}\" ct state invalid meta l4proto tcp reject with tcp reset
+		iifname \"{tun}\" ct state invalid drop
+	}}
+	chain postrouting {{
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr {pool} oifname \"{out_interface}\" masquerade
+	}}
+}}
+"
+        )
+    }
+
+    /// The nftables transaction teardown runs: delete the table whether or
+    /// not it exists.
+    pub fn nft_teardown_script(&self) -> String {
+        format!("add table {NFT_TABLE}\ndelete table {NFT_TABLE}\n")
+    }
+
+    /// What setup does, in order.
+    pub fn setup_steps(&self) -> Vec<Step> {
+        let name = self.tun.as_str();
+        let address = self.address.to_string();
+        vec![
+            Step::EnsureTun {
+                name: name.to_string(),
+                probe: probe(name),
+                create: Cmd::new(
+                    "ip",
+                    &["tuntap", "add", "dev", name, "mode", "tun", "multi_queue"],
+                ),
+            },
+            Step::Run(Cmd::new("ip", &["addr", "replace", &address, "dev", name])),
+            Step::Run(Cmd::new("ip", &["link", "set", "dev", name, "up"])),
+            Step::Sysctl {
+                path: IP_FORWARD,
+                value: "1",
+            },
+            Step::Run(Cmd {
+                stdin: Some(self.nft_script()),
+                ..Cmd::new("nft", &["-f", "-"])
+            }),
+        ]
+    }
+
+    /// What teardown does, in order. Forwarding is left on: other services
+    /// on the host may rely on it.
+    pub fn teardown_steps(&self) -> Vec<Step> {
+        let name = self.tun.as_str();
+        vec![
+            Step::Run(Cmd {
+                stdin: Some(self.nft_teardown_script()),
+                ..Cmd::new("nft", &["-f", "-"])
+            }),
+            Step::RemoveTun {
+                name: name.to_string(),
+                probe: probe(name),
+                delete: Cmd::new("ip", &["link", "del", "dev", name]),
+            },
+        ]
+    }
+}
+
+fn probe(name: &str) -> Cmd {
+    Cmd::new("ip", &["-j", "-d", "link", "show", "dev", name])
+}
+
+/// The pool's first host address, with the pool's prefix length.
+fn first_host(pool: Ipv4Net) -> Result<Ipv4Net, NetError> {
+    // A /31 or /32 has no room for a client beside the node.
+    if pool.prefix_len() > 30 {
+        return Err(NetError::PoolTooSmall(pool));
+    }
+    let first = Ipv4Addr::from(u32::from(pool.network()) + 1);
+    Ipv4Net::new(first, pool.prefix_len()).map_err(|_| NetError::PoolTooSmall(pool))
+}
+
+/// Accepts names the kernel accepts and that are safe inside an nftables
+/// quoted string: 1 to 15 bytes of ASCII letters, digits, `_`, `-`, `.`.
+fn check_interface(key: &'static str, name: &str) -> Result<(), NetError> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > 15 {
+        Some("longer than 15 bytes")
+    } else if name == "." || name == ".." {
+        Some("not a name")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        Some("use only ASCII letters, digits, '_', '-' and '.'")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(NetError::InterfaceName {
+            key,
+            name: name.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What `ip -j -d link show dev NAME` says about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    /// No device of that name.
+    Absent,
+    /// A TUN device; `multi_queue` tells whether it has several queues.
+    Tun {
+        /// Created with `multi_queue`.
+        multi_queue: bool,
+    },
+    /// Some other kind of device (`kind` from `linkinfo.info_kind`, or
+    /// `unknown`).
+    Other {
+        /// Its kind.
+        kind: String,
+    },
+}
+
+/// Reads the JSON `ip -j -d link show dev NAME` printed for an existing device.
+pub fn parse_link(json: &str) -> Result<LinkState, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|error| format!("not JSON: {error}"))?;
+    let Some(link) = value.as_array().and_then(|links| links.first()) else {
+        return Ok(LinkState::Absent);
+    };
+    let info = &link["linkinfo"];
+    let kind = info["info_kind"].as_str().unwrap_or("unknown");
+    if kind != "tun" || info["info_data"]["type"].as_str() != Some("tun") {
+        let kind = match info["info_data"]["type"].as_str() {
+            Some(flavour) if kind == "tun" => flavour.to_string(),
+            _ => kind.to_string(),
+        };
+        return Ok(LinkState::Other { kind });
+    }
+    Ok(LinkState::Tun {
+        multi_queue: info["info_data"]["multi_queue"].as_bool() == Some(true),
+    })
+}
+
+/// Sets the host up for packet egress as `config` says (see the module
+/// documentation). Idempotent.
+pub async fn setup(config: &Config) -> Result<(), NetError> {
+    let plan = Plan::from_config(config)?;
+    run_steps(&plan.setup_steps()).await?;
+    tracing::info!(
+        tun = %plan.tun,
+        address = %plan.address,
+        pool = %plan.pool,
+        out_interface = %plan.out_interface,
+        "packet egress host setup done"
+    );
+    Ok(())
+}
+
+/// Removes what [`setup`] made: the nftables table and the TUN device.
+/// Idempotent; leaves IPv4 forwarding as it is.
+pub async fn teardown(config: &Config) -> Result<(), NetError> {
+    let plan = Plan::from_config(config)?;
+    run_steps(&plan.teardown_steps()).await?;
+    tracing::info!(tun = %plan.tun, "packet egress host setup removed");
+    Ok(())
+}
+
+mod run;
+#[cfg(test)]
+mod tests;
+
+use run::run_steps;

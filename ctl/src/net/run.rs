@@ -1,0 +1,172 @@
+//! Running a [`Plan`]'s steps on the host: `ip` and `nft` as child processes
+//! with a timeout, the sysctl write, and reading a link's state.
+
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+
+use super::*;
+
+pub(super) async fn run_steps(steps: &[Step]) -> Result<(), NetError> {
+    for step in steps {
+        match step {
+            Step::EnsureTun {
+                name,
+                probe,
+                create,
+            } => match link_state(probe).await? {
+                LinkState::Absent => {
+                    run(create).await?;
+                    tracing::info!(%name, "created the persistent multi-queue TUN device");
+                }
+                LinkState::Tun { multi_queue: true } => {}
+                LinkState::Tun { multi_queue: false } => {
+                    return Err(NetError::NotMultiQueueTun {
+                        name: name.clone(),
+                        what: "a TUN device without multi_queue".into(),
+                    })
+                }
+                LinkState::Other { kind } => {
+                    return Err(NetError::NotMultiQueueTun {
+                        name: name.clone(),
+                        what: format!("a {kind} device, not a TUN device"),
+                    })
+                }
+            },
+            Step::RemoveTun {
+                name,
+                probe,
+                delete,
+            } => match link_state(probe).await? {
+                LinkState::Absent => {}
+                LinkState::Tun { .. } => {
+                    run(delete).await?;
+                    tracing::info!(%name, "deleted the TUN device");
+                }
+                LinkState::Other { kind } => {
+                    return Err(NetError::NotMultiQueueTun {
+                        name: name.clone(),
+                        what: format!("a {kind} device, not a TUN device (left alone)"),
+                    })
+                }
+            },
+            Step::Run(cmd) => {
+                run(cmd).await?;
+            }
+            Step::Sysctl { path, value } => write_sysctl(path, value).await?,
+        }
+    }
+    Ok(())
+}
+
+async fn link_state(probe: &Cmd) -> Result<LinkState, NetError> {
+    let output = execute(probe).await?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if stderr.contains("does not exist") {
+            return Ok(LinkState::Absent);
+        }
+        return Err(failed(probe, &output));
+    }
+    parse_link(&String::from_utf8_lossy(&output.stdout)).map_err(|detail| NetError::Unreadable {
+        command: probe.to_string(),
+        detail,
+    })
+}
+
+async fn run(cmd: &Cmd) -> Result<(), NetError> {
+    let output = execute(cmd).await?;
+    if output.status.success() {
+        tracing::debug!(command = %cmd, "ran");
+        Ok(())
+    } else {
+        Err(failed(cmd, &output))
+    }
+}
+
+fn failed(cmd: &Cmd, output: &std::process::Output) -> NetError {
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    let hint = if stderr.contains("Operation not permitted") || stderr.contains("Permission denied")
+    {
+        HINT_CAP
+    } else {
+        ""
+    };
+    NetError::Command {
+        command: cmd.to_string(),
+        status: output.status.to_string(),
+        stderr,
+        hint,
+    }
+}
+
+async fn execute(cmd: &Cmd) -> Result<std::process::Output, NetError> {
+    let mut command = tokio::process::Command::new(cmd.program);
+    command
+        .args(&cmd.args)
+        .stdin(if cmd.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().map_err(|source| NetError::Spawn {
+        program: cmd.program,
+        hint: match (source.kind(), cmd.program) {
+            (std::io::ErrorKind::NotFound, "nft") => {
+                " (is nftables installed? apt-get install nftables)"
+            }
+            (std::io::ErrorKind::NotFound, "ip") => {
+                " (is iproute2 installed? apt-get install iproute2)"
+            }
+            _ => "",
+        },
+        source,
+    })?;
+    let io_failed = |source: std::io::Error| NetError::Command {
+        command: cmd.to_string(),
+        status: "no status".into(),
+        stderr: source.to_string(),
+        hint: "",
+    };
+    let finish = async {
+        if let (Some(text), Some(mut stdin)) = (&cmd.stdin, child.stdin.take()) {
+            stdin.write_all(text.as_bytes()).await.map_err(io_failed)?;
+            // Closing standard input ends the script.
+            drop(stdin);
+        }
+        child.wait_with_output().await.map_err(io_failed)
+    };
+    match tokio::time::timeout(COMMAND_TIMEOUT, finish).await {
+        Ok(output) => output,
+        Err(_) => Err(NetError::Command {
+            command: cmd.to_string(),
+            status: format!("no answer within {}s; killed", COMMAND_TIMEOUT.as_secs()),
+            stderr: String::new(),
+            hint: "",
+        }),
+    }
+}
+
+async fn write_sysctl(path: &'static str, value: &'static str) -> Result<(), NetError> {
+    let error = |source: std::io::Error| NetError::Sysctl {
+        path,
+        value,
+        hint: match source.kind() {
+            std::io::ErrorKind::PermissionDenied => HINT_CAP,
+            _ => "",
+        },
+        source,
+    };
+    let current = tokio::fs::read_to_string(path).await.map_err(error)?;
+    if current.trim() == value {
+        return Ok(());
+    }
+    tokio::fs::write(path, format!("{value}\n"))
+        .await
+        .map_err(error)?;
+    tracing::info!(path, value, "sysctl set");
+    Ok(())
+}

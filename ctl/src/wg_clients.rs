@@ -1,0 +1,412 @@
+//! WireGuard clients as `blipless-ctl client add --wg` makes them: choosing a
+//! client's tunnel address from `wireguard.pool`, and the wg-quick config that
+//! the client imports.
+//!
+//! # Addresses
+//! The pool's network address and (for IPv4) its broadcast address are never
+//! handed out, and its first host address (`.1` of `10.64.0.0/16`) is the
+//! node's own, on its TUN device. Clients get the lowest free address from the
+//! second host address (`.2`) up, so a removed client's address is the next one
+//! given out. Only IPv4 pools are supported for now.
+//!
+//! [`lowest_free`] is pure: the caller passes the addresses in use (the store's
+//! clients). Two `client add --wg` running at once may pick the same address;
+//! the store refuses the second ([`StoreError::AddressTaken`]), and
+//! [`add_with_address`] asks again with that address counted as used.
+//!
+//! # The config
+//! [`WgQuickConfig`] renders what `wg-quick` (and the WireGuard apps) import: the
+//! client's private key and `/32` address, and the node as the one peer, routing
+//! everything (`AllowedIPs = 0.0.0.0/0`) with a 25 s keepalive so that NAT
+//! mappings stay open. It has no `DNS =` line: the node runs no resolver. An
+//! operator who wants the client's DNS queries to use a particular resolver
+//! adds `DNS = <address>` under `[Interface]` before handing the config out.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+
+use blipless_store::{ClientRecord, Store, StoreError};
+
+/// How many addresses [`add_with_address`] tries when other adds take them first.
+pub const ADDRESS_ATTEMPTS: usize = 8;
+
+/// Why no address could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// The pool is an IPv6 network; client addresses come from IPv4 pools only.
+    #[error(
+        "wireguard.pool {0} is an IPv6 network: WireGuard client addresses come from an \
+         IPv4 pool only (for example 10.64.0.0/16)"
+    )]
+    Ipv6Pool(IpNet),
+    /// Every client address of the pool is taken (or the pool has none: a /31 or /32).
+    #[error(
+        "wireguard.pool {0} has no free client address: remove unused WireGuard clients \
+         or configure a larger pool"
+    )]
+    Exhausted(IpNet),
+}
+
+/// Why [`add_with_address`] added no client.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    /// The pool has no client address to give ([`lowest_free`]).
+    #[error(transparent)]
+    Pool(#[from] AllocError),
+    /// The store refused the client (a taken name, an invalid one) or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Each address tried was taken by another client first.
+    #[error(
+        "no WireGuard address could be had after {0} tries: other clients took each one \
+         first; try again"
+    )]
+    Contended(usize),
+}
+
+/// Adds `record` to the store with the lowest free address of `pool` as its
+/// `wg_address`, and returns that address. When another client takes the
+/// address first ([`StoreError::AddressTaken`], two adds at once), it lists the
+/// clients again and takes the next one, up to [`ADDRESS_ATTEMPTS`] times.
+pub async fn add_with_address(
+    store: &dyn Store,
+    mut record: ClientRecord,
+    pool: &IpNet,
+) -> Result<IpAddr, AddError> {
+    // Addresses found taken that the list did not show (yet).
+    let mut taken: Vec<IpAddr> = Vec::new();
+    for _ in 0..ADDRESS_ATTEMPTS {
+        let clients = store.list_clients().await?;
+        let in_use = clients
+            .iter()
+            .filter_map(|client| client.wg_address)
+            .chain(taken.iter().copied());
+        let address = lowest_free(pool, in_use)?;
+        record.wg_address = Some(address);
+        match store.add_client(record.clone()).await {
+            Ok(()) => return Ok(address),
+            Err(StoreError::AddressTaken(address)) => taken.push(address),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(AddError::Contended(ADDRESS_ATTEMPTS))
+}
+
+/// `text` (a config) as a QR code of Unicode half blocks (two rows per line), light
+/// on dark as terminals show best; `None` if it does not fit in one.
+pub fn qr_code(text: &str) -> Option<String> {
+    use qrcode::render::unicode::Dense1x2;
+    let code = qrcode::QrCode::new(text.as_bytes()).ok()?;
+    Some(
+        code.render::<Dense1x2>()
+            .dark_color(Dense1x2::Light)
+            .light_color(Dense1x2::Dark)
+            .build(),
+    )
+}
+
+/// The node's own tunnel address: the pool's first host address (`.1`).
+pub fn node_address(pool: &IpNet) -> Result<IpAddr, AllocError> {
+    let IpNet::V4(net) = pool else {
+        return Err(AllocError::Ipv6Pool(*pool));
+    };
+    let network = u32::from(net.network());
+    let broadcast = u32::from(net.broadcast());
+    match network.checked_add(1) {
+        Some(first) if first < broadcast => Ok(IpAddr::V4(Ipv4Addr::from(first))),
+        _ => Err(AllocError::Exhausted(*pool)),
+    }
+}
+
+/// The lowest address of `pool` that a client may have and that is not in
+/// `in_use`: from the second host address up to the last one before the
+/// broadcast address. Addresses in `in_use` outside the pool are ignored.
+///
+/// Errors: [`AllocError::Ipv6Pool`] for an IPv6 pool, [`AllocError::Exhausted`]
+/// when no client address is free.
+pub fn lowest_free(
+    pool: &IpNet,
+    in_use: impl IntoIterator<Item = IpAddr>,
+) -> Result<IpAddr, AllocError> {
+    let IpNet::V4(net) = pool else {
+        return Err(AllocError::Ipv6Pool(*pool));
+    };
+    let broadcast = u32::from(net.broadcast());
+    // Network, node (.1), then clients: none when the pool is smaller than a /30.
+    let Some(first) = u32::from(net.network()).checked_add(2) else {
+        return Err(AllocError::Exhausted(*pool));
+    };
+    let used: BTreeSet<u32> = in_use
+        .into_iter()
+        .filter_map(|addr| match addr {
+            IpAddr::V4(v4) => Some(u32::from(v4)),
+            IpAddr::V6(_) => None,
+        })
+        .filter(|n| (first..broadcast).contains(n))
+        .collect();
+    // The used addresses in order: the first gap in first, first+1, ... is the answer.
+    let mut candidate = first;
+    for taken in used {
+        if taken != candidate {
+            break;
+        }
+        candidate += 1;
+    }
+    if candidate < broadcast {
+        Ok(IpAddr::V4(Ipv4Addr::from(candidate)))
+    } else {
+        Err(AllocError::Exhausted(*pool))
+    }
+}
+
+/// A client's wg-quick config: everything it needs to reach the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgQuickConfig<'a> {
+    /// The client's private key, base64 (never stored by the node).
+    pub client_private_key: &'a str,
+    /// The client's tunnel address (from [`lowest_free`]).
+    pub address: IpAddr,
+    /// The node's public key, base64.
+    pub node_public_key: &'a str,
+    /// `wireguard.endpoint`: the `host:port` the client dials.
+    pub endpoint: &'a str,
+}
+
+impl WgQuickConfig<'_> {
+    /// The config file's text, ending in a newline.
+    pub fn render(&self) -> String {
+        let prefix = if self.address.is_ipv4() { 32 } else { 128 };
+        format!(
+            "[Interface]\n\
+             PrivateKey = {private}\n\
+             Address = {address}/{prefix}\n\
+             \n\
+             [Peer]\n\
+             PublicKey = {public}\n\
+             Endpoint = {endpoint}\n\
+             AllowedIPs = 0.0.0.0/0\n\
+             PersistentKeepalive = 25\n",
+            private = self.client_private_key,
+            address = self.address,
+            public = self.node_public_key,
+            endpoint = self.endpoint,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use blipless_store::SqliteStore;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("address literal")
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("network literal")
+    }
+
+    #[test]
+    fn an_empty_pool_starts_at_the_second_host() {
+        let pool = net("10.64.0.0/16");
+        assert_eq!(lowest_free(&pool, []), Ok(ip("10.64.0.2")));
+        assert_eq!(node_address(&pool), Ok(ip("10.64.0.1")));
+    }
+
+    #[test]
+    fn the_lowest_gap_is_reused() {
+        let pool = net("10.64.0.0/16");
+        let used = [ip("10.64.0.2"), ip("10.64.0.3"), ip("10.64.0.5")];
+        assert_eq!(lowest_free(&pool, used), Ok(ip("10.64.0.4")));
+        let used = [ip("10.64.0.3"), ip("10.64.0.4")];
+        assert_eq!(lowest_free(&pool, used), Ok(ip("10.64.0.2")), "a freed .2");
+        // Order and duplicates do not matter.
+        let used = [ip("10.64.0.3"), ip("10.64.0.2"), ip("10.64.0.3")];
+        assert_eq!(lowest_free(&pool, used), Ok(ip("10.64.0.4")));
+    }
+
+    #[test]
+    fn crosses_octet_boundaries() {
+        let pool = net("10.64.0.0/16");
+        let used: Vec<IpAddr> = (2..=255u8)
+            .map(|last| IpAddr::V4(Ipv4Addr::new(10, 64, 0, last)))
+            .collect();
+        assert_eq!(lowest_free(&pool, used), Ok(ip("10.64.1.0")));
+    }
+
+    #[test]
+    fn foreign_and_reserved_addresses_are_ignored() {
+        let pool = net("10.64.0.0/24");
+        let used = [
+            ip("10.64.0.0"),
+            ip("10.64.0.1"),
+            ip("10.64.0.255"),
+            ip("10.65.0.2"),
+            ip("fd00::2"),
+        ];
+        assert_eq!(lowest_free(&pool, used), Ok(ip("10.64.0.2")));
+    }
+
+    #[test]
+    fn never_the_broadcast_address() {
+        // A /30: .0 network, .1 the node, .2 the only client, .3 broadcast.
+        let pool = net("192.168.7.0/30");
+        assert_eq!(lowest_free(&pool, []), Ok(ip("192.168.7.2")));
+        assert_eq!(
+            lowest_free(&pool, [ip("192.168.7.2")]),
+            Err(AllocError::Exhausted(pool))
+        );
+        let pool = net("10.64.0.0/24");
+        let all: Vec<IpAddr> = (2..=254u8)
+            .map(|last| IpAddr::V4(Ipv4Addr::new(10, 64, 0, last)))
+            .collect();
+        let error = lowest_free(&pool, all).expect_err("exhausted");
+        assert_eq!(error, AllocError::Exhausted(pool));
+        assert!(error.to_string().contains("10.64.0.0/24"), "{error}");
+    }
+
+    #[test]
+    fn tiny_pools_have_no_client_address() {
+        for tiny in ["10.0.0.0/31", "10.0.0.4/32"] {
+            let pool = net(tiny);
+            assert_eq!(lowest_free(&pool, []), Err(AllocError::Exhausted(pool)));
+        }
+        assert_eq!(
+            node_address(&net("10.0.0.4/32")),
+            Err(AllocError::Exhausted(net("10.0.0.4/32")))
+        );
+        // The very top of the address space does not overflow.
+        let top = net("255.255.255.252/30");
+        assert_eq!(lowest_free(&top, []), Ok(ip("255.255.255.254")));
+        assert_eq!(
+            lowest_free(&top, [ip("255.255.255.254")]),
+            Err(AllocError::Exhausted(top))
+        );
+    }
+
+    #[test]
+    fn ipv6_pools_are_refused_clearly() {
+        let pool = net("fd00:64::/64");
+        let error = lowest_free(&pool, []).expect_err("v6");
+        assert_eq!(error, AllocError::Ipv6Pool(pool));
+        assert!(error.to_string().contains("IPv4"), "{error}");
+        assert_eq!(node_address(&pool), Err(AllocError::Ipv6Pool(pool)));
+    }
+
+    #[test]
+    fn the_config_has_every_field_and_no_dns() {
+        let config = WgQuickConfig {
+            client_private_key: "cPriv=",
+            address: ip("10.64.0.2"),
+            node_public_key: "nPub=",
+            endpoint: "vpn.example.com:51820",
+        };
+        assert_eq!(
+            config.render(),
+            "[Interface]\n\
+             PrivateKey = cPriv=\n\
+             Address = 10.64.0.2/32\n\
+             \n\
+             [Peer]\n\
+             PublicKey = nPub=\n\
+             Endpoint = vpn.example.com:51820\n\
+             AllowedIPs = 0.0.0.0/0\n\
+             PersistentKeepalive = 25\n"
+        );
+        assert!(!config.render().contains("DNS"));
+    }
+
+    fn record(name: &str) -> ClientRecord {
+        ClientRecord {
+            name: name.to_owned(),
+            secret_hash: blipless_store::credentials::hash_secret(name),
+            created_at: 1_700_000_000,
+            wg_public_key: Some(format!("{name}-key=")),
+            wg_address: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_adds_get_distinct_addresses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let pool = net("10.64.0.0/16");
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            // A handle each, as separate blipless-ctl processes hold.
+            let store = SqliteStore::open(&path).await.expect("open");
+            set.spawn(
+                async move { add_with_address(&store, record(&format!("c{i}")), &pool).await },
+            );
+        }
+        let mut got = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            got.push(joined.expect("task").expect("added"));
+        }
+        got.sort();
+        let expected: Vec<IpAddr> = (2..10u8)
+            .map(|last| IpAddr::V4(Ipv4Addr::new(10, 64, 0, last)))
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    #[tokio::test]
+    async fn a_removed_clients_address_is_reused_and_errors_pass_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(dir.path().join("state.db"))
+                .await
+                .expect("open"),
+        );
+        let pool = net("192.168.9.0/29"); // clients .2 to .6
+        for (name, last) in [("a", 2), ("b", 3), ("c", 4)] {
+            let address = add_with_address(&*store, record(name), &pool)
+                .await
+                .expect("add");
+            assert_eq!(address, IpAddr::V4(Ipv4Addr::new(192, 168, 9, last)));
+        }
+        assert!(store.remove_client("a").await.expect("remove"));
+        let again = add_with_address(&*store, record("d"), &pool)
+            .await
+            .expect("add");
+        assert_eq!(again, ip("192.168.9.2"), "the freed address first");
+        let stored = store.get_client("d").await.expect("get").expect("d");
+        assert_eq!(stored.wg_address, Some(again));
+
+        assert!(matches!(
+            add_with_address(&*store, record("b"), &pool).await,
+            Err(AddError::Store(StoreError::AlreadyExists(_)))
+        ));
+        for name in ["e", "f"] {
+            add_with_address(&*store, record(name), &pool)
+                .await
+                .expect("add");
+        }
+        assert!(matches!(
+            add_with_address(&*store, record("g"), &pool).await,
+            Err(AddError::Pool(AllocError::Exhausted(_)))
+        ));
+        assert_eq!(store.get_client("g").await.expect("get"), None);
+    }
+
+    #[test]
+    fn a_config_fits_in_a_qr_code() {
+        let config = WgQuickConfig {
+            client_private_key: "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=",
+            address: ip("10.64.255.254"),
+            node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+            endpoint: "a-rather-long-host-name.vpn.example.com:51820",
+        };
+        let code = qr_code(&config.render()).expect("fits");
+        let lines: Vec<&str> = code.lines().collect();
+        assert!(lines.len() > 10, "{code}");
+        let width = lines[0].chars().count();
+        assert!(lines.iter().all(|l| l.chars().count() == width), "square");
+        assert!(code.contains('\u{2580}') || code.contains('\u{2584}'));
+    }
+}

@@ -1,0 +1,168 @@
+//! What every connection handler shares: the clients, the egress, the
+//! timeouts, the plane's mode, and the way to hand a connection over.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, Semaphore};
+use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use tokio::net::TcpStream;
+
+use crate::clients::Directory;
+use crate::egress::{Egress, EgressError, Target};
+use crate::identity::Identities;
+
+/// What the plane asks of its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Serve normally.
+    Serving,
+    /// A successor is active: hand every connection over as soon as it is
+    /// between requests (HTTP) or established (tunnels).
+    Handover,
+    /// No successor: finish within the grace; idle HTTP connections close.
+    Finish,
+}
+
+/// Shared by every connection this plane serves.
+#[derive(Debug)]
+pub struct Context {
+    /// Known clients.
+    pub directory: Arc<Directory>,
+    /// Client identities: egress identities and activity.
+    pub identities: Arc<Identities>,
+    /// The egress policy and connector.
+    pub egress: Egress,
+    /// Time a customer has to finish its proxy handshake.
+    pub handshake_timeout: Duration,
+    /// A tunnel with no byte either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Every live connection task.
+    pub connections: TaskTracker,
+    /// Serving, handing over, or finishing.
+    pub mode: watch::Sender<Mode>,
+    /// Cancelled when the drain grace is over: everything still open is cut.
+    /// Replaced by a fresh one if the plane is re-activated afterwards.
+    cut_all: Mutex<CancellationToken>,
+    /// Connections taken since start (accepted and adopted).
+    pub taken: AtomicU64,
+    /// Connections handed to a successor.
+    pub migrated: AtomicU64,
+    /// The device channel, while attached: handovers go through it.
+    pub(super) channel: Mutex<Option<Arc<UnixSeqpacket>>>,
+    /// Handovers in flight at once: a tunnel keeps relaying until it holds
+    /// one, so each pauses only for its own handover, not for the whole queue.
+    pub(super) handover_slots: Arc<Semaphore>,
+    /// Handovers sent and not yet confirmed by the successor (MigrateDone).
+    pub(super) awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+}
+
+impl Context {
+    /// A context serving normally, not yet attached.
+    pub fn new(
+        directory: Arc<Directory>,
+        identities: Arc<Identities>,
+        egress: Egress,
+        handshake_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Self {
+        Self {
+            directory,
+            identities,
+            egress,
+            handshake_timeout,
+            idle_timeout,
+            connections: TaskTracker::new(),
+            mode: watch::channel(Mode::Serving).0,
+            cut_all: Mutex::new(CancellationToken::new()),
+            taken: AtomicU64::new(0),
+            migrated: AtomicU64::new(0),
+            channel: Mutex::new(None),
+            handover_slots: Arc::new(Semaphore::new(super::handover::HANDOVER_SLOTS)),
+            awaiting: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Connects `client` to `target` from its egress identity on this node
+    /// (opened on first use). A source address that can no longer
+    /// be bound evicts the identity; the connect is retried once with a new one.
+    pub async fn connect_for(
+        &self,
+        client: &str,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
+        self.identities.touch(client);
+        let held = self.identities.open(client).await;
+        match self.egress.connect(held.identity.source, target).await {
+            Err(EgressError::SourceUnusable(source, error)) => {
+                tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");
+                self.identities.evict(client).await;
+                let held = self.identities.open(client).await;
+                self.egress.connect(held.identity.source, target).await
+            }
+            other => other,
+        }
+    }
+
+    /// The token that cuts every connection at the end of a drain's grace.
+    pub fn cut_token(&self) -> CancellationToken {
+        self.cut_all
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Cuts every connection (the drain grace is over).
+    pub fn cut_everything(&self) {
+        self.cut_token().cancel();
+    }
+
+    /// Back to serving: a later drain gets a grace of its own.
+    pub fn serve_again(&self) {
+        *self
+            .cut_all
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = CancellationToken::new();
+        self.mode.send_replace(Mode::Serving);
+        self.connections.reopen();
+    }
+
+    /// Sets (or clears) the channel handovers go through. Clearing it
+    /// releases every handover still waiting for a confirmation.
+    pub fn set_channel(&self, channel: Option<Arc<UnixSeqpacket>>) {
+        if channel.is_none() {
+            self.awaiting_map().clear();
+        }
+        *self
+            .channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = channel;
+    }
+
+    pub(super) fn channel(&self) -> Option<Arc<UnixSeqpacket>> {
+        self.channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The plane's mode now.
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+
+    /// Completes when the plane stops serving (handover or finish).
+    pub fn serving_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        async move {
+            if mode.wait_for(|m| *m != Mode::Serving).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Handing connections over between device planes, both sides: the draining
+//! plane sends each established tunnel or idle HTTP connection to its
+//! successor through the ingress (`Migrate`, paced by a few slots, each held
+//! until the successor confirms with `MigrateDone`), and the successor adopts
+//! what arrives and serves it on, byte-exact (docs/ARCHITECTURE.md,
+//! "Handing connections over").
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blipless_protocol::channel::{Migrate, MigrateKind, ToIngress};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use super::context::{Context, Mode};
+use super::tunnel::{self, Tunnel};
+use super::{http, piped, stream_from_fd};
+
+/// Longest wait for a successor's confirmation: longer than the ingress
+/// holds a connection looking for a plane (10 s) before sending it back.
+const CONFIRM_WAIT: Duration = Duration::from_secs(30);
+
+/// Handovers sent at once.
+pub(super) const HANDOVER_SLOTS: usize = 32;
+
+impl Context {
+    pub(super) fn awaiting_map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<()>>> {
+        self.awaiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The successor confirmed connection `id` (MigrateDone from the ingress).
+    pub fn handover_confirmed(&self, id: u64) {
+        if let Some(done) = self.awaiting_map().remove(&id) {
+            let _ = done.send(());
+        }
+    }
+
+    /// Tells the ingress this plane took over connection `id`.
+    pub async fn confirm_adoption(&self, id: u64) {
+        if let Some(channel) = self.channel() {
+            if let Err(error) =
+                blipless_link::send(&channel, &ToIngress::MigrateDone(id), &[]).await
+            {
+                tracing::debug!(id, %error, "could not confirm an adopted connection");
+            }
+        }
+    }
+
+    /// Completes when the plane hands connections over and this one may go
+    /// now: it yields the slot to hold while sending.
+    pub fn handover_slot(
+        &self,
+    ) -> impl std::future::Future<Output = OwnedSemaphorePermit> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        let slots = self.handover_slots.clone();
+        async move {
+            if mode.wait_for(|m| *m == Mode::Handover).await.is_err() {
+                return std::future::pending().await;
+            }
+            match slots.acquire_owned().await {
+                Ok(slot) => slot,
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Sends one connection to the successor through the ingress and waits
+    /// for its confirmation (the ingress answers for a successor that goes
+    /// away). Gives the state back when it could not be sent: the caller
+    /// keeps serving it.
+    pub async fn hand_over(
+        &self,
+        mut migrate: Migrate,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), Migrate> {
+        let Some(channel) = self.channel() else {
+            return Err(migrate);
+        };
+        let id = migrate.connection_id;
+        // A run too long for the frame travels in a pipe (the frame then
+        // carries only its length); the bytes stay here until the send succeeds.
+        let mut pipes = Vec::new();
+        let mut no_pipe = None;
+        for (pending, piped) in [
+            (&migrate.up.pending, &mut migrate.up_piped),
+            (&migrate.down.pending, &mut migrate.down_piped),
+        ] {
+            if pending.len() <= piped::INLINE_LIMIT {
+                continue;
+            }
+            match piped::pipe_out(pending) {
+                Ok(pipe) => {
+                    *piped = pending.len() as u32;
+                    pipes.push(pipe);
+                }
+                Err(error) => no_pipe = Some(error),
+            }
+        }
+        if let Some(error) = no_pipe {
+            tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
+            return Err(unpiped(migrate));
+        }
+        if !pipes.is_empty() {
+            tracing::debug!(
+                id,
+                up = migrate.up_piped,
+                down = migrate.down_piped,
+                "pending bytes travel in pipes"
+            );
+        }
+        let all_fds: Vec<BorrowedFd<'_>> = fds
+            .iter()
+            .copied()
+            .chain(pipes.iter().map(|p| p.as_fd()))
+            .collect();
+        let (done, confirmed) = oneshot::channel();
+        self.awaiting_map().insert(id, done);
+        let frame = blipless_protocol::channel::encode_migrate(&migrate);
+        if let Err(error) = blipless_link::send_encoded(&channel, &frame, "Migrate", &all_fds).await
+        {
+            self.awaiting_map().remove(&id);
+            tracing::warn!(id, %error, "handover failed; keeping the connection here");
+            return Err(unpiped(migrate));
+        }
+        self.migrated.fetch_add(1, Ordering::Relaxed);
+        // Hold the caller's slot until the successor has the connection
+        // relaying, so migrations queue here, live, not in socket buffers,
+        // frozen. The wait ends early only at the drain grace or when the
+        // channel is lost (which drops every waiting confirmation).
+        let cut = self.cut_token();
+        tokio::select! {
+            _ = confirmed => {}
+            () = cut.cancelled() => {}
+            () = tokio::time::sleep(CONFIRM_WAIT) => {
+                tracing::warn!(id, "no confirmation from the successor; going on");
+            }
+        }
+        self.awaiting_map().remove(&id);
+        tracing::debug!(id, "connection handed over");
+        Ok(())
+    }
+}
+
+/// A Migrate that was not sent: its bytes are all in `pending` again.
+fn unpiped(mut migrate: Migrate) -> Migrate {
+    migrate.up_piped = 0;
+    migrate.down_piped = 0;
+    migrate
+}
+
+/// Takes over a connection a predecessor handed us.
+pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<OwnedFd>) {
+    let id = migrate.connection_id;
+    // The fds are ours now, whatever happens below: the predecessor may
+    // send the next connection.
+    context.confirm_adoption(id).await;
+    // Pipes come last: down after up.
+    for (piped, pending) in [
+        (migrate.down_piped, &mut migrate.down.pending),
+        (migrate.up_piped, &mut migrate.up.pending),
+    ] {
+        if piped == 0 {
+            continue;
+        }
+        let Some(pipe) = fds.pop() else { return };
+        match piped::pipe_in(pipe, piped as usize) {
+            Ok(bytes) => *pending = bytes,
+            Err(error) => {
+                tracing::warn!(id, %error, "an adopted connection's pending bytes are lost; closing it");
+                return;
+            }
+        }
+    }
+    // Adopted while draining means it came back from a handover that found
+    // no successor: keep it here rather than send it round again.
+    let may_hand_over = context.mode() == Mode::Serving;
+    let mut fds = fds.into_iter();
+    let (Some(client_fd), second) = (fds.next(), fds.next()) else {
+        return;
+    };
+    let client_socket = match stream_from_fd(client_fd) {
+        Ok(socket) => socket,
+        Err(error) => {
+            tracing::warn!(id, %error, "cannot use an adopted connection");
+            return;
+        }
+    };
+    let known = if migrate.client.is_empty() {
+        None
+    } else {
+        match context.directory.get(&migrate.client) {
+            Some(client) => Some(client),
+            None => {
+                // Maybe added a moment ago; look once more before giving up.
+                let _ = context.directory.catch_up().await;
+                context.directory.get(&migrate.client)
+            }
+        }
+    };
+    match migrate.kind {
+        MigrateKind::HttpIdle => {
+            let adopted = http::Adopted {
+                prefix: migrate.up.pending,
+                client: known,
+                may_hand_over,
+            };
+            http::serve(client_socket, adopted, context, id).await;
+        }
+        MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => {
+            let Some(client) = known else {
+                tracing::info!(id, client = %migrate.client, "adopted tunnel of an unknown client; closing");
+                return;
+            };
+            let Some(egress) = second.and_then(|fd| stream_from_fd(fd).ok()) else {
+                tracing::warn!(id, "adopted tunnel without a usable destination socket");
+                return;
+            };
+            let tunnel = Tunnel {
+                client: client_socket,
+                egress,
+                up: migrate.up,
+                down: migrate.down,
+            };
+            tunnel::run(context, migrate.kind, id, client, tunnel, may_hand_over).await;
+        }
+    }
+}

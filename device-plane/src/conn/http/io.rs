@@ -1,0 +1,118 @@
+//! Wrappers around the customer's socket for hyper: [`Counted`] bills bytes
+//! to the client once it is known, [`Prefixed`] replays bytes a predecessor
+//! had read but not yet parsed.
+
+use super::*;
+
+/// The client socket, counting bytes into the client's meter once known.
+pub(super) struct Counted {
+    pub(super) inner: TcpStream,
+    pub(super) identity: Identity,
+    /// Bytes read before any request authenticated (the first request's
+    /// head, usually): billed to the first client that does.
+    pub(super) unbilled_up: u64,
+}
+
+impl Counted {
+    /// Counts `up` and `down` bytes, carrying reads over until a client is known.
+    fn count(&mut self, up: u64, down: u64) {
+        let Some(client) = self.identity.get().cloned() else {
+            self.unbilled_up += up;
+            return;
+        };
+        let up = up + std::mem::take(&mut self.unbilled_up);
+        if up > 0 {
+            client.meter.up.fetch_add(up, Ordering::Relaxed);
+        }
+        if down > 0 {
+            client.meter.down.fetch_add(down, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &poll {
+            let read = (buf.filled().len() - before) as u64;
+            self.count(read, 0);
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = &poll {
+            let written = *n as u64;
+            self.count(0, written);
+        }
+        poll
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A socket that first yields bytes a predecessor read from it already.
+pub(super) struct Prefixed<T> {
+    pub(super) prefix: Vec<u8>,
+    pub(super) offset: usize,
+    pub(super) inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.offset < self.prefix.len() {
+            let take = buf.remaining().min(self.prefix.len() - self.offset);
+            let from = self.offset;
+            buf.put_slice(&self.prefix[from..from + take]);
+            self.offset += take;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,61 @@
+//! Customer connections in the device plane: each fd the ingress hands over
+//! (`Accepted`) is served here as SOCKS5 ([`socks`]) or HTTP proxy ([`http`]);
+//! an established tunnel ([`tunnel`]) moves bytes with [`relay`] until it ends
+//! or is handed to a successor plane ([`handover`], with long pending runs in
+//! a pipe: [`piped`]). [`context::Context`] is what they all share.
+
+pub mod context;
+pub mod handover;
+pub mod http;
+pub mod piped;
+pub mod relay;
+pub mod socks;
+pub mod tunnel;
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use blipless_protocol::channel::{Accepted, ListenerKind};
+use tokio::net::TcpStream;
+
+pub use context::{Context, Mode};
+
+/// Serves a connection the ingress accepted and handed over.
+pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>) {
+    let Some(fd) = fds.into_iter().next() else {
+        return;
+    };
+    let stream = match stream_from_fd(fd) {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(%error, id = accepted.connection_id, "cannot use a handed connection");
+            return;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    context.taken.fetch_add(1, Ordering::Relaxed);
+    let id = accepted.connection_id;
+    match accepted.listener {
+        ListenerKind::Socks => {
+            context
+                .connections
+                .spawn(socks::serve(stream, context.clone(), id));
+        }
+        ListenerKind::Http => {
+            context.connections.spawn(http::serve(
+                stream,
+                http::Adopted::fresh(),
+                context.clone(),
+                id,
+            ));
+        }
+    }
+}
+
+/// Turns a received fd into a tokio socket.
+pub fn stream_from_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
+    let stream = std::net::TcpStream::from(fd);
+    stream.set_nonblocking(true)?;
+    TcpStream::from_std(stream)
+}

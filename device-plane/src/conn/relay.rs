@@ -1,0 +1,348 @@
+//! Moves bytes both ways between a customer and a destination until both
+//! directions finish, one side fails, the tunnel idles out, it is cut, or
+//! it is handed over to another device plane.
+//!
+//! Each direction is a `Pump`: a buffer that is either being filled from
+//! one socket or drained into the other, never both. Every await in a pump
+//! step is cancel-safe (a read or write that has not completed has moved no
+//! bytes), so stopping at any moment leaves an exact account: the bytes
+//! read but not yet written, and whether the reading side reached EOF. That
+//! account is what [`RelayEnd::Handover`] returns and what a successor
+//! resumes from, byte-exact.
+
+use std::future::Future;
+use std::time::Duration;
+
+use blipless_protocol::channel::Direction;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::tunnel::Tunnel;
+use crate::clients::Meter;
+
+/// Most bytes one read takes, so at most this many are in flight per direction.
+pub const BUFFER: usize = 256 * 1024;
+
+/// How a relay ended.
+#[derive(Debug)]
+pub enum RelayEnd<H = ()> {
+    /// Both directions reached EOF and were passed on.
+    Finished,
+    /// A read or write failed (a reset, usually).
+    Failed,
+    /// Neither direction moved a byte for the idle timeout.
+    Idle,
+    /// Cut from outside (client removed, drain grace over).
+    Cut,
+    /// Stopped for a handover: the tunnel as it stands, and what the
+    /// handover future gave (a slot on the channel, say).
+    Handover(Tunnel, H),
+}
+
+impl<H> RelayEnd<H> {
+    /// A short word for logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RelayEnd::Finished => "finished",
+            RelayEnd::Failed => "failed",
+            RelayEnd::Idle => "idle",
+            RelayEnd::Cut => "cut",
+            RelayEnd::Handover(..) => "handover",
+        }
+    }
+}
+
+/// One direction: `pending[start..]` is read and not yet written. The
+/// buffer exists only while it holds bytes: an idle tunnel holds no buffer,
+/// and a read reserves one only once the socket is readable.
+struct Pump {
+    pending: Vec<u8>,
+    start: usize,
+    eof: bool,
+    shut: bool,
+}
+
+impl Pump {
+    fn new(direction: Direction) -> Self {
+        Self {
+            pending: direction.pending,
+            start: 0,
+            eof: direction.eof,
+            shut: false,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.eof && self.start == self.pending.len() && self.shut
+    }
+
+    /// One read, one write or the half-close; returns the bytes written.
+    async fn step(
+        &mut self,
+        read: &ReadHalf<'_>,
+        write: &mut WriteHalf<'_>,
+    ) -> std::io::Result<usize> {
+        if self.start < self.pending.len() {
+            let written = write.write(&self.pending[self.start..]).await?;
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.start += written;
+            if self.start == self.pending.len() {
+                // Drained: give the buffer back until the next read.
+                self.pending = Vec::new();
+                self.start = 0;
+            }
+            return Ok(written);
+        }
+        if self.eof {
+            // Pass the half-close on; the other direction keeps going.
+            let _ = write.shutdown().await;
+            self.shut = true;
+            return Ok(0);
+        }
+        let socket: &TcpStream = read.as_ref();
+        socket.readable().await?;
+        self.pending.reserve(BUFFER);
+        match socket.try_read_buf(&mut self.pending) {
+            Ok(0) => self.eof = true,
+            Ok(_) => {}
+            // A spurious wake-up: wait for readiness again.
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+        if self.pending.is_empty() {
+            self.pending = Vec::new();
+        }
+        Ok(0)
+    }
+
+    fn into_direction(mut self) -> Direction {
+        self.pending.drain(..self.start);
+        Direction {
+            pending: self.pending,
+            eof: self.eof,
+        }
+    }
+}
+
+/// Relays `tunnel` until it ends. Bytes written each way are counted into
+/// `meter`. When `handover` completes, stops where it stands and returns
+/// the tunnel for a successor, with the future's output.
+pub async fn relay<H>(
+    tunnel: Tunnel,
+    meter: &Meter,
+    idle_timeout: Duration,
+    cut: &CancellationToken,
+    handover: impl Future<Output = H>,
+) -> RelayEnd<H> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Tunnel {
+        mut client,
+        mut egress,
+        up,
+        down,
+    } = tunnel;
+    let mut up = Pump::new(up);
+    let mut down = Pump::new(down);
+    let mut last_activity = Instant::now();
+    // One timer for the tunnel, moved on only when it fires early.
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    tokio::pin!(handover);
+    let stop = {
+        let (client_read, mut client_write) = client.split();
+        let (egress_read, mut egress_write) = egress.split();
+        loop {
+            if up.done() && down.done() {
+                break Stop::Finished;
+            }
+            tokio::select! {
+                biased;
+                () = cut.cancelled() => break Stop::Cut,
+                slot = &mut handover => break Stop::Handover(slot),
+                moved = up.step(&client_read, &mut egress_write), if !up.done() => match moved {
+                    Ok(n) => {
+                        meter.up.fetch_add(n as u64, Relaxed);
+                        last_activity = Instant::now();
+                    }
+                    Err(_) => break Stop::Failed,
+                },
+                moved = down.step(&egress_read, &mut client_write), if !down.done() => match moved {
+                    Ok(n) => {
+                        meter.down.fetch_add(n as u64, Relaxed);
+                        last_activity = Instant::now();
+                    }
+                    Err(_) => break Stop::Failed,
+                },
+                () = &mut idle => {
+                    if last_activity.elapsed() >= idle_timeout {
+                        break Stop::Idle;
+                    }
+                    idle.as_mut().reset(last_activity + idle_timeout);
+                }
+            }
+        }
+    };
+    match stop {
+        Stop::Finished => RelayEnd::Finished,
+        Stop::Failed => RelayEnd::Failed,
+        Stop::Idle => RelayEnd::Idle,
+        Stop::Cut => RelayEnd::Cut,
+        Stop::Handover(slot) => RelayEnd::Handover(
+            Tunnel {
+                client,
+                egress,
+                up: up.into_direction(),
+                down: down.into_direction(),
+            },
+            slot,
+        ),
+    }
+}
+
+/// Why the relay loop stopped (the sockets are still borrowed inside it).
+enum Stop<H> {
+    Finished,
+    Failed,
+    Idle,
+    Cut,
+    Handover(H),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    /// A connected pair of loopback sockets: (ours, theirs).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (ours, theirs) = tokio::join!(TcpStream::connect(address), listener.accept());
+        (ours.expect("connect"), theirs.expect("accept").0)
+    }
+
+    async fn tunnel(up_pending: &[u8]) -> (Tunnel, TcpStream, TcpStream) {
+        let (client, customer) = pair().await;
+        let (egress, destination) = pair().await;
+        let tunnel = Tunnel {
+            client,
+            egress,
+            up: Direction {
+                pending: up_pending.to_vec(),
+                eof: false,
+            },
+            down: Direction::default(),
+        };
+        (tunnel, customer, destination)
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_half_close_passes_on() {
+        let (tunnel, mut customer, mut destination) = tunnel(b"pre").await;
+        let meter = Meter::default();
+        let cut = CancellationToken::new();
+        let relay = relay(
+            tunnel,
+            &meter,
+            Duration::from_secs(5),
+            &cut,
+            std::future::pending::<()>(),
+        );
+        let peers = async {
+            customer.write_all(b"hello").await.expect("write");
+            customer.shutdown().await.expect("shutdown");
+            let mut got = Vec::new();
+            destination.read_to_end(&mut got).await.expect("read");
+            assert_eq!(got, b"prehello");
+            destination.write_all(b"answer").await.expect("write");
+            destination.shutdown().await.expect("shutdown");
+            let mut answer = Vec::new();
+            customer.read_to_end(&mut answer).await.expect("read");
+            assert_eq!(answer, b"answer");
+        };
+        let (end, ()) = tokio::join!(relay, peers);
+        assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
+        assert_eq!(meter.up.load(Relaxed), 8);
+        assert_eq!(meter.down.load(Relaxed), 6);
+    }
+
+    #[tokio::test]
+    async fn an_idle_tunnel_ends() {
+        let (tunnel, _customer, _destination) = tunnel(b"").await;
+        let cut = CancellationToken::new();
+        let end = relay(
+            tunnel,
+            &Meter::default(),
+            Duration::from_millis(200),
+            &cut,
+            std::future::pending::<()>(),
+        )
+        .await;
+        assert!(matches!(end, RelayEnd::Idle));
+    }
+
+    #[tokio::test]
+    async fn a_cut_ends_the_relay() {
+        let (tunnel, _customer, _destination) = tunnel(b"").await;
+        let cut = CancellationToken::new();
+        cut.cancel();
+        let end = relay(
+            tunnel,
+            &Meter::default(),
+            Duration::from_secs(30),
+            &cut,
+            std::future::pending::<()>(),
+        )
+        .await;
+        assert!(matches!(end, RelayEnd::Cut));
+    }
+
+    /// Hands a tunnel over mid-stream, many times, resuming each time from
+    /// the returned state: the destination sees every byte exactly once.
+    #[tokio::test]
+    async fn handover_and_resume_is_byte_exact() {
+        let (mut tunnel, mut customer, mut destination) = tunnel(b"").await;
+        let total: usize = 4 * 1024 * 1024;
+        let data: Vec<u8> = (0..total).map(|i| (i * 31 % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            customer.write_all(&sent).await.expect("write");
+            customer.shutdown().await.expect("shutdown");
+            customer
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            destination.read_to_end(&mut got).await.expect("read");
+            destination.shutdown().await.expect("shutdown");
+            got
+        });
+        let meter = Meter::default();
+        let cut = CancellationToken::new();
+        let mut handovers = 0;
+        loop {
+            let handover = tokio::time::sleep(Duration::from_millis(3));
+            match relay(tunnel, &meter, Duration::from_secs(10), &cut, handover).await {
+                RelayEnd::Handover(state, ()) => {
+                    handovers += 1;
+                    tunnel = state;
+                }
+                RelayEnd::Finished => break,
+                other => panic!("relay ended {}", other.as_str()),
+            }
+            if handovers > 10_000 {
+                panic!("never finished");
+            }
+        }
+        let _customer = writer.await.expect("writer");
+        assert_eq!(reader.await.expect("reader"), data);
+        assert!(handovers > 0, "the test handed over at least once");
+        assert_eq!(meter.up.load(Relaxed), total as u64);
+    }
+}

@@ -1,0 +1,188 @@
+//! A SOCKS5 connection (RFC 1928, username/password per RFC 1929): the
+//! handshake, the policy check, the connect, then the relay.
+//!
+//! Parsing is the sans-IO codec in `blipless_protocol::socks5`; this module
+//! only reads until the codec has a whole message and writes its answers.
+//! Every failure gets the protocol's own reply before the connection closes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use blipless_protocol::channel::MigrateKind;
+use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::clients::Client;
+use crate::conn::tunnel::Tunnel;
+use crate::conn::Context;
+use crate::egress::{EgressError, Target};
+
+/// Largest handshake we buffer: a greeting, credentials and a request with
+/// a 255-byte name fit well within it.
+const MAX_HANDSHAKE: usize = 1024;
+
+/// Why a handshake stopped.
+#[derive(Debug)]
+enum Stop {
+    /// The client went away or sent nothing in time: nothing to answer.
+    Gone,
+    /// Answer this and close.
+    Answer(Vec<u8>, String),
+}
+
+/// Reads into `buffer` until `parse` has a whole message. The inner error
+/// is never [`Socks5Error::Incomplete`]: that one means read more.
+async fn read_message<T>(
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    parse: impl Fn(&[u8]) -> Result<(T, usize), Socks5Error>,
+) -> Result<Result<T, Socks5Error>, Stop> {
+    loop {
+        match parse(buffer) {
+            Ok((value, used)) => {
+                buffer.drain(..used);
+                return Ok(Ok(value));
+            }
+            Err(error) if error.is_incomplete() => {}
+            Err(error) => return Ok(Err(error)),
+        }
+        if buffer.len() >= MAX_HANDSHAKE {
+            return Err(Stop::Answer(Vec::new(), "handshake too long".into()));
+        }
+        let mut chunk = [0u8; 512];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return Err(Stop::Gone),
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The handshake: returns the client, where it wants to go, and any bytes
+/// it already sent past its request.
+async fn handshake(
+    stream: &mut TcpStream,
+    context: &Context,
+) -> Result<(Arc<Client>, Target, Vec<u8>), Stop> {
+    let mut buffer = Vec::with_capacity(256);
+    let greeting = read_message(stream, &mut buffer, socks5::parse_greeting)
+        .await?
+        .map_err(|e| match e {
+            // Not a SOCKS5 client (SOCKS4, TLS, HTTP...): no SOCKS5 answer makes sense.
+            Socks5Error::BadVersion(_) => Stop::Answer(Vec::new(), e.to_string()),
+            _ => Stop::Answer(
+                socks5::method_selection(socks5::METHOD_NONE_ACCEPTABLE).to_vec(),
+                e.to_string(),
+            ),
+        })?;
+    if !greeting.methods.contains(&socks5::METHOD_USER_PASS) {
+        return Err(Stop::Answer(
+            socks5::method_selection(socks5::METHOD_NONE_ACCEPTABLE).to_vec(),
+            "client offered no username/password method".into(),
+        ));
+    }
+    write(stream, &socks5::method_selection(socks5::METHOD_USER_PASS)).await?;
+    let credentials = read_message(stream, &mut buffer, socks5::parse_user_pass)
+        .await?
+        .map_err(|e| Stop::Answer(socks5::auth_status(false).to_vec(), e.to_string()))?;
+    let Some(client) = context
+        .directory
+        .authenticate(&credentials.username, &credentials.password)
+    else {
+        return Err(Stop::Answer(
+            socks5::auth_status(false).to_vec(),
+            format!(
+                "bad credentials for {:?}",
+                String::from_utf8_lossy(&credentials.username)
+            ),
+        ));
+    };
+    write(stream, &socks5::auth_status(true)).await?;
+    let request = read_message(stream, &mut buffer, socks5::parse_request)
+        .await?
+        .map_err(|e| match e.reply() {
+            Some(reply) => Stop::Answer(socks5::encode_reply(reply, None), e.to_string()),
+            // Not SOCKS5 (a bad version byte): no SOCKS5 answer makes sense.
+            None => Stop::Answer(Vec::new(), e.to_string()),
+        })?;
+    if request.command != Command::Connect {
+        return Err(Stop::Answer(
+            socks5::encode_reply(Reply::CommandNotSupported, None),
+            format!("{:?} is not supported", request.command),
+        ));
+    }
+    let target = match request.destination {
+        Destination::Ip(address) => Target::Address(address),
+        Destination::Domain { host, port } => Target::Name { host, port },
+    };
+    Ok((client, target, buffer))
+}
+
+async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Stop> {
+    stream.write_all(bytes).await.map_err(|_| Stop::Gone)
+}
+
+fn reply_for(error: &EgressError) -> Reply {
+    match error {
+        EgressError::Denied(_) => Reply::NotAllowed,
+        EgressError::Unresolvable(_) => Reply::HostUnreachable,
+        EgressError::Refused(_) => Reply::ConnectionRefused,
+        EgressError::TimedOut(_) => Reply::HostUnreachable,
+        EgressError::Unreachable(_, io) if io.raw_os_error() == Some(libc_enetunreach()) => {
+            Reply::NetworkUnreachable
+        }
+        EgressError::Unreachable(..) => Reply::HostUnreachable,
+        EgressError::SourceUnusable(..) | EgressError::LocalResources(_) => Reply::GeneralFailure,
+    }
+}
+
+fn libc_enetunreach() -> i32 {
+    nix::errno::Errno::ENETUNREACH as i32
+}
+
+/// Serves one SOCKS5 customer connection to its end.
+pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
+    let handshake =
+        tokio::time::timeout(context.handshake_timeout, handshake(&mut stream, &context)).await;
+    let (client, target, pending) = match handshake {
+        Err(_) => {
+            tracing::debug!(id, "socks5 handshake timed out");
+            return;
+        }
+        Ok(Err(Stop::Gone)) => return,
+        Ok(Err(Stop::Answer(reply, why))) => {
+            tracing::info!(id, "socks5 refused: {why}");
+            let _ = stream.write_all(&reply).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+        Ok(Ok(accepted)) => accepted,
+    };
+    let name = client.record.name.clone();
+    let egress = tokio::select! {
+        result = context.connect_for(&name, &target) => result,
+        () = client.revoked.cancelled() => return,
+    };
+    let egress = match egress {
+        Ok(egress) => egress,
+        Err(error) => {
+            tracing::info!(id, client = %name, %target, "socks5 connect failed: {error}");
+            let _ = stream
+                .write_all(&socks5::encode_reply(reply_for(&error), None))
+                .await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    let bound = egress.local_addr().ok();
+    if stream
+        .write_all(&socks5::encode_reply(Reply::Succeeded, bound))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    client.meter.connections.fetch_add(1, Ordering::Relaxed);
+    let tunnel = Tunnel::established(stream, egress, pending);
+    crate::conn::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel, true).await;
+}

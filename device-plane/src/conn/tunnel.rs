@@ -1,0 +1,113 @@
+//! An established tunnel (both sockets and the bytes in flight between them):
+//! running it in this plane until it ends, or until it is handed to the
+//! successor when the plane drains with one.
+//!
+//! The same path serves tunnels this plane set up (SOCKS5 CONNECT, HTTP
+//! CONNECT) and tunnels adopted from a predecessor.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use blipless_protocol::channel::{Direction, Migrate, MigrateKind};
+use tokio::net::TcpStream;
+
+use super::context::Context;
+use super::relay::{relay, RelayEnd};
+use crate::clients::Client;
+
+/// An established tunnel: both sockets and what is in flight between them.
+#[derive(Debug)]
+pub struct Tunnel {
+    /// The customer's socket.
+    pub client: TcpStream,
+    /// The destination's socket.
+    pub egress: TcpStream,
+    /// Customer toward destination.
+    pub up: Direction,
+    /// Destination toward customer.
+    pub down: Direction,
+}
+
+impl Tunnel {
+    /// A tunnel just set up here: `pending_up` is what the customer sent
+    /// after its request, nothing is in flight toward it.
+    pub fn established(client: TcpStream, egress: TcpStream, pending_up: Vec<u8>) -> Self {
+        Self {
+            client,
+            egress,
+            up: Direction {
+                pending: pending_up,
+                eof: false,
+            },
+            down: Direction::default(),
+        }
+    }
+}
+
+/// Runs `tunnel` to its end, or until it has been handed over (only if
+/// `may_hand_over`: a tunnel that came back from a failed handover stays).
+pub async fn run(
+    context: Arc<Context>,
+    kind: MigrateKind,
+    id: u64,
+    client: Arc<Client>,
+    mut tunnel: Tunnel,
+    mut may_hand_over: bool,
+) {
+    let name = client.record.name.clone();
+    loop {
+        let handover = context.handover_slot();
+        let handover = async move {
+            if may_hand_over {
+                handover.await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let cut = context.cut_token();
+        let end = tokio::select! {
+            end = relay(tunnel, &client.meter, context.idle_timeout, &cut, handover) => end,
+            () = client.revoked.cancelled() => RelayEnd::Cut,
+        };
+        let (state, _slot) = match end {
+            RelayEnd::Handover(state, slot) => (state, slot),
+            other => {
+                tracing::debug!(id, client = %name, end = other.as_str(), "tunnel closed");
+                return;
+            }
+        };
+        let Tunnel {
+            client: client_socket,
+            egress,
+            up,
+            down,
+        } = state;
+        let migrate = Migrate {
+            kind,
+            connection_id: id,
+            client: name.clone(),
+            up,
+            down,
+            up_piped: 0,
+            down_piped: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+        };
+        match context
+            .hand_over(migrate, &[client_socket.as_fd(), egress.as_fd()])
+            .await
+        {
+            // Our copies close here; the successor holds the sockets now.
+            Ok(()) => return,
+            Err(migrate) => {
+                may_hand_over = false;
+                tunnel = Tunnel {
+                    client: client_socket,
+                    egress,
+                    up: migrate.up,
+                    down: migrate.down,
+                };
+            }
+        }
+    }
+}

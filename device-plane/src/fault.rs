@@ -1,0 +1,45 @@
+//! Fault injection for the end-to-end tests: the only hooks that let a test
+//! make a device plane miss its ready budget or hold back its peer set.
+//!
+//! Compiled only with the cargo feature `fault-injection`, which the `tests`
+//! crate turns on (its dependency on this crate names the feature, so every
+//! workspace build of the binaries has it). Without the feature each hook is
+//! an empty function: no `BLIPLESS_FAULT_*` variable is read, and none of
+//! their names is in the binary. `make run` and release builds name the
+//! daemons' packages (`-p`), so they never get it.
+
+/// Stall the warm-up this many milliseconds, so the plane does not say Ready
+/// within its budget.
+#[cfg(feature = "fault-injection")]
+pub const STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
+/// Wait this many milliseconds after Activate before sending the WireGuard
+/// peer set, so the ingress has an active plane but no peer set yet.
+#[cfg(feature = "fault-injection")]
+pub const DELAY_PEERS: &str = "BLIPLESS_FAULT_DELAY_PEERS_MS";
+
+/// `BLIPLESS_FAULT_STALL_WARMUP_MS`: waits that long, if it is set.
+pub async fn stall_warmup() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(STALL_WARMUP) {
+        tracing::warn!(?delay, "fault injection: stalling warm-up");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// `BLIPLESS_FAULT_DELAY_PEERS_MS`: waits that long, if it is set.
+pub async fn delay_peers() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(DELAY_PEERS) {
+        tracing::warn!(?delay, "fault injection: delaying the peer set");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// The delay in milliseconds that `variable` holds, if it holds one.
+#[cfg(feature = "fault-injection")]
+fn delay(variable: &str) -> Option<std::time::Duration> {
+    std::env::var(variable)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(std::time::Duration::from_millis)
+}

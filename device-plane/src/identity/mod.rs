@@ -1,0 +1,303 @@
+//! Per-client identities: a client's egress state on this plane.
+//!
+//! An identity is opened the first time a client connects (or by pre-warm
+//! before the plane says Ready): its egress identity is restored from the
+//! store if a predecessor left one (consumed once), else allocated from the
+//! source pool, and written back as this plane's snapshot (10-minute TTL,
+//! refreshed while the client is active, kept at shutdown, deleted on a live
+//! eviction). So a client keeps the address destinations see across deploys
+//! and crashes.
+//!
+//! Activity is recorded per client and flushed to the node's activity set
+//! every minute and once more at drain; a new plane pre-warms the clients
+//! active within the window.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{OnceCell, Semaphore};
+
+use blipless_store::{EgressIdentity, NodeId, Store};
+
+/// How long an identity snapshot lives in the store without a refresh.
+pub const IDENTITY_TTL: Duration = Duration::from_secs(600);
+/// How often activity is flushed (and identities refreshed).
+pub const ACTIVITY_FLUSH: Duration = Duration::from_secs(60);
+
+/// One client's egress state on this plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// The client.
+    pub client: String,
+    /// What destinations see.
+    pub identity: EgressIdentity,
+}
+
+/// What a pre-warm did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrewarmReport {
+    /// Clients active within the window.
+    pub candidates: usize,
+    /// Identities opened.
+    pub opened: usize,
+    /// Identities that failed or timed out (skipped).
+    pub skipped: usize,
+}
+
+type Slot = Arc<OnceCell<Arc<ClientIdentity>>>;
+
+/// Every identity this plane has open, and the activity not yet flushed.
+#[derive(Debug)]
+pub struct Identities {
+    store: Arc<dyn Store>,
+    node: NodeId,
+    sources: Vec<IpAddr>,
+    open: Mutex<HashMap<String, Slot>>,
+    activity: Mutex<HashMap<String, i64>>,
+    prewarmed: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Unix seconds now.
+pub fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl Identities {
+    /// No identity open yet.
+    pub fn new(store: Arc<dyn Store>, node: NodeId, sources: Vec<IpAddr>) -> Self {
+        Self {
+            store,
+            node,
+            sources,
+            open: Mutex::new(HashMap::new()),
+            activity: Mutex::new(HashMap::new()),
+            prewarmed: AtomicU64::new(0),
+        }
+    }
+
+    /// Identities open now.
+    pub fn live(&self) -> u64 {
+        lock(&self.open)
+            .values()
+            .filter(|slot| slot.initialized())
+            .count() as u64
+    }
+
+    /// Identities opened by pre-warm.
+    pub fn prewarmed(&self) -> u64 {
+        self.prewarmed.load(Ordering::Relaxed)
+    }
+
+    /// Records that `client` carried traffic now.
+    pub fn touch(&self, client: &str) {
+        lock(&self.activity).insert(client.to_string(), now_unix());
+    }
+
+    /// The client's identity, opening it if needed. Never fails: if the store
+    /// cannot be reached, the client gets a fresh identity (logged) and the
+    /// snapshot is written at the next flush.
+    pub async fn open(&self, client: &str) -> Arc<ClientIdentity> {
+        let slot = lock(&self.open)
+            .entry(client.to_string())
+            .or_default()
+            .clone();
+        slot.get_or_init(|| self.open_identity(client))
+            .await
+            .clone()
+    }
+
+    async fn open_identity(&self, client: &str) -> Arc<ClientIdentity> {
+        let restored = match self.store.take_identity(client).await {
+            Ok(identity) => identity.filter(|i| i.source.is_none_or(|s| self.sources.contains(&s))),
+            Err(error) => {
+                tracing::warn!(client, %error, "restoring the egress identity failed; allocating one");
+                None
+            }
+        };
+        let identity = match restored {
+            Some(identity) => {
+                tracing::debug!(client, ?identity, "egress identity restored");
+                identity
+            }
+            None => EgressIdentity {
+                source: self.allocate_source(),
+            },
+        };
+        if let Err(error) = self
+            .store
+            .put_identity(client, &identity, IDENTITY_TTL)
+            .await
+        {
+            tracing::warn!(client, %error, "saving the egress identity failed; retrying at the next flush");
+        }
+        Arc::new(ClientIdentity {
+            client: client.to_string(),
+            identity,
+        })
+    }
+
+    /// The pool address fewest open identities use (first such in pool order).
+    fn allocate_source(&self) -> Option<IpAddr> {
+        let open: Vec<Arc<ClientIdentity>> = lock(&self.open)
+            .values()
+            .filter_map(|s| s.get().cloned())
+            .collect();
+        self.sources
+            .iter()
+            .min_by_key(|source| {
+                open.iter()
+                    .filter(|d| d.identity.source == Some(**source))
+                    .count()
+            })
+            .copied()
+    }
+
+    /// Live eviction (the client was removed, or its route failed): the
+    /// identity closes and it is deleted from the store.
+    pub async fn evict(&self, client: &str) {
+        lock(&self.open).remove(client);
+        if let Err(error) = self.store.drop_identity(client).await {
+            tracing::warn!(client, %error, "deleting an evicted identity failed; it expires with its TTL");
+        }
+    }
+
+    fn open_identities(&self) -> Vec<Arc<ClientIdentity>> {
+        lock(&self.open)
+            .values()
+            .filter_map(|slot| slot.get().cloned())
+            .collect()
+    }
+
+    /// Flushes recorded activity to the node's activity set and refreshes
+    /// the identity snapshots of the clients that were active. Activity that
+    /// could not be written is kept for the next flush.
+    pub async fn flush(&self) {
+        let batch: Vec<(String, i64)> = lock(&self.activity).drain().collect();
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.touch_activity(&self.node, &batch).await {
+            tracing::warn!(%error, "flushing activity failed; will retry");
+            let mut activity = lock(&self.activity);
+            for (client, at) in batch {
+                let entry = activity.entry(client).or_insert(at);
+                *entry = (*entry).max(at);
+            }
+            return;
+        }
+        let active: std::collections::HashSet<String> = batch.into_iter().map(|(c, _)| c).collect();
+        for held in self
+            .open_identities()
+            .into_iter()
+            .filter(|d| active.contains(&d.client))
+        {
+            if let Err(error) = self
+                .store
+                .put_identity(&held.client, &held.identity, IDENTITY_TTL)
+                .await
+            {
+                tracing::warn!(client = %held.client, %error, "refreshing an identity failed");
+            }
+        }
+    }
+
+    /// At shutdown: flush activity and keep every open identity
+    /// for the successor (or a restart).
+    pub async fn keep_all(&self) {
+        self.flush().await;
+        for held in self.open_identities() {
+            if let Err(error) = self
+                .store
+                .put_identity(&held.client, &held.identity, IDENTITY_TTL)
+                .await
+            {
+                tracing::warn!(client = %held.client, %error, "keeping an identity failed");
+            }
+        }
+    }
+
+    /// Opens identities for the clients active on this node within `window`,
+    /// `concurrency` at a time with a little jitter, each within
+    /// `device_timeout`, all within `budget`. Failures are logged and skipped.
+    pub async fn prewarm(
+        self: &Arc<Self>,
+        window: Duration,
+        concurrency: usize,
+        device_timeout: Duration,
+        budget: Duration,
+    ) -> PrewarmReport {
+        let since = now_unix() - window.as_secs() as i64;
+        let candidates = match self.store.active_clients(&self.node, since).await {
+            Ok(clients) => clients,
+            Err(error) => {
+                tracing::warn!(%error, "reading the activity set failed; no pre-warm");
+                return PrewarmReport::default();
+            }
+        };
+        let mut report = PrewarmReport {
+            candidates: candidates.len(),
+            ..PrewarmReport::default()
+        };
+        let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, client) in candidates.into_iter().enumerate() {
+            let identities = self.clone();
+            let permits = permits.clone();
+            tasks.spawn(async move {
+                let _permit = permits.acquire_owned().await.ok()?;
+                tokio::time::sleep(jitter(&client, index)).await;
+                match tokio::time::timeout(device_timeout, identities.open(&client)).await {
+                    Ok(_) => {
+                        identities.prewarmed.fetch_add(1, Ordering::Relaxed);
+                        Some(true)
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            client,
+                            ?device_timeout,
+                            "pre-warming an identity timed out; skipped"
+                        );
+                        Some(false)
+                    }
+                }
+            });
+        }
+        let all = async {
+            while let Some(done) = tasks.join_next().await {
+                match done {
+                    Ok(Some(true)) => report.opened += 1,
+                    _ => report.skipped += 1,
+                }
+            }
+        };
+        if tokio::time::timeout(budget, all).await.is_err() {
+            tracing::warn!(?budget, "pre-warm budget over; the rest opens on first use");
+            report.skipped = report.candidates - report.opened;
+        }
+        report
+    }
+}
+
+/// Up to 50 ms, spread by client and position, so a herd of opens does not
+/// hit the store in lockstep.
+fn jitter(client: &str, index: usize) -> Duration {
+    let hash = client.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Duration::from_millis((hash ^ index as u64) % 50)
+}
+
+#[cfg(test)]
+mod tests;

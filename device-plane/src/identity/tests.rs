@@ -1,0 +1,243 @@
+//! Pre-warm scheduling and identity handling, over the real embedded store
+//! wrapped to slow one client down and to count opens in flight.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::*;
+use blipless_store::{self as store, Change, ClientRecord, StoreError, Usage};
+
+/// The embedded store, with identity restores that take `delay` (or
+/// `slow_delay` for `slow_client`), counting how many run at once.
+#[derive(Debug)]
+struct Instrumented {
+    inner: Arc<dyn Store>,
+    delay: Duration,
+    slow_client: &'static str,
+    slow_delay: Duration,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    restored: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Store for Instrumented {
+    async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError> {
+        self.inner.add_client(record).await
+    }
+    async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError> {
+        self.inner.get_client(name).await
+    }
+    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        self.inner.list_clients().await
+    }
+    async fn remove_client(&self, name: &str) -> Result<bool, StoreError> {
+        self.inner.remove_client(name).await
+    }
+    async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        self.inner.changes_since(after, limit).await
+    }
+    async fn feed_head(&self) -> Result<u64, StoreError> {
+        self.inner.feed_head().await
+    }
+    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
+        self.inner.add_usage(name, delta).await
+    }
+    async fn usage(&self, name: &str) -> Result<Usage, StoreError> {
+        self.inner.usage(name).await
+    }
+    async fn touch_activity(
+        &self,
+        node: &NodeId,
+        clients: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        self.inner.touch_activity(node, clients).await
+    }
+    async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError> {
+        self.inner.active_clients(node, since).await
+    }
+    async fn put_identity(
+        &self,
+        client: &str,
+        identity: &EgressIdentity,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.put_identity(client, identity, ttl).await
+    }
+    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let delay = if client == self.slow_client {
+            self.slow_delay
+        } else {
+            self.delay
+        };
+        tokio::time::sleep(delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.restored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(client.to_string());
+        self.inner.take_identity(client).await
+    }
+    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
+        self.inner.drop_identity(client).await
+    }
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &store::EndpointSnapshot,
+    ) -> Result<(), StoreError> {
+        self.inner.put_endpoints(node, snapshot).await
+    }
+    async fn get_endpoints(
+        &self,
+        node: &NodeId,
+    ) -> Result<Option<store::EndpointSnapshot>, StoreError> {
+        self.inner.get_endpoints(node).await
+    }
+}
+
+fn node() -> NodeId {
+    NodeId {
+        host: "test".into(),
+        block: "0".into(),
+    }
+}
+
+async fn fixture(slow_delay: Duration) -> (tempfile::TempDir, Arc<Instrumented>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    let inner = store::open(&url).await.expect("store");
+    let store = Arc::new(Instrumented {
+        inner,
+        delay: Duration::from_millis(50),
+        slow_client: "slow",
+        slow_delay,
+        in_flight: AtomicUsize::new(0),
+        most_in_flight: AtomicUsize::new(0),
+        restored: std::sync::Mutex::new(Vec::new()),
+    });
+    (dir, store)
+}
+
+#[tokio::test]
+async fn pre_warm_opens_only_recent_clients_with_bounded_concurrency() {
+    let (_dir, store) = fixture(Duration::from_millis(50)).await;
+    let now = now_unix();
+    let mut activity: Vec<(String, i64)> =
+        (0..20).map(|i| (format!("recent{i}"), now - 30)).collect();
+    activity.push(("stale".into(), now - 1200));
+    store
+        .touch_activity(&node(), &activity)
+        .await
+        .expect("touch");
+    let identities = Arc::new(Identities::new(store.clone(), node(), Vec::new()));
+    let report = identities
+        .prewarm(
+            Duration::from_secs(600),
+            4,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(report.candidates, 20);
+    assert_eq!(report.opened, 20);
+    assert_eq!(identities.prewarmed(), 20);
+    assert_eq!(identities.live(), 20);
+    let restored = store.restored.lock().expect("lock").clone();
+    assert!(
+        !restored.contains(&"stale".to_string()),
+        "a client idle past the window is not pre-warmed"
+    );
+    let most = store.most_in_flight.load(Ordering::SeqCst);
+    assert!(most <= 4, "at most 4 opens at once, saw {most}");
+    assert!(most >= 2, "opens overlapped (saw {most})");
+}
+
+#[tokio::test]
+async fn a_slow_client_is_skipped_and_cannot_hold_the_budget() {
+    let (_dir, store) = fixture(Duration::from_secs(3600)).await;
+    let now = now_unix();
+    let activity = vec![
+        ("slow".to_string(), now - 10),
+        ("quick".to_string(), now - 10),
+    ];
+    store
+        .touch_activity(&node(), &activity)
+        .await
+        .expect("touch");
+    let identities = Arc::new(Identities::new(store.clone(), node(), Vec::new()));
+    let started = std::time::Instant::now();
+    let report = identities
+        .prewarm(
+            Duration::from_secs(600),
+            8,
+            Duration::from_millis(300),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!((report.opened, report.skipped), (1, 1));
+
+    // With a per-device timeout longer than the budget, the budget still holds.
+    let identities = Arc::new(Identities::new(store, node(), Vec::new()));
+    let started = std::time::Instant::now();
+    let report = identities
+        .prewarm(
+            Duration::from_secs(600),
+            8,
+            Duration::from_secs(3600),
+            Duration::from_millis(500),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.opened, 1);
+    assert_eq!(report.skipped, 1);
+}
+
+#[tokio::test]
+async fn identities_are_restored_kept_and_evicted() {
+    let (_dir, store) = fixture(Duration::from_millis(1)).await;
+    let pool: Vec<std::net::IpAddr> = vec![
+        "127.0.0.2".parse().expect("ip"),
+        "127.0.0.3".parse().expect("ip"),
+    ];
+    let first = Identities::new(store.clone(), node(), pool.clone());
+    let a = first.open("a").await;
+    let b = first.open("b").await;
+    assert_ne!(
+        a.identity.source, b.identity.source,
+        "the pool is shared out"
+    );
+    first.keep_all().await;
+
+    // A successor restores both.
+    let second = Identities::new(store.clone(), node(), pool.clone());
+    assert_eq!(second.open("a").await.identity, a.identity);
+    assert_eq!(second.open("b").await.identity, b.identity);
+
+    // A live eviction deletes the snapshot: a third plane allocates afresh.
+    second.evict("a").await;
+    assert_eq!(store.inner.take_identity("a").await.expect("take"), None);
+
+    // An identity outside the current pool is not restored.
+    let narrower = Identities::new(
+        store.clone(),
+        node(),
+        vec![a.identity.source.expect("source")],
+    );
+    let b_again = narrower.open("b").await;
+    assert_eq!(b_again.identity.source, a.identity.source);
+}

@@ -1,0 +1,240 @@
+//! The I/O side of one attachment to the ingress: read the channel, turn
+//! what arrives into [`Event`]s for the [`Session`] state machine (or hand
+//! data straight on: connections to [`crate::conn`], inner packets to the
+//! TUN writer), and carry out the [`Action`]s it returns.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use blipless_config::Config;
+use blipless_protocol::channel::{DeviceReport, DrainOrder, ToDevice, ToIngress, MAX_FRAME};
+use tokio::time::Instant;
+use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
+
+use super::session::{Action, Event, Session, SessionEnd};
+use super::Warm;
+use crate::conn::{self, take_connection, Context, Mode};
+use crate::fault;
+use crate::link::{self, Incoming};
+use crate::wg::endpoints::Assembler;
+use crate::wg::{self, PeerSync, TunWriter};
+
+/// How often the plane reports its figures to the ingress.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// Serves one attachment until drained or the channel is lost.
+/// `wants_endpoints`: the ingress started fresh (Welcome) and gets the last
+/// WireGuard endpoint snapshot after the first peer set.
+pub(super) async fn serve(
+    socket: &Arc<UnixSeqpacket>,
+    warm: &Warm,
+    wants_endpoints: bool,
+    config: &Config,
+    buffer: &mut [u8],
+    terminate: &CancellationToken,
+) -> anyhow::Result<SessionEnd> {
+    let Warm {
+        context,
+        packets,
+        tun_writer,
+        endpoints,
+        ..
+    } = warm;
+    let mut session = Session::new(config.drain.grace, wants_endpoints);
+    let mut report = tokio::time::interval(REPORT_EVERY);
+    let migrated_before = context.migrated.load(Ordering::Relaxed);
+    let mut peers = PeerSync::new();
+    let mut client_changes = context.directory.subscribe();
+    let mut endpoint_parts = Assembler::default();
+    // Answered once per attachment; the task stops with the attachment.
+    let mut _endpoints_answer = None;
+    loop {
+        let grace_deadline = session.grace_deadline();
+        let event = tokio::select! {
+            incoming = link::receive(socket, buffer) => match incoming {
+                Ok(Some(Incoming { message, fds })) => match message {
+                    ToDevice::Accepted(accepted) => {
+                        take_connection(context, accepted, fds);
+                        continue;
+                    }
+                    ToDevice::Packets(batch) => {
+                        tun_writer.enqueue(batch.into_owned());
+                        continue;
+                    }
+                    ToDevice::TunQueues(_) => {
+                        packets.adopt(fds);
+                        continue;
+                    }
+                    ToDevice::Endpoints(part) => {
+                        if let Some(snapshot) = endpoint_parts.push(&part) {
+                            endpoints.keep(snapshot);
+                        }
+                        continue;
+                    }
+                    ToDevice::MigrateDone(id) => {
+                        context.handover_confirmed(id);
+                        continue;
+                    }
+                    ToDevice::Migrate(migrate) => {
+                        context.taken.fetch_add(1, Ordering::Relaxed);
+                        context.connections.spawn(conn::handover::adopt(context.clone(), migrate, fds));
+                        continue;
+                    }
+                    ToDevice::Activate => Event::Activate,
+                    ToDevice::Drain(DrainOrder { handover }) => Event::Drain {
+                        handover,
+                        open: context.connections.len() as u64,
+                    },
+                    ToDevice::Goaway => Event::Goaway,
+                    // Only ever the answer to Hello.
+                    unexpected @ (ToDevice::Welcome(_) | ToDevice::Refused(_)) => {
+                        anyhow::bail!("the ingress sent {} after Welcome", unexpected.name())
+                    }
+                },
+                Ok(None) => Event::ChannelClosed,
+                Err(error) if session.draining() => {
+                    tracing::warn!("{error:#}");
+                    Event::ChannelClosed
+                }
+                Err(error) => return Err(error),
+            },
+            changed = client_changes.changed(), if session.follows_clients() => {
+                if changed.is_err() {
+                    continue;
+                }
+                Event::ClientsChanged
+            }
+            _ = report.tick() => {
+                send_report(socket, context).await?;
+                continue;
+            }
+            () = terminate.cancelled(), if session.listens_for_terminate() => Event::Terminate,
+            () = sleep_until(grace_deadline), if grace_deadline.is_some() => Event::GraceOver {
+                left: context.connections.len() as u64,
+            },
+            () = context.connections.wait(), if session.draining() => Event::AllClosed {
+                migrated: context.migrated.load(Ordering::Relaxed) - migrated_before,
+            },
+        };
+        for action in session.on(event, Instant::now()) {
+            match action {
+                Action::ServeAgain => {
+                    tracing::warn!("re-activated: the successor is gone; serving again");
+                    context.serve_again();
+                    packets.resume();
+                }
+                Action::ExpectInheritedQueues => {
+                    tracing::info!("active: new connections come here");
+                    if !packets.has_queues() {
+                        packets.expect_inherited();
+                    }
+                }
+                Action::SendFullPeers => {
+                    client_changes.borrow_and_update();
+                    fault::delay_peers().await;
+                    wg::send_peers(socket, peers.full(&context.directory))
+                        .await
+                        .context("sending the WireGuard peer set")?;
+                }
+                Action::AnswerEndpoints => {
+                    _endpoints_answer = Some(endpoints.answer(socket.clone()));
+                }
+                Action::SendPeerChanges => {
+                    wg::send_peers(socket, peers.changes(&context.directory))
+                        .await
+                        .context("sending WireGuard peer changes")?;
+                }
+                Action::EnterDrain { handover } => {
+                    tracing::info!(handover, open = context.connections.len(), grace = ?config.drain.grace, "draining");
+                    context.mode.send_replace(if handover {
+                        Mode::Handover
+                    } else {
+                        Mode::Finish
+                    });
+                    context.connections.close();
+                }
+                Action::HandOverTunQueues => packets.hand_over().await,
+                Action::AskToDrain => {
+                    tracing::info!("stop requested (SIGTERM or SIGINT): asking the ingress to drain this plane");
+                    link::send(socket, &ToIngress::Drain(DrainOrder { handover: false }))
+                        .await
+                        .context("asking to drain")?;
+                }
+                Action::CutEverything => {
+                    tracing::warn!(
+                        left = context.connections.len(),
+                        "drain grace over; cutting what is left"
+                    );
+                    context.cut_everything();
+                }
+                Action::SendDrained(summary) => {
+                    let _ = link::send(socket, &ToIngress::Drained(summary)).await;
+                }
+                Action::End(end) => return Ok(end),
+            }
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends the plane's figures. They are advisory: never let a full channel
+/// hold up the loop that reads it (the ingress may be waiting on us).
+async fn send_report(socket: &UnixSeqpacket, context: &Context) -> anyhow::Result<()> {
+    let figures = DeviceReport {
+        connections: context.connections.len() as u64,
+        connections_total: context.taken.load(Ordering::Relaxed),
+        clients: context.directory.len() as u64,
+        migrated: context.migrated.load(Ordering::Relaxed),
+        devices: context.identities.live(),
+        prewarmed: context.identities.prewarmed(),
+    };
+    match tokio::time::timeout(
+        REPORT_EVERY,
+        link::send(socket, &ToIngress::Report(figures)),
+    )
+    .await
+    {
+        Ok(sent) => sent.context("reporting to the ingress"),
+        Err(_) => {
+            tracing::debug!("channel busy; report skipped");
+            Ok(())
+        }
+    }
+}
+
+/// Reads what an ingress that handed off still sends on its channel (inner
+/// packets of the sessions it still decrypts, a connection it accepted just
+/// before) until it exits and the channel closes.
+pub(super) async fn linger(
+    socket: Arc<UnixSeqpacket>,
+    context: Arc<Context>,
+    tun_writer: TunWriter,
+) {
+    let mut buffer = vec![0u8; MAX_FRAME];
+    loop {
+        match link::receive(&socket, &mut buffer).await {
+            Ok(Some(Incoming { message, fds })) => match message {
+                ToDevice::Packets(batch) => tun_writer.enqueue(batch.into_owned()),
+                ToDevice::Accepted(accepted) => take_connection(&context, accepted, fds),
+                // The old ingress took everything back and this plane attached
+                // to it again: this channel is the stale one.
+                ToDevice::Drain(_) => return,
+                other => tracing::debug!("the old ingress sent {}: ignored", other.name()),
+            },
+            Ok(None) | Err(_) => {
+                tracing::info!("the old ingress has closed its channel");
+                return;
+            }
+        }
+    }
+}

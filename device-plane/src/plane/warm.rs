@@ -1,0 +1,123 @@
+//! Warm-up, once per process: open the store, load the clients, pre-warm
+//! the egress identities of recently active clients within the ready budget,
+//! start the background duties, and attach the TUN queues (unless they are
+//! to be inherited from a predecessor).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use blipless_config::Config;
+use blipless_store::{self as store, NodeId};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::background;
+use crate::clients::Directory;
+use crate::conn::Context;
+use crate::egress::Egress;
+use crate::fault;
+use crate::identity::Identities;
+use crate::wg::endpoints::Snapshots;
+use crate::wg::{PacketPath, TunWriter};
+
+/// Ready goes out at least this long before the ingress's ready budget ends.
+const READY_MARGIN: Duration = Duration::from_secs(5);
+
+/// What warm-up builds once and every attachment reuses.
+pub(super) struct Warm {
+    pub(super) context: Arc<Context>,
+    pub(super) packets: Arc<PacketPath>,
+    /// Writes inner packets to the TUN device, apart from the channel reader.
+    pub(super) tun_writer: TunWriter,
+    pub(super) directory: Arc<Directory>,
+    pub(super) identities: Arc<Identities>,
+    pub(super) background: CancellationToken,
+    /// The WireGuard endpoint snapshots the ingress sends, kept in the store.
+    pub(super) endpoints: Snapshots,
+}
+
+/// Opens the store and loads the clients (pre-warm will grow here).
+pub(super) async fn warm_up(
+    config: &Config,
+    attached_at: Instant,
+    successor: bool,
+) -> anyhow::Result<Warm> {
+    fault::stall_warmup().await;
+    let store = store::open(&config.store.url).await.with_context(|| {
+        format!(
+            "opening the store {}",
+            store::display_url(&config.store.url)
+        )
+    })?;
+    let directory = Directory::load(store.clone())
+        .await
+        .context("loading clients from the store")?;
+    tracing::info!(clients = directory.len(), store = %store::display_url(&config.store.url), "store opened");
+    let node = NodeId {
+        host: config.node.host.clone(),
+        block: config.node.block.clone(),
+    };
+    let endpoints = Snapshots::new(store.clone(), node.clone());
+    let identities = Arc::new(Identities::new(store, node, config.egress.sources.clone()));
+    // Pre-warm, but say Ready in time: the ingress gives up deploy.ready_budget
+    // after our Hello, and opening the store took some of that already.
+    let left = config
+        .deploy
+        .ready_budget
+        .saturating_sub(READY_MARGIN)
+        .saturating_sub(attached_at.elapsed());
+    let budget = config
+        .prewarm
+        .budget
+        .min(left)
+        .max(Duration::from_millis(100));
+    let started = Instant::now();
+    let report = identities
+        .prewarm(
+            config.prewarm.window,
+            config.prewarm.concurrency,
+            config.prewarm.device_timeout,
+            budget,
+        )
+        .await;
+    tracing::info!(
+        candidates = report.candidates,
+        opened = report.opened,
+        skipped = report.skipped,
+        took = ?started.elapsed(),
+        "pre-warm done"
+    );
+    let background = CancellationToken::new();
+    tokio::spawn(background::maintain(
+        directory.clone(),
+        identities.clone(),
+        background.clone(),
+    ));
+    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout);
+    // A successor inherits its predecessor's TUN queues at handover; the
+    // first plane attaches its own now, before Ready.
+    let packets = Arc::new(PacketPath::new(
+        &config.egress.tun.name,
+        config.egress.tun.queues,
+        egress.clone(),
+        successor,
+    ));
+    let context = Arc::new(Context::new(
+        directory.clone(),
+        identities.clone(),
+        egress,
+        config.proxy.handshake_timeout,
+        config.proxy.idle_timeout,
+    ));
+    let tun_writer = TunWriter::spawn(packets.clone());
+    Ok(Warm {
+        context,
+        packets,
+        tun_writer,
+        directory,
+        identities,
+        background,
+        endpoints,
+    })
+}

@@ -1,0 +1,388 @@
+//! The packet egress of WireGuard clients' inner packets ([`PacketPath`]):
+//! inner packets from the ingress are checked against the egress policy
+//! (default deny, as for the proxies; a refused packet is dropped and counted)
+//! and written to the TUN device; the kernel forwards and masquerades them
+//! (`blipless-ctl net setup`). What the kernel routes back into the TUN device
+//! is read from this plane's queues and sent to the ingress in batches,
+//! addressed by inner destination. NAT state lives in the kernel, so the plane
+//! holds no per-flow state. At a deploy the queues themselves move: the old
+//! plane stops reading them and sends their fds (SCM_RIGHTS, through the
+//! ingress) to the successor, which reads on. A queue is never detached or
+//! closed in between, so nothing the kernel queued on it is dropped (closing or
+//! detaching a TUN queue purges it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blipless_protocol::channel::{Packets, ToIngress};
+use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::tun::TunQueue;
+use crate::egress::Egress;
+
+/// Largest inner packet read from the TUN device.
+const MAX_PACKET: usize = 65_535;
+/// Packets read from a queue before a batch goes out even if more are waiting.
+const BATCH_PACKETS: usize = 256;
+/// How long the readers may take to stop before the queues are handed over.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Counters of the packet path.
+#[derive(Debug, Default)]
+pub struct PacketCounters {
+    /// Inner packets written to the TUN device.
+    pub to_tun: AtomicU64,
+    /// Inner packets read from the TUN device and sent to the ingress.
+    pub from_tun: AtomicU64,
+    /// Inner packets refused by the egress policy.
+    pub denied: AtomicU64,
+    /// Inner packets lost: no TUN device, no channel, or a write error.
+    pub lost: AtomicU64,
+}
+
+/// Inner packets from the ingress held while this plane has no TUN queue yet
+/// (a successor between Activate and its predecessor's queues arriving).
+const PENDING_LIMIT: usize = 4096;
+/// How long an activated successor waits for its predecessor's queues before
+/// it attaches queues of its own.
+const INHERIT_WAIT: Duration = Duration::from_secs(2);
+
+impl PacketCounters {
+    /// Logs the counters so far (at a handover or a handoff).
+    pub fn log(&self) {
+        tracing::info!(
+            to_tun = self.to_tun.load(Ordering::Relaxed),
+            from_tun = self.from_tun.load(Ordering::Relaxed),
+            denied = self.denied.load(Ordering::Relaxed),
+            lost = self.lost.load(Ordering::Relaxed),
+            "WireGuard packets so far"
+        );
+    }
+}
+
+/// The TUN queues of this plane and the tasks reading them.
+pub struct PacketPath {
+    device: String,
+    /// A successor: its queues come from its predecessor.
+    inherit: bool,
+    queue_count: usize,
+    queues: Mutex<Vec<Arc<TunQueue>>>,
+    readers: Mutex<(TaskTracker, CancellationToken)>,
+    channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
+    pending: Mutex<Vec<Vec<u8>>>,
+    egress: Egress,
+    /// What happened to packets so far.
+    pub counters: Arc<PacketCounters>,
+}
+
+impl std::fmt::Debug for PacketPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketPath")
+            .field("device", &self.device)
+            .field("queues", &self.lock_queues().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PacketPath {
+    /// The packet path of a plane. The first plane (`inherit` false) attaches
+    /// `queues` queues of the TUN device `device` now; a successor (`inherit`
+    /// true) gets its predecessor's queues at handover ([`PacketPath::adopt`]),
+    /// so no queue is ever closed under the kernel's feet, and attaches its own
+    /// only if none arrive ([`PacketPath::expect_inherited`]). When the device
+    /// cannot be used (not set up, no CAP_NET_ADMIN) the plane still serves the
+    /// proxies: the reason is logged and WireGuard packets are counted as lost.
+    pub fn new(device: &str, queues: usize, egress: Egress, inherit: bool) -> Self {
+        let path = Self {
+            device: device.to_owned(),
+            inherit,
+            queue_count: queues,
+            queues: Mutex::new(Vec::new()),
+            readers: Mutex::new((TaskTracker::new(), CancellationToken::new())),
+            channel: Arc::new(Mutex::new(None)),
+            pending: Mutex::new(Vec::new()),
+            egress,
+            counters: Arc::default(),
+        };
+        if !inherit {
+            path.open_queues();
+        }
+        path
+    }
+
+    fn lock_queues(&self) -> std::sync::MutexGuard<'_, Vec<Arc<TunQueue>>> {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn open_queues(&self) {
+        match super::tun::attach_queues(&self.device, self.queue_count) {
+            Ok(opened) => {
+                tracing::info!(device = %self.device, queues = opened.len(), "TUN queues attached: WireGuard egress ready");
+                self.install(opened);
+            }
+            Err(error) => {
+                tracing::warn!(device = %self.device, "WireGuard egress unavailable, packets from WireGuard clients are dropped: {error}");
+            }
+        }
+    }
+
+    /// Starts reading `added` beside any queues already held, then writes the
+    /// packets that waited for a queue.
+    fn install(&self, added: Vec<TunQueue>) {
+        let added: Vec<Arc<TunQueue>> = added.into_iter().map(Arc::new).collect();
+        let (tracker, stop) = {
+            let mut readers = self
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if readers.1.is_cancelled() {
+                *readers = (TaskTracker::new(), CancellationToken::new());
+            }
+            readers.clone()
+        };
+        for queue in &added {
+            tracker.spawn(read_queue(
+                queue.clone(),
+                self.channel.clone(),
+                self.counters.clone(),
+                stop.clone(),
+            ));
+        }
+        let first = added.first().cloned();
+        self.lock_queues().extend(added);
+        let pending = std::mem::take(&mut *self.lock_pending());
+        if let (Some(queue), false) = (first, pending.is_empty()) {
+            let counters = self.counters.clone();
+            tokio::spawn(async move {
+                for packet in pending {
+                    write_packet(&queue, &packet, &counters).await;
+                }
+            });
+        }
+    }
+
+    /// Takes over queues a predecessor handed over (their fds).
+    pub fn adopt(&self, fds: Vec<std::os::fd::OwnedFd>) {
+        let mut adopted = Vec::new();
+        for fd in fds {
+            match TunQueue::adopt(fd, &self.device) {
+                Ok(queue) => adopted.push(queue),
+                Err(error) => tracing::warn!(%error, "refusing a handed-over TUN queue"),
+            }
+        }
+        tracing::info!(
+            queues = adopted.len(),
+            "TUN queues inherited from the predecessor"
+        );
+        self.install(adopted);
+    }
+
+    /// After Activate as a successor: attaches queues of our own unless the
+    /// predecessor's arrive within [`INHERIT_WAIT`] (it may have died). A
+    /// first plane has tried at start already: nothing to do.
+    pub fn expect_inherited(self: &Arc<Self>) {
+        if !self.inherit {
+            return;
+        }
+        let path = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(INHERIT_WAIT).await;
+            if !path.has_queues() {
+                tracing::warn!("no TUN queues came from a predecessor: attaching our own");
+                path.open_queues();
+            }
+        });
+    }
+
+    /// True when TUN queues are held.
+    pub fn has_queues(&self) -> bool {
+        !self.lock_queues().is_empty()
+    }
+
+    /// Sets (or clears) the channel packets from the TUN device go to.
+    pub fn set_channel(&self, channel: Option<Arc<UnixSeqpacket>>) {
+        *self
+            .channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = channel;
+    }
+
+    /// Writes a batch from the ingress to the TUN device, packet by packet,
+    /// after the egress policy. With no queue yet, packets wait (bounded).
+    pub async fn to_tun(&self, batch: &Packets<'_>) {
+        let queue = {
+            let queues = self.lock_queues();
+            if queues.is_empty() {
+                None
+            } else {
+                Some(queues[batch.peer() as usize % queues.len()].clone())
+            }
+        };
+        for packet in batch.iter() {
+            let permitted = blipless_protocol::ip::destination(packet)
+                .is_some_and(|destination| self.egress.permits(destination));
+            if !permitted {
+                self.counters.denied.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match &queue {
+                Some(queue) => write_packet(queue, packet, &self.counters).await,
+                None => {
+                    let mut pending = self.lock_pending();
+                    if pending.len() < PENDING_LIMIT {
+                        pending.push(packet.to_vec());
+                    } else {
+                        self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands this plane's queues to the successor: stops reading them (a
+    /// packet already read is sent on first), then sends their fds to the
+    /// ingress, which passes them to the active plane. The queues stay
+    /// attached throughout, so the kernel drops nothing queued on them. With
+    /// no channel to send them on, they are closed (the kernel then steers to
+    /// the other queues).
+    pub async fn hand_over(&self) {
+        let (tracker, stop) = self
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        stop.cancel();
+        tracker.close();
+        if tokio::time::timeout(DRAIN_WAIT, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("TUN readers did not stop in time");
+        }
+        let queues = std::mem::take(&mut *self.lock_queues());
+        if queues.is_empty() {
+            return;
+        }
+        let channel = self
+            .channel
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let fds: Vec<std::os::fd::BorrowedFd<'_>> = queues.iter().map(|q| q.as_fd()).collect();
+        let sent = match &channel {
+            Some(socket) => {
+                let message = ToIngress::TunQueues(fds.len().min(usize::from(u8::MAX)) as u8);
+                blipless_link::send(socket, &message, &fds).await
+            }
+            None => Err(blipless_link::LinkError::Io(
+                std::io::ErrorKind::NotConnected.into(),
+            )),
+        };
+        match sent {
+            Ok(()) => {
+                tracing::info!(queues = queues.len(), "TUN queues handed to the successor");
+                self.counters.log();
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not hand the TUN queues over; closing them")
+            }
+        }
+    }
+
+    /// Serving again (re-activated after a failed successor): attaches fresh
+    /// queues if this plane gave its own away.
+    pub fn resume(&self) {
+        if !self.has_queues() {
+            self.open_queues();
+        }
+    }
+}
+
+async fn write_packet(queue: &TunQueue, packet: &[u8], counters: &PacketCounters) {
+    match queue.send(packet).await {
+        Ok(()) => {
+            counters.to_tun.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(error) => {
+            counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%error, "writing to the TUN device failed");
+        }
+    }
+}
+
+/// Reads one queue, sending batches to the ingress, until `stop`. Stopping
+/// happens only between batches: a packet read is always sent on.
+async fn read_queue(
+    queue: Arc<TunQueue>,
+    channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
+    counters: Arc<PacketCounters>,
+    stop: CancellationToken,
+) {
+    let mut buffer = vec![0u8; MAX_PACKET];
+    loop {
+        let first = tokio::select! {
+            read = queue.recv(&mut buffer) => read,
+            () = stop.cancelled() => break,
+        };
+        let length = match first {
+            Ok(length) => length,
+            Err(error) => {
+                tracing::warn!(%error, "reading the TUN device failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mut batch = Packets::new(0);
+        let _ = batch.try_push(&buffer[..length]);
+        let mut batches = Vec::new();
+        for _ in 1..BATCH_PACKETS {
+            match queue.try_recv(&mut buffer) {
+                Ok(Some(length)) => {
+                    if !batch.try_push(&buffer[..length]) {
+                        batches.push(std::mem::replace(&mut batch, Packets::new(0)));
+                        let _ = batch.try_push(&buffer[..length]);
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        batches.push(batch);
+        send_batches(&channel, &counters, batches).await;
+    }
+}
+
+async fn send_batches(
+    channel: &Mutex<Option<Arc<UnixSeqpacket>>>,
+    counters: &PacketCounters,
+    batches: Vec<Packets<'static>>,
+) {
+    let socket = channel
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    for batch in batches {
+        let count = batch.len() as u64;
+        let Some(socket) = &socket else {
+            counters.lost.fetch_add(count, Ordering::Relaxed);
+            continue;
+        };
+        match blipless_link::send(socket, &ToIngress::Packets(batch), &[]).await {
+            Ok(()) => counters.from_tun.fetch_add(count, Ordering::Relaxed),
+            Err(error) => {
+                tracing::debug!(%error, "sending packets to the ingress failed");
+                counters.lost.fetch_add(count, Ordering::Relaxed)
+            }
+        };
+    }
+}

@@ -1,0 +1,89 @@
+//! Sending to the active device plane: the one place that decides "send it
+//! to the active plane, or wait for one, or give up", for everything that
+//! goes there: accepted connections ([`crate::accept`]), connections and TUN
+//! queues passed on from a draining plane ([`crate::device_link`]), and
+//! WireGuard clients' inner packets ([`crate::wg`]).
+//!
+//! A send is made under the plane's send lock and only while that plane is
+//! active ([`PlaneLink::send_if_active`]), so nothing is queued to a plane
+//! after the Drain that ended its activity. A plane that stopped being
+//! active in the meantime is passed by for the next; one whose socket fails
+//! is marked closed (its reader detaches it) and the next is tried. The
+//! caller keeps what it sent when no plane took it (fds and packets are
+//! only borrowed here), and decides what then: hold, return, or drop.
+
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use blipless_protocol::channel::ToDevice;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::planes::{PlaneLink, Planes};
+
+/// How long a send may wait for an active plane.
+#[derive(Debug, Clone, Copy)]
+pub enum Wait<'a> {
+    /// Not at all: only the plane active now (or one that takes over while
+    /// the send is tried) may take it.
+    No,
+    /// Until a deadline.
+    Until(Instant),
+    /// Until a plane is active, however long, unless `shutdown` is cancelled.
+    Forever(&'a CancellationToken),
+}
+
+/// Sends `message`, with `fds` beside it, to the active plane, skipping the
+/// plane of generation `except` (the sender of what is passed on): if that
+/// plane is the active one, nothing is sent. Returns the plane that took it,
+/// or None when none did within `wait`.
+pub async fn to_active(
+    planes: &Planes,
+    message: &ToDevice<'_>,
+    fds: &[BorrowedFd<'_>],
+    except: Option<u64>,
+    wait: Wait<'_>,
+) -> Option<Arc<PlaneLink>> {
+    let mut active = planes.subscribe();
+    let mut tried: Option<u64> = None;
+    loop {
+        let target = active.borrow_and_update().clone();
+        match target {
+            Some(target) if Some(target.generation) == except => return None,
+            Some(target) if !target.closed.is_cancelled() => {
+                match target.send_if_active(message, fds).await {
+                    Ok(true) => return Some(target),
+                    // A newer plane took over since; the watch says which.
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane", message.name());
+                        target.closed.cancel();
+                    }
+                }
+                if matches!(wait, Wait::No) && tried == Some(target.generation) {
+                    return None;
+                }
+                tried = Some(target.generation);
+                if matches!(wait, Wait::No) && active.has_changed().unwrap_or(false) {
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        match wait {
+            Wait::No => return None,
+            Wait::Until(deadline) => {
+                match tokio::time::timeout_at(deadline, active.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return None,
+                }
+            }
+            Wait::Forever(shutdown) => {
+                tokio::select! {
+                    changed = active.changed() => if changed.is_err() { return None },
+                    () = shutdown.cancelled() => return None,
+                }
+            }
+        }
+    }
+}

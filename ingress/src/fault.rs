@@ -1,0 +1,49 @@
+//! Fault injection for the end-to-end tests: the only hooks that let a test
+//! make a successor ingress stall or crash on cue.
+//!
+//! Compiled only with the cargo feature `fault-injection`, which the `tests`
+//! crate turns on (its dependency on this crate names the feature, so every
+//! workspace build of the binaries has it). Without the feature each hook is
+//! an empty function: no `BLIPLESS_FAULT_*` variable is read, and none of
+//! their names is in the binary. `make run` and release builds name the
+//! daemons' packages (`-p`), so they never get it.
+
+/// A successor stalls this many milliseconds after taking the offer, before
+/// it serves (and before it tells its predecessor so).
+#[cfg(feature = "fault-injection")]
+pub const STALL_HANDOFF: &str = "BLIPLESS_FAULT_STALL_HANDOFF_MS";
+/// A successor exits (status 3) this many milliseconds after it started
+/// serving, as a crash would.
+#[cfg(feature = "fault-injection")]
+pub const DIE_AFTER_SERVING: &str = "BLIPLESS_FAULT_DIE_AFTER_SERVING_MS";
+
+/// `BLIPLESS_FAULT_STALL_HANDOFF_MS`: waits that long, if it is set.
+pub async fn stall_handoff() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(STALL_HANDOFF) {
+        tracing::warn!(?delay, "fault injection: {STALL_HANDOFF}");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// `BLIPLESS_FAULT_DIE_AFTER_SERVING_MS`: if it is set, exits the process
+/// that long from now.
+pub fn die_after_serving() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(DIE_AFTER_SERVING) {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            tracing::error!("fault injection: dying after serving");
+            std::process::exit(3);
+        });
+    }
+}
+
+/// The delay in milliseconds that `variable` holds, if it holds one.
+#[cfg(feature = "fault-injection")]
+fn delay(variable: &str) -> Option<std::time::Duration> {
+    std::env::var(variable)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(std::time::Duration::from_millis)
+}

@@ -1,0 +1,275 @@
+//! The predecessor's side of a handoff: the running ingress answers would-be
+//! successors on `handoff.sock`, offers one of them every listening socket,
+//! its peers and their endpoints, and once that one serves, steps aside: it
+//! stops accepting, sends its device planes Goaway, and goes on decrypting its
+//! own WireGuard sessions until they go quiet, or takes everything back if the
+//! successor dies.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blipless_link::LinkError;
+use blipless_protocol::channel::{
+    EndpointEntry, EndpointPart, Handoff, HandoffOffer, Hello, PeerEntry, PeerUpdate, ToDevice,
+    MAX_FRAME,
+};
+use tokio::sync::mpsc;
+use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
+use tokio_util::sync::CancellationToken;
+
+use super::{check_peer, closed, receive, Lineage};
+use crate::listeners::Listeners;
+use crate::node::Node;
+use crate::peercred;
+use crate::planes::Planes;
+use crate::serving::Running;
+use crate::wg::Wireguard;
+
+/// How long a predecessor waits for its successor to start serving.
+const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
+/// An ingress that handed off exits once no session of its own has carried a
+/// packet for this long (its peers have moved to the successor).
+const QUIET_BEFORE_EXIT: Duration = Duration::from_secs(3);
+/// ... but not before this long after the successor started serving, so device
+/// planes and peers have time to move.
+const MIN_OVERLAP: Duration = Duration::from_secs(1);
+
+/// What the handoff listener offers, and whom it tells when a successor
+/// serves.
+#[derive(Debug)]
+pub struct Handoffs {
+    /// The offer and duplicates of its sockets' fds, in the offer's order.
+    offer: (HandoffOffer, Vec<OwnedFd>),
+    node: Arc<Node>,
+    lineage: Arc<Lineage>,
+    /// Where a successor that serves goes: the run loop steps aside for it.
+    takeovers: mpsc::Sender<UnixSeqpacket>,
+}
+
+impl Handoffs {
+    /// Offers `listeners` (duplicated fds a successor can own) and this
+    /// ingress's WireGuard `generation`.
+    pub fn new(
+        listeners: &Listeners,
+        generation: u32,
+        node: Arc<Node>,
+        lineage: Arc<Lineage>,
+        takeovers: mpsc::Sender<UnixSeqpacket>,
+    ) -> Self {
+        let (sockets, fds) = listeners.offer();
+        let owned = fds
+            .iter()
+            .filter_map(|fd| fd.try_clone_to_owned().ok())
+            .collect();
+        let offer = HandoffOffer {
+            sockets,
+            wg_generation: generation,
+            counters: Default::default(),
+        };
+        Self {
+            offer: (offer, owned),
+            node,
+            lineage,
+            takeovers,
+        }
+    }
+}
+
+/// Accepts would-be successors on the handoff socket until `stop`.
+pub async fn serve(listener: UnixSeqpacketListener, handoffs: Handoffs, stop: CancellationToken) {
+    let handoffs = Arc::new(handoffs);
+    crate::sockets::accept_each(listener, stop, "handoff", "handoff failed", move |socket| {
+        let handoffs = handoffs.clone();
+        async move { hand_off(socket, &handoffs).await }
+    })
+    .await;
+}
+
+/// One would-be successor: refuse it, or offer it everything and, once it
+/// serves, tell the run loop to step aside.
+async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<()> {
+    let hello = read_hello(&socket).await?;
+    if handoffs.lineage.beside_predecessor.load(Ordering::SeqCst) {
+        let reason = "this ingress is still taking over from its own predecessor (two generations at most): retry once it has exited".to_string();
+        tracing::warn!(pid = hello.pid, "refusing a third ingress");
+        peercred::refuse_ingress(&socket, reason).await;
+        return Ok(());
+    }
+    if handoffs.lineage.handing_off.swap(true, Ordering::SeqCst) {
+        tracing::warn!(pid = hello.pid, "refusing a second successor");
+        peercred::refuse_ingress(
+            &socket,
+            "another successor is taking over this ingress".to_string(),
+        )
+        .await;
+        return Ok(());
+    }
+    tracing::info!(pid = hello.pid, software = %hello.software, "a successor ingress asks to take over");
+    let (offer, fds) = &handoffs.offer;
+    let mut offer = offer.clone();
+    offer.counters = handoffs.node.metrics.handoff_counters();
+    let (peers, endpoints) = handoffs.node.wireguard.snapshot();
+    let offering = Offering {
+        offer,
+        fds: fds.iter().map(AsFd::as_fd).collect(),
+        peers,
+        endpoints,
+        taken_at_ms: handoffs.node.wireguard.now_ms(),
+    };
+    let serves = send_offer(&socket, offering).await.unwrap_or(false);
+    if !serves {
+        tracing::warn!(
+            pid = hello.pid,
+            "the successor went away before serving; carrying on"
+        );
+        handoffs.lineage.handing_off.store(false, Ordering::SeqCst);
+        return Ok(());
+    }
+    if handoffs.takeovers.send(socket).await.is_err() {
+        handoffs.lineage.handing_off.store(false, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+/// What a predecessor offers.
+#[derive(Debug)]
+struct Offering<'a> {
+    /// The offer (sockets, generation, counters).
+    offer: HandoffOffer,
+    /// The sockets' fds, in the offer's order.
+    fds: Vec<BorrowedFd<'a>>,
+    /// The WireGuard peer set.
+    peers: Vec<PeerEntry>,
+    /// The peers' endpoints.
+    endpoints: Vec<EndpointEntry>,
+    /// When the endpoint snapshot was taken (ms since the epoch).
+    taken_at_ms: u64,
+}
+
+/// Reads a would-be successor's hello; `Err` with the reason when it must be
+/// refused (credentials), after telling it so.
+async fn read_hello(socket: &UnixSeqpacket) -> anyhow::Result<Hello> {
+    let _ = blipless_link::size_buffers(socket);
+    let mut buffer = vec![0u8; MAX_FRAME];
+    let hello = match receive(socket, &mut buffer, "HandoffHello").await? {
+        (Handoff::Hello(hello), _) => hello,
+        (other, _) => {
+            let reason = format!("expected HandoffHello, got {}", other.name());
+            peercred::refuse_ingress(socket, reason.clone()).await;
+            anyhow::bail!(reason);
+        }
+    };
+    if let Err(error) = check_peer(socket) {
+        peercred::refuse_ingress(socket, error.to_string()).await;
+        return Err(error);
+    }
+    Ok(hello)
+}
+
+/// Sends the offer, the peer set and the endpoints, then waits for the
+/// successor to serve. `Ok(true)`: it serves (the caller steps aside);
+/// `Ok(false)`: it went away first (the caller carries on as before).
+async fn send_offer(socket: &UnixSeqpacket, offering: Offering<'_>) -> Result<bool, LinkError> {
+    blipless_link::send(socket, &Handoff::Offer(offering.offer), &offering.fds).await?;
+    for part in PeerUpdate::split_full(offering.peers) {
+        blipless_link::send(socket, &Handoff::Peers(part), &[]).await?;
+    }
+    for part in EndpointPart::split(offering.taken_at_ms, &offering.endpoints) {
+        blipless_link::send(socket, &Handoff::Endpoints(part), &[]).await?;
+    }
+    let mut buffer = vec![0u8; MAX_FRAME];
+    match tokio::time::timeout(
+        SERVING_TIMEOUT,
+        blipless_link::receive::<Handoff>(socket, &mut buffer),
+    )
+    .await
+    {
+        Ok(Ok(Some((Handoff::Serving, _)))) => Ok(true),
+        Ok(Ok(Some((other, _)))) => {
+            tracing::warn!(
+                "the successor sent {} instead of HandoffServing",
+                other.name()
+            );
+            Ok(false)
+        }
+        Ok(Ok(None)) | Ok(Err(_)) => Ok(false),
+        Err(_) => {
+            tracing::warn!("the successor did not serve within {SERVING_TIMEOUT:?}");
+            Ok(false)
+        }
+    }
+}
+
+/// How stepping aside for a successor ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SteppedAside {
+    /// This ingress's sessions went quiet (or the drain grace passed, or a
+    /// drain was asked for): the successor has everything; exit.
+    Exit,
+    /// The successor died: serve again (steer WireGuard back, restart the
+    /// listener tasks). Another successor may take over from then on.
+    ServeAgain,
+}
+
+/// A successor serves (`successor` is its handoff connection): stops every
+/// listener task of `running`, sends every device plane Goaway, and keeps
+/// decrypting this ingress's own WireGuard sessions until they go quiet, the
+/// successor dies, `grace` passes or `shutdown` is cancelled.
+pub async fn step_aside(
+    successor: &UnixSeqpacket,
+    running: Running,
+    planes: &Planes,
+    wireguard: &Wireguard,
+    lineage: &Lineage,
+    grace: Duration,
+    shutdown: &CancellationToken,
+) -> SteppedAside {
+    let overlap = Instant::now();
+    tracing::info!("a successor ingress serves; stepping aside");
+    running.stop_accepting();
+    running.stop_serving();
+    running.wait().await;
+    Planes::send_orders(
+        planes
+            .all()
+            .into_iter()
+            .map(|p| (p, ToDevice::Goaway))
+            .collect(),
+    )
+    .await;
+    let successor_died = tokio::select! {
+        () = closed(successor) => true,
+        () = quiet(wireguard, overlap, grace) => false,
+        () = shutdown.cancelled() => false,
+    };
+    if !successor_died {
+        tracing::info!(overlap = ?overlap.elapsed(), idle = ?wireguard.idle_for(), "sessions quiet; the successor has them all: exiting");
+        return SteppedAside::Exit;
+    }
+    tracing::warn!("the successor ingress died after taking over; serving again");
+    lineage.handing_off.store(false, Ordering::SeqCst);
+    SteppedAside::ServeAgain
+}
+
+/// Completes once no session of this ingress has carried a packet for
+/// [`QUIET_BEFORE_EXIT`] (and at least [`MIN_OVERLAP`] has passed since
+/// `since`), or at `grace`.
+async fn quiet(wireguard: &Wireguard, since: Instant, grace: Duration) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if since.elapsed() >= grace {
+            tracing::warn!("drain grace over while sessions still carried packets");
+            return;
+        }
+        if since.elapsed() < MIN_OVERLAP {
+            continue;
+        }
+        match wireguard.idle_for() {
+            None => return,
+            Some(idle) if idle >= QUIET_BEFORE_EXIT => return,
+            Some(_) => {}
+        }
+    }
+}

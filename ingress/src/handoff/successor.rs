@@ -1,0 +1,179 @@
+//! The successor's side of a handoff: a new ingress finds the running one on
+//! `handoff.sock`, takes its offer (sockets, peers, endpoints), serves on the
+//! same sockets, and says so.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use blipless_config::Config;
+use blipless_protocol::channel::{
+    EndpointEntry, Handoff, HandoffOffer, Hello, PeerEntry, Refused, MAX_FRAME,
+};
+use tokio_seqpacket::UnixSeqpacket;
+
+use super::{check_peer, closed, receive, Lineage};
+use crate::fault;
+use crate::listeners::Listeners;
+use crate::metrics::Metrics;
+
+/// How long a predecessor may take to answer when the handoff socket itself
+/// came back from the service manager's fd store: then the socket accepts
+/// connections even with no ingress behind it (the one that crashed).
+const KEPT_SOCKET_ANSWER: Duration = Duration::from_secs(2);
+
+/// What a successor got from its predecessor.
+#[derive(Debug)]
+pub struct Predecessor {
+    socket: UnixSeqpacket,
+    /// The offer: sockets, the predecessor's WireGuard generation, counters.
+    pub offer: HandoffOffer,
+    /// The offered sockets' fds, in the offer's order.
+    fds: Vec<OwnedFd>,
+    /// The WireGuard peer set.
+    pub peers: Vec<PeerEntry>,
+    /// Where the peers were last heard from.
+    pub endpoints: Vec<EndpointEntry>,
+}
+
+/// Connects to the handoff socket of a running ingress and takes its offer;
+/// `None` when no ingress answers there (a first start, or after a crash). A
+/// refusal (a third ingress while two serve) is an error that says so.
+/// `socket_kept`: the service manager passed the handoff socket back, so a
+/// connection may succeed with nobody listening; no offer within
+/// `KEPT_SOCKET_ANSWER` (2 s) then means no predecessor.
+pub async fn find_predecessor(
+    config: &Config,
+    socket_kept: bool,
+) -> anyhow::Result<Option<Predecessor>> {
+    let path = config.handoff_socket();
+    let socket = match UnixSeqpacket::connect(&path).await {
+        Ok(socket) => socket,
+        Err(error)
+            if matches!(
+                error.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("connecting to {}", path.display()))
+        }
+    };
+    check_peer(&socket)?;
+    let _ = blipless_link::size_buffers(&socket);
+    blipless_link::send(
+        &socket,
+        &Handoff::Hello(Hello {
+            pid: std::process::id(),
+            software: env!("CARGO_PKG_VERSION").to_string(),
+        }),
+        &[],
+    )
+    .await
+    .context("saying hello to the running ingress")?;
+    let mut buffer = vec![0u8; MAX_FRAME];
+    let first = if socket_kept {
+        match tokio::time::timeout(
+            KEPT_SOCKET_ANSWER,
+            receive(&socket, &mut buffer, "the handoff offer"),
+        )
+        .await
+        {
+            Ok(first) => first?,
+            Err(_) => {
+                tracing::info!("no ingress answers on the kept handoff socket: starting afresh");
+                return Ok(None);
+            }
+        }
+    } else {
+        receive(&socket, &mut buffer, "the handoff offer").await?
+    };
+    let (offer, fds) = match first {
+        (Handoff::Offer(offer), fds) => (offer, fds),
+        (Handoff::Refused(Refused { reason }), _) => {
+            anyhow::bail!("the running ingress refused to hand off: {reason}")
+        }
+        (other, _) => anyhow::bail!("expected HandoffOffer, got {}", other.name()),
+    };
+    let mut peers = Vec::new();
+    loop {
+        match receive(&socket, &mut buffer, "the peer set").await? {
+            (Handoff::Peers(update), _) => {
+                peers.extend_from_slice(update.upserts());
+                if update.full_end {
+                    break;
+                }
+            }
+            (other, _) => anyhow::bail!("expected Peers, got {}", other.name()),
+        }
+    }
+    let mut endpoints = Vec::new();
+    loop {
+        match receive(&socket, &mut buffer, "the endpoint snapshot").await? {
+            (Handoff::Endpoints(part), _) => {
+                endpoints.extend_from_slice(part.entries());
+                if part.end {
+                    break;
+                }
+            }
+            (other, _) => anyhow::bail!("expected Endpoints, got {}", other.name()),
+        }
+    }
+    Ok(Some(Predecessor {
+        socket,
+        offer,
+        fds,
+        peers,
+        endpoints,
+    }))
+}
+
+impl Predecessor {
+    /// Takes over the offered sockets (binding afresh those whose configured
+    /// address changed, and parking those in the service manager's fd store).
+    /// Returns them with this ingress's WireGuard generation: the other one.
+    pub fn take_listeners(&mut self, config: &Config) -> anyhow::Result<(Listeners, u32)> {
+        let fds = std::mem::take(&mut self.fds);
+        let (listeners, rebound) = Listeners::adopt(config, &self.offer, fds)?;
+        listeners.park(&rebound);
+        let rebound: Vec<&str> = rebound.iter().map(|name| name.as_str()).collect();
+        tracing::info!(
+            predecessor_generation = self.offer.wg_generation,
+            rebound = ?rebound,
+            peers = self.peers.len(),
+            "taking over from the running ingress"
+        );
+        Ok((listeners, 1 - (self.offer.wg_generation & 1)))
+    }
+
+    /// This ingress serves on the sockets: carries on the predecessor's
+    /// counters, tells it so (it steps aside), and watches the connection,
+    /// which closes when the predecessor exits; until then `lineage` refuses
+    /// a third ingress. `started`: when this ingress started.
+    pub async fn serve_beside(
+        self,
+        metrics: &Metrics,
+        lineage: &Arc<Lineage>,
+        started: Instant,
+    ) -> anyhow::Result<()> {
+        fault::stall_handoff().await;
+        metrics.carry_on(&self.offer.counters, started.elapsed());
+        blipless_link::send(&self.socket, &Handoff::Serving, &[])
+            .await
+            .context("telling the predecessor we serve")?;
+        let connection = self.socket;
+        lineage.beside_predecessor.store(true, Ordering::SeqCst);
+        let lineage = lineage.clone();
+        tokio::spawn(async move {
+            closed(&connection).await;
+            lineage.beside_predecessor.store(false, Ordering::SeqCst);
+            tracing::info!("the predecessor ingress has exited");
+        });
+        fault::die_after_serving();
+        Ok(())
+    }
+}

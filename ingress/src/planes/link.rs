@@ -1,0 +1,186 @@
+//! One attached device plane as the ingress sees it: its half of the channel
+//! (sends serialised by a lock, so nothing is queued after the Drain that
+//! ends its activity), its state, and the figures it reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use blipless_protocol::channel::{DeviceReport, ToDevice};
+use blipless_protocol::control::DevicePlaneInfo;
+use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
+
+/// Where a device plane is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlaneState {
+    /// Said Hello; warming up.
+    Standby,
+    /// Receives every new connection.
+    Active,
+    /// Told to drain; receives nothing new.
+    Draining,
+}
+
+impl PlaneState {
+    /// The word status and metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlaneState::Standby => "standby",
+            PlaneState::Active => "active",
+            PlaneState::Draining => "draining",
+        }
+    }
+}
+
+/// One attached device plane: its half of the channel and what we know of it.
+#[derive(Debug)]
+pub struct PlaneLink {
+    /// The number this ingress gave it.
+    pub generation: u64,
+    /// Its process id (from its Hello).
+    pub pid: u32,
+    /// Its software version (from its Hello).
+    pub software: String,
+    socket: UnixSeqpacket,
+    /// Held across each send, so that a connection handed while this plane
+    /// was active is queued before the Drain that ends its activity.
+    send_lock: tokio::sync::Mutex<()>,
+    state: Mutex<PlaneState>,
+    handed: AtomicU64,
+    report: Mutex<DeviceReport>,
+    leaving: std::sync::atomic::AtomicBool,
+    drained: std::sync::atomic::AtomicBool,
+    /// When it said Hello.
+    pub attached_at: Instant,
+    /// Cancelled when the channel to this plane is gone.
+    pub closed: CancellationToken,
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it:
+/// every value guarded here stays consistent between statements.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl PlaneLink {
+    /// A link over an accepted channel socket whose Hello has been read.
+    pub fn new(generation: u64, pid: u32, software: String, socket: UnixSeqpacket) -> Self {
+        Self {
+            generation,
+            pid,
+            software,
+            socket,
+            send_lock: tokio::sync::Mutex::new(()),
+            state: Mutex::new(PlaneState::Standby),
+            handed: AtomicU64::new(0),
+            report: Mutex::new(DeviceReport::default()),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+            drained: std::sync::atomic::AtomicBool::new(false),
+            attached_at: Instant::now(),
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// The channel socket, for the task that reads from it.
+    pub fn socket(&self) -> &UnixSeqpacket {
+        &self.socket
+    }
+
+    /// The plane's state now.
+    pub fn state(&self) -> PlaneState {
+        *lock(&self.state)
+    }
+
+    pub(super) fn set_state(&self, state: PlaneState) {
+        *lock(&self.state) = state;
+    }
+
+    /// True once the plane asked to leave (or the node drains): it is never
+    /// re-activated.
+    pub fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
+    }
+
+    /// Records that the plane said Drained (it holds nothing).
+    pub fn mark_drained(&self) {
+        self.drained.store(true, Ordering::SeqCst);
+    }
+
+    /// True once the plane said Drained.
+    pub fn drained(&self) -> bool {
+        self.drained.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn mark_leaving(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
+    }
+
+    /// Records the plane's latest figures.
+    pub fn set_report(&self, report: DeviceReport) {
+        *lock(&self.report) = report;
+    }
+
+    /// The plane's latest figures.
+    pub fn report(&self) -> DeviceReport {
+        lock(&self.report).clone()
+    }
+
+    /// Counts a connection handed to this plane.
+    pub fn count_handed(&self) {
+        self.handed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends one message, with `fds` beside it as SCM_RIGHTS.
+    pub async fn send(
+        &self,
+        message: &ToDevice<'_>,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let _turn = self.send_lock.lock().await;
+        send_frame(&self.socket, message, fds).await
+    }
+
+    /// Sends one message only if this plane is still the active one;
+    /// Ok(false) when it is not (the caller re-routes to the new one).
+    pub async fn send_if_active(
+        &self,
+        message: &ToDevice<'_>,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<bool> {
+        let _turn = self.send_lock.lock().await;
+        if self.state() != PlaneState::Active {
+            return Ok(false);
+        }
+        send_frame(&self.socket, message, fds).await?;
+        Ok(true)
+    }
+
+    /// The plane as `blipless-ctl status` shows it.
+    pub fn info(&self) -> DevicePlaneInfo {
+        let report = self.report();
+        DevicePlaneInfo {
+            generation: self.generation,
+            pid: self.pid,
+            software: self.software.clone(),
+            state: self.state().as_str().to_string(),
+            connections_handed: self.handed.load(Ordering::Relaxed),
+            connections_open: report.connections,
+            clients: report.clients,
+            migrated: report.migrated,
+        }
+    }
+}
+
+/// Sends one frame with its fds on a channel socket.
+pub async fn send_frame(
+    socket: &UnixSeqpacket,
+    message: &ToDevice<'_>,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    blipless_link::send(socket, message, fds)
+        .await
+        .map_err(std::io::Error::other)
+}

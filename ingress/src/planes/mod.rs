@@ -1,0 +1,369 @@
+//! The device planes attached to this ingress and which one is active.
+//!
+//! A plane is Standby after its Hello, Active once it says Ready (the
+//! ingress sends it every new connection), Draining once a newer plane took
+//! over, it asked to leave, or the node drains. Exactly one plane is active at a time; the accept loops
+//! watch [`Planes::subscribe`] and switch the moment it changes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blipless_protocol::channel::{DrainOrder, ToDevice};
+use blipless_protocol::control::DeployOutcome;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+mod link;
+
+use link::lock;
+pub use link::{send_frame, PlaneLink, PlaneState};
+
+/// How the latest deploy went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeployRecord {
+    /// The plane that was active before, if any.
+    pub from: Option<u64>,
+    /// The new plane.
+    pub to: u64,
+    /// How it went.
+    pub outcome: DeployOutcome,
+    /// Why it failed, or what happened.
+    pub detail: String,
+    /// From the new plane's Hello to the old plane's exit (or the failure).
+    pub duration: Option<Duration>,
+    started: Instant,
+}
+
+/// Every attached plane, and the active one.
+#[derive(Debug)]
+pub struct Planes {
+    attached: Mutex<Vec<Arc<PlaneLink>>>,
+    active: watch::Sender<Option<Arc<PlaneLink>>>,
+    next_generation: AtomicU64,
+    last_deploy: Mutex<Option<DeployRecord>>,
+    metrics: Arc<Metrics>,
+    /// Connections passed between planes and not yet confirmed: which plane
+    /// each came from (so the successor's MigrateDone finds its way back) and
+    /// which it went to (so a successor that goes away is answered for).
+    migrations: Mutex<std::collections::HashMap<u64, Migration>>,
+}
+
+/// One connection between planes, until its successor confirms it.
+#[derive(Debug)]
+struct Migration {
+    from: std::sync::Weak<PlaneLink>,
+    to: Option<u64>,
+}
+
+/// A message the caller must send to a plane after a state change.
+pub type Order = (Arc<PlaneLink>, ToDevice<'static>);
+
+fn drain(handover: bool) -> ToDevice<'static> {
+    ToDevice::Drain(DrainOrder { handover })
+}
+
+impl Planes {
+    /// No plane attached.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            attached: Mutex::new(Vec::new()),
+            active: watch::channel(None).0,
+            next_generation: AtomicU64::new(1),
+            last_deploy: Mutex::new(None),
+            metrics,
+            migrations: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The next generation number.
+    pub fn next_generation(&self) -> u64 {
+        self.next_generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Watches the active plane (None while there is none).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<PlaneLink>>> {
+        self.active.subscribe()
+    }
+
+    /// The active plane now.
+    pub fn active(&self) -> Option<Arc<PlaneLink>> {
+        self.active.borrow().clone()
+    }
+
+    /// Remembers that connection `id` came from `from`.
+    pub fn migration_sent(&self, id: u64, from: &Arc<PlaneLink>) {
+        lock(&self.migrations).insert(
+            id,
+            Migration {
+                from: Arc::downgrade(from),
+                to: None,
+            },
+        );
+    }
+
+    /// Remembers which plane connection `id` was passed to.
+    pub fn migration_passed(&self, id: u64, to: u64) {
+        if let Some(migration) = lock(&self.migrations).get_mut(&id) {
+            migration.to = Some(to);
+        }
+    }
+
+    /// The plane connection `id` came from, if it is still attached.
+    pub fn migration_done(&self, id: u64) -> Option<Arc<PlaneLink>> {
+        lock(&self.migrations).remove(&id)?.from.upgrade()
+    }
+
+    /// The latest deploy, if any.
+    pub fn last_deploy(&self) -> Option<DeployRecord> {
+        lock(&self.last_deploy).clone()
+    }
+
+    fn finish_deploy(&self, outcome: DeployOutcome, detail: String) {
+        let mut last = lock(&self.last_deploy);
+        if let Some(record) = last
+            .as_mut()
+            .filter(|r| r.outcome == DeployOutcome::InProgress)
+        {
+            let duration = record.started.elapsed();
+            record.outcome = outcome;
+            record.detail = detail;
+            record.duration = Some(duration);
+            self.metrics.record_deploy(outcome, duration);
+            match outcome {
+                DeployOutcome::Succeeded => {
+                    tracing::info!(to = record.to, ?duration, "deploy succeeded")
+                }
+                _ => tracing::error!(to = record.to, detail = %record.detail, "deploy failed"),
+            }
+        }
+    }
+
+    /// Adds a plane that said Hello (Standby).
+    pub fn attach(&self, link: Arc<PlaneLink>) {
+        lock(&self.attached).push(link);
+    }
+
+    /// A plane said Ready: it becomes active and the previous active plane
+    /// drains, handing its connections over. Returns the messages to send.
+    pub fn on_ready(&self, generation: u64) -> Vec<Order> {
+        let attached = lock(&self.attached);
+        let Some(new) = attached
+            .iter()
+            .find(|p| p.generation == generation)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        if new.state() != PlaneState::Standby {
+            return Vec::new();
+        }
+        let mut orders = Vec::new();
+        new.set_state(PlaneState::Active);
+        orders.push((new.clone(), ToDevice::Activate));
+        let mut from = None;
+        for old in attached.iter().filter(|p| p.generation != generation) {
+            if old.state() == PlaneState::Active {
+                old.set_state(PlaneState::Draining);
+                orders.push((old.clone(), drain(true)));
+                from = Some(old.generation);
+            }
+        }
+        let record = DeployRecord {
+            from,
+            to: generation,
+            outcome: if from.is_some() {
+                DeployOutcome::InProgress
+            } else {
+                DeployOutcome::Succeeded
+            },
+            detail: match from {
+                Some(old) => format!("g{old} hands over to g{generation}"),
+                None => format!("g{generation} is the first active plane"),
+            },
+            duration: from.is_none().then(|| new.attached_at.elapsed()),
+            started: new.attached_at,
+        };
+        *lock(&self.last_deploy) = Some(record);
+        self.active.send_replace(Some(new));
+        orders
+    }
+
+    /// A plane stayed Standby past its ready budget: the deploy failed, the
+    /// active plane carries on, and the late one is told to drain (it holds
+    /// nothing, so it exits).
+    pub fn on_ready_timeout(&self, generation: u64, budget: Duration) -> Vec<Order> {
+        let attached = lock(&self.attached);
+        let Some(late) = attached
+            .iter()
+            .find(|p| p.generation == generation && p.state() == PlaneState::Standby)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        late.set_state(PlaneState::Draining);
+        late.mark_leaving();
+        let detail = format!(
+            "g{generation} was not ready within {budget:?}; the active plane keeps serving"
+        );
+        *lock(&self.last_deploy) = Some(DeployRecord {
+            from: self.active().map(|p| p.generation),
+            to: generation,
+            outcome: DeployOutcome::InProgress,
+            detail: String::new(),
+            duration: None,
+            started: late.attached_at,
+        });
+        drop(attached);
+        self.finish_deploy(DeployOutcome::Failed, detail);
+        vec![(late, drain(false))]
+    }
+
+    /// A plane's channel is gone (`drained`: it said Drained first). If it
+    /// was active, the newest draining plane that may come back is
+    /// re-activated (a new plane that died after its activation gives the
+    /// node back to the old one).
+    pub fn detach(&self, generation: u64, drained: bool) -> Vec<Order> {
+        // Confirmations can no longer reach a plane that is gone, nor come
+        // from one: answer for the gone successor so its predecessor stops
+        // waiting (the connections it held are lost with it).
+        let mut orders = Vec::new();
+        lock(&self.migrations).retain(|id, migration| {
+            let Some(from) = migration.from.upgrade() else {
+                return false;
+            };
+            if from.generation == generation {
+                return false;
+            }
+            if migration.to == Some(generation) {
+                orders.push((from, ToDevice::MigrateDone(*id)));
+                return false;
+            }
+            true
+        });
+        let mut attached = lock(&self.attached);
+        attached.retain(|p| p.generation != generation);
+        let was_active = self
+            .active
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.generation == generation);
+        let deploy = self.last_deploy();
+        let in_progress = deploy
+            .as_ref()
+            .filter(|r| r.outcome == DeployOutcome::InProgress);
+        if !was_active {
+            drop(attached);
+            if in_progress.is_some_and(|r| r.from == Some(generation)) {
+                if drained {
+                    self.finish_deploy(
+                        DeployOutcome::Succeeded,
+                        format!("g{generation} handed over and exited"),
+                    );
+                } else {
+                    self.finish_deploy(
+                        DeployOutcome::Failed,
+                        format!("g{generation} went away before it had handed everything over"),
+                    );
+                }
+            }
+            return orders;
+        }
+        let successor = attached
+            .iter()
+            .rev()
+            .find(|p| p.state() == PlaneState::Draining && !p.leaving())
+            .cloned();
+        if let Some(next) = &successor {
+            tracing::warn!(
+                gone = generation,
+                next = next.generation,
+                "active device plane gone; activating the next"
+            );
+            next.set_state(PlaneState::Active);
+            orders.insert(0, (next.clone(), ToDevice::Activate));
+        }
+        self.active.send_replace(successor.clone());
+        drop(attached);
+        if in_progress.is_some_and(|r| r.to == generation) {
+            let detail = match &successor {
+                Some(next) => format!(
+                    "g{generation} died after activation; g{} re-activated",
+                    next.generation
+                ),
+                None => {
+                    format!("g{generation} died after activation; no plane left to re-activate")
+                }
+            };
+            self.finish_deploy(DeployOutcome::Failed, detail);
+        }
+        orders
+    }
+
+    /// A plane asked to drain (it got SIGTERM): it takes no new work and,
+    /// with no successor, finishes what it holds. If it was the active plane,
+    /// none is active until the next one says Ready. The Drain sent back is
+    /// queued after every connection already handed to it.
+    pub fn on_leaving(&self, generation: u64) -> Vec<Order> {
+        let attached = lock(&self.attached);
+        let Some(leaving) = attached
+            .iter()
+            .find(|p| p.generation == generation)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        leaving.mark_leaving();
+        let was_active = self
+            .active
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.generation == generation);
+        let mut orders = Vec::new();
+        if was_active {
+            leaving.set_state(PlaneState::Draining);
+            orders.push((leaving.clone(), drain(false)));
+            self.active.send_replace(None);
+        } else if leaving.state() != PlaneState::Draining {
+            leaving.set_state(PlaneState::Draining);
+            orders.push((leaving.clone(), drain(self.active().is_some())));
+        }
+        orders
+    }
+
+    /// Every plane drains (the node is going down); none is active.
+    pub fn drain_all(&self) -> Vec<Order> {
+        let attached = lock(&self.attached);
+        let mut orders = Vec::new();
+        for plane in attached.iter() {
+            plane.mark_leaving();
+            if plane.state() != PlaneState::Draining {
+                plane.set_state(PlaneState::Draining);
+                orders.push((plane.clone(), drain(false)));
+            }
+        }
+        self.active.send_replace(None);
+        orders
+    }
+
+    /// Every attached plane, oldest first.
+    pub fn all(&self) -> Vec<Arc<PlaneLink>> {
+        lock(&self.attached).clone()
+    }
+
+    /// Sends each order, logging (not failing on) a plane that is gone: its
+    /// reader task notices and detaches it.
+    pub async fn send_orders(orders: Vec<Order>) {
+        for (plane, message) in orders {
+            tracing::info!(
+                generation = plane.generation,
+                message = message.name(),
+                "telling device plane"
+            );
+            if let Err(error) = plane.send(&message, &[]).await {
+                tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The payloads of the device channel's messages, their type bytes and
+//! names, and the codecs that the three conversations ([`super::ToDevice`],
+//! [`super::ToIngress`], [`super::Handoff`]) share.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::cursor::{put_socket_addr, Reader};
+use super::handoff::HandoffOffer;
+use super::{truncated, DecodeError};
+
+/// Payload of `Hello` (and of `HandoffHello`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The device plane's process id.
+    pub pid: u32,
+    /// The device plane's software version (for status and logs).
+    pub software: String,
+}
+
+/// Payload of [`Welcome`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The number the ingress gave this device plane (1, 2, ...).
+    pub generation: u64,
+    /// The ingress's process id.
+    pub ingress_pid: u32,
+    /// Another plane is active: this one is its successor and inherits its
+    /// TUN queues at handover instead of attaching its own.
+    #[serde(default)]
+    pub successor: bool,
+    /// This ingress started with no predecessor to hand off from: send it the
+    /// last endpoint snapshot from the store after the peer set.
+    #[serde(default)]
+    pub wants_endpoints: bool,
+}
+
+/// Payload of [`Refused`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    /// Why, in words an operator can act on.
+    pub reason: String,
+}
+
+/// Payload of [`Drain`] (one byte).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainOrder {
+    /// True: a successor is active; migrate every connection that can move.
+    /// False: no successor; finish connections within the grace.
+    pub handover: bool,
+}
+
+/// Payload of [`Drained`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drained {
+    /// Connections handed to a successor.
+    pub migrated: u64,
+    /// Connections that finished in this plane.
+    pub finished: u64,
+    /// Connections closed at the grace deadline.
+    pub cut: u64,
+}
+
+/// Payload of [`Report`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// Customer connections this plane holds now.
+    pub connections: u64,
+    /// Connections this plane has taken since it started.
+    pub connections_total: u64,
+    /// Clients known to this plane.
+    pub clients: u64,
+    /// Connections this plane has handed to a successor.
+    #[serde(default)]
+    pub migrated: u64,
+    /// Client devices open on this plane.
+    #[serde(default)]
+    pub devices: u64,
+    /// Devices this plane opened by pre-warm before it said Ready.
+    #[serde(default)]
+    pub prewarmed: u64,
+}
+
+/// Which customer-facing listener accepted a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// The SOCKS5 listener.
+    Socks,
+    /// The HTTP proxy listener.
+    Http,
+}
+
+impl ListenerKind {
+    pub(crate) fn to_byte(self) -> u8 {
+        match self {
+            ListenerKind::Socks => 1,
+            ListenerKind::Http => 2,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            1 => Some(ListenerKind::Socks),
+            2 => Some(ListenerKind::Http),
+            _ => None,
+        }
+    }
+}
+
+/// Payload of [`Accepted`] (binary). One fd travels with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The listener that accepted the connection.
+    pub listener: ListenerKind,
+    /// The ingress's number for this connection, for logs on both sides.
+    pub connection_id: u64,
+    /// The customer's address.
+    pub peer: SocketAddr,
+    /// The local address the customer connected to.
+    pub local: SocketAddr,
+}
+
+pub(crate) const T_HELLO: u8 = 1;
+pub(crate) const T_WELCOME: u8 = 2;
+pub(crate) const T_REFUSED: u8 = 3;
+pub(crate) const T_ACCEPTED: u8 = 4;
+pub(crate) const T_PACKETS: u8 = 5;
+pub(crate) const T_READY: u8 = 6;
+pub(crate) const T_ACTIVATE: u8 = 7;
+pub(crate) const T_DRAIN: u8 = 8;
+pub(crate) const T_DRAINED: u8 = 9;
+pub(crate) const T_GOAWAY: u8 = 10;
+pub(crate) const T_REPORT: u8 = 11;
+pub(crate) const T_MIGRATE: u8 = 12;
+pub(crate) const T_MIGRATE_DONE: u8 = 13;
+pub(crate) const T_PEERS: u8 = 14;
+pub(crate) const T_TUN_QUEUES: u8 = 15;
+pub(crate) const T_ENDPOINTS: u8 = 16;
+pub(crate) const T_HANDOFF_HELLO: u8 = 17;
+pub(crate) const T_HANDOFF_OFFER: u8 = 18;
+pub(crate) const T_HANDOFF_SERVING: u8 = 19;
+
+/// The name of a known message type, or None.
+pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
+    Some(match byte {
+        T_HELLO => "Hello",
+        T_WELCOME => "Welcome",
+        T_REFUSED => "Refused",
+        T_ACCEPTED => "Accepted",
+        T_PACKETS => "Packets",
+        T_READY => "Ready",
+        T_ACTIVATE => "Activate",
+        T_DRAIN => "Drain",
+        T_DRAINED => "Drained",
+        T_GOAWAY => "Goaway",
+        T_REPORT => "Report",
+        T_MIGRATE => "Migrate",
+        T_MIGRATE_DONE => "MigrateDone",
+        T_PEERS => "Peers",
+        T_TUN_QUEUES => "TunQueues",
+        T_ENDPOINTS => "Endpoints",
+        T_HANDOFF_HELLO => "HandoffHello",
+        T_HANDOFF_OFFER => "HandoffOffer",
+        T_HANDOFF_SERVING => "HandoffServing",
+        _ => return None,
+    })
+}
+
+pub(crate) fn put_json<T: Serialize>(out: &mut Vec<u8>, body: &T) {
+    // Serializing these plain structs to a Vec cannot fail: no maps with
+    // non-string keys, no I/O.
+    if let Err(error) = serde_json::to_writer(&mut *out, body) {
+        debug_assert!(false, "serializing a channel message failed: {error}");
+    }
+}
+
+pub(crate) fn malformed(message: &'static str, reason: impl Into<String>) -> DecodeError {
+    DecodeError::Malformed {
+        message,
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn json<T: serde::de::DeserializeOwned>(
+    name: &'static str,
+    payload: &[u8],
+) -> Result<T, DecodeError> {
+    serde_json::from_slice(payload).map_err(|error| malformed(name, error.to_string()))
+}
+
+pub(crate) fn accepted(payload: &[u8]) -> Result<Accepted, DecodeError> {
+    const NAME: &str = "Accepted";
+    let mut reader = Reader::new(payload);
+    let kind_byte = reader.u8().map_err(truncated(NAME))?;
+    let listener = ListenerKind::from_byte(kind_byte)
+        .ok_or_else(|| malformed(NAME, format!("unknown listener kind {kind_byte}")))?;
+    let connection_id = reader.u64().map_err(truncated(NAME))?;
+    let peer = reader
+        .socket_addr()
+        .map_err(truncated(NAME))?
+        .ok_or_else(|| malformed(NAME, "unknown address family for peer"))?;
+    let local = reader
+        .socket_addr()
+        .map_err(truncated(NAME))?
+        .ok_or_else(|| malformed(NAME, "unknown address family for local"))?;
+    if !reader.is_empty() {
+        return Err(malformed(NAME, "trailing bytes after the addresses"));
+    }
+    Ok(Accepted {
+        listener,
+        connection_id,
+        peer,
+        local,
+    })
+}
+
+pub(crate) fn encode_accepted(accepted: &Accepted, out: &mut Vec<u8>) {
+    out.push(accepted.listener.to_byte());
+    out.extend_from_slice(&accepted.connection_id.to_be_bytes());
+    put_socket_addr(out, accepted.peer);
+    put_socket_addr(out, accepted.local);
+}
+
+pub(crate) fn drain(payload: &[u8]) -> Result<DrainOrder, DecodeError> {
+    match payload {
+        [0] => Ok(DrainOrder { handover: false }),
+        [1] => Ok(DrainOrder { handover: true }),
+        _ => Err(malformed("Drain", "expected one byte, 0 or 1")),
+    }
+}
+
+pub(crate) fn migrate_done(payload: &[u8]) -> Result<u64, DecodeError> {
+    const NAME: &str = "MigrateDone";
+    let mut reader = Reader::new(payload);
+    let id = reader.u64().map_err(truncated(NAME))?;
+    if !reader.is_empty() {
+        return Err(malformed(NAME, "trailing bytes"));
+    }
+    Ok(id)
+}
+
+pub(crate) fn tun_queues(payload: &[u8]) -> Result<u8, DecodeError> {
+    match payload {
+        [count] if *count > 0 && usize::from(*count) <= super::MAX_FDS_PER_FRAME => Ok(*count),
+        _ => Err(malformed("TunQueues", "expected one byte, 1 to 252")),
+    }
+}
+
+/// Checks that a message without a payload has none.
+pub(crate) fn empty(message_type: u8, payload: &[u8]) -> Result<(), DecodeError> {
+    if payload.is_empty() {
+        Ok(())
+    } else {
+        Err(malformed(
+            type_name(message_type).unwrap_or("?"),
+            "expected an empty payload",
+        ))
+    }
+}
+
+pub(crate) fn handoff_offer(payload: &[u8]) -> Result<HandoffOffer, DecodeError> {
+    const NAME: &str = "HandoffOffer";
+    let offer: HandoffOffer = json(NAME, payload)?;
+    if offer.sockets.len() > super::MAX_FDS_PER_FRAME {
+        return Err(malformed(NAME, "more sockets than a frame can carry"));
+    }
+    Ok(offer)
+}
+
+/// The error for a type byte that `conversation` does not carry: unknown
+/// altogether, or known but sent the wrong way.
+pub(crate) fn not_carried(message_type: u8, conversation: &'static str) -> DecodeError {
+    match type_name(message_type) {
+        Some(message) => DecodeError::NotInConversation {
+            message,
+            conversation,
+        },
+        None => DecodeError::UnknownType(message_type),
+    }
+}

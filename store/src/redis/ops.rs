@@ -1,0 +1,450 @@
+//! The [`Store`] operations of the Redis store, on the keys and scripts that the module
+//! doc describes.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use deadpool_redis::redis;
+
+use super::{
+    activity_key, address_key, client_key, endpoints_key, identity_key, scripts, usage_key,
+    RedisStore, Req, Retry, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
+};
+use crate::{
+    decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
+    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientRecord, EgressIdentity,
+    EndpointSnapshot, NodeId, Store, StoreError, Usage, ACTIVITY_EXPIRY_SECS,
+    ACTIVITY_RETENTION_SECS, ENDPOINTS_EXPIRY_SECS,
+};
+
+/// Usage hash fields, in [`Usage`] order.
+const USAGE_FIELDS: [&str; 3] = ["up", "down", "conns"];
+
+/// A stream entry as XRANGE returns it: its ID and its fields.
+type FeedEntry = (String, HashMap<String, String>);
+
+impl RedisStore {
+    /// Updates the index and appends a change (not retried after sending: a repeat
+    /// would append twice). Returns the seq appended, or 0.
+    async fn append_change(
+        &self,
+        name: &str,
+        kind: ChangeKind,
+        force: bool,
+    ) -> Result<u64, StoreError> {
+        let kind = match kind {
+            ChangeKind::Upsert => "upsert",
+            ChangeKind::Remove => "remove",
+        };
+        let mut script = scripts::FEED_APPEND.prepare_invoke();
+        script
+            .key(INDEX_KEY)
+            .key(FEED_SEQ_KEY)
+            .key(FEED_KEY)
+            .arg(name)
+            .arg(kind)
+            .arg(if force { "1" } else { "0" });
+        self.run(
+            "appending to the change feed",
+            Retry::Once,
+            &Req::Script(script),
+        )
+        .await
+    }
+
+    /// Claims `address` for client `name`: `Ok(true)` if claimed now, `Ok(false)` if
+    /// that name held it already, `StoreError::AddressTaken` if another client does.
+    async fn claim_address(&self, address: IpAddr, name: &str) -> Result<bool, StoreError> {
+        let mut script = scripts::CLAIM_ADDRESS.prepare_invoke();
+        script.key(address_key(address)).arg(name);
+        let claimed: i64 = self
+            .run(
+                "claiming a WireGuard address",
+                Retry::Once,
+                &Req::Script(script),
+            )
+            .await?;
+        match claimed {
+            1 => Ok(true),
+            2 => Ok(false),
+            _ => Err(StoreError::AddressTaken(address)),
+        }
+    }
+
+    /// Frees `address` if client `name` holds it.
+    async fn release_address(&self, address: IpAddr, name: &str) -> Result<(), StoreError> {
+        let mut script = scripts::RELEASE_ADDRESS.prepare_invoke();
+        script.key(address_key(address)).arg(name);
+        let _: i64 = self
+            .run(
+                "freeing a WireGuard address",
+                Retry::Idempotent,
+                &Req::Script(script),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Whether a client record of that name exists.
+    async fn client_exists(&self, name: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(client_key(name));
+        let found: i64 = self
+            .run("checking a client name", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(found > 0)
+    }
+
+    /// A client's WireGuard address as its record says, leniently: a corrupt record
+    /// has none (so that it can still be removed).
+    async fn stored_address(&self, name: &str) -> Result<Option<IpAddr>, StoreError> {
+        let key = client_key(name);
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&key);
+        let json: Option<String> = self
+            .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(json.and_then(|json| match self.decode_client(&key, &json) {
+            Ok(record) => record.wg_address,
+            Err(error) => {
+                tracing::warn!(%error, "reading a client's WireGuard address");
+                None
+            }
+        }))
+    }
+
+    fn decode_client(&self, key: &str, json: &str) -> Result<ClientRecord, StoreError> {
+        serde_json::from_str(json).map_err(|err| self.corrupt(key, err))
+    }
+
+    fn decode_change(&self, (id, fields): FeedEntry) -> Result<Change, StoreError> {
+        let seq = id
+            .strip_suffix("-0")
+            .and_then(|seq| seq.parse::<u64>().ok())
+            .ok_or_else(|| self.corrupt(FEED_KEY, format!("entry ID {id:?}")))?;
+        let kind = match fields.get("kind").map(String::as_str) {
+            Some("upsert") => ChangeKind::Upsert,
+            Some("remove") => ChangeKind::Remove,
+            other => return Err(self.corrupt(FEED_KEY, format!("entry {id} kind {other:?}"))),
+        };
+        let name = fields
+            .get("name")
+            .cloned()
+            .ok_or_else(|| self.corrupt(FEED_KEY, format!("entry {id} has no name")))?;
+        Ok(Change { seq, name, kind })
+    }
+}
+
+/// A u64 delta as a Redis integer, saturating at i64::MAX.
+fn redis_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl Store for RedisStore {
+    async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError> {
+        validate_name(&record.name)?;
+        let json = serde_json::to_string(&record)
+            .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;
+        // The address first (its own slot): a record never holds an unclaimed address.
+        let mut claimed_now = None;
+        if let Some(address) = record.wg_address {
+            // A taken name is reported before a taken address.
+            if self.client_exists(&record.name).await? {
+                return Err(StoreError::AlreadyExists(record.name));
+            }
+            claimed_now = Some((address, self.claim_address(address, &record.name).await?));
+        }
+        let mut script = scripts::ADD_CLIENT.prepare_invoke();
+        script
+            .key(client_key(&record.name))
+            .key(usage_key(&record.name))
+            .arg(json);
+        let created: i64 = self
+            .run("adding a client", Retry::Once, &Req::Script(script))
+            .await?;
+        if created == 0 {
+            if let Some((address, true)) = claimed_now {
+                // Free what this add claimed, unless the client that won holds it.
+                if self.stored_address(&record.name).await? != Some(address) {
+                    self.release_address(address, &record.name).await?;
+                }
+            }
+            return Err(StoreError::AlreadyExists(record.name));
+        }
+        self.append_change(&record.name, ChangeKind::Upsert, false)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError> {
+        if !is_valid_name(name) {
+            return Ok(None);
+        }
+        let key = client_key(name);
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&key);
+        let json: Option<String> = self
+            .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        json.map(|json| self.decode_client(&key, &json)).transpose()
+    }
+
+    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        let mut cmd = redis::cmd("SMEMBERS");
+        cmd.arg(INDEX_KEY);
+        let mut names: Vec<String> = self
+            .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        names.sort_unstable();
+        // One GET per record (a pipeline, not MGET: the records are in different slots).
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("GET").arg(client_key(name));
+        }
+        let records: Vec<Option<String>> = self
+            .run("reading clients", Retry::Idempotent, &Req::Pipe(pipe))
+            .await?;
+        names
+            .iter()
+            .zip(records)
+            // A listed name without a record is being added or removed: skip it.
+            .filter_map(|(name, json)| json.map(|json| (client_key(name), json)))
+            .map(|(key, json)| self.decode_client(&key, &json))
+            .collect()
+    }
+
+    async fn remove_client(&self, name: &str) -> Result<bool, StoreError> {
+        if !is_valid_name(name) {
+            return Ok(false);
+        }
+        // Records do not change: the address read now is the one deleted below.
+        let address = self.stored_address(name).await?;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("DEL")
+            .arg(client_key(name))
+            .cmd("DEL")
+            .arg(usage_key(name));
+        let (records, _usage): (i64, i64) = self
+            .run("removing a client", Retry::Idempotent, &Req::Pipe(pipe))
+            .await?;
+        // The record is gone: its address may go to another client now.
+        if let Some(address) = address {
+            self.release_address(address, name).await?;
+        }
+        let appended = self
+            .append_change(name, ChangeKind::Remove, records > 0)
+            .await?;
+        Ok(appended > 0)
+    }
+
+    async fn feed_head(&self) -> Result<u64, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(FEED_SEQ_KEY);
+        let head: Option<u64> = self
+            .run("reading the feed head", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(head.unwrap_or(0))
+    }
+
+    async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        // Seqs come from INCR: nothing lies beyond i64::MAX.
+        if limit == 0 || i64::try_from(after).is_err() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(FEED_KEY)
+            .arg(format!("({after}-0"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(i64::try_from(limit).unwrap_or(i64::MAX));
+        let entries: Vec<FeedEntry> = self
+            .run("reading the change feed", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        entries
+            .into_iter()
+            .map(|entry| self.decode_change(entry))
+            .collect()
+    }
+
+    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
+        if !is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let mut script = scripts::ADD_USAGE.prepare_invoke();
+        script
+            .key(client_key(name))
+            .key(usage_key(name))
+            .arg(redis_int(delta.bytes_up))
+            .arg(redis_int(delta.bytes_down))
+            .arg(redis_int(delta.connections));
+        let found: i64 = self
+            .run("adding usage", Retry::Once, &Req::Script(script))
+            .await?;
+        if found == 0 {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn usage(&self, name: &str) -> Result<Usage, StoreError> {
+        if !is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let key = usage_key(name);
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(&key);
+        for field in USAGE_FIELDS {
+            cmd.arg(field);
+        }
+        let values: Vec<Option<i64>> = self
+            .run("reading usage", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        if values.iter().all(Option::is_none) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let mut counters = [0u64; 3];
+        for ((counter, value), field) in counters.iter_mut().zip(values).zip(USAGE_FIELDS) {
+            let value = value.unwrap_or(0);
+            *counter = u64::try_from(value)
+                .map_err(|_| self.corrupt(&key, format!("negative {field} {value}")))?;
+        }
+        let [bytes_up, bytes_down, connections] = counters;
+        Ok(Usage {
+            bytes_up,
+            bytes_down,
+            connections,
+        })
+    }
+
+    async fn touch_activity(
+        &self,
+        node: &NodeId,
+        clients: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        if clients.is_empty() {
+            return Ok(());
+        }
+        let key = activity_key(node);
+        let cutoff = unix_now().saturating_sub(ACTIVITY_RETENTION_SECS);
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&key).arg("GT");
+        for (client, at) in clients {
+            zadd.arg(*at).arg(client);
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .add_command(zadd)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(format!("({cutoff}"))
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(ACTIVITY_EXPIRY_SECS)
+            .ignore();
+        self.run("recording activity", Retry::Idempotent, &Req::Pipe(pipe))
+            .await
+    }
+
+    async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError> {
+        let since = since.max(unix_now().saturating_sub(ACTIVITY_RETENTION_SECS));
+        let mut cmd = redis::cmd("ZREVRANGEBYSCORE");
+        cmd.arg(activity_key(node)).arg("+inf").arg(since);
+        self.run("reading activity", Retry::Idempotent, &Req::Cmd(cmd))
+            .await
+    }
+
+    async fn put_identity(
+        &self,
+        client: &str,
+        identity: &EgressIdentity,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        validate_name(client)?;
+        let key = identity_key(client);
+        let ttl_ms = ttl_millis(ttl);
+        let mut cmd;
+        if ttl_ms == 0 {
+            // Expired as soon as written: the same as absent.
+            cmd = redis::cmd("DEL");
+            cmd.arg(&key);
+        } else {
+            cmd = redis::cmd("SET");
+            cmd.arg(&key)
+                .arg(encode_identity(identity)?)
+                .arg("PX")
+                .arg(ttl_ms);
+        }
+        let _: redis::Value = self
+            .run("saving an identity", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(())
+    }
+
+    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+        if !is_valid_name(client) {
+            return Ok(None);
+        }
+        let mut cmd = redis::cmd("GETDEL");
+        cmd.arg(identity_key(client));
+        let json: Option<String> = self
+            .run("taking an identity", Retry::Once, &Req::Cmd(cmd))
+            .await?;
+        json.map(|json| decode_identity(client, &json)).transpose()
+    }
+
+    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
+        if !is_valid_name(client) {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(identity_key(client));
+        let _: i64 = self
+            .run("dropping an identity", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(())
+    }
+
+    async fn put_endpoints(
+        &self,
+        node: &NodeId,
+        snapshot: &EndpointSnapshot,
+    ) -> Result<(), StoreError> {
+        // A plain SET with an expiry: a node gone for a day has no peers worth calling
+        // back, and one that stops writing leaves nothing behind for good.
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(endpoints_key(node))
+            .arg(encode_endpoints(snapshot)?)
+            .arg("EX")
+            .arg(ENDPOINTS_EXPIRY_SECS);
+        let _: redis::Value = self
+            .run(
+                "saving the endpoint snapshot",
+                Retry::Idempotent,
+                &Req::Cmd(cmd),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(endpoints_key(node));
+        let json: Option<String> = self
+            .run(
+                "reading the endpoint snapshot",
+                Retry::Idempotent,
+                &Req::Cmd(cmd),
+            )
+            .await?;
+        json.map(|json| decode_endpoints(node, &json)).transpose()
+    }
+}

@@ -1,0 +1,305 @@
+//! Tests of the Redis store beyond the backend contract (`contract`): its key
+//! shapes (and expiries), half-done adds and removes, leftover WireGuard address claims, URLs in errors, and a Redis that dies, hangs or
+//! comes back.
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+
+use super::*;
+use crate::contract::redis_server::RedisServer;
+use crate::contract::{address_of, client};
+use crate::{ChangeKind, ClientRecord, EgressIdentity, EndpointSnapshot, Store, Usage};
+
+/// A plain connection for looking at (or tampering with) the keys.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+fn node() -> NodeId {
+    NodeId {
+        host: "h1".into(),
+        block: "b0".into(),
+    }
+}
+
+#[test]
+fn urls_are_shown_without_passwords() {
+    for (url, shown) in [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:hunter2@r:6379/1", "redis://:***@r:6379/1"),
+        ("rediss://me:hunter2@r/0?x=1", "rediss://me:***@r/0?x=1"),
+        ("redis://hunter2@r", "redis://***@r"),
+        ("redis://u:p@ss@r/0", "redis://u:***@r/0"),
+    ] {
+        assert_eq!(redact_url(url), shown);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_shapes() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    store.add_client(client("alice")).await.expect("add");
+    let delta = Usage {
+        bytes_up: 5,
+        bytes_down: 6,
+        connections: 1,
+    };
+    store.add_usage("alice", delta).await.expect("usage");
+    let now = crate::unix_now();
+    store
+        .touch_activity(&node(), &[("alice".into(), now)])
+        .await
+        .expect("touch");
+    let id = EgressIdentity { source: None };
+    store
+        .put_identity("alice", &id, Duration::from_secs(600))
+        .await
+        .expect("put");
+    store
+        .put_endpoints(&node(), &EndpointSnapshot::default())
+        .await
+        .expect("put endpoints");
+
+    let mut conn = raw(&server).await;
+    let mut keys: Vec<String> = conn.keys("*").await.expect("KEYS");
+    keys.sort();
+    let address_claim = format!("{{pwg_{}}}", address_of("alice"));
+    let mut expected = vec![
+        "{blipless}:clients",
+        "{blipless}:feed",
+        "{blipless}:feed:seq",
+        "{pc_alice}",
+        "{pc_alice}:usage",
+        "{pca_h1_b0}",
+        "{pwi_alice}",
+        "{pwh_h1_b0}",
+        address_claim.as_str(),
+    ];
+    expected.sort_unstable();
+    assert_eq!(keys, expected);
+    let holder: String = conn.get(&address_claim).await.expect("GET");
+    assert_eq!(holder, "alice", "the address key names its client");
+    let usage: Vec<(String, i64)> = conn.hgetall("{pc_alice}:usage").await.expect("HGETALL");
+    assert_eq!(usage.len(), 3);
+    assert!(usage.contains(&("down".into(), 6)), "{usage:?}");
+    let activity_ttl: i64 = conn.ttl("{pca_h1_b0}").await.expect("TTL");
+    assert!((7190..=7200).contains(&activity_ttl), "{activity_ttl}");
+    let identity_ttl: i64 = conn.ttl("{pwi_alice}").await.expect("TTL");
+    assert!((590..=600).contains(&identity_ttl), "{identity_ttl}");
+    let endpoints_ttl: i64 = conn.ttl("{pwh_h1_b0}").await.expect("TTL");
+    assert!(
+        (86_390..=86_400).contains(&endpoints_ttl),
+        "{endpoints_ttl}"
+    );
+    let endpoints: String = conn.get("{pwh_h1_b0}").await.expect("GET");
+    assert_eq!(endpoints, r#"{"taken_at_ms":0,"peers":[]}"#, "plain JSON");
+    let feed: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{blipless}:feed")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("XRANGE");
+    assert_eq!(feed.len(), 1);
+    assert_eq!(feed[0].0, "1-0");
+}
+
+/// The half-done states the module doc describes, as a crash between the two slots of
+/// an add or a remove would leave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_done_adds_and_removes_are_repaired() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let mut conn = raw(&server).await;
+    // An add that died after writing the record: not listed, not in the feed.
+    let json = serde_json::to_string(&client("half")).expect("json");
+    let _: () = conn.set("{pc_half}", json).await.expect("SET");
+    assert!(store.list_clients().await.expect("list").is_empty());
+    assert!(store.get_client("half").await.expect("get").is_some());
+    // Removing it puts the Remove in the feed; adding it again works.
+    assert!(store.remove_client("half").await.expect("remove"));
+    store.add_client(client("half")).await.expect("re-add");
+    let feed: Vec<_> = store.changes_since(0, 10).await.expect("feed");
+    let kinds: Vec<_> = feed.iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, [ChangeKind::Remove, ChangeKind::Upsert]);
+
+    // A remove that died after deleting the record: a listed name without a record.
+    let _: () = conn.sadd("{blipless}:clients", "gone").await.expect("SADD");
+    assert_eq!(store.list_clients().await.expect("list"), [client("half")]);
+    assert!(
+        store.remove_client("gone").await.expect("remove"),
+        "the retried remove still reaches the feed"
+    );
+    let last = store.changes_since(feed[1].seq, 10).await.expect("feed");
+    assert_eq!(last.len(), 1);
+    assert_eq!(
+        (last[0].name.as_str(), last[0].kind),
+        ("gone", ChangeKind::Remove)
+    );
+    assert!(!store.remove_client("gone").await.expect("remove again"));
+}
+
+/// The WireGuard address claims the module doc describes: a claim left without a
+/// record (an add that died between its steps) keeps the address from other clients
+/// and is taken over by an add of the same name; a remove deletes the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftover_address_claims() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let mut conn = raw(&server).await;
+    let address: std::net::IpAddr = "10.64.0.2".parse().expect("literal");
+    let key = format!("{{pwg_{address}}}");
+    let _: () = conn.set(&key, "ghost").await.expect("SET");
+    let other = ClientRecord {
+        wg_address: Some(address),
+        ..client("other")
+    };
+    assert!(matches!(
+        store.add_client(other).await,
+        Err(StoreError::AddressTaken(a)) if a == address
+    ));
+    let ghost = ClientRecord {
+        wg_address: Some(address),
+        ..client("ghost")
+    };
+    store
+        .add_client(ghost.clone())
+        .await
+        .expect("the claim's own name takes it over");
+    assert_eq!(store.get_client("ghost").await.expect("get"), Some(ghost));
+    assert!(store.remove_client("ghost").await.expect("remove"));
+    let left: Option<String> = conn.get(&key).await.expect("GET");
+    assert_eq!(left, None, "removing the client deletes its claim");
+    // A claim of another client is never deleted by a remove.
+    let _: () = conn.set(&key, "someone").await.expect("SET");
+    store.add_client(client("plain")).await.expect("add");
+    assert!(store.remove_client("plain").await.expect("remove"));
+    let left: Option<String> = conn.get(&key).await.expect("GET");
+    assert_eq!(left.as_deref(), Some("someone"));
+}
+
+#[tokio::test]
+async fn unreachable_redis_fails_fast_without_its_password() {
+    let started = Instant::now();
+    let err = RedisStore::open("redis://me:hunter2@127.0.0.1:1/0")
+        .await
+        .expect_err("nothing listens on port 1");
+    let message = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{message}");
+    assert!(
+        message.contains("redis://me:***@127.0.0.1:1/0"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn malformed_url_is_invalid() {
+    let err = RedisStore::open("redis://:hunter2@host:notaport/0")
+        .await
+        .expect_err("bad port");
+    assert!(matches!(err, StoreError::InvalidUrl(_)), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+/// Redis dies: calls fail quickly and clearly. It comes back on the same port: the same
+/// store works again, without being reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_when_redis_is_back() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    store.add_client(client("before")).await.expect("add");
+    assert_eq!(store.list_clients().await.expect("list").len(), 1);
+
+    server.kill();
+    let started = Instant::now();
+    let err = store.get_client("before").await.expect_err("Redis is down");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let message = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{message}");
+    assert!(message.contains(&server.url()), "{message}");
+    let err = store.add_usage("before", Usage::default()).await;
+    assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
+
+    server.restart();
+    // Nothing was persisted, so the restarted Redis is empty; the store just works.
+    assert!(store
+        .list_clients()
+        .await
+        .expect("list after restart")
+        .is_empty());
+    store
+        .add_client(client("after"))
+        .await
+        .expect("add after restart");
+    assert_eq!(
+        store.get_client("after").await.expect("get"),
+        Some(client("after"))
+    );
+    let feed = store.changes_since(0, 10).await.expect("feed");
+    assert_eq!(feed.len(), 1);
+}
+
+/// A Redis that hangs (SIGSTOP) answers nothing: calls time out instead of waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_redis_times_out() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    // Several pooled connections, each of which must not cost its own timeout.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(store.pool.get().await.expect("connection"));
+    }
+    drop(held);
+    assert_eq!(store.pool.status().size, 4);
+    let pid = nix::unistd::Pid::from_raw(server.pid().expect("running"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let started = Instant::now();
+    let result = store.usage("anyone").await;
+    let elapsed = started.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    assert!(
+        matches!(result, Err(StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    // One attempt, cut at ATTEMPT_TIMEOUT: timeouts are not retried.
+    assert!(
+        elapsed < ATTEMPT_TIMEOUT + Duration::from_millis(500),
+        "{elapsed:?}"
+    );
+    assert!(matches!(
+        store.usage("anyone").await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+/// `rediss://` speaks TLS: against a plain-text Redis the handshake fails, clearly and
+/// quickly (this also checks that the TLS client can be built at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_url_uses_tls() {
+    let server = RedisServer::start();
+    let url = server.url().replacen("redis://", "rediss://", 1);
+    let started = Instant::now();
+    let err = RedisStore::open(&url).await.expect_err("no TLS there");
+    assert!(
+        started.elapsed() < ATTEMPT_TIMEOUT * 2,
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err.to_string().contains(&url), "{err}");
+}

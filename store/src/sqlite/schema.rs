@@ -1,0 +1,162 @@
+//! The embedded store's SQLite settings and schema: opening a connection in WAL mode
+//! with a busy timeout, and creating (idempotently) or checking the versioned schema.
+//!
+//! Versions: 1 has clients, the change feed and usage; 2 adds the activity sets and the
+//! egress identities; 3 makes a client's WireGuard address unique (a `UNIQUE` index on
+//! `clients.wg_address`; clients without one, `NULL`, do not collide); 4 adds the
+//! WireGuard endpoint snapshot per node (`endpoints`). Each version's
+//! statements are `IF NOT EXISTS`, and a store is brought from whatever version it has
+//! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
+//! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
+//! where two clients share an address anyway is refused with their names, unchanged.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use super::db;
+use crate::StoreError;
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 4;
+
+/// How long a write waits for another connection's lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Version 1: clients, the change feed and usage counters.
+pub(super) const SCHEMA_V1: &str = "
+CREATE TABLE IF NOT EXISTS clients (
+    name          TEXT PRIMARY KEY NOT NULL,
+    secret_hash   TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    wg_public_key TEXT,
+    wg_address    TEXT
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('upsert', 'remove'))
+);
+CREATE TABLE IF NOT EXISTS usage (
+    name        TEXT PRIMARY KEY NOT NULL,
+    bytes_up    INTEGER NOT NULL DEFAULT 0,
+    bytes_down  INTEGER NOT NULL DEFAULT 0,
+    connections INTEGER NOT NULL DEFAULT 0
+);
+";
+
+/// Version 2: the activity set per node and the egress identity per client.
+pub(super) const SCHEMA_V2: &str = "
+CREATE TABLE IF NOT EXISTS activity (
+    host   TEXT NOT NULL,
+    block  TEXT NOT NULL,
+    client TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    PRIMARY KEY (host, block, client)
+);
+CREATE INDEX IF NOT EXISTS activity_at ON activity (at);
+CREATE TABLE IF NOT EXISTS identities (
+    client     TEXT PRIMARY KEY NOT NULL,
+    json       TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS identities_expires_at ON identities (expires_at);
+";
+
+/// Version 3: at most one client per WireGuard tunnel address.
+pub(super) const SCHEMA_V3: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS clients_wg_address ON clients (wg_address);
+";
+
+/// Version 4: the WireGuard endpoint snapshot per node, as JSON; `updated_at` (unix
+/// seconds) is when it was last written, for its expiry.
+const SCHEMA_V4: &str = "
+CREATE TABLE IF NOT EXISTS endpoints (
+    host       TEXT NOT NULL,
+    block      TEXT NOT NULL,
+    snapshot   TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (host, block)
+);
+";
+
+/// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
+const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
+
+pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags).map_err(|err| {
+        StoreError::Backend(format!("opening store file {}: {err}", path.display()))
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(db("setting busy timeout"))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(db("setting WAL journal mode"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Backend(format!(
+            "store file {}: WAL journal mode unavailable (got {mode:?})",
+            path.display()
+        )));
+    }
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Creates the schema if the store is new, upgrades an older one, and refuses a newer
+/// one. Runs under the write lock, so processes opening a store at once migrate it
+/// exactly once.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db("beginning schema transaction"))?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(db("reading schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::IncompatibleSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < SCHEMA_VERSION {
+        let from = usize::try_from(version.max(0)).unwrap_or(0);
+        if (1..3).contains(&from) {
+            refuse_shared_wg_addresses(&tx)?;
+        }
+        for statements in MIGRATIONS.iter().skip(from) {
+            tx.execute_batch(statements)
+                .map_err(db("creating or upgrading schema"))?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(db("writing schema version"))?;
+    }
+    tx.commit().map_err(db("committing schema"))
+}
+
+/// Before version 3's unique index: a store where two clients share a WireGuard address
+/// cannot get it, so say which clients, instead of SQLite's bare constraint error.
+fn refuse_shared_wg_addresses(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    let shared: Option<(String, String)> = tx
+        .query_row(
+            "SELECT wg_address, group_concat(name, ', ') FROM clients \
+             WHERE wg_address IS NOT NULL GROUP BY wg_address HAVING count(*) > 1 LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(db("checking WireGuard addresses before the upgrade"))?;
+    match shared {
+        None => Ok(()),
+        Some((address, names)) => Err(StoreError::Backend(format!(
+            "cannot upgrade the store to schema version 3: clients {names} share the \
+             WireGuard address {address}; remove all but one of them (with the \
+             blipless-ctl that wrote them) and try again"
+        ))),
+    }
+}

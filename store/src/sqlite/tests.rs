@@ -1,0 +1,254 @@
+//! Tests of the embedded store that are not part of the backend contract
+//! (`contract`): its SQLite settings and schema versioning.
+
+use super::*;
+
+#[tokio::test]
+async fn wal_mode_and_schema_version_are_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let (mode, version) = store
+        .with_conn(|conn| {
+            let mode: String = conn
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                .map_err(db("mode"))?;
+            let version: i64 = conn
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(db("version"))?;
+            Ok((mode, version))
+        })
+        .await
+        .expect("pragmas");
+    assert_eq!(mode, "wal");
+    assert_eq!(version, SCHEMA_VERSION);
+    // Reopening an existing store is idempotent.
+    drop(store);
+    SqliteStore::open(&path).await.expect("reopen");
+}
+
+#[tokio::test]
+async fn newer_schema_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    store
+        .with_conn(|conn| {
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+                .map_err(db("bump"))
+        })
+        .await
+        .expect("bump version");
+    drop(store);
+    assert!(matches!(
+        SqliteStore::open(&path).await,
+        Err(StoreError::IncompatibleSchema { .. })
+    ));
+}
+
+#[tokio::test]
+async fn version_1_store_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        // A store as version 1 left it, with a client.
+        let conn = Connection::open(&path).expect("create v1 file");
+        conn.execute_batch(schema::SCHEMA_V1).expect("v1 schema");
+        conn.execute(
+            "INSERT INTO clients (name, secret_hash, created_at) VALUES ('old', 'h', 1)",
+            [],
+        )
+        .expect("v1 client");
+        conn.pragma_update(None, "user_version", 1)
+            .expect("v1 version");
+    }
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    let version: i64 = store
+        .with_conn(|conn| {
+            conn.pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(db("version"))
+        })
+        .await
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(store.list_clients().await.expect("list").len(), 1);
+    let node = NodeId {
+        host: "h".into(),
+        block: "0".into(),
+    };
+    let now = crate::unix_now();
+    store
+        .touch_activity(&node, &[("old".into(), now)])
+        .await
+        .expect("activity table exists");
+    assert_eq!(
+        store.active_clients(&node, 0).await.expect("active"),
+        ["old"]
+    );
+    let identity = EgressIdentity { source: None };
+    store
+        .put_identity("old", &identity, Duration::from_secs(60))
+        .await
+        .expect("identity table exists");
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 5,
+        peers: Vec::new(),
+    };
+    store
+        .put_endpoints(&node, &snapshot)
+        .await
+        .expect("endpoints table exists");
+    drop(store);
+    // Opening again (already at the current version) changes nothing.
+    let store = SqliteStore::open(&path).await.expect("reopen");
+    assert_eq!(
+        store.active_clients(&node, 0).await.expect("active"),
+        ["old"]
+    );
+    assert_eq!(
+        store.take_identity("old").await.expect("take"),
+        Some(identity)
+    );
+    assert_eq!(
+        store.get_endpoints(&node).await.expect("endpoints"),
+        Some(snapshot)
+    );
+}
+
+/// A store as version 2 left it (`wg_address` not yet unique), with `clients`.
+fn version_2_store(path: &std::path::Path, clients: &[(&str, Option<&str>)]) {
+    let conn = Connection::open(path).expect("create v2 file");
+    conn.execute_batch(schema::SCHEMA_V1).expect("v1 schema");
+    conn.execute_batch(schema::SCHEMA_V2).expect("v2 schema");
+    for (name, address) in clients {
+        conn.execute(
+            "INSERT INTO clients (name, secret_hash, created_at, wg_address) \
+             VALUES (?1, 'h', 1, ?2)",
+            params![name, address],
+        )
+        .expect("v2 client");
+    }
+    conn.pragma_update(None, "user_version", 2)
+        .expect("v2 version");
+}
+
+#[tokio::test]
+async fn version_2_store_gets_unique_wg_addresses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(
+        &path,
+        &[("old", None), ("older", None), ("wg", Some("10.64.0.2"))],
+    );
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    assert_eq!(store.list_clients().await.expect("list").len(), 3);
+    let taken = ClientRecord {
+        wg_address: Some("10.64.0.2".parse().expect("literal")),
+        ..crate::contract::client("new")
+    };
+    assert!(matches!(
+        store.add_client(taken).await,
+        Err(StoreError::AddressTaken(_))
+    ));
+}
+
+#[tokio::test]
+async fn version_2_store_with_shared_wg_addresses_is_refused_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(
+        &path,
+        &[("one", Some("10.64.0.2")), ("two", Some("10.64.0.2"))],
+    );
+    let error = SqliteStore::open(&path).await.expect_err("refused");
+    let message = error.to_string();
+    assert!(
+        message.contains("one, two") || message.contains("two, one"),
+        "{message}"
+    );
+    assert!(message.contains("10.64.0.2"), "{message}");
+    let conn = Connection::open(&path).expect("reopen raw");
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 2, "left as it was");
+}
+
+#[tokio::test]
+async fn version_3_store_gets_endpoints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    version_2_store(&path, &[("wg", Some("10.64.0.2"))]);
+    {
+        let conn = Connection::open(&path).expect("reopen raw");
+        conn.execute_batch(schema::SCHEMA_V3).expect("v3 schema");
+        conn.pragma_update(None, "user_version", 3)
+            .expect("v3 version");
+    }
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    assert_eq!(store.list_clients().await.expect("list").len(), 1);
+    let node = NodeId {
+        host: "h".into(),
+        block: "0".into(),
+    };
+    assert_eq!(store.get_endpoints(&node).await.expect("get"), None);
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 7,
+        peers: Vec::new(),
+    };
+    store.put_endpoints(&node, &snapshot).await.expect("put");
+    assert_eq!(
+        store.get_endpoints(&node).await.expect("get"),
+        Some(snapshot)
+    );
+}
+
+/// A snapshot last written more than a day ago is gone, as its Redis key would be; the
+/// next put (of any node) deletes it.
+#[tokio::test]
+async fn endpoint_snapshots_expire_after_a_day() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("state.db"))
+        .await
+        .expect("open");
+    let (old, other) = (
+        NodeId {
+            host: "old".into(),
+            block: "0".into(),
+        },
+        NodeId {
+            host: "other".into(),
+            block: "0".into(),
+        },
+    );
+    let snapshot = EndpointSnapshot {
+        taken_at_ms: 1,
+        peers: Vec::new(),
+    };
+    store.put_endpoints(&old, &snapshot).await.expect("put");
+    let age = |secs: i64| {
+        move |conn: &mut Connection| {
+            conn.execute(
+                "UPDATE endpoints SET updated_at = updated_at - ?1 WHERE host = 'old'",
+                params![secs],
+            )
+            .map_err(db("ageing"))
+        }
+    };
+    store.with_conn(age(3600)).await.expect("an hour old");
+    assert!(store.get_endpoints(&old).await.expect("get").is_some());
+    store
+        .with_conn(age(crate::ENDPOINTS_EXPIRY_SECS))
+        .await
+        .expect("a day older");
+    assert_eq!(store.get_endpoints(&old).await.expect("get"), None);
+    store.put_endpoints(&other, &snapshot).await.expect("put");
+    let rows: i64 = store
+        .with_conn(|conn| {
+            conn.query_row("SELECT count(*) FROM endpoints", [], |row| row.get(0))
+                .map_err(db("count"))
+        })
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "the expired row was deleted");
+}

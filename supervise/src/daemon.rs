@@ -1,0 +1,157 @@
+//! The life of a blipless daemon process, shared by `blipless-ingress` and
+//! `blipless-device`: the common command line, the `--supervise` re-exec,
+//! loading the configuration (exit 64 on an error), logging and the
+//! open-file limit, the async runtime, and the signals: SIGTERM and SIGINT
+//! start a drain, SIGUSR2 (a restart under the stand-in) waits for a
+//! successor, and the service manager hears STOPPING=1 when a drain starts.
+//!
+//! Each binary's `main.rs` keeps its own `--help` text: a clap `Parser` with
+//! the binary's `about`, [`DaemonArgs`] flattened into it, and `mut_arg` to
+//! reword the options whose help names the other daemon; then it calls
+//! [`main`] with its `run(config, shutdown)`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use blipless_config::{Config, EXIT_CONFIG_ERROR};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+/// The options every daemon takes. The help of `config` and `sets` is
+/// generic here: a binary rewords it (`mut_arg("config", ...)`) to name the
+/// other daemon or give an example of its own.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// The TOML configuration file both daemons read.
+    #[arg(long, short, env = "BLIPLESS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Override one key, for example `--set drain.grace=30s` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Log as JSON lines instead of human-readable text (same as --set log.format=json).
+    #[arg(long)]
+    pub log_json: bool,
+    /// Run under a stand-in main process for systemd (Type=notify,
+    /// KillMode=process, RestartKillSignal=SIGUSR2): it relays readiness and
+    /// SIGTERM/SIGINT, and on a restart (SIGUSR2) leaves this daemon running
+    /// for its successor. Needs NOTIFY_SOCKET.
+    #[arg(long, env = "BLIPLESS_SUPERVISE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub supervise: bool,
+}
+
+/// Runs the daemon `name` (its binary's name, for messages on stderr) from
+/// its parsed `args` to its exit status: under the stand-in if `--supervise`
+/// asks for it (before anything else is loaded); otherwise it loads the
+/// configuration (exit 64 when it is wrong), sets up logging and the
+/// open-file limit, and runs `serve(config, shutdown)` on a multi-threaded
+/// runtime, `shutdown` being cancelled by SIGTERM, SIGINT, or a SIGUSR2 that
+/// no successor answered within `drain.grace`. An error from `serve` is
+/// logged, printed, and exits 1.
+pub fn main<F, Fut>(name: &str, args: DaemonArgs, serve: F) -> ExitCode
+where
+    F: FnOnce(Config, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    if args.supervise {
+        return supervise(name);
+    }
+    let mut sets = args.sets;
+    if args.log_json {
+        sets.push("log.format=json".into());
+    }
+    let config = match Config::load(args.config.as_deref(), std::env::vars(), &sets) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{name}: {errors}");
+            return ExitCode::from(EXIT_CONFIG_ERROR as u8);
+        }
+    };
+    blipless_config::daemon::init_logging(&config);
+    blipless_config::daemon::raise_fd_limit();
+    match run(config, serve) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("{name}: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--supervise`: run this program again, without the flag, under the
+/// stand-in ([`crate::run`]).
+fn supervise(name: &str) -> ExitCode {
+    let program = match std::env::current_exe() {
+        Ok(program) => program,
+        Err(error) => {
+            eprintln!("{name} --supervise: locating this program: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = crate::child_args(std::env::args_os().skip(1));
+    let code = crate::run(&program, &args);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The runtime, the signal handlers and the tasks around `serve`.
+fn run<F, Fut>(config: Config, serve: F) -> anyhow::Result<()>
+where
+    F: FnOnce(Config, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        let signals = shutdown.clone();
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let restart =
+            signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+            }
+            signals.cancel();
+        });
+        tokio::spawn(wait_for_successor(
+            restart,
+            config.drain.grace,
+            shutdown.clone(),
+        ));
+        tokio::spawn(tell_stopping(shutdown.clone()));
+        serve(config, shutdown).await
+    })
+}
+
+/// SIGUSR2 (`systemctl restart` through the `--supervise` stand-in): a
+/// successor is starting beside this process and takes over (an ingress by
+/// handoff, a device plane by a deploy), which ends this one. If it is still
+/// running `grace` later, no successor came, and `drain` is cancelled: the
+/// process drains as on SIGTERM.
+async fn wait_for_successor(mut restart: Signal, grace: Duration, drain: CancellationToken) {
+    if restart.recv().await.is_none() {
+        return;
+    }
+    tracing::info!(?grace, "SIGUSR2: waiting for a successor");
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "no successor took over within drain.grace: draining");
+            drain.cancel();
+        }
+        () = drain.cancelled() => {}
+    }
+}
+
+/// Tells the service manager STOPPING=1 once `drain` is cancelled, however
+/// the drain was asked for (a stand-in already gone makes this fail: logged
+/// only).
+async fn tell_stopping(drain: CancellationToken) {
+    drain.cancelled().await;
+    if let Err(error) = crate::notify::stopping() {
+        tracing::debug!(%error, "telling the service manager STOPPING=1 failed");
+    }
+}
