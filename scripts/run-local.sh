@@ -5,7 +5,9 @@
 #
 # Everything lives in .run/ in the repository (git-ignored):
 #   blipless.toml      the node's config, rewritten on every run
-#   runtime/ state/    Unix sockets, and the SQLite store
+#   runtime/ state/    Unix sockets, and the SQLite store (both mode 700;
+#                      runtime/ is a mktemp -d directory instead when the
+#                      repository's path is too long for Unix sockets)
 #   ingress.log device.log
 #   demo-client.json   the demo client's name and secret (mode 600)
 set -euo pipefail
@@ -28,7 +30,24 @@ for binary in blipless-ingress blipless-device blipless-ctl; do
 done
 command -v curl >/dev/null 2>&1 || fail "curl is needed: \`make deps\` installs it (as root)"
 
-mkdir -p "$run_dir/state" || fail "cannot create $run_dir (is the repository writable by $(id -un)?)"
+# .run/ and everything in it belong to whoever runs this, and only they may
+# read the state or reach the sockets: created 0700, refused if another user
+# owns it or others may write in it.
+private_dir() { # DIR: create it 0700, or check that an existing one is ours and not writable by others
+  local dir=$1 mode
+  if [ ! -e "$dir" ]; then
+    (umask 077 && mkdir -p "$dir") || fail "cannot create $dir (is the repository writable by $(id -un)?)"
+  fi
+  [ -d "$dir" ] && [ ! -L "$dir" ] || fail "$dir is not a directory (or is a symbolic link): remove it"
+  [ -O "$dir" ] || fail "$dir belongs to $(stat -c %U "$dir"), not to $(id -un): refusing to use it (remove it, or run as its owner)"
+  mode=$(stat -c %a "$dir")
+  if (( 8#$mode & 8#022 )); then
+    fail "$dir has mode $mode: others may write in it; refusing to use it (chmod 700 it)"
+  fi
+  chmod 700 "$dir"
+}
+private_dir "$run_dir"
+private_dir "$run_dir/state"
 
 # --- An earlier `make run` still running? -----------------------------------
 for name in ingress device; do
@@ -43,12 +62,19 @@ for name in ingress device; do
 done
 
 # --- Runtime directory: Unix socket paths are limited to 107 bytes ----------
+# Too long a repository path: a fresh directory of our own from mktemp (never
+# a predictable name in a shared /tmp), removed when the node stops.
 runtime_dir="$run_dir/runtime"
+temporary_runtime=""
 if [ ${#runtime_dir} -gt 94 ]; then
-  runtime_dir="${TMPDIR:-/tmp}/blipless-run-$(id -u)"
+  temporary_runtime=$(mktemp -d "${TMPDIR:-/tmp}/blipless-run.XXXXXXXX") ||
+    fail "cannot create a runtime directory with mktemp -d"
+  runtime_dir=$temporary_runtime
+  trap 'rm -rf -- "$temporary_runtime"' EXIT   # until stop_node's trap below takes over
   say "note: $run_dir/runtime is too long for Unix sockets; using $runtime_dir"
+  [ ${#runtime_dir} -le 94 ] || fail "$runtime_dir is too long for Unix sockets too: set TMPDIR to a shorter directory"
 fi
-mkdir -p "$runtime_dir"
+private_dir "$runtime_dir"
 
 # --- Listen ports: the usual ones, or the next free ones --------------------
 port_busy() {
@@ -133,6 +159,9 @@ stop_node() {
     say "stopped."
   fi
   rm -f "$run_dir/ingress.pid" "$run_dir/device.pid"
+  if [ -n "$temporary_runtime" ]; then
+    rm -rf -- "$temporary_runtime"
+  fi
 }
 
 show_logs() {

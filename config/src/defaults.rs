@@ -63,6 +63,8 @@ pub(crate) fn placeholder() -> Config {
                 out_interface: String::new(),
                 manage: false,
                 queues: 0,
+                user: None,
+                group: None,
             },
         },
         wireguard: crate::WireguardConfig {
@@ -80,6 +82,15 @@ pub(crate) fn placeholder() -> Config {
             connect_timeout: Duration::ZERO,
             handshake_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,
+        },
+        timeouts: crate::TimeoutsConfig {
+            response: Duration::ZERO,
+            body_idle: Duration::ZERO,
+        },
+        limits: crate::LimitsConfig {
+            header_bytes: 0,
+            connections: 0,
+            tunnels_per_client: 0,
         },
         deploy: crate::DeployConfig {
             ready_budget: Duration::ZERO,

@@ -61,6 +61,64 @@ pub enum ConfigError {
     },
 }
 
+/// `text` with the password of every URL in it (`scheme://user:password@host`,
+/// or a lone `scheme://secret@host`) replaced by `***`, as the store shows
+/// its URL: configuration errors quote values and `--set` flags, and a
+/// mistyped `store.url` must not put a Redis password in a log.
+pub(crate) fn redact_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        let end = after
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
+            .unwrap_or(after.len());
+        let (authority, tail) = after.split_at(end);
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    None => out.push_str("***"),
+                }
+                out.push('@');
+                out.push_str(host);
+            }
+            None => out.push_str(authority),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A `store.url` value as errors may show it: everything between its scheme
+/// and its last `@` replaced by `***`, whether or not the value is a
+/// well-formed URL (`redis:/:password@host`, a missing slash, is still a
+/// password).
+pub(crate) fn redact_store_url(text: &str) -> String {
+    match text.rsplit_once('@') {
+        None => text.to_owned(),
+        Some((before, host)) => {
+            let scheme = before
+                .split_once(':')
+                .map(|(scheme, _)| scheme)
+                .filter(|s| {
+                    !s.is_empty()
+                        && s.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'.' | b'-'))
+                });
+            match scheme {
+                Some(scheme) => format!("{scheme}:***@{host}"),
+                None => format!("***@{host}"),
+            }
+        }
+    }
+}
+
 fn did_you_mean(suggestion: &Option<String>) -> String {
     match suggestion {
         Some(key) => format!(" (did you mean `{key}`?)"),
@@ -115,6 +173,32 @@ mod tests {
              - listen.socks = \"x\" in environment variable BLIPLESS_LISTEN_SOCKS: \
              expected an address like 127.0.0.1:1080"
         );
+    }
+
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        for (text, shown) in [
+            ("redis://:hunter2@r:6379/1", "redis://:***@r:6379/1"),
+            (
+                "\"rediss://me:hunter2@r/0?x=1\"",
+                "\"rediss://me:***@r/0?x=1\"",
+            ),
+            (
+                "--set store.url=redis//x redis://hunter2@r",
+                "--set store.url=redis//x redis://***@r",
+            ),
+            (
+                "postgres://u:p@ss@db and redis://h:1/0",
+                "postgres://u:***@db and redis://h:1/0",
+            ),
+            ("no url here", "no url here"),
+            (
+                "sqlite:///var/lib/blipless/state.db",
+                "sqlite:///var/lib/blipless/state.db",
+            ),
+        ] {
+            assert_eq!(redact_urls(text), shown, "{text}");
+        }
     }
 
     #[test]

@@ -7,8 +7,9 @@
 use std::sync::LazyLock;
 
 use crate::kinds::{
-    Addr, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, Input, Interface, IpList, Kind,
-    Name, NetList, OptionalHostPort, OptionalPath, Shape, SocketDir, StoreUrl,
+    Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
+    IpList, Kind, Name, NetList, OptionalAccount, OptionalHostPort, OptionalPath, Shape, SocketDir,
+    StoreUrl,
 };
 use crate::Config;
 
@@ -183,6 +184,18 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy.",
             |c| &mut c.egress.tun.queues,
         ),
+        Key::new::<OptionalAccount>(
+            "egress.tun.user",
+            Unset { example: "blipless" },
+            "User (name or uid) net setup makes the TUN device's owner: only it (or CAP_NET_ADMIN) may attach queues (default: whoever runs net setup).",
+            |c| &mut c.egress.tun.user,
+        ),
+        Key::new::<OptionalAccount>(
+            "egress.tun.group",
+            Unset { example: "blipless" },
+            "Group (name or gid) net setup gives the TUN device (default: egress.tun.user's primary group, or the group of whoever runs net setup).",
+            |c| &mut c.egress.tun.group,
+        ),
         Key::new::<OptionalHostPort>(
             "wireguard.endpoint",
             Unset {
@@ -246,6 +259,36 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("15m"),
             "A tunnel with no traffic either way for this long is closed.",
             |c| &mut c.proxy.idle_timeout,
+        ),
+        Key::new::<Dur>(
+            "timeouts.response",
+            Text("30s"),
+            "Limit on an origin starting its answer to a forwarded HTTP request, once the request is sent; 504 after it.",
+            |c| &mut c.timeouts.response,
+        ),
+        Key::new::<Dur>(
+            "timeouts.body_idle",
+            Text("30s"),
+            "A forwarded HTTP request body moving under 1 KiB, or a response body moving nothing, for this long ends the exchange.",
+            |c| &mut c.timeouts.body_idle,
+        ),
+        Key::new::<HeadBytes>(
+            "limits.header_bytes",
+            Text("32768"),
+            "Largest HTTP proxy request head (request line and headers), in bytes; a larger one gets 431 and a close.",
+            |c| &mut c.limits.header_bytes,
+        ),
+        Key::new::<Cap>(
+            "limits.connections",
+            Text("0"),
+            "Customer connections one device plane serves at once (0: no cap but the open-file limit); over it a new one gets SOCKS5 \"no acceptable method\" or HTTP 503.",
+            |c| &mut c.limits.connections,
+        ),
+        Key::new::<Cap>(
+            "limits.tunnels_per_client",
+            Text("0"),
+            "Tunnels (SOCKS5 and HTTP CONNECT) one client may have open at once on a device plane (0: no cap); over it SOCKS5 reply 2, HTTP 429.",
+            |c| &mut c.limits.tunnels_per_client,
         ),
         Key::new::<Dur>(
             "deploy.ready_budget",

@@ -62,6 +62,10 @@ pub struct Config {
     pub drain: DrainConfig,
     /// Proxy protocol timeouts.
     pub proxy: ProxyConfig,
+    /// Timeouts of forwarded HTTP requests.
+    pub timeouts: TimeoutsConfig,
+    /// Size limits on what customers send.
+    pub limits: LimitsConfig,
     /// Device-plane rolling deploy.
     pub deploy: DeployConfig,
     /// `[prewarm]`.
@@ -126,6 +130,12 @@ pub struct TunConfig {
     pub manage: bool,
     /// Queues each device plane attaches to the multi-queue TUN device.
     pub queues: usize,
+    /// The TUN device's owner (a user name or uid) that `net setup` sets;
+    /// `None`: whoever runs `net setup`.
+    pub user: Option<String>,
+    /// The TUN device's group (a group name or gid); `None`: `user`'s primary
+    /// group, or the group of whoever runs `net setup`.
+    pub group: Option<String>,
 }
 
 /// `[wireguard]`: what WireGuard clients are told.
@@ -163,6 +173,32 @@ pub struct ProxyConfig {
     pub handshake_timeout: Duration,
     /// A tunnel with no traffic either way for this long is closed.
     pub idle_timeout: Duration,
+}
+
+/// `[timeouts]`: forwarded HTTP requests (absolute-form, not CONNECT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeoutsConfig {
+    /// Limit on the origin starting its answer (the response head), counted
+    /// from the end of the request body; 504 after it.
+    pub response: Duration,
+    /// A request body moving less than 1 KiB, or a response body moving no
+    /// byte, for this long ends the exchange (408 if nothing was answered yet).
+    pub body_idle: Duration,
+}
+
+/// `[limits]`: size limits on what customers send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitsConfig {
+    /// Largest HTTP proxy request head (request line and headers) in bytes;
+    /// a larger one gets 431 and the connection is closed.
+    pub header_bytes: usize,
+    /// Customer connections one device plane serves at once; 0: no cap but
+    /// the open-file limit. Over it, a new connection gets the protocol's
+    /// refusal (SOCKS5: no acceptable method; HTTP: 503).
+    pub connections: u64,
+    /// Tunnels (SOCKS5 CONNECT, HTTP CONNECT) one client has open at once on
+    /// a device plane; 0: no cap. Over it: SOCKS5 reply 2, HTTP 429.
+    pub tunnels_per_client: u64,
 }
 
 /// `[deploy]`: device-plane rolling deploys.

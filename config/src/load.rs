@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
 use crate::defaults;
-use crate::error::{ConfigError, ConfigErrors};
+use crate::error::{redact_store_url, redact_urls, ConfigError, ConfigErrors};
 use crate::keys::{self, DefaultValue, Key, KEYS};
 use crate::kinds::{Input, Raw};
 use crate::Config;
@@ -101,7 +101,7 @@ impl Loader {
             self.errors.push(ConfigError::InvalidValue {
                 origin: origin.to_owned(),
                 key: key.path.to_owned(),
-                value: raw.show(),
+                value: shown(key, raw),
                 expected: key.expected.to_owned(),
             });
         }
@@ -111,9 +111,10 @@ impl Loader {
     fn file(&mut self, text: &str, origin: &str) {
         match text.parse::<toml::Table>() {
             Ok(table) => self.table("", &table, origin),
+            // The parser quotes the offending line, which may hold a URL.
             Err(error) => self.errors.push(ConfigError::Syntax {
                 origin: origin.to_owned(),
-                message: error.to_string().trim_end().to_owned(),
+                message: redact_urls(error.to_string().trim_end()),
             }),
         }
     }
@@ -134,7 +135,7 @@ impl Loader {
                     other => self.errors.push(ConfigError::InvalidValue {
                         origin: origin.to_owned(),
                         key: path.clone(),
-                        value: other.to_string(),
+                        value: redact_urls(&other.to_string()),
                         expected: format!("a table [{path}]"),
                     }),
                 }
@@ -164,7 +165,12 @@ impl Loader {
     /// Overlays `dotted.key=value` entries, in order.
     fn sets(&mut self, sets: &[String]) {
         for entry in sets {
-            let origin = format!("--set {entry}");
+            let origin = match entry.split_once('=') {
+                Some((name, value)) if name.trim() == SECRET_KEY => {
+                    format!("--set {name}={}", redact_store_url(value))
+                }
+                _ => format!("--set {}", redact_urls(entry)),
+            };
             let Some((name, value)) = entry.split_once('=') else {
                 self.errors.push(ConfigError::InvalidValue {
                     origin,
@@ -235,6 +241,25 @@ impl Loader {
     }
 }
 
+/// The key whose value may carry a password (a Redis URL's).
+const SECRET_KEY: &str = "store.url";
+
+/// A value as an error shows it: a mistyped `store.url` may carry a
+/// password, and any URL's password is replaced by `***`.
+fn shown(key: &Key, raw: Raw<'_>) -> String {
+    let text = match raw {
+        Raw::Text(text) => Some(text),
+        Raw::Toml(toml::Value::String(text)) => Some(text.as_str()),
+        Raw::Toml(_) => None,
+    };
+    match text {
+        Some(text) if key.path == SECRET_KEY => {
+            toml::Value::String(redact_store_url(text)).to_string()
+        }
+        _ => redact_urls(&raw.show()),
+    }
+}
+
 /// Whether two TCP listeners would take the same connections: same port (not
 /// 0, which the kernel picks) and the same address, or one of them a wildcard
 /// that covers the other (`::` also covers IPv4, as Linux binds it dual-stack).
@@ -266,6 +291,35 @@ mod tests {
         assert!(!overlap(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
         assert!(!overlap(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
         assert!(!overlap(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn a_password_in_a_mistyped_store_url_never_shows_in_errors() {
+        let env = [(
+            "BLIPLESS_STORE_URL".to_owned(),
+            "postgres://user:hunter2@db:5432/x".to_owned(),
+        )];
+        let sets = ["store.url=redis:/:hunter2@r:6379/0".to_owned()];
+        let errors = Config::load(None, env, &sets).expect_err("invalid store URLs");
+        let text = errors.to_string();
+        assert_eq!(errors.0.len(), 2, "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("postgres:***@db:5432/x"), "{text}");
+        assert!(
+            text.contains("--set store.url=redis:***@r:6379/0"),
+            "{text}"
+        );
+        // A file whose syntax is broken on the line with the URL.
+        let file = "[store]\nurl = \"redis://:hunter2@r:6379/0\" x\n";
+        let errors = Config::from_toml_str(file, "blipless.toml", Vec::new(), &[])
+            .expect_err("a syntax error");
+        let text = errors.to_string();
+        assert!(!text.contains("hunter2"), "{text}");
+        let file = "[store]\nurl = [\"redis://:hunter2@r:6379/0\"]\n";
+        let text = Config::from_toml_str(file, "blipless.toml", Vec::new(), &[])
+            .expect_err("a list is not a URL")
+            .to_string();
+        assert!(!text.contains("hunter2"), "{text}");
     }
 
     #[test]

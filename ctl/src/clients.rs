@@ -11,7 +11,8 @@ use blipless_ctl::wg_clients::{self, WgQuickConfig};
 use blipless_store::{credentials, ClientRecord, Store, StoreError};
 use serde_json::json;
 
-use crate::ConfigProblem;
+use crate::control::{sync_clients, Confirmation};
+use crate::{ConfigProblem, Unconfirmed};
 
 /// What `client add --wg` needs from the node, checked before the store is opened.
 pub(crate) struct WgNode {
@@ -97,6 +98,7 @@ pub(crate) async fn add(
         }
         Some(node) => Some(add_wg(store, record, node).await?),
     };
+    let confirmation = confirm(store, config).await;
     let socks = format!(
         "socks5h://{name}:{secret}@{}",
         dial_address(config.listen.socks, config)
@@ -115,8 +117,9 @@ pub(crate) async fn add(
                 "config": wg.config,
             });
         }
+        answer["node"] = confirmation_json(&confirmation);
         say!("{answer}");
-        return Ok(());
+        return confirmation.map(|_| ());
     }
     say!("client {name} added. Its secret is shown only now; keep it.");
     say!("  SOCKS5: {socks}");
@@ -141,7 +144,54 @@ pub(crate) async fn add(
             }
         }
     }
-    Ok(())
+    if let Ok(confirmation) = &confirmation {
+        say!("{}", confirmation_text(confirmation, "can use it now"));
+    }
+    confirmation.map(|_| ())
+}
+
+/// Reads the feed position after this command's write and has the node's
+/// device planes apply it. The error is [`Unconfirmed`].
+async fn confirm(store: &dyn Store, config: &Config) -> anyhow::Result<Confirmation> {
+    let through = store.feed_head().await.map_err(|error| {
+        Unconfirmed(format!(
+            "the change is stored, but reading the change feed failed: {error}"
+        ))
+    })?;
+    let config = config.clone();
+    let answer = tokio::task::spawn_blocking(move || sync_clients(&config, through))
+        .await
+        .map_err(|error| {
+            Unconfirmed(format!(
+                "the change is stored, but asking the node failed: {error}"
+            ))
+        })?;
+    answer.map_err(|error| {
+        Unconfirmed(format!(
+            "the change is stored, but the node did not confirm it: {error:#}"
+        ))
+        .into()
+    })
+}
+
+fn confirmation_json(confirmation: &anyhow::Result<Confirmation>) -> serde_json::Value {
+    match confirmation {
+        Ok(Confirmation::Applied(planes)) => json!({ "confirmed": true, "device_planes": planes }),
+        Ok(Confirmation::NoNode) => json!({ "confirmed": false, "running": false }),
+        Err(error) => json!({ "confirmed": false, "running": true, "error": error.to_string() }),
+    }
+}
+
+fn confirmation_text(confirmation: &Confirmation, effect: &str) -> String {
+    match confirmation {
+        Confirmation::Applied(planes) => {
+            format!("applied on this node ({planes} device plane(s)): it {effect}.")
+        }
+        Confirmation::NoNode => {
+            "no node is running on this host: its device planes load the change when they start."
+                .to_string()
+        }
+    }
 }
 
 /// Adds a WireGuard client: a new key pair, the lowest free address of the pool.
@@ -239,14 +289,31 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
     Ok(())
 }
 
-pub(crate) async fn remove(store: &dyn Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+pub(crate) async fn remove(
+    store: &dyn Store,
+    config: &Config,
+    name: &str,
+    as_json: bool,
+) -> anyhow::Result<()> {
     if !store.remove_client(name).await? {
         anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
     }
+    let confirmation = confirm(store, config).await;
     if as_json {
-        say!("{}", json!({ "removed": name }));
+        say!(
+            "{}",
+            json!({ "removed": name, "node": confirmation_json(&confirmation) })
+        );
+    } else if let Ok(confirmation) = &confirmation {
+        say!(
+            "client {name} removed; {}",
+            confirmation_text(
+                confirmation,
+                "is refused and its open connections are closed"
+            )
+        );
     } else {
-        say!("client {name} removed; its open connections close within seconds");
+        say!("client {name} removed from the store");
     }
-    Ok(())
+    confirmation.map(|_| ())
 }

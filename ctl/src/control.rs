@@ -1,5 +1,6 @@
 //! The commands that ask the ingress over its control socket: `status`,
-//! `drain` and `deploy`, and how their answers are printed.
+//! `drain` and `deploy`, and how their answers are printed; and the client
+//! sync that makes `client add|remove` read-your-writes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -21,6 +22,7 @@ fn request(config: &Config, request: &ControlRequest) -> anyhow::Result<ControlR
             path.display()
         )
     })?;
+    check_ingress(&stream, &path)?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = serde_json::to_string(request)?;
     line.push('\n');
@@ -38,6 +40,55 @@ pub(crate) fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
         ControlResponse::Status(report) => Ok(report),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
         ControlResponse::Ok { message } => anyhow::bail!("unexpected answer: {message}"),
+        ControlResponse::Synced { .. } => anyhow::bail!("unexpected answer to status"),
+    }
+}
+
+/// Checks that what answers on the control socket is the ingress of this
+/// service: the same uid as this command, or root (docs/ARCHITECTURE.md,
+/// "Sockets": every Unix socket checks its peer on both ends). Nothing is
+/// sent to anyone else.
+fn check_ingress(stream: &UnixStream, path: &std::path::Path) -> anyhow::Result<()> {
+    let credentials =
+        nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+            .context("reading the control socket peer's credentials")?;
+    let (peer, own) = (credentials.uid(), nix::unistd::geteuid().as_raw());
+    anyhow::ensure!(
+        peer == 0 || peer == own,
+        "the process answering on {} runs as uid {peer}, not as this user (uid {own}) or root: it is not this node's ingress, and nothing was sent to it",
+        path.display()
+    );
+    Ok(())
+}
+
+/// What the node said about a client change this command made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Confirmation {
+    /// Every ready device plane of this node applied it (the number).
+    Applied(u64),
+    /// No ingress answers on this node's control socket: there is nothing
+    /// to confirm; a node started later loads the client from the store.
+    NoNode,
+}
+
+/// Asks the node's ingress to have every ready device plane apply the store's
+/// change feed through `through` (read-your-writes), and waits for it.
+/// An error means the node is running and could not confirm.
+pub(crate) fn sync_clients(config: &Config, through: u64) -> anyhow::Result<Confirmation> {
+    let path = config.control_socket();
+    if let Err(error) = UnixStream::connect(&path) {
+        use std::io::ErrorKind;
+        if matches!(
+            error.kind(),
+            ErrorKind::NotFound | ErrorKind::ConnectionRefused
+        ) {
+            return Ok(Confirmation::NoNode);
+        }
+    }
+    match request(config, &ControlRequest::SyncClients { through })? {
+        ControlResponse::Synced { planes } => Ok(Confirmation::Applied(planes)),
+        ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
+        _ => anyhow::bail!("unexpected answer to sync_clients"),
     }
 }
 
@@ -48,7 +99,9 @@ pub(crate) fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Resu
         }
         ControlResponse::Ok { message } => say!("{message}"),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
-        ControlResponse::Status(_) => anyhow::bail!("unexpected answer to drain"),
+        ControlResponse::Status(_) | ControlResponse::Synced { .. } => {
+            anyhow::bail!("unexpected answer to drain")
+        }
     }
     if !watch {
         return Ok(());

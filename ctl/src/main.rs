@@ -1,6 +1,7 @@
 //! `blipless-ctl`: the operator's tool. `status` asks the ingress over its
-//! control socket; `client add|list|remove` manage clients in the store,
-//! which every device plane follows within a second (`client add --wg` also
+//! control socket; `client add|list|remove` manage clients in the store and
+//! return once this node's device planes applied the change (read-your-writes,
+//! through the ingress's control socket; `client add --wg` also
 //! gives the client a WireGuard address and key pair and prints its wg-quick
 //! config: see [`blipless_ctl::wg_clients`]); `net setup|teardown`
 //! prepare the host for WireGuard packet egress.
@@ -76,7 +77,7 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
-    /// Manage proxy clients (in the store; device planes follow within a second).
+    /// Manage proxy clients (in the store; returns once this node's device planes have the change; exit 75 if they did not confirm).
     Client {
         #[command(subcommand)]
         command: ClientCommand,
@@ -127,7 +128,7 @@ enum ClientCommand {
     },
     /// List clients, their WireGuard addresses and their usage.
     List,
-    /// Remove a client; its open connections close within seconds.
+    /// Remove a client; when it returns, it is refused and its open connections on this node are closed.
     Remove {
         /// The client's name.
         name: String,
@@ -139,6 +140,16 @@ enum ClientCommand {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct ConfigProblem(String);
+
+/// A client change is in the store, but the running node did not confirm
+/// that its device planes applied it: exits with [`EXIT_UNCONFIRMED`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Unconfirmed(String);
+
+/// Exit status when a change is stored but the node could not confirm it
+/// (EX_TEMPFAIL: the planes pick it up from the change feed later).
+pub(crate) const EXIT_UNCONFIRMED: u8 = 75;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -182,6 +193,13 @@ fn main() -> ExitCode {
                 eprintln!("blipless-ctl: {error}");
             }
             ExitCode::from(EXIT_CONFIG_ERROR as u8)
+        }
+        Err(error) if error.is::<Unconfirmed>() => {
+            // The answer line already said so under --json.
+            if !args.json {
+                eprintln!("blipless-ctl: {error}");
+            }
+            ExitCode::from(EXIT_UNCONFIRMED)
         }
         Err(error) => {
             if args.json {
@@ -232,7 +250,9 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                         add(&*store, config, name, wg.as_ref(), args.json).await
                     }
                     ClientCommand::List => list(&*store, args.json).await,
-                    ClientCommand::Remove { name } => remove(&*store, name, args.json).await,
+                    ClientCommand::Remove { name } => {
+                        remove(&*store, config, name, args.json).await
+                    }
                 }
             })
         }

@@ -1,5 +1,6 @@
-//! The device plane's background duties: follow the change feed, flush
-//! usage, flush activity, evict removed clients' identities.
+//! The device plane's background duties: follow the change feed (a blocking
+//! wait on it, so a change made anywhere in the fleet applies at once),
+//! flush usage, flush activity, evict removed clients' egress identities.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clients::Directory;
 use crate::identity::{Identities, ACTIVITY_FLUSH};
 
-/// How often the change feed is polled.
-pub const FEED_POLL: Duration = Duration::from_millis(500);
+/// Longest single wait on the change feed (then it is waited on again).
+pub const FEED_WAIT: Duration = Duration::from_secs(1);
 /// How often usage is flushed to the store (a SIGKILL loses at most this much).
 pub const USAGE_FLUSH: Duration = Duration::from_secs(10);
 
@@ -20,35 +21,69 @@ pub async fn maintain(
     identities: Arc<Identities>,
     stop: CancellationToken,
 ) {
-    let mut feed = tokio::time::interval(FEED_POLL);
+    let follower = tokio::spawn(follow_feed(
+        directory.clone(),
+        identities.clone(),
+        stop.clone(),
+    ));
     let mut usage = tokio::time::interval(USAGE_FLUSH);
     let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
     usage.tick().await;
     activity.tick().await;
-    let mut feed_failing = false;
     loop {
         tokio::select! {
-            _ = feed.tick() => {
-                match directory.catch_up().await {
-                    Ok(_) if feed_failing => {
-                        tracing::info!("store reachable again; change feed resumed");
-                        feed_failing = false;
-                    }
-                    Ok(_) => {}
-                    Err(error) if !feed_failing => {
-                        tracing::warn!(%error, "reading the change feed failed; serving the clients already loaded");
-                        feed_failing = true;
-                    }
-                    Err(_) => {}
-                }
-                for name in directory.take_removed() {
-                    identities.evict(&name).await;
-                }
-            }
             _ = usage.tick() => flush_usage(&directory, &identities).await,
             _ = activity.tick() => identities.flush().await,
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => break,
         }
+    }
+    let _ = follower.await;
+}
+
+/// Follows the change feed until `stop`: waits on it, applies what arrives,
+/// and evicts the identities of removed clients.
+async fn follow_feed(
+    directory: Arc<Directory>,
+    identities: Arc<Identities>,
+    stop: CancellationToken,
+) {
+    let mut feed_failing = false;
+    loop {
+        let waited = tokio::select! {
+            waited = directory.wait_for_change(FEED_WAIT) => waited,
+            () = stop.cancelled() => return,
+        };
+        let applied = match waited {
+            Ok(false) => continue,
+            Ok(true) => directory.catch_up().await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match applied {
+            Ok(()) if feed_failing => {
+                tracing::info!("store reachable again; change feed resumed");
+                feed_failing = false;
+            }
+            Ok(()) => {}
+            Err(error) => {
+                if !feed_failing {
+                    tracing::warn!(%error, "reading the change feed failed; serving the clients already loaded");
+                    feed_failing = true;
+                }
+                // Do not spin on a store that fails at once.
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+        evict_removed(&directory, &identities).await;
+    }
+}
+
+/// Evicts the egress identities of clients removed since the last call.
+pub async fn evict_removed(directory: &Directory, identities: &Identities) {
+    for name in directory.take_removed() {
+        identities.evict(&name).await;
     }
 }
 

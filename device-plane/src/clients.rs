@@ -24,6 +24,9 @@ pub struct Meter {
     pub down: AtomicU64,
     /// Connections opened.
     pub connections: AtomicU64,
+    /// Tunnels open now on this plane (not flushed: a live count, for
+    /// `limits.tunnels_per_client`).
+    pub live_tunnels: AtomicU64,
 }
 
 impl Meter {
@@ -61,6 +64,9 @@ pub struct Directory {
 }
 
 const FEED_PAGE: usize = 1000;
+/// How long [`Directory::sync_through`] waits for the store to show a
+/// position it was told exists.
+const SYNC_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Directory {
     /// Loads every client: the feed's head first, then the client list,
@@ -151,6 +157,33 @@ impl Directory {
                 applied += 1;
             }
             self.feed_position.store(last, Ordering::SeqCst);
+        }
+    }
+
+    /// The change feed's position this plane has applied.
+    pub fn position(&self) -> u64 {
+        self.feed_position.load(Ordering::SeqCst)
+    }
+
+    /// Waits up to `wait` for a change after the applied position (Redis:
+    /// a blocking read, so another node's change arrives at once).
+    pub async fn wait_for_change(&self, wait: std::time::Duration) -> Result<bool, StoreError> {
+        self.store.wait_for_change(self.position(), wait).await
+    }
+
+    /// Applies the change feed at least through `through` (read-your-writes
+    /// for `blipless-ctl`): catches up, retrying briefly if the store has not
+    /// shown that far yet (a replica behind its master). Returns the
+    /// position applied, which may still be short of `through`.
+    pub async fn sync_through(&self, through: u64) -> Result<u64, StoreError> {
+        let deadline = tokio::time::Instant::now() + SYNC_PATIENCE;
+        loop {
+            self.catch_up().await?;
+            let applied = self.position();
+            if applied >= through || tokio::time::Instant::now() >= deadline {
+                return Ok(applied);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 

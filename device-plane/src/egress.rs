@@ -2,14 +2,21 @@
 //!
 //! Default deny: loopback, private, link-local (metadata included), CGNAT,
 //! multicast, broadcast, reserved and unspecified addresses are refused
-//! unless `egress.allow` lists them. The check is on every *resolved*
-//! address, so a name that resolves to a private address is refused too.
+//! unless `egress.allow` lists them, and so is every address of the host's
+//! own interfaces ([`HostAddresses`], read again every 30 s), whatever its
+//! range: a client must not reach the node's own services through its
+//! public address. The check is on every *resolved* address, so a name that
+//! resolves to a private (or the host's own) address is refused too. The
+//! WireGuard packet path applies the same [`Egress::permits`] to every inner
+//! destination.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::IpNet;
 use tokio::net::{TcpSocket, TcpStream};
+
+use crate::host_addresses::HostAddresses;
 
 /// Where a customer wants to go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,21 +74,37 @@ pub enum EgressError {
 pub struct Egress {
     allow: Vec<IpNet>,
     connect_timeout: Duration,
+    host: HostAddresses,
 }
 
 impl Egress {
-    /// An egress with this allow-list and connect timeout.
+    /// An egress with this allow-list and connect timeout, refusing the
+    /// host's own addresses as they are now and (inside a tokio runtime) as
+    /// they change ([`HostAddresses::watch`]).
     pub fn new(allow: Vec<IpNet>, connect_timeout: Duration) -> Self {
+        Self::with_host_addresses(allow, connect_timeout, HostAddresses::watch())
+    }
+
+    /// An egress that takes `host` for the host's own addresses.
+    pub fn with_host_addresses(
+        allow: Vec<IpNet>,
+        connect_timeout: Duration,
+        host: HostAddresses,
+    ) -> Self {
         Self {
             allow,
             connect_timeout,
+            host,
         }
     }
 
-    /// True when the policy lets customers reach `ip`.
+    /// True when the policy lets customers reach `ip`: `egress.allow` lists
+    /// it, or it is neither in a range denied by default nor one of the
+    /// host's own addresses.
     pub fn permits(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
-        self.allow.iter().any(|net| net.contains(&ip)) || !denied_by_default(ip)
+        self.allow.iter().any(|net| net.contains(&ip))
+            || !(denied_by_default(ip) || self.host.contains(ip))
     }
 
     /// Resolves `target`, keeps the permitted addresses, and connects to the
@@ -212,7 +235,43 @@ mod tests {
 
     fn egress(allow: &[&str]) -> Egress {
         let allow = allow.iter().map(|a| a.parse().expect("cidr")).collect();
-        Egress::new(allow, Duration::from_secs(1))
+        Egress::with_host_addresses(allow, Duration::from_secs(1), HostAddresses::default())
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_denied_unless_allowed() {
+        let own = ["100.128.0.1", "2606:4700::1111"];
+        let host = HostAddresses::fixed(own.iter().map(|a| a.parse().expect("ip")));
+        let e = Egress::with_host_addresses(Vec::new(), Duration::from_secs(1), host.clone());
+        for address in own.iter().chain(&["::ffff:100.128.0.1"]) {
+            assert!(
+                !e.permits(address.parse().expect("ip")),
+                "{address} is the host's own: denied"
+            );
+        }
+        assert!(e.permits("100.128.0.2".parse().expect("ip")));
+        let allowed = Egress::with_host_addresses(
+            vec!["100.128.0.1/32".parse().expect("cidr")],
+            Duration::from_secs(1),
+            host,
+        );
+        assert!(allowed.permits("100.128.0.1".parse().expect("ip")));
+        assert!(!allowed.permits("2606:4700::1111".parse().expect("ip")));
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_one_of_the_hosts_addresses_is_denied() {
+        // Whatever addresses this machine has: each is refused before any
+        // connection is tried (a non-loopback one is the case that matters;
+        // loopback is denied by its range anyway).
+        let e = Egress::new(Vec::new(), Duration::from_secs(1));
+        for address in crate::host_addresses::read().expect("getifaddrs") {
+            let target = Target::Address(SocketAddr::new(address, 9));
+            assert!(
+                matches!(e.connect(None, &target).await, Err(EgressError::Denied(_))),
+                "{address}"
+            );
+        }
     }
 
     #[test]

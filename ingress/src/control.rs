@@ -69,9 +69,12 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
                     message: "draining: /status answers 503, the listeners close after the lame-duck period, the ingress exits once the device planes hold nothing or at the grace".into(),
                 }
             }
+            Ok(ControlRequest::SyncClients { through }) => {
+                node.planes.syncs.sync(&node.planes, through).await
+            }
             Err(error) => ControlResponse::Error {
                 message: format!(
-                    "not a control request ({error}); this ingress understands: status, drain"
+                    "not a control request ({error}); this ingress understands: status, drain, sync_clients"
                 ),
             },
         };

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, ToDevice, ToIngress, Welcome, MAX_FRAME};
+use blipless_protocol::channel::{DecodeError, Rejoin, ToDevice, ToIngress, Welcome, MAX_FRAME};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
@@ -138,10 +138,16 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
         generation,
         hello.pid,
         hello.software,
+        hello.rejoin,
         socket,
     ));
-    planes.attach(link.clone());
-    tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (standby)");
+    if hello.rejoin == Rejoin::Draining {
+        planes.attach_draining(link.clone());
+        tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (draining: it carries on from the previous ingress)");
+    } else {
+        planes.attach(link.clone());
+        tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (standby)");
+    }
     let budget_planes = planes.clone();
     let budget_link = link.clone();
     tokio::spawn(async move {
@@ -181,7 +187,10 @@ async fn read_loop(
                 tracing::info!(generation = link.generation, "device plane ready");
                 Planes::send_orders(planes.on_ready(link.generation)).await;
             }
-            ToIngress::Report(report) => link.set_report(report),
+            ToIngress::Report(report) => {
+                context.metrics.count_reported(&link.report(), &report);
+                link.set_report(report);
+            }
             ToIngress::Packets(batch) => context.wireguard.from_plane(&batch, &mut scratch).await,
             ToIngress::Peers(update) => context.wireguard.on_peers(link, update),
             ToIngress::Endpoints(part) => context.wireguard.on_endpoints(link, part),
@@ -229,6 +238,11 @@ async fn read_loop(
                         tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
                     }
                 }
+            }
+            ToIngress::Synced(synced) => {
+                planes
+                    .syncs
+                    .on_synced(link.generation, synced.token, synced.applied);
             }
             ToIngress::Hello(_) => anyhow::bail!("a device plane said Hello twice"),
         }

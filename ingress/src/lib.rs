@@ -12,6 +12,7 @@
 //! This file is the ingress's life, start to exit: [`run`].
 
 pub mod accept;
+pub mod client_sync;
 pub mod control;
 pub mod device_link;
 pub mod dispatch;
@@ -61,6 +62,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let socket_kept = inherited
         .iter()
         .any(|(name, _)| name == SocketName::Handoff.as_str());
+    // Before any socket under it is used: created 0700, or refused when
+    // another user owns it or others may write in it.
+    sockets::prepare_runtime_dir(&config.node.runtime_dir)?;
     let mut predecessor = handoff::find_predecessor(&config, socket_kept).await?;
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));

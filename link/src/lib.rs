@@ -34,9 +34,6 @@ pub enum LinkError {
     /// The peer sent a message larger than [`MAX_FRAME`].
     #[error("the peer sent a message over {MAX_FRAME} bytes")]
     Oversize,
-    /// The peer sent more fds than fit the ancillary buffer.
-    #[error("the peer sent more file descriptors than a frame may carry")]
-    TooManyFds,
     /// The frame does not decode (another version, garbage, truncated).
     #[error("the peer sent a bad frame: {0}")]
     Decode(#[from] DecodeError),
@@ -98,31 +95,28 @@ pub async fn send_encoded(
 /// Receives one frame of conversation `M` and its fds; `Ok(None)` when the
 /// peer closed the channel. `buffer` must hold [`MAX_FRAME`] bytes; the
 /// message may borrow from it (a batch of packets does).
+///
+/// A frame whose fds the kernel dropped (this process at its open-file
+/// limit) costs only that frame: it is counted ([`fds_dropped`]), logged at
+/// most once a second, and skipped; the channel stays up.
 pub async fn receive<'b, M: Conversation<'b>>(
     socket: &UnixSeqpacket,
     buffer: &'b mut [u8],
 ) -> Result<Option<(M, Vec<OwnedFd>)>, LinkError> {
-    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
-    let (info, ancillary) = socket
-        .recv_with_ancillary(buffer, &mut ancillary_buffer)
-        .await?;
-    let fds_truncated = ancillary.is_truncated();
-    let mut fds = Vec::new();
-    for item in ancillary.into_messages() {
-        if let OwnedAncillaryMessage::FileDescriptors(received) = item {
-            fds.extend(received);
+    let (len, fds) = loop {
+        match receive_raw(socket, buffer).await? {
+            Raw::Closed => return Ok(None),
+            Raw::Frame { len, fds } => break (len, fds),
+            Raw::FdsDropped { len } => {
+                let name = channel::decode_header(&buffer[..len])
+                    .ok()
+                    .and_then(|header| channel::message_name(header.message_type))
+                    .unwrap_or("?");
+                dropped::count(name);
+            }
         }
-    }
-    if fds_truncated {
-        return Err(LinkError::TooManyFds);
-    }
-    if info.truncated() {
-        return Err(LinkError::Oversize);
-    }
-    if info.bytes_read() == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    let frame: &'b [u8] = &buffer[..info.bytes_read()];
+    };
+    let frame: &'b [u8] = &buffer[..len];
     let (message, used) = channel::decode::<M>(frame)?;
     if used != frame.len() {
         return Err(LinkError::TrailingBytes);
@@ -135,6 +129,82 @@ pub async fn receive<'b, M: Conversation<'b>>(
         });
     }
     Ok(Some((message, fds)))
+}
+
+/// One message off the socket, not yet decoded.
+enum Raw {
+    Closed,
+    Frame { len: usize, fds: Vec<OwnedFd> },
+    FdsDropped { len: usize },
+}
+
+async fn receive_raw(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Raw, LinkError> {
+    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
+    let (info, ancillary) = socket
+        .recv_with_ancillary(buffer, &mut ancillary_buffer)
+        .await?;
+    let fds_truncated = ancillary.is_truncated();
+    let mut fds = Vec::new();
+    for item in ancillary.into_messages() {
+        if let OwnedAncillaryMessage::FileDescriptors(received) = item {
+            fds.extend(received);
+        }
+    }
+    if info.truncated() {
+        return Err(LinkError::Oversize);
+    }
+    if fds_truncated {
+        // Whatever fds did arrive close with `fds` here.
+        return Ok(Raw::FdsDropped {
+            len: info.bytes_read(),
+        });
+    }
+    if info.bytes_read() == 0 && fds.is_empty() {
+        return Ok(Raw::Closed);
+    }
+    Ok(Raw::Frame {
+        len: info.bytes_read(),
+        fds,
+    })
+}
+
+/// How many frames this process has lost the fds of (open-file limit).
+pub fn fds_dropped() -> u64 {
+    dropped::total()
+}
+
+mod dropped {
+    //! The count of frames whose fds were dropped, and its log line, at most
+    //! one a second with how many since the last.
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    static TOTAL: AtomicU64 = AtomicU64::new(0);
+    static LOGGED: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+
+    pub(super) fn total() -> u64 {
+        TOTAL.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count(message: &'static str) {
+        let total = TOTAL.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut logged = LOGGED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let due = logged.is_none_or(|(at, _)| at.elapsed() >= Duration::from_secs(1));
+        if due {
+            let since = total - logged.map_or(0, |(_, seen)| seen);
+            tracing::warn!(
+                message,
+                dropped = since,
+                total,
+                "the kernel dropped the file descriptors of channel frames: this process is at its open-file limit (the frame is skipped; the channel stays up)"
+            );
+            *logged = Some((Instant::now(), total));
+        }
+    }
 }
 
 /// Sizes the socket's send buffer so one [`MAX_FRAME`] frame always fits one

@@ -19,6 +19,14 @@ pub enum ControlRequest {
     /// after the lame-duck period, every device plane finishes what it holds
     /// within the grace, and the ingress exits.
     Drain,
+    /// Read-your-writes for client changes: `blipless-ctl` changed a client
+    /// in the store (the change feed is at `through`); answer once every
+    /// ready device plane of this node has applied the feed through it, and
+    /// the WireGuard peer set has been updated.
+    SyncClients {
+        /// The feed position after the change.
+        through: u64,
+    },
 }
 
 /// The ingress's answer.
@@ -31,6 +39,11 @@ pub enum ControlResponse {
     Ok {
         /// What was done.
         message: String,
+    },
+    /// Answer to [`ControlRequest::SyncClients`]: every ready plane applied it.
+    Synced {
+        /// How many device planes confirmed (0: none is ready on this node).
+        planes: u64,
     },
     /// The request could not be served.
     Error {
@@ -189,6 +202,24 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<ControlResponse>(&line).expect("decodes"),
             response
+        );
+    }
+
+    #[test]
+    fn client_syncs_are_tagged_json() {
+        let request = ControlRequest::SyncClients { through: 42 };
+        let line = serde_json::to_string(&request).expect("encodes");
+        assert_eq!(line, r#"{"command":"sync_clients","through":42}"#);
+        assert_eq!(
+            serde_json::from_str::<ControlRequest>(&line).expect("decodes"),
+            request
+        );
+        let answer = ControlResponse::Synced { planes: 2 };
+        let line = serde_json::to_string(&answer).expect("encodes");
+        assert_eq!(line, r#"{"result":"synced","planes":2}"#);
+        assert_eq!(
+            serde_json::from_str::<ControlResponse>(&line).expect("decodes"),
+            answer
         );
     }
 }

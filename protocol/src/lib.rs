@@ -31,5 +31,6 @@
 
 pub mod channel;
 pub mod control;
+pub mod http_target;
 pub mod ip;
 pub mod socks5;

@@ -27,6 +27,10 @@ mod contract;
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 
+/// How often [`Store::wait_for_change`] looks at a store that cannot block
+/// on its feed (the embedded one).
+pub const FEED_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Longest client name accepted, in bytes (names are ASCII).
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -208,6 +212,28 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// The newest change's seq (0 for an empty feed): read it before
     /// listing the clients, then follow the feed after it.
     async fn feed_head(&self) -> Result<u64, StoreError>;
+    /// Waits up to about `wait` for a change with seq > `after`; true when
+    /// there is one (read it with [`Store::changes_since`]). The default
+    /// looks every [`FEED_LOOK_EVERY`] (the embedded store: one cheap query
+    /// on a local file); Redis blocks on the stream (`XREAD BLOCK`), so a
+    /// fleet's nodes see a change as soon as it is written.
+    async fn wait_for_change(
+        &self,
+        after: u64,
+        wait: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if self.feed_head().await? > after {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(FEED_LOOK_EVERY.min(deadline - now)).await;
+        }
+    }
     /// Adds a usage delta to a client's counters (atomically; several processes may add
     /// concurrently). Counters saturate at `i64::MAX` (2^63 - 1). `StoreError::NotFound` if the
     /// client does not exist (for example, it was removed meanwhile).
@@ -365,7 +391,10 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     match parse_url(url)? {
         StoreUrl::Sqlite(path) => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                tokio::fs::create_dir_all(parent).await?;
+                // A state directory made here is the service's alone.
+                let mut builder = tokio::fs::DirBuilder::new();
+                builder.recursive(true).mode(0o700);
+                builder.create(parent).await?;
             }
             let store = SqliteStore::open(path).await?;
             Ok(Arc::new(store))

@@ -184,14 +184,38 @@ impl Node {
     }
 
     fn spawn_with_env(&mut self, binary_name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        self.spawn_under(&[], binary_name, args, env)
+    }
+
+    /// Starts a device plane whose open-file limit is `limit` (soft and hard,
+    /// through `prlimit`, which execs it: the child is the daemon).
+    pub fn start_device_with_fd_limit(&mut self, limit: u64) -> Daemon {
+        let nofile = format!("--nofile={limit}:{limit}");
+        self.spawn_under(&["prlimit", &nofile, "--"], "blipless-device", &[], &[])
+    }
+
+    fn spawn_under(
+        &mut self,
+        wrapper: &[&str],
+        binary_name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         self.daemons += 1;
         let log = self
             .path()
             .join(format!("{}-{}.log", binary_name, self.daemons));
         let stderr = File::create(&log).expect("log file");
         // `ip netns exec` execs the daemon in place: the child is the daemon.
-        let child = self
-            .command(binary(binary_name))
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = self.command(program);
+                command.args(rest).arg(binary(binary_name));
+                command
+            }
+            None => self.command(binary(binary_name)),
+        };
+        let child = command
             .arg("--config")
             .arg(&self.config)
             .args(args)

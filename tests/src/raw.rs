@@ -14,6 +14,30 @@ pub fn connect(address: SocketAddr) -> TcpStream {
     stream
 }
 
+/// Like [`connect`], from the local address `source` (any 127.0.0.0/8
+/// address is a different customer address on loopback).
+pub fn connect_from(source: std::net::IpAddr, address: SocketAddr) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a runtime to connect with");
+    let stream = runtime
+        .block_on(async {
+            let socket = match source {
+                std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            socket.bind(SocketAddr::new(source, 0))?;
+            socket.connect(address).await?.into_std()
+        })
+        .unwrap_or_else(|error| panic!("connecting to {address} from {source}: {error}"));
+    stream.set_nonblocking(false).expect("blocking mode");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    stream
+}
+
 /// Reads exactly `n` bytes.
 pub fn read_exact(stream: &mut TcpStream, n: usize) -> Vec<u8> {
     let mut buffer = vec![0u8; n];

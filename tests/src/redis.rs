@@ -73,6 +73,12 @@ impl Redis {
         });
     }
 
+    /// The server's process id while it runs (None between `stop` and
+    /// `restart`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server (SIGKILL), as a crash would.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -299,7 +299,7 @@ fn sigterm_to_a_lone_device_plane_finishes_its_work_then_exits() {
 
 #[test]
 fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
-    use blipless_protocol::channel::{self, Hello, ToDevice, ToIngress};
+    use blipless_protocol::channel::{self, Hello, Rejoin, ToDevice, ToIngress};
     let origin = Origin::start();
     let mut node = Node::new("");
     let (_ingress, _device, client) = node.start();
@@ -325,6 +325,7 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
         let hello = ToIngress::Hello(Hello {
             pid: 1,
             software: "fake".into(),
+            rejoin: Rejoin::No,
         });
         socket.send(&channel::encode(&hello)).await.expect("hello");
         let info = socket.recv(&mut buffer).await.expect("welcome");
@@ -395,12 +396,19 @@ fn a_tunnel_with_a_full_buffer_moves_with_every_pending_byte() {
         )
         .expect("request");
         std::thread::sleep(Duration::from_millis(1000));
+        // Read a little, then stop again: by now the origin is far ahead, so
+        // the plane's next reads are whole buffers (on a loaded machine the
+        // first ones can be small, and a small run travels inline).
+        let mut response = vec![0u8; 512 * 1024];
+        stream
+            .read_exact(&mut response)
+            .expect("read the start of the answer");
+        std::thread::sleep(Duration::from_millis(300));
         let old_log = device.log.clone();
         let (new, _) = node.deploy(&mut device);
         device = new;
         let log = std::fs::read_to_string(old_log).unwrap_or_default();
         piped |= log.contains("pending bytes travel in pipes");
-        let mut response = Vec::new();
         stream
             .read_to_end(&mut response)
             .expect("read the whole answer");

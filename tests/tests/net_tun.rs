@@ -2,7 +2,8 @@
 //! `TunQueue` against the kernel. Needs root (CAP_NET_ADMIN) and fails,
 //! not skips, without it. Every test works inside a network namespace it
 //! creates and always deletes (a Drop guard), so the host's own network is
-//! never touched.
+//! never touched. Local trust: the TUN device's owner, and the nftables
+//! rules that keep clients off the host and off each other.
 
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -19,6 +20,10 @@ const TUN: &str = "blt0";
 const POOL: &str = "10.77.0.0/16";
 const NODE: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+/// Another client of the pool.
+const OTHER_CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 3);
+/// The unprivileged service user of the owner tests.
+const NOBODY: u32 = 65534;
 /// How long any one wait may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -77,6 +82,34 @@ impl Netns {
     fn path(&self) -> String {
         format!("/run/netns/{}", self.name)
     }
+
+    /// The TUN device's owner and group, from sysfs inside the namespace
+    /// (-1: none).
+    fn tun_owner(&self) -> (String, String) {
+        let read = |file: &str| {
+            ok(
+                &self.exec("cat", &[&format!("/sys/class/net/{TUN}/{file}")]),
+                "reading the TUN device's owner",
+            )
+            .trim()
+            .to_string()
+        };
+        (read("owner"), read("group"))
+    }
+}
+
+/// Runs `work` on a thread inside the namespace at `path` (setns affects
+/// only the calling thread), with a current-thread runtime.
+fn in_namespace<T: Send + 'static>(
+    path: String,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> std::thread::JoinHandle<Result<T, String>> {
+    std::thread::spawn(move || {
+        let namespace = File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
+        nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("setns {path}: {e}"))?;
+        work()
+    })
 }
 
 impl Drop for Netns {
@@ -163,6 +196,26 @@ fn net_setup_and_teardown_are_idempotent() {
         table.contains("ip saddr 10.77.0.0/16 oifname \"eth9\" masquerade"),
         "{table}"
     );
+    // Clients off the host (input) and off each other (forward).
+    assert!(table.contains("chain input"), "{table}");
+    assert!(
+        table.contains(&format!(
+            "iifname \"{TUN}\" ct state established,related accept"
+        )),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("iifname \"{TUN}\" drop")),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("iifname \"{TUN}\" ip daddr 10.77.0.0/16 drop")),
+        "{table}"
+    );
+    // Owned by whoever ran setup (root here), not by no one.
+    assert_eq!(ns.tun_owner(), ("0".to_string(), "0".to_string()));
+    let link = ok(&ns.exec("ip", &["-d", "link", "show", TUN]), "ip link show");
+    assert!(link.contains("user root group root"), "{link}");
     assert!(
         table.contains("ct state invalid meta l4proto tcp reject with tcp reset"),
         "{table}"
@@ -196,6 +249,77 @@ fn net_setup_and_teardown_are_idempotent() {
 }
 
 #[test]
+fn net_setup_makes_the_tun_owned_by_the_service_user() {
+    let ns = Netns::new("own");
+    let nobody = NOBODY.to_string();
+    let as_nobody = [
+        "--set",
+        "egress.tun.user=65534",
+        "--set",
+        "egress.tun.group=65534",
+        "net",
+        "setup",
+    ];
+    ok(&ns.ctl(&as_nobody), "net setup for uid 65534");
+    assert_eq!(ns.tun_owner(), (nobody.clone(), nobody.clone()));
+    let link = ok(&ns.exec("ip", &["-d", "link", "show", TUN]), "ip link show");
+    assert!(
+        link.contains("user nobody") || link.contains("user 65534"),
+        "{link}"
+    );
+    // Again: nothing changes.
+    ok(&ns.ctl(&as_nobody), "net setup again");
+    assert_eq!(ns.tun_owner(), (nobody.clone(), nobody.clone()));
+
+    // Another owner while a queue is attached: refused, the device is kept.
+    let (attached_tx, attached_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = in_namespace(ns.path(), move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("runtime: {e}"))?;
+        let queue = runtime
+            .block_on(async { TunQueue::attach(TUN) })
+            .map_err(|e| format!("attach: {e}"))?;
+        let _ = attached_tx.send(());
+        let _ = release_rx.recv_timeout(PATIENCE);
+        drop(queue);
+        Ok(())
+    });
+    attached_rx
+        .recv_timeout(PATIENCE)
+        .expect("the queue holder attached");
+    let refused = ns.ctl(&["net", "setup"]);
+    let _ = release_tx.send(());
+    match holder.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => panic!("{error}"),
+        Err(_) => panic!("the queue holder panicked"),
+    }
+    assert!(
+        !refused.status.success(),
+        "net setup changed the owner of a device in use"
+    );
+    let stderr = text(&refused.stderr);
+    assert!(
+        stderr.contains("queue(s) are attached") && stderr.contains("nobody"),
+        "{stderr}"
+    );
+    assert_eq!(ns.tun_owner(), (nobody.clone(), nobody));
+
+    // Unused now: setup recreates it with the new owner (root, who runs it)
+    // and its address.
+    ok(&ns.ctl(&["net", "setup"]), "net setup for root");
+    assert_eq!(ns.tun_owner(), ("0".to_string(), "0".to_string()));
+    let addresses = ok(
+        &ns.exec("ip", &["-4", "addr", "show", "dev", TUN]),
+        "ip addr",
+    );
+    assert!(addresses.contains("inet 10.77.0.1/16"), "{addresses}");
+}
+
+#[test]
 fn net_setup_refuses_an_ipv6_pool_and_changes_nothing() {
     let ns = Netns::new("v6");
     let output = ns.ctl(&["--set", "wireguard.pool=fd00:77::/64", "net", "setup"]);
@@ -218,10 +342,7 @@ fn tun_queues_carry_packets_and_detach() {
     let path = ns.path();
     // setns affects only the calling thread, so everything that needs the
     // namespace (the TUN queues, the UDP sockets) lives on this thread.
-    let worker = std::thread::spawn(move || -> TestResult {
-        let namespace = File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
-        nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("setns {path}: {e}"))?;
+    let worker = in_namespace(path, move || -> TestResult {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -298,6 +419,35 @@ async fn exercise_queues() -> TestResult {
         return Err(format!(
             "the socket got {:?} from {from}",
             &buffer[..length]
+        ));
+    }
+
+    // But a client cannot open a flow to a service of the host (the input
+    // chain drops what is not a reply)...
+    let service = tokio::net::UdpSocket::bind((NODE, 0))
+        .await
+        .map_err(|e| format!("binding {NODE}: {e}"))?;
+    let service_port = service.local_addr().map_err(|e| e.to_string())?.port();
+    let knock = udp_packet((CLIENT, 9002), (NODE, service_port), b"to-the-host");
+    a.send(&knock)
+        .await
+        .map_err(|e| format!("writing into the queue: {e}"))?;
+    if let Ok(received) =
+        tokio::time::timeout(Duration::from_secs(1), service.recv_from(&mut buffer)).await
+    {
+        return Err(format!(
+            "a client's new flow reached a host service: {received:?}"
+        ));
+    }
+    // ...nor reach another client (forwarding back into the pool is dropped).
+    let across = udp_packet((CLIENT, 9003), (OTHER_CLIENT, 9004), b"client-to-client");
+    a.send(&across)
+        .await
+        .map_err(|e| format!("writing into the queue: {e}"))?;
+    if let Ok(seen) = collect(&a, &b, b"client-to-client", 1, Duration::from_secs(1)).await {
+        return Err(format!(
+            "a packet from one client was forwarded to another: {:?}",
+            parse_udp(&seen[0].1)
         ));
     }
 

@@ -4,6 +4,17 @@
 //! interface and answers `ct state invalid` TCP with a reset (so an orphaned
 //! flow fails fast instead of hanging).
 //!
+//! Local trust: the TUN device is owned by a user and group
+//! (`egress.tun.user` and `egress.tun.group`, default: whoever runs setup),
+//! so that no other local user can attach a queue to read or inject the
+//! clients' packets (without CAP_NET_ADMIN). The nftables table keeps the
+//! WireGuard clients away from the host and from each other: input from the
+//! TUN device is dropped but for replies (established, related) and
+//! `egress.allow` destinations, and forwarded traffic from the TUN device to
+//! the client pool is dropped but for the parts of the pool `egress.allow`
+//! lists. An existing device with another owner is recreated when no queue
+//! is attached to it, and refused otherwise.
+//!
 //! Sans-IO core, thin runner: [`Plan::from_config`] checks the configuration
 //! and [`Plan::setup_steps`] / [`Plan::teardown_steps`] say exactly what to
 //! run (the `ip` commands, the sysctl, the nftables script) without touching
@@ -17,6 +28,12 @@
 //! `blipless-ctl net setup|teardown` call these; a device plane calls
 //! [`setup`] at start when `egress.tun.manage = true`. Both need
 //! CAP_NET_ADMIN. IPv4 client pools only, for now.
+//!
+//! The files: this one holds the errors, the [`Plan`] and its steps,
+//! reading `ip`'s link JSON ([`parse_link`]), and [`setup`] / [`teardown`];
+//! `owner.rs` who owns the TUN device ([`TunOwner`]); `nft.rs` the nftables
+//! scripts ([`Plan::nft_script`], [`Plan::nft_teardown_script`]); `run.rs`
+//! running the steps on the host.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -24,10 +41,6 @@ use std::time::Duration;
 
 use blipless_config::Config;
 use ipnet::{IpNet, Ipv4Net};
-
-/// The nftables table blipless owns (family `inet`, so one table serves
-/// both IP versions).
-pub const NFT_TABLE: &str = "inet blipless";
 
 /// Where IPv4 forwarding is switched on.
 pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
@@ -104,6 +117,31 @@ pub enum NetError {
         /// What was wrong with its output.
         detail: String,
     },
+    /// `egress.tun.user` or `egress.tun.group` names no user or group here.
+    #[error("{key} = {name:?}: no such {what} on this host{detail}")]
+    UnknownAccount {
+        /// The configuration key.
+        key: &'static str,
+        /// The name as configured.
+        name: String,
+        /// `user` or `group`.
+        what: &'static str,
+        /// Why the lookup failed, possibly empty.
+        detail: String,
+    },
+    /// The TUN device exists with another owner and queues are attached to
+    /// it, so it cannot be recreated with the right one now.
+    #[error("the TUN device {name} is owned by {found}, not {wanted}, and {queues} queue(s) are attached to it: stop the device plane(s) using it, then run `blipless-ctl net setup` again (it recreates an unused device with the right owner), or set egress.tun.user and egress.tun.group to its owner")]
+    TunOwner {
+        /// The device's name.
+        name: String,
+        /// Its owner now, as `ip` shows it.
+        found: String,
+        /// The owner the configuration asks for.
+        wanted: String,
+        /// Queues attached to it (attached and detached).
+        queues: u64,
+    },
 }
 
 const HINT_CAP: &str = " (host network setup needs CAP_NET_ADMIN: run as root)";
@@ -121,6 +159,11 @@ pub struct Plan {
     /// address, with the pool's prefix length (the connected route sends
     /// the whole pool to the TUN device).
     pub address: Ipv4Net,
+    /// The TUN device's owner (`egress.tun.user`, `egress.tun.group`).
+    pub owner: TunOwner,
+    /// Destinations the clients may reach on the host itself and in the
+    /// pool (`egress.allow`, the same list the device plane's policy uses).
+    pub allow: Vec<IpNet>,
 }
 
 /// One command line: a program and its arguments, and optionally what to
@@ -159,14 +202,20 @@ impl fmt::Display for Cmd {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Look the device up (`probe`); create it (`create`) if there is none;
-    /// accept a multi-queue TUN device; refuse any other device.
+    /// accept a multi-queue TUN device owned by `owner`; recreate (`delete`,
+    /// `create`) one with another owner if no queue is attached to it, and
+    /// refuse it otherwise; refuse any other device.
     EnsureTun {
         /// The device's name.
         name: String,
         /// `ip -j -d link show dev NAME`.
         probe: Cmd,
-        /// `ip tuntap add dev NAME mode tun multi_queue`.
+        /// `ip tuntap add dev NAME mode tun multi_queue user UID group GID`.
         create: Cmd,
+        /// `ip link del dev NAME`.
+        delete: Cmd,
+        /// Who must own it.
+        owner: TunOwner,
     },
     /// Look the device up (`probe`); delete it (`delete`) if it is a TUN
     /// device; nothing if there is none; refuse any other device.
@@ -191,8 +240,8 @@ pub enum Step {
 
 impl Plan {
     /// Checks the configuration: an IPv4 pool with room for the node and a
-    /// client, and interface names that are safe to put in an nftables
-    /// script.
+    /// client, interface names that are safe to put in an nftables script,
+    /// and a TUN owner that exists ([`TunOwner::from_config`]).
     pub fn from_config(config: &Config) -> Result<Plan, NetError> {
         let tun = &config.egress.tun;
         check_interface("egress.tun.name", &tun.name)?;
@@ -206,55 +255,38 @@ impl Plan {
             out_interface: tun.out_interface.clone(),
             address: first_host(pool)?,
             pool,
+            owner: TunOwner::from_config(tun.user.as_deref(), tun.group.as_deref())?,
+            allow: config.egress.allow.clone(),
         })
-    }
-
-    /// The nftables transaction setup runs with `nft -f -`: create the table
-    /// if missing, delete it, and define it afresh, all in one atomic
-    /// transaction.
-    pub fn nft_script(&self) -> String {
-        let Plan {
-            tun,
-            out_interface,
-            pool,
-            ..
-        } = self;
-        format!(
-            "add table {NFT_TABLE}
-delete table {NFT_TABLE}
-table {NFT_TABLE} {{
-	chain forward {{
-		type filter hook forward priority filter; policy accept;
-		iifname \"{tun}\" ct state invalid meta l4proto tcp reject with tcp reset
-		iifname \"{tun}\" ct state invalid drop
-	}}
-	chain postrouting {{
-		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr {pool} oifname \"{out_interface}\" masquerade
-	}}
-}}
-"
-        )
-    }
-
-    /// The nftables transaction teardown runs: delete the table whether or
-    /// not it exists.
-    pub fn nft_teardown_script(&self) -> String {
-        format!("add table {NFT_TABLE}\ndelete table {NFT_TABLE}\n")
     }
 
     /// What setup does, in order.
     pub fn setup_steps(&self) -> Vec<Step> {
         let name = self.tun.as_str();
         let address = self.address.to_string();
+        let (uid, gid) = (self.owner.uid.to_string(), self.owner.gid.to_string());
         vec![
             Step::EnsureTun {
                 name: name.to_string(),
                 probe: probe(name),
                 create: Cmd::new(
                     "ip",
-                    &["tuntap", "add", "dev", name, "mode", "tun", "multi_queue"],
+                    &[
+                        "tuntap",
+                        "add",
+                        "dev",
+                        name,
+                        "mode",
+                        "tun",
+                        "multi_queue",
+                        "user",
+                        &uid,
+                        "group",
+                        &gid,
+                    ],
                 ),
+                delete: Cmd::new("ip", &["link", "del", "dev", name]),
+                owner: self.owner.clone(),
             },
             Step::Run(Cmd::new("ip", &["addr", "replace", &address, "dev", name])),
             Step::Run(Cmd::new("ip", &["link", "set", "dev", name, "up"])),
@@ -337,6 +369,14 @@ pub enum LinkState {
     Tun {
         /// Created with `multi_queue`.
         multi_queue: bool,
+        /// Its owner as `ip` shows it (a user name, or the uid when it has
+        /// none); `None`: no owner.
+        user: Option<String>,
+        /// Its group, likewise.
+        group: Option<String>,
+        /// Queues attached to it now, enabled or detached (`numqueues` +
+        /// `numdisabled`).
+        queues: u64,
     },
     /// Some other kind of device (`kind` from `linkinfo.info_kind`, or
     /// `unknown`).
@@ -362,8 +402,18 @@ pub fn parse_link(json: &str) -> Result<LinkState, String> {
         };
         return Ok(LinkState::Other { kind });
     }
+    let data = &info["info_data"];
+    let account = |value: &serde_json::Value| {
+        value
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| value.as_u64().map(|id| id.to_string()))
+    };
     Ok(LinkState::Tun {
-        multi_queue: info["info_data"]["multi_queue"].as_bool() == Some(true),
+        multi_queue: data["multi_queue"].as_bool() == Some(true),
+        user: account(&data["user"]),
+        group: account(&data["group"]),
+        queues: data["numqueues"].as_u64().unwrap_or(0) + data["numdisabled"].as_u64().unwrap_or(0),
     })
 }
 
@@ -374,6 +424,7 @@ pub async fn setup(config: &Config) -> Result<(), NetError> {
     run_steps(&plan.setup_steps()).await?;
     tracing::info!(
         tun = %plan.tun,
+        owner = %plan.owner,
         address = %plan.address,
         pool = %plan.pool,
         out_interface = %plan.out_interface,
@@ -391,8 +442,12 @@ pub async fn teardown(config: &Config) -> Result<(), NetError> {
     Ok(())
 }
 
+mod nft;
+mod owner;
 mod run;
 #[cfg(test)]
 mod tests;
 
+pub use nft::NFT_TABLE;
+pub use owner::TunOwner;
 use run::run_steps;

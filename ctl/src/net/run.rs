@@ -14,13 +14,46 @@ pub(super) async fn run_steps(steps: &[Step]) -> Result<(), NetError> {
                 name,
                 probe,
                 create,
+                delete,
+                owner,
             } => match link_state(probe).await? {
                 LinkState::Absent => {
                     run(create).await?;
-                    tracing::info!(%name, "created the persistent multi-queue TUN device");
+                    tracing::info!(%name, %owner, "created the persistent multi-queue TUN device");
                 }
-                LinkState::Tun { multi_queue: true } => {}
-                LinkState::Tun { multi_queue: false } => {
+                LinkState::Tun {
+                    multi_queue: true,
+                    user,
+                    group,
+                    queues,
+                } => {
+                    if !owner.matches(user.as_deref(), group.as_deref()) {
+                        let found = match (&user, &group) {
+                            (None, None) => "no user and no group".to_string(),
+                            _ => format!(
+                                "user {}, group {}",
+                                user.as_deref().unwrap_or("none"),
+                                group.as_deref().unwrap_or("none")
+                            ),
+                        };
+                        if queues > 0 {
+                            return Err(NetError::TunOwner {
+                                name: name.clone(),
+                                found,
+                                wanted: owner.to_string(),
+                                queues,
+                            });
+                        }
+                        // Unused: nothing is lost by making it again; the
+                        // next steps give it its address and route back.
+                        run(delete).await?;
+                        run(create).await?;
+                        tracing::warn!(%name, %found, wanted = %owner, "recreated the TUN device with its configured owner (no queue was attached)");
+                    }
+                }
+                LinkState::Tun {
+                    multi_queue: false, ..
+                } => {
                     return Err(NetError::NotMultiQueueTun {
                         name: name.clone(),
                         what: "a TUN device without multi_queue".into(),

@@ -23,6 +23,76 @@ fn defaults_give_first_host_with_the_pool_prefix() {
     assert_eq!(plan.out_interface, "eth0");
     assert_eq!(plan.pool.to_string(), "10.64.0.0/16");
     assert_eq!(plan.address.to_string(), "10.64.0.1/16");
+    assert!(plan.allow.is_empty());
+}
+
+#[test]
+fn the_tun_owner_defaults_to_whoever_runs_setup() {
+    let owner = plan(&[]).owner;
+    let euid = nix::unistd::Uid::effective();
+    assert_eq!(owner.uid, euid.as_raw());
+    let entry = nix::unistd::User::from_uid(euid).ok().flatten();
+    let gid = entry
+        .as_ref()
+        .map_or(nix::unistd::Gid::effective(), |entry| entry.gid);
+    assert_eq!(owner.gid, gid.as_raw());
+    assert_eq!(owner.user, entry.map(|entry| entry.name));
+}
+
+#[test]
+fn the_tun_owner_is_configured_by_name_or_id() {
+    // root is uid 0 with primary group 0 everywhere.
+    let owner = plan(&["egress.tun.user=root"]).owner;
+    assert_eq!((owner.uid, owner.gid), (0, 0));
+    assert_eq!(owner.user.as_deref(), Some("root"));
+    let owner = plan(&["egress.tun.user=0", "egress.tun.group=4343"]).owner;
+    assert_eq!((owner.uid, owner.gid), (0, 4343));
+    // An id without a passwd entry is fine; its group then defaults to
+    // the group of whoever runs setup.
+    let owner = plan(&["egress.tun.user=4242"]).owner;
+    assert_eq!(owner.uid, 4242);
+    let owner = plan(&["egress.tun.user=4242", "egress.tun.group=root"]).owner;
+    assert_eq!((owner.uid, owner.gid), (4242, 0));
+    for (set, key) in [
+        ("egress.tun.user=no-such-user-bl", "egress.tun.user"),
+        ("egress.tun.group=no-such-group-bl", "egress.tun.group"),
+    ] {
+        let result = Plan::from_config(&config(&[set]));
+        assert!(
+            matches!(&result, Err(NetError::UnknownAccount { key: k, .. }) if *k == key),
+            "{set}: {result:?}"
+        );
+        let message = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("no-such-"), "{message}");
+    }
+}
+
+#[test]
+fn the_tun_owner_matches_what_ip_shows() {
+    let owner = TunOwner {
+        uid: 998,
+        user: Some("blipless".into()),
+        gid: 997,
+        group: Some("blipless".into()),
+    };
+    assert!(owner.matches(Some("blipless"), Some("blipless")));
+    assert!(owner.matches(Some("998"), Some("997")));
+    assert!(!owner.matches(None, None), "no owner at all");
+    assert!(!owner.matches(Some("blipless"), None), "no group");
+    assert!(!owner.matches(Some("root"), Some("blipless")));
+    assert!(!owner.matches(Some("998"), Some("998")));
+    let nameless = TunOwner {
+        uid: 4242,
+        user: None,
+        gid: 4343,
+        group: None,
+    };
+    assert!(nameless.matches(Some("4242"), Some("4343")));
+    assert_eq!(nameless.to_string(), "user 4242, group 4343");
+    assert_eq!(
+        owner.to_string(),
+        "user 998 (blipless), group 997 (blipless)"
+    );
 }
 
 #[test]
@@ -102,6 +172,65 @@ fn nft_script_replaces_the_table_with_masquerade_and_reset() {
 }
 
 #[test]
+fn nft_script_keeps_clients_off_the_host_and_each_other() {
+    let script = plan(&["egress.tun.name=wg-out", "wireguard.pool=10.99.0.0/20"]).nft_script();
+    let lines: Vec<&str> = script.lines().map(str::trim).collect();
+    let position = |wanted: &str| {
+        lines
+            .iter()
+            .position(|line| *line == wanted)
+            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
+    };
+    // Input from the TUN device: replies only.
+    let input = position("chain input {");
+    let hook = position("type filter hook input priority filter; policy accept;");
+    let replies = position("iifname \"wg-out\" ct state established,related accept");
+    let drop = position("iifname \"wg-out\" drop");
+    assert!(input < hook && hook < replies && replies < drop, "{script}");
+    assert!(
+        drop < position("chain forward {"),
+        "the drop belongs to the input chain"
+    );
+    // Forwarded from the TUN device into the pool: dropped, after the
+    // invalid-state rules.
+    let invalid = position("iifname \"wg-out\" ct state invalid drop");
+    let to_pool = position("iifname \"wg-out\" ip daddr 10.99.0.0/20 drop");
+    assert!(invalid < to_pool && to_pool < position("chain postrouting {"));
+    assert!(!script.contains("daddr {"), "nothing allowed: {script}");
+}
+
+#[test]
+fn nft_script_lets_egress_allow_through() {
+    let script = plan(&[
+        "wireguard.pool=10.99.0.0/20",
+        "egress.allow=10.99.0.1/32,10.0.0.0/8,10.1.0.0/16,192.0.2.7,fd00::/8,8.8.8.8/32",
+    ])
+    .nft_script();
+    let lines: Vec<&str> = script.lines().map(str::trim).collect();
+    let position = |wanted: &str| {
+        lines
+            .iter()
+            .position(|line| *line == wanted)
+            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
+    };
+    // To the host: every allowed network (merged, as an interval set must
+    // be), before the drop.
+    let v4 = position("iifname \"blip0\" ip daddr { 8.8.8.8/32, 10.0.0.0/8, 192.0.2.7/32 } accept");
+    let v6 = position("iifname \"blip0\" ip6 daddr { fd00::/8 } accept");
+    let drop = position("iifname \"blip0\" drop");
+    assert!(v4 < drop && v6 < drop, "{script}");
+    // Into the pool: the allowed part of it (10.0.0.0/8 holds the whole pool).
+    let pool = position("iifname \"blip0\" ip daddr { 10.99.0.0/20 } accept");
+    assert!(pool < position("iifname \"blip0\" ip daddr 10.99.0.0/20 drop"));
+
+    let script = plan(&["wireguard.pool=10.99.0.0/20", "egress.allow=10.99.0.9/32"]).nft_script();
+    assert!(
+        script.contains("iifname \"blip0\" ip daddr { 10.99.0.9/32 } accept\n\t\tiifname \"blip0\" ip daddr 10.99.0.0/20 drop"),
+        "{script}"
+    );
+}
+
+#[test]
 fn setup_and_teardown_steps() {
     let plan = plan(&[]);
     let steps = plan.setup_steps();
@@ -114,10 +243,15 @@ fn setup_and_teardown_steps() {
             Step::Sysctl { path, value } => format!("{value} > {path}"),
         })
         .collect();
+    let owner = &plan.owner;
     assert_eq!(
         lines,
         [
-            "ip tuntap add dev blip0 mode tun multi_queue",
+            format!(
+                "ip tuntap add dev blip0 mode tun multi_queue user {} group {}",
+                owner.uid, owner.gid
+            )
+            .as_str(),
             "ip addr replace 10.64.0.1/16 dev blip0",
             "ip link set dev blip0 up",
             "1 > /proc/sys/net/ipv4/ip_forward",
@@ -126,6 +260,13 @@ fn setup_and_teardown_steps() {
     );
     assert!(
         matches!(&steps[4], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.nft_script())
+    );
+    assert!(matches!(&steps[0], Step::EnsureTun { delete, owner, .. }
+            if delete.to_string() == "ip link del dev blip0" && owner == &plan.owner));
+    let root = self::plan(&["egress.tun.user=root", "egress.tun.group=4343"]);
+    assert!(
+        matches!(&root.setup_steps()[0], Step::EnsureTun { create, .. }
+            if create.to_string() == "ip tuntap add dev blip0 mode tun multi_queue user 0 group 4343")
     );
     let teardown = plan.teardown_steps();
     assert!(
@@ -164,15 +305,47 @@ fn unsafe_interface_names_are_refused() {
 #[test]
 fn link_states_are_read_from_ip_json() {
     let multi = r#"[{"ifname":"t0","linkinfo":{"info_kind":"tun","info_data":{"type":"tun","pi":false,"multi_queue":true,"persist":true}}}]"#;
+    // As iproute2 6.1 prints them: names when the ids have one, else numbers.
+    let owned = r#"[{"ifname":"t0","linkinfo":{"info_kind":"tun","info_data":{"type":"tun","pi":false,"vnet_hdr":false,"multi_queue":true,"numqueues":2,"numdisabled":1,"persist":true,"user":"nobody","group":"nogroup"}}}]"#;
+    let numeric = r#"[{"ifname":"t1","linkinfo":{"info_kind":"tun","info_data":{"type":"tun","multi_queue":true,"numqueues":0,"numdisabled":0,"persist":true,"user":4242,"group":4343}}}]"#;
     let single = r#"[{"ifname":"t1","linkinfo":{"info_kind":"tun","info_data":{"type":"tun","multi_queue":false}}}]"#;
     let tap = r#"[{"ifname":"t2","linkinfo":{"info_kind":"tun","info_data":{"type":"tap","multi_queue":true}}}]"#;
     let plain = r#"[{"ifname":"eth0","flags":["UP"]}]"#;
     let dummy = r#"[{"ifname":"d0","linkinfo":{"info_kind":"dummy"}}]"#;
-    assert_eq!(parse_link(multi), Ok(LinkState::Tun { multi_queue: true }));
     assert_eq!(
-        parse_link(single),
-        Ok(LinkState::Tun { multi_queue: false })
+        parse_link(multi),
+        Ok(LinkState::Tun {
+            multi_queue: true,
+            user: None,
+            group: None,
+            queues: 0
+        })
     );
+    assert_eq!(
+        parse_link(owned),
+        Ok(LinkState::Tun {
+            multi_queue: true,
+            user: Some("nobody".into()),
+            group: Some("nogroup".into()),
+            queues: 3
+        })
+    );
+    assert_eq!(
+        parse_link(numeric),
+        Ok(LinkState::Tun {
+            multi_queue: true,
+            user: Some("4242".into()),
+            group: Some("4343".into()),
+            queues: 0
+        })
+    );
+    assert!(matches!(
+        parse_link(single),
+        Ok(LinkState::Tun {
+            multi_queue: false,
+            ..
+        })
+    ));
     assert_eq!(parse_link(tap), Ok(LinkState::Other { kind: "tap".into() }));
     assert_eq!(
         parse_link(plain),

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use tokio::net::TcpStream;
 
+use super::auth_guard::AuthGuard;
 use crate::clients::Directory;
 use crate::egress::{Egress, EgressError, Target};
 use crate::identity::Identities;
@@ -42,6 +43,12 @@ pub struct Context {
     pub handshake_timeout: Duration,
     /// A tunnel with no byte either way for this long is closed.
     pub idle_timeout: Duration,
+    /// Failed authentications: counted, logged rate-limited, throttled per source.
+    pub auth: Arc<AuthGuard>,
+    /// The HTTP proxy's timeouts and head limit (`with_http_limits`).
+    pub http_limits: super::http::Limits,
+    /// What the HTTP proxy refused (431, 408, 504, userinfo).
+    pub http_counters: super::http::Counters,
     /// Every live connection task.
     pub connections: TaskTracker,
     /// Serving, handing over, or finishing.
@@ -49,6 +56,11 @@ pub struct Context {
     /// Cancelled when the drain grace is over: everything still open is cut.
     /// Replaced by a fresh one if the plane is re-activated afterwards.
     cut_all: Mutex<CancellationToken>,
+    /// Descriptors kept in reserve: near the open-file limit new
+    /// connections are refused, never the channel lost.
+    pub fds: super::fd_budget::FdBudget,
+    /// `limits.connections` and `limits.tunnels_per_client` (`with_caps`).
+    pub caps: super::caps::Caps,
     /// Connections taken since start (accepted and adopted).
     pub taken: AtomicU64,
     /// Connections handed to a successor.
@@ -70,6 +82,7 @@ impl Context {
         egress: Egress,
         handshake_timeout: Duration,
         idle_timeout: Duration,
+        auth: Arc<AuthGuard>,
     ) -> Self {
         Self {
             directory,
@@ -77,15 +90,32 @@ impl Context {
             egress,
             handshake_timeout,
             idle_timeout,
+            auth,
+            http_limits: super::http::Limits::default(),
+            http_counters: super::http::Counters::default(),
             connections: TaskTracker::new(),
             mode: watch::channel(Mode::Serving).0,
             cut_all: Mutex::new(CancellationToken::new()),
+            fds: super::fd_budget::FdBudget::from_rlimit(),
+            caps: super::caps::Caps::default(),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
             channel: Mutex::new(None),
             handover_slots: Arc::new(Semaphore::new(super::handover::HANDOVER_SLOTS)),
             awaiting: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same context with these caps on connections and tunnels.
+    pub fn with_caps(mut self, caps: super::caps::Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// The same context with these HTTP proxy limits.
+    pub fn with_http_limits(mut self, limits: super::http::Limits) -> Self {
+        self.http_limits = limits;
+        self
     }
 
     /// Connects `client` to `target` from its egress identity on this node

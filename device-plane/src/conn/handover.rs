@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use blipless_protocol::channel::{Migrate, MigrateKind, ToIngress};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio_seqpacket::UnixSeqpacket;
 
 use super::context::{Context, Mode};
 use super::tunnel::{self, Tunnel};
@@ -21,6 +22,10 @@ use super::{http, piped, stream_from_fd};
 /// Longest wait for a successor's confirmation: longer than the ingress
 /// holds a connection looking for a plane (10 s) before sending it back.
 const CONFIRM_WAIT: Duration = Duration::from_secs(30);
+
+/// Longest wait for a channel to hand a connection over on (an ingress
+/// handoff: the plane attaches to the successor).
+const CHANNEL_WAIT: Duration = Duration::from_secs(10);
 
 /// Handovers sent at once.
 pub(super) const HANDOVER_SLOTS: usize = 32;
@@ -41,14 +46,12 @@ impl Context {
         }
     }
 
-    /// Tells the ingress this plane took over connection `id`.
-    pub async fn confirm_adoption(&self, id: u64) {
-        if let Some(channel) = self.channel() {
-            if let Err(error) =
-                blipless_link::send(&channel, &ToIngress::MigrateDone(id), &[]).await
-            {
-                tracing::debug!(id, %error, "could not confirm an adopted connection");
-            }
+    /// Tells the ingress the connection came through (`via`) that this
+    /// plane took over connection `id`: that ingress knows where it came
+    /// from, even when it has handed off to a successor since.
+    pub async fn confirm_adoption(&self, via: &UnixSeqpacket, id: u64) {
+        if let Err(error) = blipless_link::send(via, &ToIngress::MigrateDone(id), &[]).await {
+            tracing::debug!(id, %error, "could not confirm an adopted connection");
         }
     }
 
@@ -79,7 +82,16 @@ impl Context {
         mut migrate: Migrate,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), Migrate> {
-        let Some(channel) = self.channel() else {
+        // Between an ingress's Goaway and the attachment to its successor
+        // there is no channel for a moment: wait for it rather than keep the
+        // connection here.
+        let mut channel = self.channel();
+        let waiting_since = tokio::time::Instant::now();
+        while channel.is_none() && waiting_since.elapsed() < CHANNEL_WAIT {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            channel = self.channel();
+        }
+        let Some(channel) = channel else {
             return Err(migrate);
         };
         let id = migrate.connection_id;
@@ -154,12 +166,18 @@ fn unpiped(mut migrate: Migrate) -> Migrate {
     migrate
 }
 
-/// Takes over a connection a predecessor handed us.
-pub async fn adopt(context: Arc<Context>, mut migrate: Migrate, mut fds: Vec<OwnedFd>) {
+/// Takes over a connection a predecessor handed us through the ingress
+/// channel `via`.
+pub async fn adopt(
+    context: Arc<Context>,
+    via: Arc<UnixSeqpacket>,
+    mut migrate: Migrate,
+    mut fds: Vec<OwnedFd>,
+) {
     let id = migrate.connection_id;
     // The fds are ours now, whatever happens below: the predecessor may
     // send the next connection.
-    context.confirm_adoption(id).await;
+    context.confirm_adoption(&via, id).await;
     // Pipes come last: down after up.
     for (piped, pending) in [
         (migrate.down_piped, &mut migrate.down.pending),

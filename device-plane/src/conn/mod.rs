@@ -4,7 +4,10 @@
 //! or is handed to a successor plane ([`handover`], with long pending runs in
 //! a pipe: [`piped`]). [`context::Context`] is what they all share.
 
+pub mod auth_guard;
+pub mod caps;
 pub mod context;
+pub mod fd_budget;
 pub mod handover;
 pub mod http;
 pub mod piped;
@@ -33,6 +36,28 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
             return;
         }
     };
+    if !context.fds.admits(context.connections.len() as u64) {
+        // Dropping the stream closes it: the customer's client sees the
+        // connection end at once, and nothing else is touched.
+        context.fds.refuse(accepted.connection_id);
+        return;
+    }
+    if !context
+        .caps
+        .admits_connection(context.connections.len() as u64)
+    {
+        tracing::debug!(
+            id = accepted.connection_id,
+            cap = context.caps.connections,
+            "connection cap reached: refused"
+        );
+        // Answered by a small task outside the tracker: it never holds a drain.
+        match accepted.listener {
+            ListenerKind::Socks => tokio::spawn(caps::refuse_socks(stream)),
+            ListenerKind::Http => tokio::spawn(caps::refuse_http(stream)),
+        };
+        return;
+    }
     let _ = stream.set_nodelay(true);
     context.taken.fetch_add(1, Ordering::Relaxed);
     let id = accepted.connection_id;

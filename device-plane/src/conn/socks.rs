@@ -4,9 +4,14 @@
 //! Parsing is the sans-IO codec in `blipless_protocol::socks5`; this module
 //! only reads until the codec has a whole message and writes its answers.
 //! Every failure gets the protocol's own reply before the connection closes.
+//! Failed logins go through the plane's [`crate::conn::auth_guard`]: counted,
+//! logged at most once a second per source, and a throttled source gets the
+//! failure status without its credentials being checked.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use blipless_protocol::channel::MigrateKind;
 use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
@@ -14,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::clients::Client;
+use crate::conn::auth_guard::{Failure, Protocol, Verdict};
 use crate::conn::tunnel::Tunnel;
 use crate::conn::Context;
 use crate::egress::{EgressError, Target};
@@ -29,6 +35,9 @@ enum Stop {
     Gone,
     /// Answer this and close.
     Answer(Vec<u8>, String),
+    /// Answer this and close, with no log line of its own: a failed or
+    /// throttled login, which the auth guard counts and logs (rate-limited).
+    Refused(Vec<u8>),
 }
 
 /// Reads into `buffer` until `parse` has a whole message. The inner error
@@ -85,18 +94,27 @@ async fn handshake(
     let credentials = read_message(stream, &mut buffer, socks5::parse_user_pass)
         .await?
         .map_err(|e| Stop::Answer(socks5::auth_status(false).to_vec(), e.to_string()))?;
+    // Where the attempt comes from, for the throttle (the unspecified address
+    // only if the customer is already gone).
+    let source = stream
+        .peer_addr()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip());
+    if let Verdict::Throttled { .. } = context.auth.check(source, Protocol::Socks5, Instant::now())
+    {
+        return Err(Stop::Refused(socks5::auth_status(false).to_vec()));
+    }
     let Some(client) = context
         .directory
         .authenticate(&credentials.username, &credentials.password)
     else {
-        return Err(Stop::Answer(
-            socks5::auth_status(false).to_vec(),
-            format!(
-                "bad credentials for {:?}",
-                String::from_utf8_lossy(&credentials.username)
-            ),
-        ));
+        let username = Some(&credentials.username[..]);
+        let failure = Failure::Wrong { username };
+        context
+            .auth
+            .failed(source, Protocol::Socks5, failure, Instant::now());
+        return Err(Stop::Refused(socks5::auth_status(false).to_vec()));
     };
+    context.auth.succeeded(source);
     write(stream, &socks5::auth_status(true)).await?;
     let request = read_message(stream, &mut buffer, socks5::parse_request)
         .await?
@@ -156,9 +174,22 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
             let _ = stream.shutdown().await;
             return;
         }
+        Ok(Err(Stop::Refused(reply))) => {
+            let _ = stream.write_all(&reply).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
         Ok(Ok(accepted)) => accepted,
     };
     let name = client.record.name.clone();
+    if !context.caps.admits_tunnel(&client.meter) {
+        tracing::debug!(id, client = %name, cap = context.caps.tunnels_per_client, "socks5 connect refused: the client's tunnel cap");
+        let _ = stream
+            .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
+            .await;
+        let _ = stream.shutdown().await;
+        return;
+    }
     let egress = tokio::select! {
         result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => return,

@@ -55,6 +55,8 @@ pub async fn run(
     mut may_hand_over: bool,
 ) {
     let name = client.record.name.clone();
+    // Counted while it runs here (also when adopted: it exists already).
+    let _counted = super::caps::TunnelCount::new(client.meter.clone());
     loop {
         let handover = context.handover_slot();
         let handover = async move {

@@ -9,29 +9,35 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use blipless_config::Config;
-use blipless_protocol::channel::{DeviceReport, DrainOrder, ToDevice, ToIngress, MAX_FRAME};
+use blipless_protocol::channel::{
+    DeviceReport, DrainOrder, Synced, ToDevice, ToIngress, MAX_FRAME,
+};
 use tokio::time::Instant;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
-use super::session::{Action, Event, Session, SessionEnd};
+use super::session::{Action, Draining, Event, Session, SessionEnd};
 use super::Warm;
+use crate::background;
+use crate::conn::auth_guard::AuthCounts;
 use crate::conn::{self, take_connection, Context, Mode};
 use crate::fault;
 use crate::link::{self, Incoming};
 use crate::wg::endpoints::Assembler;
-use crate::wg::{self, PeerSync, TunWriter};
+use crate::wg::{self, PacketPath, PeerSync, TunWriter};
 
 /// How often the plane reports its figures to the ingress.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Serves one attachment until drained or the channel is lost.
 /// `wants_endpoints`: the ingress started fresh (Welcome) and gets the last
-/// WireGuard endpoint snapshot after the first peer set.
+/// WireGuard endpoint snapshot after the first peer set. `resume`: a drain
+/// under way when the previous ingress handed off, carried on here.
 pub(super) async fn serve(
     socket: &Arc<UnixSeqpacket>,
     warm: &Warm,
     wants_endpoints: bool,
+    resume: Option<Draining>,
     config: &Config,
     buffer: &mut [u8],
     terminate: &CancellationToken,
@@ -43,12 +49,30 @@ pub(super) async fn serve(
         endpoints,
         ..
     } = warm;
-    let mut session = Session::new(config.drain.grace, wants_endpoints);
+    let mut session = match resume {
+        Some(drain) => Session::resume(config.drain.grace, drain),
+        None => Session::new(config.drain.grace, wants_endpoints),
+    };
     let mut report = tokio::time::interval(REPORT_EVERY);
-    let migrated_before = context.migrated.load(Ordering::Relaxed);
+    // Auth counts are reported from what earlier attachments already sent.
+    let auth_before = context.auth.reported();
+    // The other counts a report carries, as they stood when it began.
+    let before = DeviceReport {
+        refused_fd_limit: context.fds.refused(),
+        refused_connection_cap: context.caps.refused_connections(),
+        refused_tunnel_cap: context.caps.refused_tunnels(),
+        http_head_too_large: load(&context.http_counters.head_too_large),
+        http_response_timeouts: load(&context.http_counters.response_timeouts),
+        http_body_stalls: load(&context.http_counters.body_stalls),
+        http_userinfo_refused: load(&context.http_counters.userinfo_refused),
+        channel_fds_dropped: blipless_link::fds_dropped(),
+        ..DeviceReport::default()
+    };
     let mut peers = PeerSync::new();
     let mut client_changes = context.directory.subscribe();
     let mut endpoint_parts = Assembler::default();
+    // Client syncs run beside the loop (they read the store) and come back here.
+    let (synced_sender, mut synced) = tokio::sync::mpsc::channel::<Synced>(16);
     // Answered once per attachment; the task stops with the attachment.
     let mut _endpoints_answer = None;
     loop {
@@ -80,15 +104,31 @@ pub(super) async fn serve(
                     }
                     ToDevice::Migrate(migrate) => {
                         context.taken.fetch_add(1, Ordering::Relaxed);
-                        context.connections.spawn(conn::handover::adopt(context.clone(), migrate, fds));
+                        context.connections.spawn(conn::handover::adopt(context.clone(), socket.clone(), migrate, fds));
                         continue;
                     }
                     ToDevice::Activate => Event::Activate,
                     ToDevice::Drain(DrainOrder { handover }) => Event::Drain {
                         handover,
                         open: context.connections.len() as u64,
+                        migrated: context.migrated.load(Ordering::Relaxed),
                     },
                     ToDevice::Goaway => Event::Goaway,
+                    ToDevice::SyncClients(request) => {
+                        let (directory, identities) = (context.directory.clone(), warm.identities.clone());
+                        let reply = synced_sender.clone();
+                        tokio::spawn(async move {
+                            match directory.sync_through(request.through).await {
+                                Ok(applied) => {
+                                    background::evict_removed(&directory, &identities).await;
+                                    let _ = reply.send(Synced { token: request.token, applied }).await;
+                                }
+                                // No answer: the ingress tells the operator it could not confirm.
+                                Err(error) => tracing::warn!(%error, "could not apply a client change for blipless-ctl"),
+                            }
+                        });
+                        continue;
+                    }
                     // Only ever the answer to Hello.
                     unexpected @ (ToDevice::Welcome(_) | ToDevice::Refused(_)) => {
                         anyhow::bail!("the ingress sent {} after Welcome", unexpected.name())
@@ -108,15 +148,16 @@ pub(super) async fn serve(
                 Event::ClientsChanged
             }
             _ = report.tick() => {
-                send_report(socket, context).await?;
+                send_report(socket, context, &auth_before, &before).await?;
                 continue;
             }
             () = terminate.cancelled(), if session.listens_for_terminate() => Event::Terminate,
             () = sleep_until(grace_deadline), if grace_deadline.is_some() => Event::GraceOver {
                 left: context.connections.len() as u64,
             },
+            Some(done) = synced.recv() => Event::ClientsSynced(done),
             () = context.connections.wait(), if session.draining() => Event::AllClosed {
-                migrated: context.migrated.load(Ordering::Relaxed) - migrated_before,
+                migrated: context.migrated.load(Ordering::Relaxed),
             },
         };
         for action in session.on(event, Instant::now()) {
@@ -170,6 +211,11 @@ pub(super) async fn serve(
                     );
                     context.cut_everything();
                 }
+                Action::SendSynced(done) => {
+                    link::send(socket, &ToIngress::Synced(done))
+                        .await
+                        .context("confirming a client sync")?;
+                }
                 Action::SendDrained(summary) => {
                     let _ = link::send(socket, &ToIngress::Drained(summary)).await;
                 }
@@ -189,7 +235,16 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// Sends the plane's figures. They are advisory: never let a full channel
 /// hold up the loop that reads it (the ingress may be waiting on us).
-async fn send_report(socket: &UnixSeqpacket, context: &Context) -> anyhow::Result<()> {
+/// `auth_before`: the auth counts sent on earlier attachments; `before`:
+/// the other counts when this attachment began.
+async fn send_report(
+    socket: &UnixSeqpacket,
+    context: &Context,
+    auth_before: &AuthCounts,
+    before: &DeviceReport,
+) -> anyhow::Result<()> {
+    let auth = context.auth.counts();
+    let auth_here = auth.since(auth_before);
     let figures = DeviceReport {
         connections: context.connections.len() as u64,
         connections_total: context.taken.load(Ordering::Relaxed),
@@ -197,6 +252,32 @@ async fn send_report(socket: &UnixSeqpacket, context: &Context) -> anyhow::Resul
         migrated: context.migrated.load(Ordering::Relaxed),
         devices: context.identities.live(),
         prewarmed: context.identities.prewarmed(),
+        auth_failures_socks5: auth_here.socks5_failures,
+        auth_throttled_socks5: auth_here.socks5_throttled,
+        auth_failures_http: auth_here.http_failures,
+        auth_throttled_http: auth_here.http_throttled,
+        refused_fd_limit: context
+            .fds
+            .refused()
+            .saturating_sub(before.refused_fd_limit),
+        refused_connection_cap: context
+            .caps
+            .refused_connections()
+            .saturating_sub(before.refused_connection_cap),
+        refused_tunnel_cap: context
+            .caps
+            .refused_tunnels()
+            .saturating_sub(before.refused_tunnel_cap),
+        http_head_too_large: load(&context.http_counters.head_too_large)
+            .saturating_sub(before.http_head_too_large),
+        http_response_timeouts: load(&context.http_counters.response_timeouts)
+            .saturating_sub(before.http_response_timeouts),
+        http_body_stalls: load(&context.http_counters.body_stalls)
+            .saturating_sub(before.http_body_stalls),
+        http_userinfo_refused: load(&context.http_counters.userinfo_refused)
+            .saturating_sub(before.http_userinfo_refused),
+        channel_fds_dropped: blipless_link::fds_dropped()
+            .saturating_sub(before.channel_fds_dropped),
     };
     match tokio::time::timeout(
         REPORT_EVERY,
@@ -204,7 +285,11 @@ async fn send_report(socket: &UnixSeqpacket, context: &Context) -> anyhow::Resul
     )
     .await
     {
-        Ok(sent) => sent.context("reporting to the ingress"),
+        Ok(sent) => {
+            sent.context("reporting to the ingress")?;
+            context.auth.set_reported(auth);
+            Ok(())
+        }
         Err(_) => {
             tracing::debug!("channel busy; report skipped");
             Ok(())
@@ -219,6 +304,7 @@ pub(super) async fn linger(
     socket: Arc<UnixSeqpacket>,
     context: Arc<Context>,
     tun_writer: TunWriter,
+    packets: Arc<PacketPath>,
 ) {
     let mut buffer = vec![0u8; MAX_FRAME];
     loop {
@@ -226,6 +312,20 @@ pub(super) async fn linger(
             Ok(Some(Incoming { message, fds })) => match message {
                 ToDevice::Packets(batch) => tun_writer.enqueue(batch.into_owned()),
                 ToDevice::Accepted(accepted) => take_connection(&context, accepted, fds),
+                // Passed on by the old ingress before it handed off: a
+                // connection or the TUN queues of a plane draining there, and
+                // the confirmations of what this plane handed over there.
+                ToDevice::Migrate(migrate) => {
+                    context.taken.fetch_add(1, Ordering::Relaxed);
+                    context.connections.spawn(conn::handover::adopt(
+                        context.clone(),
+                        socket.clone(),
+                        migrate,
+                        fds,
+                    ));
+                }
+                ToDevice::MigrateDone(id) => context.handover_confirmed(id),
+                ToDevice::TunQueues(_) => packets.adopt(fds),
                 // The old ingress took everything back and this plane attached
                 // to it again: this channel is the stale one.
                 ToDevice::Drain(_) => return,
@@ -237,4 +337,8 @@ pub(super) async fn linger(
             }
         }
     }
+}
+
+fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }

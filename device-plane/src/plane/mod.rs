@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use blipless_config::Config;
-use blipless_protocol::channel::{ToIngress, MAX_FRAME};
+use blipless_protocol::channel::{Rejoin, ToDevice, ToIngress, MAX_FRAME};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::background;
 use crate::conn::Mode;
 use crate::link::{self, HelloError};
-use session::SessionEnd;
+use session::{Draining, SessionEnd};
 use warm::Warm;
 
 /// Runs the device plane: attach (Standby), warm up, say Ready, serve; on
@@ -38,8 +38,18 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
     let mut buffer = vec![0u8; MAX_FRAME];
     let mut warm: Option<Warm> = None;
     let mut offline_drain: Option<Instant> = None;
+    // A drain under way when the ingress handed off: carried to its successor.
+    let mut resume: Option<Draining> = None;
+    // Whether this plane said Ready to an ingress already (then it rejoins
+    // a successor as the plane that was serving).
+    let mut was_ready = false;
     while let Some(socket) = link::attach(&path, &terminate).await {
-        let welcome = match link::hello(&socket, &mut buffer).await {
+        let rejoin = match (&resume, was_ready) {
+            (Some(_), _) => Rejoin::Draining,
+            (None, true) => Rejoin::Serving,
+            (None, false) => Rejoin::No,
+        };
+        let welcome = match link::hello(&socket, &mut buffer, rejoin).await {
             Ok(welcome) => welcome,
             Err(HelloError::Refused(reason)) => {
                 anyhow::bail!("the ingress refused this device plane: {reason}")
@@ -51,40 +61,47 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             }
         };
         let generation = welcome.generation;
-        tracing::info!(generation, successor = welcome.successor, path = %path.display(), "attached to the ingress (standby)");
+        tracing::info!(generation, successor = welcome.successor, ?rejoin, path = %path.display(), "attached to the ingress (standby)");
         let attached_at = Instant::now();
         if warm.is_none() {
-            let warming = warm::warm_up(&config, attached_at, welcome.successor);
-            tokio::select! {
-                ready = warming => warm = Some(ready?),
-                () = terminate.cancelled() => {
-                    tracing::info!("stop requested before ready: exiting");
-                    return Ok(());
-                }
-                // A Standby plane is sent nothing but a Drain when its ready
-                // budget is over; a closed channel means the same.
-                incoming = link::receive(&socket, &mut buffer) => {
-                    let what = match incoming {
-                        Ok(Some(incoming)) => incoming.message.name().to_string(),
-                        Ok(None) => "closed the channel".to_string(),
-                        Err(error) => format!("{error:#}"),
-                    };
-                    anyhow::bail!("the ingress gave up on this device plane before it was ready ({what}): the deploy failed, the active plane keeps serving");
+            match warm_beside(
+                &config,
+                &socket,
+                &mut buffer,
+                attached_at,
+                welcome.successor,
+                &terminate,
+            )
+            .await?
+            {
+                Warming::Done(ready) => warm = Some(ready),
+                Warming::Stopped => return Ok(()),
+                Warming::DoneElsewhere(ready) => {
+                    // The ingress handed off while this plane warmed up:
+                    // say Ready to its successor instead.
+                    tracing::info!(
+                        "the ingress handed off during warm-up: attaching to its successor"
+                    );
+                    warm = Some(ready);
+                    continue;
                 }
             }
         }
         let Some(ready) = &warm else {
             continue;
         };
-        if let Err(error) = link::send(&socket, &ToIngress::Ready).await {
-            tracing::warn!(%error, "telling the ingress Ready failed; reattaching");
-            continue;
-        }
-        tracing::info!(generation, "ready");
-        // Under systemd (Type=notify), directly or through --supervise.
-        let state = format!("READY=1\nSTATUS=ready (generation {generation})");
-        if let Err(error) = blipless_supervise::notify::notify(&state) {
-            tracing::warn!(%error, "telling the service manager READY=1 failed");
+        if resume.is_none() {
+            if let Err(error) = link::send(&socket, &ToIngress::Ready).await {
+                tracing::warn!(%error, "telling the ingress Ready failed; reattaching");
+                continue;
+            }
+            tracing::info!(generation, "ready");
+            was_ready = true;
+            // Under systemd (Type=notify), directly or through --supervise.
+            let state = format!("READY=1\nSTATUS=ready (generation {generation})");
+            if let Err(error) = blipless_supervise::notify::notify(&state) {
+                tracing::warn!(%error, "telling the service manager READY=1 failed");
+            }
         }
         let socket = Arc::new(socket);
         ready.context.set_channel(Some(socket.clone()));
@@ -93,13 +110,14 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             &socket,
             ready,
             welcome.wants_endpoints,
+            resume.take(),
             &config,
             &mut buffer,
             &terminate,
         )
         .await;
         ready.context.set_channel(None);
-        if !matches!(end, Ok(SessionEnd::Goaway)) {
+        if !matches!(end, Ok(SessionEnd::Goaway(_))) {
             ready.packets.set_channel(None);
         }
         match end {
@@ -112,27 +130,88 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             Ok(SessionEnd::Lost(None)) => {
                 tracing::warn!("the ingress closed the channel; reattaching")
             }
-            Ok(SessionEnd::Goaway) => {
-                tracing::info!("the ingress hands off: attaching to its successor");
+            Ok(SessionEnd::Goaway(draining)) => {
+                tracing::info!(
+                    draining = draining.is_some(),
+                    "the ingress hands off: attaching to its successor"
+                );
                 ready.packets.counters.log();
+                resume = draining;
                 // Until the successor's channel is up, packets from the TUN
                 // device still go to the old ingress (the channel stays set),
-                // which still has the sessions; and what it decrypts
-                // meanwhile is still read.
+                // which still has the sessions; and what it decrypts or
+                // passes on meanwhile is still read.
                 tokio::spawn(attachment::linger(
                     socket.clone(),
                     ready.context.clone(),
                     ready.tun_writer.clone(),
+                    ready.packets.clone(),
                 ));
             }
             Err(error) => tracing::warn!("device channel lost: {error:#}; reattaching"),
         }
+    }
+    if let Some(drain) = resume {
+        // SIGTERM before the successor ingress answered: finish here.
+        offline_drain = Some(drain.deadline);
     }
     let Some(warm) = warm else {
         return Ok(());
     };
     finish(warm, offline_drain, &config).await;
     Ok(())
+}
+
+/// How warming up beside a Standby attachment ended.
+enum Warming {
+    /// Warm; say Ready on this attachment.
+    Done(Warm),
+    /// Warm, but this ingress handed off meanwhile (Goaway, or its channel
+    /// closed): attach to its successor and say Ready there.
+    DoneElsewhere(Warm),
+    /// SIGTERM or SIGINT before Ready.
+    Stopped,
+}
+
+/// Warms up while reading the Standby attachment: a Drain means the ingress
+/// gave up on this plane (its ready budget is over: the deploy failed); a
+/// Goaway or a closed channel means the ingress is handing off, and warming
+/// goes on for its successor (an ingress restart during a deploy does not
+/// fail the deploy).
+async fn warm_beside(
+    config: &Config,
+    socket: &tokio_seqpacket::UnixSeqpacket,
+    buffer: &mut [u8],
+    attached_at: Instant,
+    successor: bool,
+    terminate: &CancellationToken,
+) -> anyhow::Result<Warming> {
+    let warming = warm::warm_up(config, attached_at, successor);
+    tokio::pin!(warming);
+    let handing_off = tokio::select! {
+        ready = &mut warming => return Ok(Warming::Done(ready?)),
+        () = terminate.cancelled() => {
+            tracing::info!("stop requested before ready: exiting");
+            return Ok(Warming::Stopped);
+        }
+        incoming = link::receive(socket, buffer) => match incoming {
+            Ok(Some(incoming)) if matches!(incoming.message, ToDevice::Goaway) => true,
+            Ok(None) => true,
+            Ok(Some(incoming)) => {
+                let what = incoming.message.name();
+                anyhow::bail!("the ingress gave up on this device plane before it was ready ({what}): the deploy failed, the active plane keeps serving");
+            }
+            Err(error) => anyhow::bail!("the ingress gave up on this device plane before it was ready ({error:#}): the deploy failed, the active plane keeps serving"),
+        },
+    };
+    debug_assert!(handing_off);
+    tokio::select! {
+        ready = &mut warming => Ok(Warming::DoneElsewhere(ready?)),
+        () = terminate.cancelled() => {
+            tracing::info!("stop requested before ready: exiting");
+            Ok(Warming::Stopped)
+        }
+    }
 }
 
 /// After the last attachment: finish what is still open if no successor

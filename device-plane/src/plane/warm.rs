@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background;
 use crate::clients::Directory;
+use crate::conn::auth_guard::{self, AuthGuard};
 use crate::conn::Context;
 use crate::egress::Egress;
 use crate::fault;
@@ -103,13 +104,27 @@ pub(super) async fn warm_up(
         egress.clone(),
         successor,
     ));
-    let context = Arc::new(Context::new(
-        directory.clone(),
-        identities.clone(),
-        egress,
-        config.proxy.handshake_timeout,
-        config.proxy.idle_timeout,
+    // Failed logins are logged from one task, at most once a second per source.
+    let auth = Arc::new(AuthGuard::new());
+    tokio::spawn(auth_guard::log_every_second(
+        auth.clone(),
+        background.clone(),
     ));
+    let context = Arc::new(
+        Context::new(
+            directory.clone(),
+            identities.clone(),
+            egress,
+            config.proxy.handshake_timeout,
+            config.proxy.idle_timeout,
+            auth,
+        )
+        .with_http_limits(crate::conn::http::Limits::from_config(config))
+        .with_caps(crate::conn::caps::Caps::new(
+            config.limits.connections,
+            config.limits.tunnels_per_client,
+        )),
+    );
     let tun_writer = TunWriter::spawn(packets.clone());
     Ok(Warm {
         context,

@@ -3,12 +3,14 @@
 //! TUN write and control messages (Drain, Accepted, Migrate) never queue
 //! behind bulk packets.
 //!
-//! Between the reader and the writer is a bounded queue of batches. When it
-//! is full (the TUN device is slower than the ingress sends), a batch is
-//! dropped and its packets counted as lost, as a router's full egress queue
-//! drops: the inner protocols (TCP, QUIC) recover, and nothing else stalls.
+//! Between the reader and the writer is a queue bounded by bytes
+//! ([`QUEUE_BYTES`], 16 MiB: a burst of thousands of packets, such as what
+//! the ingress held while no plane was active, fits whole). Past it (the TUN
+//! device slower than the ingress sends, for long), a batch is dropped and
+//! its packets counted as lost, as a router's full egress queue drops: the
+//! inner protocols (TCP, QUIC) recover, and nothing else stalls.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blipless_protocol::channel::Packets;
@@ -16,41 +18,45 @@ use tokio::sync::mpsc;
 
 use super::PacketPath;
 
-/// Batches waiting for the TUN device at most.
-pub const QUEUE_BATCHES: usize = 1024;
+/// Bytes of inner packets waiting for the TUN device at most.
+pub const QUEUE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Hands batches to the writer task; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct TunWriter {
-    queue: mpsc::Sender<Packets<'static>>,
+    queue: mpsc::UnboundedSender<Packets<'static>>,
+    queued: Arc<AtomicUsize>,
     packets: Arc<PacketPath>,
 }
 
 impl TunWriter {
     /// Starts the writer task for `packets`; it ends when every handle is dropped.
     pub fn spawn(packets: Arc<PacketPath>) -> Self {
-        let (queue, mut batches) = mpsc::channel::<Packets<'static>>(QUEUE_BATCHES);
-        let path = packets.clone();
+        let (queue, mut batches) = mpsc::unbounded_channel::<Packets<'static>>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (path, left) = (packets.clone(), queued.clone());
         tokio::spawn(async move {
             while let Some(batch) = batches.recv().await {
                 path.to_tun(&batch).await;
+                left.fetch_sub(batch.encoded_len(), Ordering::Relaxed);
             }
         });
-        Self { queue, packets }
+        Self {
+            queue,
+            queued,
+            packets,
+        }
     }
 
-    /// Queues a batch for the TUN device without waiting; a full queue drops
-    /// it (counted as lost).
+    /// Queues a batch for the TUN device without waiting; past
+    /// [`QUEUE_BYTES`] it is dropped (counted as lost).
     pub fn enqueue(&self, batch: Packets<'static>) {
-        if let Err(refused) = self.queue.try_send(batch) {
-            let batch = match refused {
-                mpsc::error::TrySendError::Full(batch)
-                | mpsc::error::TrySendError::Closed(batch) => batch,
-            };
-            self.packets
-                .counters
-                .lost
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let size = batch.encoded_len();
+        let count = batch.len() as u64;
+        let before = self.queued.fetch_add(size, Ordering::Relaxed);
+        if before + size > QUEUE_BYTES || self.queue.send(batch).is_err() {
+            self.queued.fetch_sub(size, Ordering::Relaxed);
+            self.packets.counters.lost.fetch_add(count, Ordering::Relaxed);
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    EndpointEntry, Handoff, HandoffOffer, Hello, PeerEntry, Refused, MAX_FRAME,
+    EndpointEntry, Handoff, HandoffOffer, Hello, PeerEntry, Refused, Rejoin, MAX_FRAME,
 };
 use tokio_seqpacket::UnixSeqpacket;
 
@@ -70,6 +70,7 @@ pub async fn find_predecessor(
         &Handoff::Hello(Hello {
             pid: std::process::id(),
             software: env!("CARGO_PKG_VERSION").to_string(),
+            rejoin: Rejoin::No,
         }),
         &[],
     )

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use blipless_protocol::channel::{DeviceReport, ToDevice};
+use blipless_protocol::channel::{DeviceReport, Rejoin, ToDevice};
 use blipless_protocol::control::DevicePlaneInfo;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +53,8 @@ pub struct PlaneLink {
     drained: std::sync::atomic::AtomicBool,
     /// When it said Hello.
     pub attached_at: Instant,
+    /// What it was at this ingress's predecessor (from its Hello).
+    pub rejoin: Rejoin,
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
 }
@@ -67,7 +69,13 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl PlaneLink {
     /// A link over an accepted channel socket whose Hello has been read.
-    pub fn new(generation: u64, pid: u32, software: String, socket: UnixSeqpacket) -> Self {
+    pub fn new(
+        generation: u64,
+        pid: u32,
+        software: String,
+        rejoin: Rejoin,
+        socket: UnixSeqpacket,
+    ) -> Self {
         Self {
             generation,
             pid,
@@ -80,6 +88,7 @@ impl PlaneLink {
             leaving: std::sync::atomic::AtomicBool::new(false),
             drained: std::sync::atomic::AtomicBool::new(false),
             attached_at: Instant::now(),
+            rejoin,
             closed: CancellationToken::new(),
         }
     }

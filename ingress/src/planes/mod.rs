@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use blipless_protocol::channel::{DrainOrder, ToDevice};
+use blipless_protocol::channel::{DrainOrder, Rejoin, ToDevice};
 use blipless_protocol::control::DeployOutcome;
 use tokio::sync::watch;
 
@@ -48,6 +48,8 @@ pub struct Planes {
     /// each came from (so the successor's MigrateDone finds its way back) and
     /// which it went to (so a successor that goes away is answered for).
     migrations: Mutex<std::collections::HashMap<u64, Migration>>,
+    /// Client syncs (read-your-writes) waiting for planes' answers.
+    pub syncs: crate::client_sync::ClientSyncs,
 }
 
 /// One connection between planes, until its successor confirms it.
@@ -74,6 +76,7 @@ impl Planes {
             last_deploy: Mutex::new(None),
             metrics,
             migrations: Mutex::new(std::collections::HashMap::new()),
+            syncs: crate::client_sync::ClientSyncs::default(),
         }
     }
 
@@ -145,6 +148,16 @@ impl Planes {
         lock(&self.attached).push(link);
     }
 
+    /// Adds a plane that was draining at this ingress's predecessor and
+    /// carries on here (its Hello said so): Draining from the start, never
+    /// activated by a Ready (it sends none), its migrations passed to the
+    /// active plane as any draining plane's. It may still be re-activated if
+    /// the active plane dies, as a plane that drained here may.
+    pub fn attach_draining(&self, link: Arc<PlaneLink>) {
+        link.set_state(PlaneState::Draining);
+        lock(&self.attached).push(link);
+    }
+
     /// A plane said Ready: it becomes active and the previous active plane
     /// drains, handing its connections over. Returns the messages to send.
     pub fn on_ready(&self, generation: u64) -> Vec<Order> {
@@ -158,6 +171,19 @@ impl Planes {
         };
         if new.state() != PlaneState::Standby {
             return Vec::new();
+        }
+        // A plane that was serving at this ingress's predecessor, arriving
+        // after a newer plane took over here: the newer one keeps serving and
+        // takes this one's connections, as in a deploy.
+        // (Its own stale link, from before it followed a successor that has
+        // since died, is not a newer plane: that one is drained below.)
+        let newer_active = attached.iter().any(|p| {
+            p.generation != generation && p.pid != new.pid && p.state() == PlaneState::Active
+        });
+        if new.rejoin == Rejoin::Serving && newer_active {
+            new.set_state(PlaneState::Draining);
+            tracing::info!(generation, "a plane that served before the handoff rejoins after a newer one: it hands over to it");
+            return vec![(new, drain(true))];
         }
         let mut orders = Vec::new();
         new.set_state(PlaneState::Active);

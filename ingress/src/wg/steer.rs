@@ -61,6 +61,21 @@ pub fn program(newest: u32) -> [libc::sock_filter; 9] {
     ]
 }
 
+/// The member [`program`]`(newest)` picks for a datagram (its UDP payload),
+/// decided in Rust: the same reads and the same answer, for the tests and the
+/// fuzz target (fuzz/fuzz_targets/wg_datagram.rs). The kernel runs the
+/// program itself; nothing calls this at run time.
+pub fn member_for(datagram: &[u8], newest: u32) -> u32 {
+    // A load past the end ends the program with 0.
+    let top_bit = |at: usize| datagram.get(at).map_or(0, |byte| u32::from(byte >> 7));
+    match datagram.first() {
+        None => 0,
+        Some(1) => newest,
+        Some(2) => top_bit(11),
+        Some(_) => top_bit(7),
+    }
+}
+
 /// Binds the two members of a fresh group on `address` (member 1 on the port
 /// member 0 got, when `address` asks for port 0).
 pub fn bind_group(address: SocketAddr) -> io::Result<[UdpSocket; GENERATIONS]> {
@@ -116,6 +131,57 @@ mod tests {
     use std::os::fd::AsFd;
     use std::time::Duration;
 
+    /// Runs a classic BPF program over `packet` as the kernel does, for the
+    /// instructions [`program`] uses (a load past the end returns 0).
+    fn run(program: &[libc::sock_filter], packet: &[u8]) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let instruction = program[pc];
+            pc += 1;
+            match instruction.code {
+                LD_B_ABS => match packet.get(instruction.k as usize) {
+                    Some(byte) => a = u32::from(*byte),
+                    None => return 0,
+                },
+                JEQ_K if a == instruction.k => pc += usize::from(instruction.jt),
+                JEQ_K => pc += usize::from(instruction.jf),
+                JA => pc += instruction.k as usize,
+                RSH_K => a >>= instruction.k,
+                RET_K => return instruction.k,
+                RET_A => return a,
+                other => panic!("instruction {other:#x} is not interpreted"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_rust_mirror_decides_as_the_program() {
+        let mut samples: Vec<Vec<u8>> = vec![vec![], vec![1], vec![2; 11], vec![4; 7]];
+        for kind in [0u8, 1, 2, 3, 4, 5, 0xff] {
+            for top in [0x00u8, 0x7f, 0x80, 0xff] {
+                for len in [8usize, 12, 32, 64, 92, 148] {
+                    let mut datagram = vec![0u8; len];
+                    datagram[0] = kind;
+                    datagram[7] = top;
+                    if len > 11 {
+                        datagram[11] = top ^ 0x80;
+                    }
+                    samples.push(datagram);
+                }
+            }
+        }
+        for newest in [0u32, 1] {
+            let filter = program(newest);
+            for datagram in &samples {
+                assert_eq!(
+                    member_for(datagram, newest),
+                    run(&filter, datagram),
+                    "{datagram:02x?}, newest {newest}"
+                );
+            }
+        }
+    }
+
     fn receives(socket: &UdpSocket) -> Option<Vec<u8>> {
         let mut buffer = [0u8; 64];
         socket
@@ -153,6 +219,7 @@ mod tests {
                 (message(3, 7, 0x80), 1),      // cookie reply, generation 1
             ];
             for (datagram, member) in cases {
+                assert_eq!(member_for(&datagram, newest as u32) as usize, member);
                 sender.send_to(&datagram, target).expect("send");
                 assert_eq!(
                     receives(&group[member]).as_deref(),

@@ -12,6 +12,7 @@ use super::migrate::{self, Migrate};
 use super::packets::Packets;
 use super::payloads::{self as p, *};
 use super::peers::{self, PeerUpdate};
+use super::sync::{self, SyncClients, Synced};
 use super::DecodeError;
 
 /// One direction of the channel: the messages it carries, and their codec.
@@ -61,6 +62,8 @@ pub enum ToDevice<'a> {
     MigrateDone(u64),
     /// This ingress is handing off: attach to its successor.
     Goaway,
+    /// Apply the client change feed through a position, then say [`Synced`].
+    SyncClients(SyncClients),
 }
 
 /// Device plane to ingress.
@@ -89,6 +92,8 @@ pub enum ToIngress<'a> {
     Drained(Drained),
     /// Periodic figures for status and metrics.
     Report(DeviceReport),
+    /// The answer to [`ToDevice::SyncClients`].
+    Synced(Synced),
 }
 
 /// Between two ingresses on `handoff.sock`.
@@ -126,6 +131,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Migrate(_) => T_MIGRATE,
             ToDevice::MigrateDone(_) => T_MIGRATE_DONE,
             ToDevice::Goaway => T_GOAWAY,
+            ToDevice::SyncClients(_) => T_SYNC_CLIENTS,
         }
     }
 
@@ -149,6 +155,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Drain(order) => out.push(u8::from(order.handover)),
             ToDevice::Migrate(body) => migrate::encode(body, out),
             ToDevice::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
+            ToDevice::SyncClients(s) => sync::encode(s.token, s.through, out),
             ToDevice::Activate | ToDevice::Goaway => {}
         }
     }
@@ -172,6 +179,10 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
                 empty(message_type, payload)?;
                 ToDevice::Goaway
             }
+            T_SYNC_CLIENTS => {
+                let (token, through) = sync::decode("SyncClients", payload)?;
+                ToDevice::SyncClients(SyncClients { token, through })
+            }
             other => return Err(not_carried(other, Self::NAME)),
         })
     }
@@ -193,6 +204,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             ToIngress::MigrateDone(_) => T_MIGRATE_DONE,
             ToIngress::Drained(_) => T_DRAINED,
             ToIngress::Report(_) => T_REPORT,
+            ToIngress::Synced(_) => T_SYNCED,
         }
     }
 
@@ -216,6 +228,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             ToIngress::Drain(order) => out.push(u8::from(order.handover)),
             ToIngress::Migrate(body) => migrate::encode(body, out),
             ToIngress::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
+            ToIngress::Synced(s) => sync::encode(s.token, s.applied, out),
             ToIngress::Ready => {}
         }
     }
@@ -236,6 +249,10 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             T_DRAIN => ToIngress::Drain(drain(payload)?),
             T_MIGRATE => ToIngress::Migrate(migrate::decode(payload)?),
             T_MIGRATE_DONE => ToIngress::MigrateDone(migrate_done(payload)?),
+            T_SYNCED => {
+                let (token, applied) = sync::decode("Synced", payload)?;
+                ToIngress::Synced(Synced { token, applied })
+            }
             other => return Err(not_carried(other, Self::NAME)),
         })
     }

@@ -44,6 +44,8 @@ pub struct EndpointPart {
 const FLAG_START: u8 = 1;
 const FLAG_END: u8 = 2;
 const FIXED: usize = 1 + 8 + 2;
+/// The shortest encoded entry: a key, an IPv4 endpoint, a time.
+pub(crate) const MIN_ENTRY_LEN: usize = 32 + 5 + 2 + 8;
 
 fn entry_len(entry: &EndpointEntry) -> usize {
     32 + ip_addr_len(entry.endpoint.ip()) + 2 + 8
@@ -75,6 +77,13 @@ impl EndpointPart {
     /// The entries of this part.
     pub fn entries(&self) -> &[EndpointEntry] {
         &self.entries
+    }
+
+    /// Room reserved for entries, for the tests of the decoder's allocation
+    /// bound.
+    #[cfg(test)]
+    pub(crate) fn reserved(&self) -> usize {
+        self.entries.capacity()
     }
 
     /// Splits a whole snapshot into parts that each fit a frame (at least one,
@@ -131,8 +140,10 @@ pub(crate) fn decode(payload: &[u8]) -> Result<EndpointPart, DecodeError> {
     let taken_at_ms = reader.u64().map_err(truncated(NAME))?;
     let mut part = EndpointPart::new(flags & FLAG_START != 0, flags & FLAG_END != 0, taken_at_ms);
     let count = reader.u16().map_err(truncated(NAME))?;
+    // The count is the peer's word: reserve no more entries than the payload
+    // can hold, so a lying count costs nothing.
     part.entries
-        .reserve(usize::from(count).min(payload.len() / 47));
+        .reserve(usize::from(count).min(payload.len() / MIN_ENTRY_LEN));
     for _ in 0..count {
         let mut public_key = [0u8; 32];
         public_key.copy_from_slice(reader.take(32).map_err(truncated(NAME))?);

@@ -37,6 +37,7 @@ mod migrate;
 mod packets;
 mod payloads;
 mod peers;
+mod sync;
 #[cfg(test)]
 mod tests;
 
@@ -46,18 +47,20 @@ pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
 pub use migrate::{Direction, Migrate, MigrateKind};
 pub use packets::{PacketIter, Packets};
 pub use payloads::{
-    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Welcome,
+    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, Welcome,
 };
 pub use peers::{PeerEntry, PeerUpdate};
+pub use sync::{SyncClients, Synced};
 
 use cursor::Truncated;
 
 /// The protocol version this build speaks.
 /// Version 2 added MigrateDone and piped pending bytes (Migrate flag bits 2
 /// and 3); version 3 added Peers, TunQueues and Packets from the device
-/// plane; version 4 added Endpoints and the handoff messages. An older peer
+/// plane; version 4 added Endpoints and the handoff messages; version 5 typed
+/// the channel per conversation and added SyncClients and Synced. An older peer
 /// cannot read these, so mismatched versions are refused at Hello.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"BL";
 /// Length of the fixed header.
@@ -130,6 +133,12 @@ impl DecodeError {
     pub fn is_incomplete(&self) -> bool {
         matches!(self, DecodeError::Incomplete { .. })
     }
+}
+
+/// The name of the message a type byte stands for, if it is one this
+/// version knows (for logs about a frame that is not decoded).
+pub fn message_name(message_type: u8) -> Option<&'static str> {
+    payloads::type_name(message_type)
 }
 
 /// A parsed frame header.

@@ -10,6 +10,23 @@ use super::cursor::{put_socket_addr, Reader};
 use super::handoff::HandoffOffer;
 use super::{truncated, DecodeError};
 
+/// What a device plane was at an ingress that handed off, as it attaches to
+/// the successor (docs/ARCHITECTURE.md, "Device planes follow").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rejoin {
+    /// A first attachment, or a plane that was not yet Ready.
+    #[default]
+    No,
+    /// It was serving: it says Ready, and is activated only if no plane is
+    /// active here yet; a plane already active here (a newer one) takes over
+    /// from it, as in a deploy.
+    Serving,
+    /// It was draining: attached as Draining, says no Ready, and carries on
+    /// handing over.
+    Draining,
+}
+
 /// Payload of `Hello` (and of `HandoffHello`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -17,6 +34,10 @@ pub struct Hello {
     pub pid: u32,
     /// The device plane's software version (for status and logs).
     pub software: String,
+    /// A device plane attaching to the successor of an ingress that handed
+    /// off (Goaway) says what it was there. Always `No` between ingresses.
+    #[serde(default)]
+    pub rejoin: Rejoin,
 }
 
 /// Payload of [`Welcome`].
@@ -80,6 +101,48 @@ pub struct DeviceReport {
     /// Devices this plane opened by pre-warm before it said Ready.
     #[serde(default)]
     pub prewarmed: u64,
+    /// Failed SOCKS5 authentications (RFC 1929), counted on this attachment:
+    /// since the last report an earlier attachment of this plane sent, so a
+    /// plane that reattaches never reports one twice. This and the three
+    /// below only grow within an attachment; the ingress adds each increase
+    /// to its own counters, so they never go backwards when a plane leaves.
+    #[serde(default)]
+    pub auth_failures_socks5: u64,
+    /// SOCKS5 logins refused unchecked because their source was throttled.
+    #[serde(default)]
+    pub auth_throttled_socks5: u64,
+    /// HTTP proxy 407s (`Proxy-Authorization` missing, malformed or wrong).
+    #[serde(default)]
+    pub auth_failures_http: u64,
+    /// HTTP proxy requests refused unchecked (429) because their source was throttled.
+    #[serde(default)]
+    pub auth_throttled_http: u64,
+    /// Connections refused at once because the plane was near its open-file
+    /// limit (counted on this attachment, like the auth counts).
+    #[serde(default)]
+    pub refused_fd_limit: u64,
+    /// Connections refused at `limits.connections`, on this attachment.
+    #[serde(default)]
+    pub refused_connection_cap: u64,
+    /// Tunnels refused at `limits.tunnels_per_client`, on this attachment.
+    #[serde(default)]
+    pub refused_tunnel_cap: u64,
+    /// HTTP request heads over `limits.header_bytes` (431), on this attachment.
+    #[serde(default)]
+    pub http_head_too_large: u64,
+    /// Forwarded HTTP requests answered 504 (`timeouts.response`).
+    #[serde(default)]
+    pub http_response_timeouts: u64,
+    /// HTTP exchanges ended for a stalled body (`timeouts.body_idle`).
+    #[serde(default)]
+    pub http_body_stalls: u64,
+    /// HTTP request targets refused (400) for carrying userinfo.
+    #[serde(default)]
+    pub http_userinfo_refused: u64,
+    /// Channel frames whose fds the kernel dropped on receipt (the plane at
+    /// its open-file limit), on this attachment.
+    #[serde(default)]
+    pub channel_fds_dropped: u64,
 }
 
 /// Which customer-facing listener accepted a connection.
@@ -141,6 +204,8 @@ pub(crate) const T_ENDPOINTS: u8 = 16;
 pub(crate) const T_HANDOFF_HELLO: u8 = 17;
 pub(crate) const T_HANDOFF_OFFER: u8 = 18;
 pub(crate) const T_HANDOFF_SERVING: u8 = 19;
+pub(crate) const T_SYNC_CLIENTS: u8 = 20;
+pub(crate) const T_SYNCED: u8 = 21;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -164,6 +229,8 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_HANDOFF_HELLO => "HandoffHello",
         T_HANDOFF_OFFER => "HandoffOffer",
         T_HANDOFF_SERVING => "HandoffServing",
+        T_SYNC_CLIENTS => "SyncClients",
+        T_SYNCED => "Synced",
         _ => return None,
     })
 }

@@ -44,6 +44,10 @@ pub struct PeerUpdate {
 const FLAG_FULL_START: u8 = 1;
 const FLAG_FULL_END: u8 = 2;
 const FIXED: usize = 1 + 2 + 2;
+/// The shortest encoded upsert: a key, an IPv4 address, an empty name.
+pub(crate) const MIN_UPSERT_LEN: usize = 32 + 5 + 1;
+/// An encoded removal: a key.
+pub(crate) const REMOVE_LEN: usize = 32;
 
 impl PeerUpdate {
     /// An empty change (neither flag).
@@ -151,6 +155,13 @@ impl PeerUpdate {
     pub fn is_empty(&self) -> bool {
         self.upserts.is_empty() && self.removes.is_empty()
     }
+
+    /// Room reserved for (upserts, removes), for the tests of the decoder's
+    /// allocation bound.
+    #[cfg(test)]
+    pub(crate) fn reserved(&self) -> (usize, usize) {
+        (self.upserts.capacity(), self.removes.capacity())
+    }
 }
 
 pub(crate) fn encode(update: &PeerUpdate, out: &mut Vec<u8>) {
@@ -189,10 +200,11 @@ pub(crate) fn decode(payload: &[u8]) -> Result<PeerUpdate, DecodeError> {
     }
     let mut update = PeerUpdate::full(flags & FLAG_FULL_START != 0, flags & FLAG_FULL_END != 0);
     let upserts = reader.u16().map_err(truncated(NAME))?;
-    // Each entry takes at least 38 bytes: bound the allocation by the payload.
+    // The counts are the peer's word: reserve no more entries than the
+    // payload can hold, so a lying count costs nothing.
     update
         .upserts
-        .reserve(usize::from(upserts).min(payload.len() / 38));
+        .reserve(usize::from(upserts).min(payload.len() / MIN_UPSERT_LEN));
     for _ in 0..upserts {
         let mut public_key = [0u8; 32];
         public_key.copy_from_slice(reader.take(32).map_err(truncated(NAME))?);
@@ -215,7 +227,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<PeerUpdate, DecodeError> {
     let removes = reader.u16().map_err(truncated(NAME))?;
     update
         .removes
-        .reserve(usize::from(removes).min(payload.len() / 32));
+        .reserve(usize::from(removes).min(payload.len() / REMOVE_LEN));
     for _ in 0..removes {
         let mut key = [0u8; 32];
         key.copy_from_slice(reader.take(32).map_err(truncated(NAME))?);

@@ -103,6 +103,7 @@ fn hello() -> Hello {
     Hello {
         pid: 42,
         software: "0.1.0".into(),
+        rejoin: Rejoin::No,
     }
 }
 
@@ -132,6 +133,10 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
         ToDevice::Drain(DrainOrder { handover: false }),
         ToDevice::MigrateDone(77),
         ToDevice::Goaway,
+        ToDevice::SyncClients(SyncClients {
+            token: 3,
+            through: u64::MAX,
+        }),
     ];
     samples.extend(migrate_samples().into_iter().map(ToDevice::Migrate));
     samples
@@ -161,6 +166,22 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             migrated: 8,
             devices: 9,
             prewarmed: 10,
+            auth_failures_socks5: 11,
+            auth_throttled_socks5: 12,
+            auth_failures_http: 13,
+            auth_throttled_http: 14,
+            refused_fd_limit: 15,
+            refused_connection_cap: 17,
+            refused_tunnel_cap: 18,
+            http_head_too_large: 19,
+            http_response_timeouts: 20,
+            http_body_stalls: 21,
+            http_userinfo_refused: 22,
+            channel_fds_dropped: 16,
+        }),
+        ToIngress::Synced(Synced {
+            token: 3,
+            applied: 17,
         }),
     ];
     samples.extend(migrate_samples().into_iter().map(ToIngress::Migrate));
@@ -172,6 +193,7 @@ fn handoff_samples() -> Vec<Handoff> {
         Handoff::Hello(Hello {
             pid: 7,
             software: "0.1.0".into(),
+            rejoin: Rejoin::No,
         }),
         Handoff::Refused(Refused {
             reason: "two generations at most".into(),
@@ -722,4 +744,220 @@ fn a_handoff_offer_naming_an_unknown_socket_is_malformed() {
             ..
         })
     ));
+}
+
+// No allocation beyond the declared length: a count in a payload is the
+// peer's word, so a decoder reserves room for no more entries than the
+// payload's bytes can hold (a lying count costs nothing), and an entry that
+// is not there is an error, found without reading past the payload.
+
+/// A frame of `message_type` around `payload`, with the right length.
+fn frame_of(message_type: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![b'B', b'L', PROTOCOL_VERSION, message_type];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+fn is_malformed<T: std::fmt::Debug>(result: &Result<T, DecodeError>) -> bool {
+    matches!(result, Err(DecodeError::Malformed { .. }))
+}
+
+#[test]
+fn the_entry_sizes_the_bounds_use_are_the_shortest_encodings() {
+    let mut one = PeerUpdate::change();
+    assert!(one.try_upsert(PeerEntry {
+        public_key: [0; 32],
+        address: "10.0.0.1".parse().expect("ip"),
+        client: String::new(),
+    }));
+    let empty = encode(&ToIngress::Peers(PeerUpdate::change())).len();
+    assert_eq!(
+        encode(&ToIngress::Peers(one)).len() - empty,
+        peers::MIN_UPSERT_LEN
+    );
+    let mut one = PeerUpdate::change();
+    assert!(one.try_remove([0; 32]));
+    assert_eq!(
+        encode(&ToIngress::Peers(one)).len() - empty,
+        peers::REMOVE_LEN
+    );
+    let mut one = EndpointPart::new(true, true, 0);
+    assert!(one.try_push(EndpointEntry {
+        public_key: [0; 32],
+        endpoint: addr("10.0.0.1:1"),
+        last_received_ms: 0,
+    }));
+    let empty = encode(&ToIngress::Endpoints(EndpointPart::new(true, true, 0))).len();
+    assert_eq!(
+        encode(&ToIngress::Endpoints(one)).len() - empty,
+        endpoints::MIN_ENTRY_LEN
+    );
+}
+
+#[test]
+fn counts_claiming_more_than_the_payload_holds_are_refused() {
+    const PEERS: u8 = 14;
+    const ENDPOINTS: u8 = 16;
+    const PACKETS: u8 = 5;
+    const MIGRATE: u8 = 12;
+    let mut entry = vec![7u8; 32];
+    entry.extend_from_slice(&[4, 10, 0, 0, 1, 0]);
+    let frames = [
+        // Peers: u16::MAX upserts in 3 bytes; u16::MAX removes after none.
+        frame_of(PEERS, &[0, 0xff, 0xff]),
+        frame_of(PEERS, &[0, 0, 0, 0xff, 0xff]),
+        // One real upsert, then u16::MAX removes claimed.
+        frame_of(PEERS, &[&[0, 0, 1][..], &entry, &[0xff, 0xff]].concat()),
+        // Endpoints: u16::MAX entries after the fixed fields.
+        frame_of(ENDPOINTS, &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]),
+        // Packets: u16::MAX packets, and one packet claiming 65,535 bytes.
+        frame_of(PACKETS, &[0, 0, 0, 1, 0xff, 0xff]),
+        frame_of(PACKETS, &[0, 0, 0, 1, 0, 1, 0xff, 0xff, 1]),
+        // Migrate: up bytes claiming u32::MAX.
+        frame_of(
+            MIGRATE,
+            &[
+                &[1][..],
+                &[0; 8],
+                &[0],
+                &[0],
+                &[0xff, 0xff, 0xff, 0xff],
+                &[1, 2, 3],
+            ]
+            .concat(),
+        ),
+    ];
+    for frame in &frames {
+        let started = std::time::Instant::now();
+        let device = decode::<ToDevice>(frame);
+        let ingress = decode::<ToIngress>(frame);
+        let handoff = decode::<Handoff>(frame);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{frame:02x?} took {:?}",
+            started.elapsed()
+        );
+        // Each is refused as malformed by every conversation that carries it.
+        let carried = [
+            is_malformed(&device) || matches!(device, Err(DecodeError::NotInConversation { .. })),
+            is_malformed(&ingress) || matches!(ingress, Err(DecodeError::NotInConversation { .. })),
+            is_malformed(&handoff) || matches!(handoff, Err(DecodeError::NotInConversation { .. })),
+        ];
+        assert_eq!(carried, [true; 3], "{frame:02x?}");
+        assert!(
+            is_malformed(&device) || is_malformed(&ingress) || is_malformed(&handoff),
+            "{frame:02x?}"
+        );
+    }
+}
+
+proptest! {
+    #[test]
+    fn decoded_peer_updates_reserve_what_the_payload_holds(
+        upserts in 0usize..40,
+        removes in 0usize..40,
+        name_len in 0usize..8,
+        extra in 1u16..=u16::MAX,
+    ) {
+        let mut update = PeerUpdate::change();
+        for n in 0..upserts {
+            let added = update.try_upsert(PeerEntry {
+                public_key: [0xaa; 32],
+                address: std::net::IpAddr::from([10, 64, 0, n as u8]),
+                client: "n".repeat(name_len),
+            });
+            prop_assert!(added);
+        }
+        for _ in 0..removes {
+            prop_assert!(update.try_remove([0xaa; 32]));
+        }
+        let frame = encode(&ToIngress::Peers(update.clone()));
+        let payload_len = frame.len() - HEADER_LEN;
+        let Ok((ToIngress::Peers(decoded), _)) = decode::<ToIngress>(&frame) else {
+            return Err(TestCaseError::fail("does not decode"));
+        };
+        prop_assert_eq!(&decoded, &update);
+        let (upsert_room, remove_room) = decoded.reserved();
+        // Vec's smallest allocation holds 4 entries.
+        prop_assert!(upsert_room <= upserts.max(4));
+        prop_assert!(upsert_room <= (payload_len / peers::MIN_UPSERT_LEN).max(4));
+        prop_assert!(remove_room <= removes.max(4));
+        prop_assert!(remove_room <= (payload_len / peers::REMOVE_LEN).max(4));
+        // Claiming more upserts than there are is refused (the removals'
+        // keys, 0xaa, are no address family).
+        let mut lying = frame.clone();
+        let claimed = u16::try_from(upserts).unwrap_or(u16::MAX).saturating_add(extra);
+        lying[HEADER_LEN + 1..HEADER_LEN + 3].copy_from_slice(&claimed.to_be_bytes());
+        prop_assert!(is_malformed(&decode::<ToIngress>(&lying)));
+        // So is claiming more removals.
+        let mut lying = frame;
+        let at = lying.len() - removes * peers::REMOVE_LEN - 2;
+        let claimed = u16::try_from(removes).unwrap_or(u16::MAX).saturating_add(extra);
+        lying[at..at + 2].copy_from_slice(&claimed.to_be_bytes());
+        prop_assert!(is_malformed(&decode::<ToIngress>(&lying)));
+    }
+
+    #[test]
+    fn decoded_endpoint_parts_reserve_what_the_payload_holds(
+        entries in 0usize..60,
+        extra in 1u16..=u16::MAX,
+    ) {
+        let mut part = EndpointPart::new(true, true, 9);
+        for n in 0..entries {
+            let added = part.try_push(EndpointEntry {
+                public_key: [0xaa; 32],
+                endpoint: SocketAddr::from(([192, 0, 2, n as u8], 51820)),
+                last_received_ms: 1,
+            });
+            prop_assert!(added);
+        }
+        let frame = encode(&ToDevice::Endpoints(part.clone()));
+        let payload_len = frame.len() - HEADER_LEN;
+        let Ok((ToDevice::Endpoints(decoded), _)) = decode::<ToDevice>(&frame) else {
+            return Err(TestCaseError::fail("does not decode"));
+        };
+        prop_assert_eq!(&decoded, &part);
+        prop_assert!(decoded.reserved() <= entries.max(4));
+        prop_assert!(decoded.reserved() <= (payload_len / endpoints::MIN_ENTRY_LEN).max(4));
+        let mut lying = frame;
+        let claimed = u16::try_from(entries).unwrap_or(u16::MAX).saturating_add(extra);
+        lying[HEADER_LEN + 9..HEADER_LEN + 11].copy_from_slice(&claimed.to_be_bytes());
+        prop_assert!(is_malformed(&decode::<ToDevice>(&lying)));
+    }
+
+    #[test]
+    fn decoded_migrations_hold_exactly_their_pending_bytes(
+        up in proptest::collection::vec(any::<u8>(), 0..300),
+        down_len in 0usize..300,
+        extra in 1u32..=u32::MAX,
+    ) {
+        // 0xaa down bytes: read as a length after a lying up length, they
+        // are always too long, so the lie can never parse by chance.
+        let down = vec![0xaa; down_len];
+        let migrate = Migrate {
+            kind: MigrateKind::HttpTunnel,
+            connection_id: 1,
+            client: "c".into(),
+            up: Direction { pending: up.clone(), eof: false },
+            down: Direction { pending: down, eof: true },
+            up_piped: 0,
+            down_piped: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+        };
+        let frame = encode_migrate(&migrate);
+        let Ok((ToIngress::Migrate(decoded), _)) = decode::<ToIngress>(&frame) else {
+            return Err(TestCaseError::fail("does not decode"));
+        };
+        prop_assert_eq!(decoded.up.pending.capacity(), decoded.up.pending.len());
+        prop_assert_eq!(decoded.down.pending.capacity(), decoded.down.pending.len());
+        prop_assert_eq!(&decoded, &migrate);
+        // kind, id, name length, name, flags: the up length is at 12.
+        let mut lying = frame;
+        let at = HEADER_LEN + 12;
+        let claimed = u32::try_from(up.len()).unwrap_or(u32::MAX).saturating_add(extra);
+        lying[at..at + 4].copy_from_slice(&claimed.to_be_bytes());
+        prop_assert!(is_malformed(&decode::<ToIngress>(&lying)));
+    }
 }

@@ -94,3 +94,40 @@ pub(crate) async fn concurrent_handles(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     let names: Vec<_> = all.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["shared", "contested"]);
 }
+
+/// A handle waiting on the change feed wakes when another writes to it, and
+/// only then; an empty wait ends at its time limit.
+pub(crate) async fn feed_wait_wakes_on_a_write(ctl: Arc<dyn Store>, device: Arc<dyn Store>) {
+    use std::time::Duration;
+    let head = device.feed_head().await.expect("head");
+    let started = tokio::time::Instant::now();
+    let waited = device
+        .wait_for_change(head, Duration::from_millis(300))
+        .await
+        .expect("waits");
+    assert!(!waited, "nothing was written");
+    assert!(started.elapsed() >= Duration::from_millis(250), "it waited");
+
+    let waiter = {
+        let device = device.clone();
+        tokio::spawn(async move {
+            device
+                .wait_for_change(head, Duration::from_secs(10))
+                .await
+                .expect("waits")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let written = tokio::time::Instant::now();
+    ctl.add_client(client("woken")).await.expect("ctl adds");
+    assert!(waiter.await.expect("joins"), "the write woke the waiter");
+    assert!(
+        written.elapsed() < Duration::from_secs(5),
+        "woken by the write, not by the time limit"
+    );
+    // Already past the head: no wait at all.
+    assert!(device
+        .wait_for_change(head, Duration::from_secs(10))
+        .await
+        .expect("waits"));
+}

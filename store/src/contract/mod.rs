@@ -62,7 +62,7 @@ macro_rules! contract_tests {
             identity_taken_once, identity_expires, wg_address_unique, endpoints_round_trip,
             endpoints_replaced, endpoints_per_node);
         contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
-            identity_race, wg_address_race);
+            identity_race, wg_address_race, feed_wait_wakes_on_a_write);
     };
     (@one $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

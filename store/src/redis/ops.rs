@@ -21,6 +21,10 @@ use crate::{
 /// Usage hash fields, in [`Usage`] order.
 const USAGE_FIELDS: [&str; 3] = ["up", "down", "conns"];
 
+/// Longest single blocking read of the change feed: well inside the
+/// per-reply timeout ([`super::RESPONSE_TIMEOUT`]).
+const FEED_BLOCK: Duration = Duration::from_millis(1000);
+
 /// A stream entry as XRANGE returns it: its ID and its fields.
 type FeedEntry = (String, HashMap<String, String>);
 
@@ -250,6 +254,31 @@ impl Store for RedisStore {
             .run("reading the feed head", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         Ok(head.unwrap_or(0))
+    }
+
+    async fn wait_for_change(&self, after: u64, wait: Duration) -> Result<bool, StoreError> {
+        if i64::try_from(after).is_err() {
+            return Ok(false);
+        }
+        // Each blocking read holds one pooled connection, not the others;
+        // it must end well inside the per-reply timeout.
+        let block = wait.min(FEED_BLOCK).as_millis().max(1);
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(u64::try_from(block).unwrap_or(1))
+            .arg("STREAMS")
+            .arg(FEED_KEY)
+            .arg(format!("{after}-0"));
+        let reply: redis::Value = self
+            .run(
+                "waiting on the change feed",
+                Retry::Idempotent,
+                &Req::Cmd(cmd),
+            )
+            .await?;
+        Ok(!matches!(reply, redis::Value::Nil))
     }
 
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {

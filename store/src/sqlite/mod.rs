@@ -17,6 +17,9 @@
 //! - A client's WireGuard address is unique (schema version 3: a `UNIQUE` index on
 //!   `clients.wg_address`), so of two adds racing for one address the second is refused
 //!   ([`StoreError::AddressTaken`]); deleting the client's row frees the address.
+//! - The files are private: the database, its `-wal` and `-shm` are mode 0600 (made
+//!   so at every open), a directory the store creates or is the first to fill 0700
+//!   (`schema`).
 //! - Every call runs on tokio's blocking pool (`spawn_blocking`); the connection sits in
 //!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
 
@@ -35,7 +38,7 @@ use self::rows::{
     append_change, client_from_raw, from_sql_int, raw_client, read_usage, to_sql_int,
     CLIENT_COLUMNS,
 };
-pub use self::schema::{BUSY_TIMEOUT, SCHEMA_VERSION};
+pub use self::schema::{BUSY_TIMEOUT, DIR_MODE, FILE_MODE, SCHEMA_VERSION};
 use super::{
     validate_name, Change, ChangeKind, ClientRecord, EgressIdentity, EndpointSnapshot, NodeId,
     Store, StoreError, Usage,
@@ -63,8 +66,8 @@ fn db(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`: sets WAL mode and the busy
-    /// timeout, and creates or checks the schema. The parent directory must exist
-    /// ([`super::open`] creates it).
+    /// timeout, and creates or checks the schema. A missing parent directory is
+    /// created with mode [`DIR_MODE`]; the files get [`FILE_MODE`].
     pub async fn open(path: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let path = path.into();
         let for_open = path.clone();

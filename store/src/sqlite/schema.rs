@@ -9,8 +9,15 @@
 //! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
 //! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
 //! where two clients share an address anyway is refused with their names, unchanged.
+//!
+//! The store's files are private ([`private_files`]): the database is created
+//! with mode 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm`
+//! files the database's mode), an existing one with looser modes is set to
+//! 0600 at every open, database, `-wal` and `-shm` alike, and a directory the
+//! store is the first to fill is set to 0700.
 
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -85,7 +92,91 @@ CREATE TABLE IF NOT EXISTS endpoints (
 const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
+/// The mode of the store's files: the database, its WAL and its shared-memory index.
+pub const FILE_MODE: u32 = 0o600;
+
+/// The mode of a directory the store creates, or is the first to fill.
+pub const DIR_MODE: u32 = 0o700;
+
+/// The database file and the two SQLite keeps beside it.
+pub(super) fn store_files(path: &Path) -> [PathBuf; 3] {
+    let with = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    [path.to_owned(), with("-wal"), with("-shm")]
+}
+
+/// Before SQLite opens `path`: creates a missing directory with mode 0700,
+/// sets a directory the new store is the first to fill (empty, ours) to 0700,
+/// and creates a missing database file with mode 0600.
+fn private_files(path: &Path) -> Result<(), StoreError> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let file_error = |what: &str, at: &Path, err: std::io::Error| {
+        StoreError::Backend(format!("{what} {}: {err}", at.display()))
+    };
+    if let Some(dir) = dir {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
+            .map_err(|err| file_error("creating the store's directory", dir, err))?;
+    }
+    let created = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(path)
+    {
+        Ok(_) => true,
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(err) => return Err(file_error("creating store file", path, err)),
+    };
+    if let (true, Some(dir)) = (created, dir) {
+        // Only the new database in it: a directory made for this store (by
+        // `open`, with the umask's mode), not a shared one.
+        let only_ours = std::fs::read_dir(dir)
+            .map(|entries| entries.flatten().all(|entry| entry.path() == path))
+            .unwrap_or(false);
+        // Ours: its owner is the new file's, that is this process's.
+        let ours = std::fs::metadata(path).map(|m| m.uid()).ok();
+        let loose =
+            std::fs::metadata(dir).is_ok_and(|m| Some(m.uid()) == ours && m.mode() & 0o077 != 0);
+        if only_ours && loose {
+            tighten(dir, DIR_MODE);
+        }
+    }
+    Ok(())
+}
+
+/// After SQLite opened the store (and made its `-wal` and `-shm`): each of
+/// the three files that is readable or writable by others is set to 0600.
+fn private_modes(path: &Path) {
+    for file in store_files(path) {
+        if let Ok(metadata) = std::fs::metadata(&file) {
+            if metadata.mode() & 0o077 != 0 {
+                tighten(&file, FILE_MODE);
+            }
+        }
+    }
+}
+
+/// Sets `path`'s mode; a failure (a file of another user) is logged, since
+/// the store still works.
+fn tighten(path: &Path, mode: u32) {
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => {
+            tracing::debug!(path = %path.display(), mode = format!("{mode:04o}"), "store file made private")
+        }
+        Err(err) => {
+            tracing::warn!(path = %path.display(), "cannot make the store's file private (mode {mode:04o}): {err}")
+        }
+    }
+}
+
 pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    private_files(path)?;
     // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -105,6 +196,7 @@ pub(super) fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         )));
     }
     migrate(&mut conn)?;
+    private_modes(path);
     Ok(conn)
 }
 

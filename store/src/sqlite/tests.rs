@@ -1,7 +1,88 @@
 //! Tests of the embedded store that are not part of the backend contract
-//! (`contract`): its SQLite settings and schema versioning.
+//! (`contract`): its SQLite settings, file modes and schema versioning.
+
+use std::os::unix::fs::PermissionsExt as _;
 
 use super::*;
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|err| panic!("stat {}: {err}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+#[tokio::test]
+async fn a_new_store_and_its_wal_are_private() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let path = state.join("state.db");
+    // Through `open`, as the daemons and blipless-ctl do: it makes the
+    // directory with the umask's mode first.
+    let store = crate::open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open");
+    store
+        .add_client(crate::contract::client("alice"))
+        .await
+        .expect("a write, into the WAL");
+    let [db, wal, shm] = schema::store_files(&path);
+    assert!(wal.exists() && shm.exists(), "WAL mode makes -wal and -shm");
+    for file in [&db, &wal, &shm] {
+        assert_eq!(
+            format!("{:04o}", mode(file)),
+            format!("{FILE_MODE:04o}"),
+            "{}",
+            file.display()
+        );
+    }
+    assert_eq!(
+        format!("{:04o}", mode(&state)),
+        format!("{DIR_MODE:04o}"),
+        "the state directory"
+    );
+}
+
+#[tokio::test]
+async fn an_existing_store_with_loose_modes_is_made_private_when_opened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    store
+        .add_client(crate::contract::client("alice"))
+        .await
+        .expect("write");
+    let files = schema::store_files(&path);
+    for file in &files {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let again = SqliteStore::open(&path).await.expect("reopen");
+    for file in &files {
+        assert_eq!(
+            format!("{:04o}", mode(file)),
+            format!("{FILE_MODE:04o}"),
+            "{}",
+            file.display()
+        );
+    }
+    drop((store, again));
+}
+
+#[tokio::test]
+async fn a_shared_directory_keeps_its_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(dir.path().join("other-file"), b"x").expect("another file");
+    let path = dir.path().join("state.db");
+    let _store = SqliteStore::open(&path).await.expect("open");
+    assert_eq!(
+        format!("{:04o}", mode(dir.path())),
+        "0755",
+        "not a directory made for the store"
+    );
+    assert_eq!(format!("{:04o}", mode(&path)), format!("{FILE_MODE:04o}"));
+}
 
 #[tokio::test]
 async fn wal_mode_and_schema_version_are_set() {

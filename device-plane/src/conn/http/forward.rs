@@ -1,29 +1,41 @@
 //! Absolute-form requests (`GET http://host/path`): sent on to the origin
-//! over a fresh egress connection, hop-by-hop headers stripped, the answer
-//! streamed back.
+//! in origin form over a fresh egress connection, with `Host` replaced from
+//! the request target (RFC 9112 §3.2.2) and hop-by-hop headers stripped; the
+//! answer streamed back.
+//!
+//! The exchange runs under `timeouts.response` and `timeouts.body_idle`
+//! ([`super::exchange`]): before the origin's response head, a missed
+//! deadline is answered here (408 for a client too slow with its body, 504
+//! for an origin that does not answer or read), with `Connection: close`;
+//! after it, the connection's [`Watch`] cuts the connection. Either way the
+//! origin socket is closed as the exchange ends.
 
+use tokio_util::sync::CancellationToken;
+
+use super::exchange::{Exchange, RequestBody, ResponseBody, Stall, Watch};
 use super::*;
 
 pub(super) async fn forward(
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
     context: Arc<Context>,
     client: Arc<Client>,
+    watch: Arc<Watch>,
     id: u64,
 ) -> Response<Body> {
-    let uri = request.uri().clone();
-    if uri.scheme_str() != Some("http") {
-        return plain(
-            StatusCode::BAD_REQUEST,
-            "this is a proxy: send absolute-form http:// requests, or CONNECT for anything else\n",
-        );
-    }
-    let Some(target) = uri
-        .authority()
-        .and_then(|a| parse_authority(a.as_str(), Some(80)))
-    else {
-        return plain(StatusCode::BAD_REQUEST, "request needs a host\n");
-    };
     let name = client.record.name.clone();
+    let target_text = target::text(request.uri());
+    let parsed = match http_target::parse_absolute(&target_text) {
+        Ok(parsed) => parsed,
+        Err(error) => return target::refuse(&context, id, &name, &target_text, error),
+    };
+    let origin_form = match parsed.origin_form.parse() {
+        Ok(origin_form) => origin_form,
+        Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n"),
+    };
+    let Ok(host) = HeaderValue::from_str(&parsed.host_header) else {
+        return plain(StatusCode::BAD_REQUEST, "bad request target\n");
+    };
+    let target = target::egress_target(&parsed.destination);
     let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
@@ -37,30 +49,41 @@ pub(super) async fn forward(
             Ok(pair) => pair,
             Err(_) => return plain(StatusCode::BAD_GATEWAY, "destination unreachable\n"),
         };
+    // The origin connection lives as long as the exchange: dropping the
+    // guard (an early answer here, or the response body done or dropped)
+    // closes it.
+    let origin = CancellationToken::new();
+    let origin_over = origin.clone();
     tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(id, %error, "origin connection ended");
+        tokio::select! {
+            result = connection => {
+                if let Err(error) = result {
+                    tracing::debug!(id, %error, "origin connection ended");
+                }
+            }
+            () = origin_over.cancelled() => {}
         }
     });
-    // Origin-form toward the origin, hop-by-hop headers stripped.
-    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    match path.parse() {
-        Ok(origin_form) => *request.uri_mut() = origin_form,
-        Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n"),
-    }
-    strip_hop_by_hop(request.headers_mut());
-    if let Some(authority) = uri.authority() {
-        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-            request
-                .headers_mut()
-                .entry(hyper::header::HOST)
-                .or_insert(host);
-        }
-    }
-    match sender.send_request(request).await {
+    let origin_guard = origin.drop_guard();
+    // Origin form toward the origin, hop-by-hop headers stripped, Host from
+    // the target whatever the client sent.
+    let (mut parts, body) = request.into_parts();
+    parts.uri = origin_form;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(hyper::header::HOST, host);
+    let exchange = Exchange::new(context.http_limits);
+    let request = Request::from_parts(parts, RequestBody::new(body, exchange.clone()));
+    let answer = tokio::select! {
+        answer = sender.send_request(request) => answer,
+        stall = exchange.stalled() => return missed(stall, &context, &watch, id),
+    };
+    match answer {
         Ok(response) => {
+            exchange.answered();
+            watch.follow(exchange.clone());
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            let body = ResponseBody::new(body, exchange, origin_guard);
             Response::from_parts(parts, body.boxed())
         }
         Err(error) => {
@@ -68,6 +91,32 @@ pub(super) async fn forward(
             plain(StatusCode::BAD_GATEWAY, "destination failed\n")
         }
     }
+}
+
+/// The answer to a deadline missed before the origin answered; the
+/// connection closes after it.
+fn missed(stall: Stall, context: &Context, watch: &Watch, id: u64) -> Response<Body> {
+    let counters = &context.http_counters;
+    let mut response = match stall {
+        Stall::ClientBody => {
+            counters.body_stalls.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(id, "request body too slow; 408");
+            plain(StatusCode::REQUEST_TIMEOUT, "request body too slow\n")
+        }
+        Stall::OriginIntake | Stall::Response | Stall::ResponseBody => {
+            counters.response_timeouts.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(id, ?stall, "origin did not answer in time; 504");
+            plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "destination did not answer in time\n",
+            )
+        }
+    };
+    response
+        .headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    watch.close_after_answer();
+    response
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {

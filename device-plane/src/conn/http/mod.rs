@@ -3,16 +3,29 @@
 //! client connection.
 //!
 //! hyper parses and answers malformed requests (400) itself. We answer 407
-//! for missing or wrong credentials, 403 for a destination the policy
+//! for missing or wrong credentials (429 with `Retry-After` while the
+//! customer's address is throttled for failing too often:
+//! [`crate::conn::auth_guard`]), 403 for a destination the policy
 //! refuses, 502 for one that cannot be reached, 504 for one that does not
 //! answer in time.
+//!
+//! Limits (`limits.rs`, `exchange.rs`): a request head over
+//! `limits.header_bytes` gets hyper's 431 and a close, counted; a forwarded
+//! request whose origin does not start answering within `timeouts.response`
+//! gets 504, and a request body too slow for `timeouts.body_idle` gets 408
+//! (both with a close); a response body that stops moving for
+//! `timeouts.body_idle` has its connection cut. A request target with
+//! userinfo (`user:password@`) gets 400, and is never resolved, connected to
+//! or logged as sent (`target.rs`).
 
 use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use blipless_protocol::channel::{Direction, Migrate, MigrateKind};
@@ -26,15 +39,22 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::clients::Client;
+use crate::conn::auth_guard::{Failure, Protocol, Verdict};
 use crate::conn::tunnel::Tunnel;
 use crate::conn::{Context, Mode};
-use crate::egress::{EgressError, Target};
+use crate::egress::EgressError;
+use blipless_protocol::http_target;
 
+mod exchange;
 mod forward;
 mod io;
+mod limits;
+mod target;
 
+use exchange::Watch;
 use forward::forward;
 use io::{Counted, Prefixed};
+pub use limits::{Counters, Limits};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -101,6 +121,11 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         let _ = identity.set(client);
     }
     let connect_slot: ConnectSlot = Arc::new(Mutex::new(None));
+    let watch = Arc::new(Watch::default());
+    // For the auth throttle (unspecified only if the customer is already gone).
+    let source = stream
+        .peer_addr()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip());
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,
@@ -113,17 +138,22 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     let service_context = context.clone();
     let service_connect = connect_slot.clone();
     let service_identity = identity.clone();
+    let service_watch = watch.clone();
     let service = hyper::service::service_fn(move |request| {
         let context = service_context.clone();
         let identity = service_identity.clone();
         let connect_slot = service_connect.clone();
-        let response: ResponseFuture =
-            Box::pin(async move { Ok(handle(request, context, identity, connect_slot, id).await) });
+        let watch = service_watch.clone();
+        let response: ResponseFuture = Box::pin(async move {
+            Ok(handle(request, context, identity, connect_slot, watch, id, source).await)
+        });
         response
     });
     let mut connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(context.handshake_timeout)
+        .max_header_size(context.http_limits.header_bytes)
+        .max_buf_size(context.http_limits.buffer_bytes())
         .keep_alive(true)
         .serve_connection(io, service);
     let serving_ended = context.serving_ended();
@@ -139,9 +169,29 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
                 Pin::new(&mut connection).graceful_shutdown();
             }
             () = cut.cancelled() => return,
+            stall = watch.stalled() => {
+                // The answer has started: all we can do is end it.
+                context.http_counters.body_stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(id, ?stall, "response stalled; connection cut");
+                return;
+            }
         }
     };
     if let Err(error) = result {
+        if error.is_parse_too_large() {
+            // hyper has answered 431; the refusal must not become a reset.
+            context
+                .http_counters
+                .head_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                id,
+                limit = context.http_limits.header_bytes,
+                "request head too large; 431"
+            );
+            limits::linger_close(connection.into_parts().io.into_inner().inner.inner).await;
+            return;
+        }
         tracing::debug!(id, %error, "http connection ended");
         return;
     }
@@ -154,6 +204,11 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     let mut pending = prefix[offset..].to_vec();
     pending.extend_from_slice(&parts.read_buf);
     let mut stream = inner.inner;
+    if watch.closing() {
+        // Our last answer said `Connection: close` (408, 504).
+        limits::linger_close(stream).await;
+        return;
+    }
     let accepted = connect_slot
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -204,33 +259,102 @@ async fn handle(
     context: Arc<Context>,
     identity: Identity,
     connect_slot: ConnectSlot,
+    watch: Arc<Watch>,
     id: u64,
+    source: IpAddr,
 ) -> Response<Body> {
-    let Some(client) = authenticate(request.headers(), &context) else {
-        let mut response = plain(
-            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            "proxy credentials required\n",
-        );
-        response.headers_mut().insert(
-            hyper::header::PROXY_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"blipless\""),
-        );
-        return response;
+    let client = match authenticate(request.headers(), &context, source) {
+        Ok(client) => client,
+        Err(refusal) => return refusal.response(),
     };
     let _ = identity.set(client.clone());
     if request.method() == Method::CONNECT {
         connect(request, context, client, connect_slot, id).await
     } else {
-        forward(request, context, client, id).await
+        forward(request, context, client, watch, id).await
     }
 }
 
-fn authenticate(headers: &HeaderMap, context: &Context) -> Option<Arc<Client>> {
-    let value = headers
-        .get(hyper::header::PROXY_AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, encoded) = value.trim().split_once(' ')?;
+/// Why a request did not authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Credentials missing, malformed or wrong: 407 with a challenge.
+    Unauthenticated,
+    /// The source is throttled for this much longer: 429 with `Retry-After`.
+    Throttled(Duration),
+}
+
+impl Refusal {
+    fn response(self) -> Response<Body> {
+        match self {
+            Refusal::Unauthenticated => {
+                let mut response = plain(
+                    StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                    "proxy credentials required\n",
+                );
+                response.headers_mut().insert(
+                    hyper::header::PROXY_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"blipless\""),
+                );
+                response
+            }
+            Refusal::Throttled(left) => {
+                let mut response = plain(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many failed proxy logins from this address; retry later\n",
+                );
+                let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                response.headers_mut().insert(
+                    hyper::header::RETRY_AFTER,
+                    HeaderValue::from(seconds.max(1)),
+                );
+                response
+            }
+        }
+    }
+}
+
+/// Checks a request's `Proxy-Authorization: Basic` through the plane's auth
+/// guard. A throttled source is refused (429) without its credentials being
+/// checked; missing, malformed or wrong credentials are refused (407) and
+/// counted (missing ones are no strike towards the throttle).
+fn authenticate(
+    headers: &HeaderMap,
+    context: &Context,
+    source: IpAddr,
+) -> Result<Arc<Client>, Refusal> {
+    if let Verdict::Throttled { retry_after } =
+        context.auth.check(source, Protocol::Http, Instant::now())
+    {
+        return Err(Refusal::Throttled(retry_after));
+    }
+    let header = headers.get(hyper::header::PROXY_AUTHORIZATION);
+    let basic = header.and_then(basic_credentials);
+    let client = basic.as_ref().and_then(|(decoded, colon)| {
+        context
+            .directory
+            .authenticate(&decoded[..*colon], &decoded[colon + 1..])
+    });
+    if let Some(client) = client {
+        context.auth.succeeded(source);
+        return Ok(client);
+    }
+    let failure = match (header, &basic) {
+        (None, _) => Failure::Missing,
+        (Some(_), None) => Failure::Wrong { username: None },
+        (Some(_), Some((decoded, colon))) => Failure::Wrong {
+            username: Some(&decoded[..*colon]),
+        },
+    };
+    context
+        .auth
+        .failed(source, Protocol::Http, failure, Instant::now());
+    Err(Refusal::Unauthenticated)
+}
+
+/// The decoded `user:password` of a Basic header and where its colon is.
+fn basic_credentials(value: &HeaderValue) -> Option<(Vec<u8>, usize)> {
+    let (scheme, encoded) = value.to_str().ok()?.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
@@ -238,9 +362,7 @@ fn authenticate(headers: &HeaderMap, context: &Context) -> Option<Arc<Client>> {
         .decode(encoded.trim())
         .ok()?;
     let colon = decoded.iter().position(|&b| b == b':')?;
-    context
-        .directory
-        .authenticate(&decoded[..colon], &decoded[colon + 1..])
+    Some((decoded, colon))
 }
 
 fn plain(code: StatusCode, text: &'static str) -> Response<Body> {
@@ -270,26 +392,6 @@ fn egress_failure(error: &EgressError) -> Response<Body> {
     }
 }
 
-/// Splits "host:port" (with [v6] brackets) into a target.
-fn parse_authority(authority: &str, default_port: Option<u16>) -> Option<Target> {
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, _)) if !host.ends_with(']') && host.contains(':') => (authority, default_port?),
-        Some((host, port)) => (host, port.parse().ok()?),
-        None => (authority, default_port?),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return None;
-    }
-    Some(match host.parse() {
-        Ok(ip) => Target::Address(std::net::SocketAddr::new(ip, port)),
-        Err(_) => Target::Name {
-            host: host.to_string(),
-            port,
-        },
-    })
-}
-
 async fn connect(
     request: Request<Incoming>,
     context: Arc<Context>,
@@ -297,14 +399,19 @@ async fn connect(
     connect_slot: ConnectSlot,
     id: u64,
 ) -> Response<Body> {
-    let Some(target) = request
-        .uri()
-        .authority()
-        .and_then(|a| parse_authority(a.as_str(), None))
-    else {
-        return plain(StatusCode::BAD_REQUEST, "CONNECT needs host:port\n");
-    };
     let name = client.record.name.clone();
+    let target_text = target::text(request.uri());
+    let target = match http_target::parse_connect(&target_text) {
+        Ok(destination) => target::egress_target(&destination),
+        Err(error) => return target::refuse(&context, id, &name, &target_text, error),
+    };
+    if !context.caps.admits_tunnel(&client.meter) {
+        tracing::debug!(id, client = %name, cap = context.caps.tunnels_per_client, "http connect refused: the client's tunnel cap");
+        return plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many tunnels open for this client\n",
+        );
+    }
     let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
@@ -323,39 +430,4 @@ async fn connect(
             .map_err(|never| match never {})
             .boxed(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn authorities_parse() {
-        let t = |s, d| parse_authority(s, d);
-        assert_eq!(
-            t("example.com:443", None),
-            Some(Target::Name {
-                host: "example.com".into(),
-                port: 443
-            })
-        );
-        assert_eq!(
-            t("example.com", Some(80)),
-            Some(Target::Name {
-                host: "example.com".into(),
-                port: 80
-            })
-        );
-        assert_eq!(t("example.com", None), None);
-        assert_eq!(
-            t("[::1]:8080", None),
-            Some(Target::Address("[::1]:8080".parse().expect("addr")))
-        );
-        assert_eq!(
-            t("127.0.0.1:80", None),
-            Some(Target::Address("127.0.0.1:80".parse().expect("addr")))
-        );
-        assert_eq!(t(":80", None), None);
-        assert_eq!(t("host:notaport", None), None);
-    }
 }

@@ -1,6 +1,9 @@
 //! The ingress's Prometheus metrics, including the figures device planes report.
+//!
+//! The WireGuard figures are in `wg.rs` ([`WgMetrics`]), registered in the
+//! same registry.
 
-use blipless_protocol::channel::ListenerKind;
+use blipless_protocol::channel::{DeviceReport, ListenerKind};
 use blipless_protocol::control::DeployOutcome;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,6 +13,10 @@ use prometheus_client::registry::Registry;
 
 use crate::planes::{PlaneState, Planes};
 
+mod wg;
+
+pub use wg::WgMetrics;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ListenerLabel {
     listener: String,
@@ -18,6 +25,19 @@ struct ListenerLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabel {
+    /// `fd_limit`, `connection_cap` or `tunnel_cap`; for HTTP refusals
+    /// `head_too_large`, `response_timeout`, `body_stall` or `userinfo`.
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabel {
+    /// `socks5` or `http`.
+    protocol: &'static str,
 }
 
 /// Every metric the ingress exposes on `/metrics`.
@@ -39,149 +59,13 @@ pub struct Metrics {
     pub wg: WgMetrics,
     handoffs: Counter,
     handoff_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DirectionLabel {
-    direction: String,
-}
-
-/// WireGuard figures, shared by the receive loop, the timers and the device links.
-#[derive(Debug, Clone, Default)]
-pub struct WgMetrics {
-    peers: Gauge,
-    held: Gauge,
-    datagrams_in: Counter,
-    inner: Family<DirectionLabel, Counter>,
-    dropped: Family<ReasonLabel, Counter>,
-    cookie_replies: Counter,
-    handshakes: Counter,
-    send_failures: Counter,
-}
-
-impl WgMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
-        registry.register(
-            "wg_peers",
-            "WireGuard peers known to the ingress",
-            metrics.peers.clone(),
-        );
-        registry.register(
-            "wg_held_packets",
-            "Inner packets held while no device plane is active",
-            metrics.held.clone(),
-        );
-        registry.register(
-            "wg_datagrams_received",
-            "UDP datagrams received on the WireGuard socket",
-            metrics.datagrams_in.clone(),
-        );
-        registry.register(
-            "wg_inner_packets",
-            "Inner packets: in (from peers to the device plane) and out (to peers)",
-            metrics.inner.clone(),
-        );
-        registry.register(
-            "wg_dropped",
-            "WireGuard datagrams or inner packets dropped, by reason",
-            metrics.dropped.clone(),
-        );
-        registry.register(
-            "wg_cookie_replies",
-            "Cookie replies sent because handshakes arrived faster than wireguard.handshake_limit",
-            metrics.cookie_replies.clone(),
-        );
-        registry.register(
-            "wg_handshakes",
-            "Handshake responses sent (sessions made)",
-            metrics.handshakes.clone(),
-        );
-        registry.register(
-            "wg_send_failures",
-            "Datagrams the WireGuard socket failed to send",
-            metrics.send_failures.clone(),
-        );
-        metrics
-    }
-
-    /// Sets the peer count.
-    pub fn set_peers(&self, peers: usize) {
-        self.peers.set(clamp(peers as u64));
-    }
-
-    /// Sets the number of held inner packets.
-    pub fn set_held(&self, packets: usize) {
-        self.held.set(clamp(packets as u64));
-    }
-
-    /// Counts one received datagram.
-    pub fn count_datagram_in(&self) {
-        self.datagrams_in.inc();
-    }
-
-    /// Counts one inner packet from a peer.
-    pub fn count_inner_in(&self) {
-        self.inner
-            .get_or_create(&DirectionLabel {
-                direction: "in".into(),
-            })
-            .inc();
-    }
-
-    /// Counts one inner packet sent to a peer.
-    pub fn count_inner_out(&self) {
-        self.inner
-            .get_or_create(&DirectionLabel {
-                direction: "out".into(),
-            })
-            .inc();
-    }
-
-    /// Counts one drop for `reason`.
-    pub fn count_drop(&self, reason: &'static str) {
-        self.count_drops(reason, 1);
-    }
-
-    /// Counts `count` drops for `reason`.
-    pub fn count_drops(&self, reason: &'static str, count: usize) {
-        self.dropped
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
-            .inc_by(count as u64);
-    }
-
-    /// Drops so far for `reason`.
-    pub fn drops(&self, reason: &'static str) -> u64 {
-        self.dropped
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
-            .get()
-    }
-
-    /// Counts one cookie reply.
-    pub fn count_cookie_reply(&self) {
-        self.cookie_replies.inc();
-    }
-
-    /// Counts one handshake answered.
-    pub fn count_handshake(&self) {
-        self.handshakes.inc();
-    }
-
-    /// Counts datagrams that failed to send.
-    pub fn count_send_failures(&self, failed: usize) {
-        if failed > 0 {
-            self.send_failures.inc_by(failed as u64);
-        }
-    }
+    auth_failures: Family<ProtocolLabel, Counter>,
+    auth_throttled: Family<ProtocolLabel, Counter>,
+    refused: Family<RefusalLabel, Counter>,
+    http_refused: Family<RefusalLabel, Counter>,
+    channel_fds_dropped: Counter,
+    /// The ingress's own count of dropped-fd frames at the last render.
+    own_fds_dropped_seen: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -275,10 +159,68 @@ impl Metrics {
             "The latest ingress handoff: connecting to the predecessor to serving",
             handoff_seconds.clone(),
         );
+        let auth_failures = Family::<ProtocolLabel, Counter>::default();
+        registry.register(
+            "auth_failures",
+            "Failed proxy authentications reported by the device planes, by protocol",
+            auth_failures.clone(),
+        );
+        let auth_throttled = Family::<ProtocolLabel, Counter>::default();
+        registry.register(
+            "auth_throttled",
+            "Proxy authentications refused unchecked because their source was throttled, by protocol",
+            auth_throttled.clone(),
+        );
+        let refused = Family::<RefusalLabel, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Customer connections or tunnels the device planes refused at once, by reason: near the open-file limit, at limits.connections, at limits.tunnels_per_client",
+            refused.clone(),
+        );
+        for reason in ["fd_limit", "connection_cap", "tunnel_cap"] {
+            refused.get_or_create(&RefusalLabel { reason }).inc_by(0);
+        }
+        let http_refused = Family::<RefusalLabel, Counter>::default();
+        registry.register(
+            "http_refused",
+            "HTTP proxy exchanges the device planes refused or ended, by reason: a head over limits.header_bytes (431), an origin past timeouts.response (504), a body stalled past timeouts.body_idle, a target with userinfo (400)",
+            http_refused.clone(),
+        );
+        for reason in [
+            "head_too_large",
+            "response_timeout",
+            "body_stall",
+            "userinfo",
+        ] {
+            http_refused
+                .get_or_create(&RefusalLabel { reason })
+                .inc_by(0);
+        }
+        let channel_fds_dropped = Counter::default();
+        registry.register(
+            "channel_fds_dropped",
+            "Device-channel frames whose file descriptors the kernel dropped on receipt (a process at its open-file limit), in the ingress and the planes",
+            channel_fds_dropped.clone(),
+        );
+        // Both protocols' series exist from the start, at 0.
+        for protocol in ["socks5", "http"] {
+            auth_failures
+                .get_or_create(&ProtocolLabel { protocol })
+                .inc_by(0);
+            auth_throttled
+                .get_or_create(&ProtocolLabel { protocol })
+                .inc_by(0);
+        }
         Self {
             wg,
             handoffs,
             handoff_seconds,
+            auth_failures,
+            auth_throttled,
+            refused,
+            http_refused,
+            channel_fds_dropped,
+            own_fds_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             registry,
             migrated,
             deploys,
@@ -376,6 +318,97 @@ impl Metrics {
         self.handoff_seconds.set(took.as_secs_f64());
     }
 
+    /// Adds what a plane's `report` counted since its `previous` one (on the
+    /// same link) to the summed counters: they keep what a plane counted
+    /// after it is gone, so they never go backwards.
+    pub fn count_reported(&self, previous: &DeviceReport, report: &DeviceReport) {
+        for (family, protocol, before, now) in [
+            (
+                &self.auth_failures,
+                "socks5",
+                previous.auth_failures_socks5,
+                report.auth_failures_socks5,
+            ),
+            (
+                &self.auth_throttled,
+                "socks5",
+                previous.auth_throttled_socks5,
+                report.auth_throttled_socks5,
+            ),
+            (
+                &self.auth_failures,
+                "http",
+                previous.auth_failures_http,
+                report.auth_failures_http,
+            ),
+            (
+                &self.auth_throttled,
+                "http",
+                previous.auth_throttled_http,
+                report.auth_throttled_http,
+            ),
+        ] {
+            let added = now.saturating_sub(before);
+            if added > 0 {
+                family
+                    .get_or_create(&ProtocolLabel { protocol })
+                    .inc_by(added);
+            }
+        }
+        for (reason, before, now) in [
+            (
+                "fd_limit",
+                previous.refused_fd_limit,
+                report.refused_fd_limit,
+            ),
+            (
+                "connection_cap",
+                previous.refused_connection_cap,
+                report.refused_connection_cap,
+            ),
+            (
+                "tunnel_cap",
+                previous.refused_tunnel_cap,
+                report.refused_tunnel_cap,
+            ),
+        ] {
+            self.refused
+                .get_or_create(&RefusalLabel { reason })
+                .inc_by(now.saturating_sub(before));
+        }
+        for (reason, before, now) in [
+            (
+                "head_too_large",
+                previous.http_head_too_large,
+                report.http_head_too_large,
+            ),
+            (
+                "response_timeout",
+                previous.http_response_timeouts,
+                report.http_response_timeouts,
+            ),
+            (
+                "body_stall",
+                previous.http_body_stalls,
+                report.http_body_stalls,
+            ),
+            (
+                "userinfo",
+                previous.http_userinfo_refused,
+                report.http_userinfo_refused,
+            ),
+        ] {
+            self.http_refused
+                .get_or_create(&RefusalLabel { reason })
+                .inc_by(now.saturating_sub(before));
+        }
+        self.channel_fds_dropped.inc_by(
+            report
+                .channel_fds_dropped
+                .saturating_sub(previous.channel_fds_dropped),
+        );
+    }
+
     /// Counts one connection handed to a plane.
     pub fn count_handed(&self) {
         self.handed.inc();
@@ -384,6 +417,11 @@ impl Metrics {
     /// Refreshes the gauges from the planes and renders the text exposition.
     pub fn render(&self, planes: &Planes, ready: bool) -> String {
         self.ready.set(i64::from(ready));
+        let own = blipless_link::fds_dropped();
+        let seen = self
+            .own_fds_dropped_seen
+            .swap(own, std::sync::atomic::Ordering::Relaxed);
+        self.channel_fds_dropped.inc_by(own.saturating_sub(seen));
         let mut open = 0u64;
         let mut draining = 0u64;
         let mut devices = 0u64;
@@ -431,3 +469,6 @@ impl Metrics {
 fn clamp(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests;

@@ -244,6 +244,38 @@ impl Kind for Interface {
     }
 }
 
+/// An optional user or group: a name (`[A-Za-z_][A-Za-z0-9_.-]*`, an optional
+/// final `$`, at most 32 characters) or a numeric id; the empty string means unset.
+pub(crate) struct OptionalAccount;
+impl Kind for OptionalAccount {
+    type Out = Option<String>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "a user or group name like blipless, or a numeric id like 998 (empty: unset)";
+    fn parse(input: &Input<'_>) -> Option<Option<String>> {
+        let s = input.text()?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        if s.bytes().all(|b| b.is_ascii_digit()) {
+            return s
+                .parse::<u32>()
+                .ok()
+                .filter(|id| *id != u32::MAX)
+                .map(|_| Some(s.to_owned()));
+        }
+        let name = s.strip_suffix('$').unwrap_or(s);
+        let first_ok = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+        let rest_ok = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        (s.len() <= 32 && first_ok && rest_ok).then(|| Some(s.to_owned()))
+    }
+}
+
 /// A boolean.
 pub(crate) struct Flag;
 impl Kind for Flag {
@@ -336,6 +368,34 @@ impl Kind for Capacity {
     }
 }
 
+/// A cap on a number of things: 0 (no cap) to 10,000,000.
+pub(crate) struct Cap;
+impl Kind for Cap {
+    type Out = u64;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str = "a whole number from 0 (no cap) to 10000000";
+    fn parse(input: &Input<'_>) -> Option<u64> {
+        match input {
+            Input::Integer(n) if (0..=10_000_000).contains(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// A byte count for an HTTP request head: 8192 (hyper's smallest buffer) to 1 MiB.
+pub(crate) struct HeadBytes;
+impl Kind for HeadBytes {
+    type Out = usize;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str = "a whole number of bytes from 8192 to 1048576";
+    fn parse(input: &Input<'_>) -> Option<usize> {
+        match input {
+            Input::Integer(n) if (8192..=1 << 20).contains(n) => usize::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+}
+
 /// The log format.
 pub(crate) struct Format;
 impl Kind for Format {
@@ -364,124 +424,4 @@ impl Kind for Filter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn text<K: Kind>(s: &str) -> Option<K::Out> {
-        K::parse(&Input::new(Raw::Text(s), K::SHAPE)?)
-    }
-
-    fn toml<K: Kind>(v: toml::Value) -> Option<K::Out> {
-        K::parse(&Input::new(Raw::Toml(&v), K::SHAPE)?)
-    }
-
-    #[test]
-    fn names() {
-        assert_eq!(text::<Name>("node-1.a-b").as_deref(), Some("node-1.a-b"));
-        assert_eq!(
-            text::<Name>("a_b"),
-            None,
-            "'_' would make store keys ambiguous"
-        );
-        assert_eq!(text::<Name>(""), None);
-        assert_eq!(text::<Name>("a b"), None);
-        assert_eq!(text::<Name>(&"x".repeat(64)), None);
-        assert!(text::<Name>(&"x".repeat(63)).is_some());
-    }
-
-    #[test]
-    fn interfaces() {
-        assert!(text::<Interface>("blip0").is_some());
-        assert!(text::<Interface>("a-very-long-nam").is_some());
-        assert!(text::<Interface>("a-very-long-name").is_none());
-        assert!(text::<Interface>("a/b").is_none());
-        assert!(text::<Interface>("..").is_none());
-    }
-
-    #[test]
-    fn lists_from_text_and_toml() {
-        assert_eq!(text::<IpList>(""), Some(vec![]));
-        assert_eq!(
-            text::<IpList>("192.0.2.1, 2001:db8::1"),
-            Some(vec![
-                "192.0.2.1".parse().expect("ip"),
-                "2001:db8::1".parse().expect("ip")
-            ])
-        );
-        assert_eq!(text::<IpList>("192.0.2.1,nope"), None);
-        let nets = toml::<NetList>(toml::Value::Array(vec![
-            "10.0.0.0/8".into(),
-            "192.0.2.7".into(),
-            "::1".into(),
-        ]))
-        .expect("valid list");
-        let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
-        assert_eq!(shown, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
-        assert_eq!(text::<NetList>("10.0.0.1/8"), None, "host bits set");
-        assert_eq!(toml::<NetList>(toml::Value::Array(vec![1.into()])), None);
-        assert_eq!(toml::<NetList>("10.0.0.0/8".into()), None, "not an array");
-    }
-
-    #[test]
-    fn booleans() {
-        assert_eq!(text::<Flag>("true"), Some(true));
-        assert_eq!(text::<Flag>("false"), Some(false));
-        assert_eq!(text::<Flag>("yes"), None);
-        assert_eq!(toml::<Flag>(true.into()), Some(true));
-        assert_eq!(toml::<Flag>("true".into()), None);
-    }
-
-    #[test]
-    fn durations_are_positive() {
-        assert_eq!(text::<Dur>("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(text::<Dur>("1h 30m"), Some(Duration::from_secs(5400)));
-        assert_eq!(text::<Dur>("0s"), None);
-        assert_eq!(text::<Dur>("soon"), None);
-        assert_eq!(toml::<Dur>(120.into()), None, "a number is not a duration");
-    }
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(text::<OptionalHostPort>(""), Some(None));
-        for ok in [
-            "vpn.example.com:51820",
-            "192.0.2.1:51820",
-            "[2001:db8::1]:51820",
-        ] {
-            assert_eq!(text::<OptionalHostPort>(ok), Some(Some(ok.to_owned())));
-        }
-        for bad in [
-            "vpn.example.com",
-            "vpn.example.com:0",
-            ":51820",
-            "a b:1",
-            "x:99999",
-        ] {
-            assert_eq!(text::<OptionalHostPort>(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn store_urls() {
-        assert!(text::<StoreUrl>("sqlite:///tmp/x.db").is_some());
-        assert!(text::<StoreUrl>("redis://127.0.0.1:6379/0").is_some());
-        assert!(text::<StoreUrl>("rediss://r.example.com").is_some());
-        assert!(text::<StoreUrl>("sqlite://").is_none());
-        assert!(text::<StoreUrl>("postgres://x").is_none());
-    }
-
-    #[test]
-    fn socket_dirs_fit_sun_path() {
-        let longest = format!("/{}", "d".repeat(93));
-        assert!(text::<SocketDir>(&longest).is_some());
-        assert_eq!(format!("{longest}/handoff.sock").len(), 107);
-        assert!(text::<SocketDir>(&format!("{longest}x")).is_none());
-        assert!(text::<SocketDir>("").is_none());
-    }
-
-    #[test]
-    fn raw_values_show_as_toml() {
-        assert_eq!(Raw::Text("x").show(), "\"x\"");
-        assert_eq!(Raw::Toml(&toml::Value::Integer(5)).show(), "5");
-    }
-}
+mod tests;

@@ -1,0 +1,165 @@
+//! Caps on what one device plane serves (issue 14): customer connections at
+//! once (`limits.connections`) and tunnels per client (`limits.tunnels_per_client`),
+//! each refused with the protocol's own answer and counted.
+//!
+//! - Over the connection cap, a SOCKS5 customer gets "no acceptable method"
+//!   to its greeting (RFC 1928 has no "busy" reply before a request) and an
+//!   HTTP customer `503 Service Unavailable` with `Retry-After: 1`; then the
+//!   connection closes. The refusal is a small task of its own, bounded by
+//!   [`REFUSAL_TIME`], outside the plane's connection tracker (it never holds a
+//!   drain).
+//! - Over the tunnel cap, a CONNECT gets SOCKS5 reply 2 (not allowed by the
+//!   ruleset) or HTTP `429 Too Many Requests`. Tunnels adopted from a
+//!   predecessor always count and are never refused.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::clients::Meter;
+
+/// Longest a refused customer is given to send its greeting or request head.
+pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// The caps and what they refused.
+#[derive(Debug, Default)]
+pub struct Caps {
+    /// Connections at once; 0: no cap.
+    pub connections: u64,
+    /// Tunnels per client at once; 0: no cap.
+    pub tunnels_per_client: u64,
+    refused_connections: AtomicU64,
+    refused_tunnels: AtomicU64,
+}
+
+impl Caps {
+    /// Caps as configured.
+    pub fn new(connections: u64, tunnels_per_client: u64) -> Self {
+        Self {
+            connections,
+            tunnels_per_client,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a new connection may be served with `open` connections now;
+    /// counts a refusal.
+    pub fn admits_connection(&self, open: u64) -> bool {
+        if self.connections == 0 || open < self.connections {
+            return true;
+        }
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Whether a client with this meter may open one more tunnel; counts a refusal.
+    pub fn admits_tunnel(&self, meter: &Meter) -> bool {
+        if self.tunnels_per_client == 0
+            || meter.live_tunnels.load(Ordering::Relaxed) < self.tunnels_per_client
+        {
+            return true;
+        }
+        self.refused_tunnels.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Connections refused at the connection cap so far.
+    pub fn refused_connections(&self) -> u64 {
+        self.refused_connections.load(Ordering::Relaxed)
+    }
+
+    /// Tunnels refused at the per-client cap so far.
+    pub fn refused_tunnels(&self) -> u64 {
+        self.refused_tunnels.load(Ordering::Relaxed)
+    }
+}
+
+/// One open tunnel of a client, counted while it lives.
+#[derive(Debug)]
+pub struct TunnelCount(Arc<Meter>);
+
+impl TunnelCount {
+    /// Counts a tunnel of the client with this meter until dropped.
+    pub fn new(meter: Arc<Meter>) -> Self {
+        meter.live_tunnels.fetch_add(1, Ordering::Relaxed);
+        Self(meter)
+    }
+}
+
+impl Drop for TunnelCount {
+    fn drop(&mut self) {
+        self.0.live_tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Answers a SOCKS5 customer over the connection cap: reads its greeting,
+/// says no acceptable method, closes.
+pub async fn refuse_socks(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        let mut greeting = [0u8; 257];
+        let _ = stream.read(&mut greeting).await;
+        let _ = stream
+            .write_all(&blipless_protocol::socks5::method_selection(
+                blipless_protocol::socks5::METHOD_NONE_ACCEPTABLE,
+            ))
+            .await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// Answers an HTTP proxy customer over the connection cap with 503: reads
+/// (up to 16 KiB of) its request head first, so the answer is not lost to a
+/// reset for unread bytes.
+pub async fn refuse_http(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        let mut head = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 4096];
+        while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = "this proxy is at its connection limit; try again\n";
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(answer.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_means_no_cap() {
+        let caps = Caps::new(0, 0);
+        assert!(caps.admits_connection(u64::MAX - 1));
+        let meter = Meter::default();
+        meter.live_tunnels.store(1_000_000, Ordering::Relaxed);
+        assert!(caps.admits_tunnel(&meter));
+        assert_eq!((caps.refused_connections(), caps.refused_tunnels()), (0, 0));
+    }
+
+    #[test]
+    fn caps_refuse_at_the_limit_and_count() {
+        let caps = Caps::new(2, 1);
+        assert!(caps.admits_connection(1));
+        assert!(!caps.admits_connection(2));
+        let meter = Arc::new(Meter::default());
+        assert!(caps.admits_tunnel(&meter));
+        let held = TunnelCount::new(meter.clone());
+        assert!(!caps.admits_tunnel(&meter));
+        drop(held);
+        assert!(caps.admits_tunnel(&meter));
+        assert_eq!((caps.refused_connections(), caps.refused_tunnels()), (1, 1));
+    }
+}

@@ -1,0 +1,131 @@
+//! Keeping file descriptors in reserve, so that running out of them costs
+//! one customer connection, never the device channel (issue 14: "EMFILE
+//! never loses the channel").
+//!
+//! A connection the ingress hands over already has its fd in this process;
+//! what it would need next (an egress socket, and fds a handover moves in)
+//! is what runs out. So while fewer than [`FdBudget::reserve`] descriptors
+//! are left below the open-file limit, a new connection is refused at once
+//! (closed: the customer's proxy client sees the connection end and may
+//! retry), counted, and logged at most once a second with how many. What is
+//! left stays for migrations, the store and the channel. It recovers by
+//! itself as connections close.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Descriptors kept back from new connections, at most (a quarter of the
+/// limit when the limit is small).
+pub const RESERVE: u64 = 64;
+
+/// The open-file limit, what is kept back from new connections, and what
+/// was refused.
+#[derive(Debug)]
+pub struct FdBudget {
+    limit: u64,
+    reserve: u64,
+    refused: AtomicU64,
+    logged: Mutex<Option<(Instant, u64)>>,
+}
+
+impl FdBudget {
+    /// The budget under this process's soft open-file limit.
+    pub fn from_rlimit() -> Self {
+        let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        Self::new(limit)
+    }
+
+    /// A budget under `limit` descriptors.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            reserve: RESERVE.min(limit / 4),
+            refused: AtomicU64::new(0),
+            logged: Mutex::new(None),
+        }
+    }
+
+    /// Descriptors kept back from new connections.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
+    }
+
+    /// Whether a new connection may be served, with `connections` open now.
+    /// Cheap while far from the limit (each connection holds about two
+    /// descriptors); near it, the process's open descriptors are counted.
+    pub fn admits(&self, connections: u64) -> bool {
+        let room = self.limit.saturating_sub(self.reserve);
+        if connections.saturating_mul(3).saturating_add(RESERVE) < room {
+            return true;
+        }
+        open_descriptors() < room
+    }
+
+    /// Counts a refused connection; logs at most once a second.
+    pub fn refuse(&self, id: u64) {
+        let total = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut logged = self
+            .logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.is_none_or(|(at, _)| at.elapsed() >= Duration::from_secs(1)) {
+            let since = total - logged.map_or(0, |(_, seen)| seen);
+            tracing::warn!(
+                id,
+                refused = since,
+                total,
+                limit = self.limit,
+                reserve = self.reserve,
+                "open-file limit nearly reached: new connections are refused until some close (raise LimitNOFILE / ulimit -n)"
+            );
+            *logged = Some((Instant::now(), total));
+        }
+    }
+
+    /// Connections refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// The descriptors this process has open now.
+fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|entries| entries.count() as u64)
+        // Unknown: assume the worst only if /proc is missing entirely.
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn far_from_the_limit_everything_is_admitted_without_counting() {
+        let budget = FdBudget::new(1_000_000);
+        assert!(budget.admits(1000));
+        assert_eq!(budget.reserve(), RESERVE);
+    }
+
+    #[test]
+    fn near_the_limit_the_reserve_is_kept() {
+        // This test process has a few descriptors open: a limit just above
+        // them leaves no room once the reserve is kept.
+        let open = open_descriptors();
+        let budget = FdBudget::new(open + 2);
+        assert!(!budget.admits(1));
+        let roomy = FdBudget::new(open + 4 * RESERVE + 64);
+        assert!(roomy.admits(1));
+        budget.refuse(7);
+        budget.refuse(8);
+        assert_eq!(budget.refused(), 2);
+    }
+
+    #[test]
+    fn a_small_limit_keeps_a_quarter() {
+        assert_eq!(FdBudget::new(100).reserve(), 25);
+    }
+}

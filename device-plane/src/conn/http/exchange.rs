@@ -1,0 +1,484 @@
+//! The deadlines of one forwarded exchange (an absolute-form request and
+//! the origin's answer): `timeouts.response` and `timeouts.body_idle`.
+//!
+//! An [`Exchange`] keeps the progress of both bodies: [`RequestBody`] wraps
+//! the client's request body on its way to the origin, [`ResponseBody`] the
+//! origin's response body on its way to the client, and each reports every
+//! frame. [`Exchange::stalled`] completes at the first deadline missed:
+//!
+//! - the request body moved less than [`MIN_REQUEST_PROGRESS`] (and did not
+//!   end) within a `body_idle` window: the client is too slow
+//!   ([`Stall::ClientBody`]), or the origin does not read it
+//!   ([`Stall::OriginIntake`]), told apart by who the body was waiting for;
+//! - the origin did not send its response head within `response` of the
+//!   request body's end ([`Stall::Response`]);
+//! - the response body moved no byte within `body_idle`, because the origin
+//!   went silent or the client stopped reading ([`Stall::ResponseBody`]).
+//!
+//! A request body must keep a minimum pace because a byte at a time would
+//! otherwise hold the exchange open for ever; a response body only has to
+//! keep moving, since event streams and long polls legitimately send a few
+//! bytes now and then.
+//!
+//! `forward.rs` waits on [`Exchange::stalled`] until the response head
+//! (and answers 408 or 504 itself); after that the connection's [`Watch`]
+//! does, in `serve`, which cuts the connection: the client has a status
+//! line already. Each exchange owns its origin connection's task through an
+//! [`OriginGuard`]: when the exchange ends, however it ends, the origin
+//! socket is closed.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::DropGuard;
+
+use super::Limits;
+
+/// A request body must move at least this many bytes in each
+/// `timeouts.body_idle` window (or end within it).
+pub(crate) const MIN_REQUEST_PROGRESS: u64 = 1024;
+
+/// Which deadline an exchange missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stall {
+    /// The client sent too little of its request body in a window.
+    ClientBody,
+    /// The origin took too little of the request body in a window.
+    OriginIntake,
+    /// The origin did not start its answer in time after the request.
+    Response,
+    /// The response body moved nothing in a window.
+    ResponseBody,
+}
+
+/// Cancels the origin connection's task when dropped (the exchange is over).
+pub(super) type OriginGuard = DropGuard;
+
+#[derive(Debug)]
+struct State {
+    /// The current request-body window and what it has moved so far.
+    window_start: Instant,
+    window_bytes: u64,
+    /// The request body's last poll found no bytes from the client yet.
+    waiting_on_client: bool,
+    /// When the request body ended.
+    request_done: Option<Instant>,
+    /// Whether the response head has been passed to the client.
+    answered: bool,
+    /// The last response-body frame (or the head).
+    response_last: Instant,
+    response_done: bool,
+}
+
+/// One forwarded exchange's progress.
+#[derive(Debug)]
+pub(super) struct Exchange {
+    limits: Limits,
+    state: Mutex<State>,
+    /// Woken when a phase ends (request body, head, response body).
+    changed: Notify,
+}
+
+impl Exchange {
+    /// An exchange starting now.
+    pub(super) fn new(limits: Limits) -> Arc<Self> {
+        let now = Instant::now();
+        Arc::new(Self {
+            limits,
+            state: Mutex::new(State {
+                window_start: now,
+                window_bytes: 0,
+                waiting_on_client: false,
+                request_done: None,
+                answered: false,
+                response_last: now,
+                response_done: false,
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn request_moved(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.waiting_on_client = false;
+        state.window_bytes += bytes;
+        if state.window_bytes >= MIN_REQUEST_PROGRESS {
+            state.window_start = Instant::now();
+            state.window_bytes = 0;
+        }
+    }
+
+    fn request_waiting(&self) {
+        self.lock().waiting_on_client = true;
+    }
+
+    fn request_done(&self) {
+        let mut state = self.lock();
+        if state.request_done.is_none() {
+            state.request_done = Some(Instant::now());
+            drop(state);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// The response head went to the client: from now on the response body
+    /// must keep moving.
+    pub(super) fn answered(&self) {
+        let mut state = self.lock();
+        state.answered = true;
+        state.response_last = Instant::now();
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    fn response_moved(&self) {
+        self.lock().response_last = Instant::now();
+    }
+
+    fn response_done(&self) {
+        let mut state = self.lock();
+        if !state.response_done {
+            state.response_done = true;
+            drop(state);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// The response body is gone (done, or dropped with the connection):
+    /// the exchange is over, and its request body, dropped with the origin
+    /// connection, is no longer watched either.
+    fn finished(&self) {
+        let mut state = self.lock();
+        state.response_done = true;
+        if state.request_done.is_none() {
+            state.request_done = Some(Instant::now());
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    /// The next deadline and what missing it means; `None` once both
+    /// bodies are done.
+    fn deadline(&self) -> Option<(Instant, Stall)> {
+        let state = self.lock();
+        let mut first: Option<(Instant, Stall)> = None;
+        let mut consider = |at: Instant, stall| {
+            if first.is_none_or(|(earliest, _)| at < earliest) {
+                first = Some((at, stall));
+            }
+        };
+        match state.request_done {
+            None => consider(
+                state.window_start + self.limits.body_idle,
+                if state.waiting_on_client {
+                    Stall::ClientBody
+                } else {
+                    Stall::OriginIntake
+                },
+            ),
+            Some(done) if !state.answered => consider(done + self.limits.response, Stall::Response),
+            Some(_) => {}
+        }
+        if state.answered && !state.response_done {
+            consider(
+                state.response_last + self.limits.body_idle,
+                Stall::ResponseBody,
+            );
+        }
+        first
+    }
+
+    /// Completes when the exchange misses a deadline; never once both
+    /// bodies are done.
+    pub(super) async fn stalled(&self) -> Stall {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let Some((deadline, _)) = self.deadline() else {
+                changed.await;
+                continue;
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    // Progress may have moved the deadline since.
+                    if let Some((deadline, stall)) = self.deadline() {
+                        if deadline <= Instant::now() {
+                            return stall;
+                        }
+                    }
+                }
+                () = &mut changed => {}
+            }
+        }
+    }
+}
+
+/// The client's request body, reporting its progress to the exchange.
+pub(super) struct RequestBody {
+    inner: Incoming,
+    exchange: Arc<Exchange>,
+}
+
+impl RequestBody {
+    pub(super) fn new(inner: Incoming, exchange: Arc<Exchange>) -> Self {
+        if inner.is_end_stream() {
+            exchange.request_done();
+        }
+        Self { inner, exchange }
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        match &poll {
+            Poll::Pending => self.exchange.request_waiting(),
+            Poll::Ready(Some(Ok(frame))) => {
+                let moved = frame.data_ref().map_or(0, |data| data.len() as u64);
+                self.exchange.request_moved(moved);
+                if self.inner.is_end_stream() {
+                    self.exchange.request_done();
+                }
+            }
+            Poll::Ready(None) => self.exchange.request_done(),
+            // The client went away: the request fails on its own.
+            Poll::Ready(Some(Err(_))) => {}
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The origin's response body, reporting its progress to the exchange and
+/// holding the origin connection open until it is done or dropped.
+pub(super) struct ResponseBody {
+    inner: Incoming,
+    exchange: Arc<Exchange>,
+    _origin: OriginGuard,
+}
+
+impl ResponseBody {
+    pub(super) fn new(inner: Incoming, exchange: Arc<Exchange>, origin: OriginGuard) -> Self {
+        if inner.is_end_stream() {
+            exchange.response_done();
+        }
+        Self {
+            inner,
+            exchange,
+            _origin: origin,
+        }
+    }
+}
+
+impl HttpBody for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        match &poll {
+            Poll::Pending => {}
+            Poll::Ready(Some(Ok(_))) => {
+                self.exchange.response_moved();
+                if self.inner.is_end_stream() {
+                    self.exchange.response_done();
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.exchange.response_done(),
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        self.exchange.finished();
+    }
+}
+
+/// One client connection's view of its exchanges: the one whose answer is
+/// on its way (the connection is cut if it stalls), and whether the last
+/// answer closes the connection.
+#[derive(Debug, Default)]
+pub(super) struct Watch {
+    current: Mutex<Option<Arc<Exchange>>>,
+    changed: Notify,
+    closing: AtomicBool,
+}
+
+impl Watch {
+    /// Follows an exchange whose response head has gone to the client.
+    pub(super) fn follow(&self, exchange: Arc<Exchange>) {
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(exchange);
+        self.changed.notify_waiters();
+    }
+
+    /// The answer just given ends the connection (`Connection: close`): it
+    /// is closed after it, never handed over.
+    pub(super) fn close_after_answer(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an answer said the connection ends.
+    pub(super) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Completes when the followed exchange stalls after its answer started.
+    pub(super) async fn stalled(&self) -> Stall {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let current = self
+                .current
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            match current {
+                Some(exchange) => tokio::select! {
+                    stall = exchange.stalled() => return stall,
+                    () = &mut changed => {}
+                },
+                None => changed.await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limits() -> Limits {
+        Limits {
+            response: Duration::from_secs(5),
+            body_idle: Duration::from_secs(2),
+            header_bytes: 8192,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_origin_misses_the_response_deadline() {
+        let exchange = Exchange::new(limits());
+        exchange.request_done();
+        let started = Instant::now();
+        assert_eq!(exchange.stalled().await, Stall::Response);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_request_body_is_a_client_stall() {
+        let exchange = Exchange::new(limits());
+        let trickle = {
+            let exchange = exchange.clone();
+            async move {
+                loop {
+                    exchange.request_moved(1);
+                    exchange.request_waiting();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        let started = Instant::now();
+        tokio::select! {
+            stall = exchange.stalled() => assert_eq!(stall, Stall::ClientBody),
+            () = trickle => unreachable!(),
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_at_pace_then_a_quick_answer_never_stalls() {
+        let exchange = Exchange::new(limits());
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            exchange.request_moved(MIN_REQUEST_PROGRESS);
+        }
+        exchange.request_done();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        exchange.answered();
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            exchange.response_moved();
+        }
+        exchange.response_done();
+        let stalled = tokio::time::timeout(Duration::from_secs(3600), exchange.stalled()).await;
+        assert!(stalled.is_err(), "a finished exchange never stalls");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_before_the_request_body_ended_ends_it_too() {
+        // The origin answered early and the answer is done: the request
+        // body, dropped with the origin connection, no longer counts.
+        let exchange = Exchange::new(limits());
+        exchange.request_moved(10);
+        exchange.answered();
+        exchange.finished();
+        let stalled = tokio::time::timeout(Duration::from_secs(3600), exchange.stalled()).await;
+        assert!(stalled.is_err(), "a finished exchange never stalls");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_the_origin_does_not_take_is_its_stall() {
+        let exchange = Exchange::new(limits());
+        exchange.request_moved(10);
+        assert_eq!(exchange.stalled().await, Stall::OriginIntake);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_body_that_stops_is_cut_through_the_watch() {
+        let watch = Watch::default();
+        let exchange = Exchange::new(limits());
+        exchange.request_done();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        exchange.answered();
+        watch.follow(exchange.clone());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        exchange.response_moved();
+        let started = Instant::now();
+        assert_eq!(watch.stalled().await, Stall::ResponseBody);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+    }
+}

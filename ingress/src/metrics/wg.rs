@@ -1,0 +1,153 @@
+//! The WireGuard metrics ([`WgMetrics`]): peers, held packets, datagrams,
+//! inner packets, drops, cookie replies, handshakes and send failures.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::clamp;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: String,
+}
+
+/// WireGuard figures, shared by the receive loop, the timers and the device links.
+#[derive(Debug, Clone, Default)]
+pub struct WgMetrics {
+    peers: Gauge,
+    held: Gauge,
+    datagrams_in: Counter,
+    inner: Family<DirectionLabel, Counter>,
+    dropped: Family<ReasonLabel, Counter>,
+    cookie_replies: Counter,
+    handshakes: Counter,
+    send_failures: Counter,
+}
+
+impl WgMetrics {
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "wg_peers",
+            "WireGuard peers known to the ingress",
+            metrics.peers.clone(),
+        );
+        registry.register(
+            "wg_held_packets",
+            "Inner packets held while no device plane is active",
+            metrics.held.clone(),
+        );
+        registry.register(
+            "wg_datagrams_received",
+            "UDP datagrams received on the WireGuard socket",
+            metrics.datagrams_in.clone(),
+        );
+        registry.register(
+            "wg_inner_packets",
+            "Inner packets: in (from peers to the device plane) and out (to peers)",
+            metrics.inner.clone(),
+        );
+        registry.register(
+            "wg_dropped",
+            "WireGuard datagrams or inner packets dropped, by reason",
+            metrics.dropped.clone(),
+        );
+        registry.register(
+            "wg_cookie_replies",
+            "Cookie replies sent because handshakes arrived faster than wireguard.handshake_limit",
+            metrics.cookie_replies.clone(),
+        );
+        registry.register(
+            "wg_handshakes",
+            "Handshake responses sent (sessions made)",
+            metrics.handshakes.clone(),
+        );
+        registry.register(
+            "wg_send_failures",
+            "Datagrams the WireGuard socket failed to send",
+            metrics.send_failures.clone(),
+        );
+        metrics
+    }
+
+    /// Sets the peer count.
+    pub fn set_peers(&self, peers: usize) {
+        self.peers.set(clamp(peers as u64));
+    }
+
+    /// Sets the number of held inner packets.
+    pub fn set_held(&self, packets: usize) {
+        self.held.set(clamp(packets as u64));
+    }
+
+    /// Counts one received datagram.
+    pub fn count_datagram_in(&self) {
+        self.datagrams_in.inc();
+    }
+
+    /// Counts one inner packet from a peer.
+    pub fn count_inner_in(&self) {
+        self.inner
+            .get_or_create(&DirectionLabel {
+                direction: "in".into(),
+            })
+            .inc();
+    }
+
+    /// Counts one inner packet sent to a peer.
+    pub fn count_inner_out(&self) {
+        self.inner
+            .get_or_create(&DirectionLabel {
+                direction: "out".into(),
+            })
+            .inc();
+    }
+
+    /// Counts one drop for `reason`.
+    pub fn count_drop(&self, reason: &'static str) {
+        self.count_drops(reason, 1);
+    }
+
+    /// Counts `count` drops for `reason`.
+    pub fn count_drops(&self, reason: &'static str, count: usize) {
+        self.dropped
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc_by(count as u64);
+    }
+
+    /// Drops so far for `reason`.
+    pub fn drops(&self, reason: &'static str) -> u64 {
+        self.dropped
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .get()
+    }
+
+    /// Counts one cookie reply.
+    pub fn count_cookie_reply(&self) {
+        self.cookie_replies.inc();
+    }
+
+    /// Counts one handshake answered.
+    pub fn count_handshake(&self) {
+        self.handshakes.inc();
+    }
+
+    /// Counts datagrams that failed to send.
+    pub fn count_send_failures(&self, failed: usize) {
+        if failed > 0 {
+            self.send_failures.inc_by(failed as u64);
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The HTTP proxy's hygiene and limits (issue 14), each the exact scenario
+//! of its finding: `Host` from the absolute URI, userinfo refused unresolved
+//! and unlogged, `timeouts.response` (504), `timeouts.body_idle` (408 or a
+//! cut), `limits.header_bytes` (431), and a drain that does not wait the
+//! grace for a silent origin. Clients are raw sockets, for exact status
+//! codes and exact bytes; origins are raw too, to be silent on purpose.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blipless_tests::node::{ClientUrls, Node};
+use blipless_tests::{raw, wait_until};
+
+/// What a test origin does once it has read a request head.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// `200 OK`, body "ok", then close.
+    Ok,
+    /// Nothing, ever: it reads (and drops) what comes until the peer closes.
+    Silent,
+    /// A head promising 1000 bytes, 10 of them, then silence.
+    StallBody,
+}
+
+/// A raw origin on loopback that records request heads and counts the
+/// connections it holds open (one ends when the proxy closes its side).
+struct RawOrigin {
+    address: SocketAddr,
+    heads: Arc<Mutex<Vec<String>>>,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+}
+
+impl RawOrigin {
+    fn start(answer: Answer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("origin listener");
+        let address = listener.local_addr().expect("origin address");
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (h, a, o) = (heads.clone(), accepted.clone(), open.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                a.fetch_add(1, Ordering::SeqCst);
+                o.fetch_add(1, Ordering::SeqCst);
+                let (heads, open) = (h.clone(), o.clone());
+                std::thread::spawn(move || {
+                    serve_origin(stream, answer, &heads);
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            address,
+            heads,
+            accepted,
+            open,
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.address.port()
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().expect("heads").clone()
+    }
+
+    /// Waits until the proxy has closed every connection to this origin.
+    fn wait_released(&self) {
+        wait_until(
+            Duration::from_secs(15),
+            "the origin socket to close",
+            || self.open.load(Ordering::SeqCst) == 0,
+        );
+    }
+}
+
+fn serve_origin(mut stream: TcpStream, answer: Answer, heads: &Mutex<Vec<String>>) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    heads
+        .lock()
+        .expect("heads")
+        .push(String::from_utf8_lossy(&head).into_owned());
+    let _ = match answer {
+        Answer::Ok => {
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        }
+        Answer::Silent => Ok(()),
+        Answer::StallBody => {
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+        }
+    };
+    if matches!(answer, Answer::Ok) {
+        return;
+    }
+    // Hold the connection until the proxy closes it.
+    let mut sink = [0u8; 4096];
+    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+fn auth(client: &ClientUrls) -> String {
+    let credentials = format!("{}:{}", client.name, client.secret);
+    format!(
+        "Proxy-Authorization: Basic {}\r\n",
+        blipless_tests::base64(credentials.as_bytes())
+    )
+}
+
+/// Everything the proxy sends until it closes (true) or goes quiet for the
+/// read timeout, 20 s (false). A reset after the answer counts as a close.
+fn read_answer(stream: &mut TcpStream) -> (String, bool) {
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let closed = loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                break false
+            }
+            Err(_) => break true,
+        }
+    };
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
+}
+
+fn open_connections(node: &Node) -> u64 {
+    node.status_json()["device_planes"][0]["connections_open"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+}
+
+#[test]
+fn absolute_form_requests_carry_the_targets_host() {
+    let origin = RawOrigin::start(Answer::Ok);
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let port = origin.port();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{port}/path?q=1 HTTP/1.1\r\nHost: evil.example\r\nhost: evil.example:8080\r\n{}Connection: close\r\n\r\n",
+        auth(&client)
+    )
+    .expect("request");
+    let (answer, _) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let heads = origin.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    let head = heads[0].to_ascii_lowercase();
+    assert!(head.starts_with("get /path?q=1 http/1.1\r\n"), "{head}");
+    let hosts: Vec<&str> = head.lines().filter(|l| l.starts_with("host:")).collect();
+    assert_eq!(hosts, [format!("host: 127.0.0.1:{port}")], "{head}");
+    assert!(!head.contains("evil.example"), "{head}");
+    assert!(!head.contains("proxy-authorization"), "{head}");
+}
+
+#[test]
+fn a_target_with_userinfo_is_refused_unresolved_and_unlogged() {
+    let origin = RawOrigin::start(Answer::Ok);
+    let mut node = Node::new("");
+    let (_ingress, device, client) = node.start();
+    let port = origin.port();
+    let password = "hunter2pw";
+    for request_line in [
+        format!("GET http://u:{password}@127.0.0.1:{port}/ HTTP/1.1"),
+        format!("GET http://{password}@127.0.0.1:{port}/x HTTP/1.1"),
+        format!("CONNECT u:{password}@127.0.0.1:{port} HTTP/1.1"),
+        format!("GET http://u:{password}@localhost/ HTTP/1.1"),
+    ] {
+        let mut stream = raw::connect(node.http);
+        write!(
+            stream,
+            "{request_line}\r\nHost: 127.0.0.1\r\n{}Connection: close\r\n\r\n",
+            auth(&client)
+        )
+        .expect("request");
+        let (answer, _) = read_answer(&mut stream);
+        assert!(
+            answer.starts_with("HTTP/1.1 400"),
+            "{request_line}: {answer}"
+        );
+    }
+    // The same requests without userinfo do reach the origin.
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\n{}Connection: close\r\n\r\n",
+        auth(&client)
+    )
+    .expect("request");
+    assert!(read_answer(&mut stream).0.starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        origin.accepted.load(Ordering::SeqCst),
+        1,
+        "only the clean request connected"
+    );
+    let log = device.log_text();
+    assert!(
+        !log.contains(password),
+        "the password is in the log:\n{log}"
+    );
+}
+
+#[test]
+fn a_silent_origin_gets_504_and_both_sockets_are_released() {
+    let origin = RawOrigin::start(Answer::Silent);
+    let mut node = Node::new("[timeouts]\nresponse = \"1s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    let (answer, closed) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer:?}");
+    assert!(closed, "the client connection is closed after the 504");
+    assert_eq!(origin.accepted.load(Ordering::SeqCst), 1);
+    origin.wait_released();
+    drop(stream);
+    wait_until(
+        Duration::from_secs(15),
+        "the plane to hold no connection",
+        || open_connections(&node) == 0,
+    );
+}
+
+#[test]
+fn a_trickled_request_body_is_cut_at_the_body_timeout() {
+    let origin = RawOrigin::start(Answer::Silent);
+    let mut node = Node::new("[timeouts]\nbody_idle = \"2s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "POST http://127.0.0.1:{}/upload HTTP/1.1\r\nHost: x\r\n{}Content-Length: 1000\r\n\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request head");
+    // One byte a second, for longer than the timeout (and the read timeout).
+    let mut writer = stream.try_clone().expect("clone");
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..40 {
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let (answer, closed) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(closed, "the client connection is closed after the 408");
+    origin.wait_released();
+    drop(stream);
+    let _ = trickle.join();
+}
+
+#[test]
+fn a_response_body_that_stops_is_cut_at_the_body_timeout() {
+    let origin = RawOrigin::start(Answer::StallBody);
+    let mut node = Node::new("[timeouts]\nbody_idle = \"2s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    let (answer, closed) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(answer.ends_with("\r\n\r\n0123456789"), "{answer:?}");
+    assert!(closed, "the connection is cut when the body stops");
+    origin.wait_released();
+}
+
+#[test]
+fn an_oversized_request_head_gets_431_and_a_close() {
+    let mut node = Node::new("");
+    let (_ingress, _device, _client) = node.start();
+    let head = |pad: usize| {
+        format!(
+            "GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(pad)
+        )
+    };
+    // 100 KiB, unauthenticated: refused before it is all read.
+    let mut stream = raw::connect(node.http);
+    let mut writer = stream.try_clone().expect("clone");
+    let big = head(100 * 1024);
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(big.as_bytes());
+    });
+    let (answer, closed) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    assert!(closed, "the connection is closed after the 431");
+    let _ = sender.join();
+    // A head under the default limit (32 KiB) is read and answered.
+    let mut stream = raw::connect(node.http);
+    stream
+        .write_all(head(20 * 1024).as_bytes())
+        .expect("request");
+    let (answer, _) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 407"), "{answer:?}");
+    // Counted, in /metrics.
+    blipless_tests::wait_until(Duration::from_secs(10), "the 431 in /metrics", || {
+        node.metric("blipless_http_refused_total{reason=\"head_too_large\"}") >= 1.0
+    });
+}
+
+#[test]
+fn a_drain_does_not_wait_the_grace_for_a_silent_origin() {
+    let origin = RawOrigin::start(Answer::Silent);
+    let mut node = Node::new("[timeouts]\nresponse = \"2s\"\n\n[drain]\ngrace = \"60s\"\n");
+    let (_ingress, mut device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    wait_until(
+        Duration::from_secs(10),
+        "the forward to reach the origin",
+        || origin.accepted.load(Ordering::SeqCst) == 1,
+    );
+    // A deploy: the old plane cannot hand over a request in flight.
+    let _successor = node.start_device();
+    let status = device
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| {
+            panic!(
+                "the old plane still runs 30 s into a 60 s grace:\n{}",
+                device.log_text()
+            )
+        });
+    assert!(status.success(), "the old plane exited with {status}");
+    let (answer, _) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer:?}");
+    origin.wait_released();
+}
