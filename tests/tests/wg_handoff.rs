@@ -104,3 +104,58 @@ fn after_an_ingress_crash_wireguard_traffic_resumes_within_seconds() {
         .log_text()
         .contains("WireGuard endpoints seeded"));
 }
+
+/// Waits for an old daemon to exit 0.
+fn exits_cleanly(daemon: &mut blipless_tests::node::Daemon, what: &str) {
+    let status = daemon
+        .wait_exit(Duration::from_secs(90))
+        .unwrap_or_else(|| panic!("the old {what} did not exit: {}", daemon.log_text()));
+    assert!(status.success(), "the old {what} exited with {status}");
+}
+
+#[test]
+fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() {
+    // Issue 14: an ingress handoff during a device-plane deploy (while the
+    // new plane warms up, and while the old one hands over, TUN queues
+    // included), and a deploy during a handoff: no ping lost.
+    let mut world = WgWorld::new(84);
+    let ping = world.net.ping(2500, "0.01");
+    std::thread::sleep(Duration::from_secs(1));
+    // The handoff while the new plane warms up.
+    let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
+    std::thread::sleep(Duration::from_millis(50));
+    let (next, _) = world.node.hand_off(&mut world.ingress);
+    world.ingress = next;
+    exits_cleanly(&mut old_device, "device plane (handoff during warm-up)");
+    world.node.wait_ready();
+    // The handoff the moment the new plane is active.
+    let before = world.node.active_generation();
+    let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
+    wait_until(
+        Duration::from_secs(60),
+        "the new plane to be active",
+        || {
+            world
+                .node
+                .active_generation()
+                .is_some_and(|g| Some(g) != before)
+        },
+    );
+    let (next, _) = world.node.hand_off(&mut world.ingress);
+    world.ingress = next;
+    exits_cleanly(&mut old_device, "device plane (handoff during its drain)");
+    world.node.wait_ready();
+    // A deploy during a handoff.
+    let mut old_ingress = std::mem::replace(&mut world.ingress, world.node.spawn_ingress());
+    std::thread::sleep(Duration::from_millis(30));
+    let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
+    exits_cleanly(&mut old_ingress, "ingress (deploy during a handoff)");
+    exits_cleanly(&mut old_device, "device plane (deploy during a handoff)");
+    let output = ping.wait_with_output().expect("ping");
+    let (sent, received) = ping_counts(&output);
+    eprintln!(
+        "ping every 10 ms across overlapping handoffs and deploys: {sent} sent, {received} received"
+    );
+    assert_eq!(sent, 2500, "ping ran to the end");
+    assert_eq!(received, sent, "lost pings\n{}", world.diagnostics());
+}

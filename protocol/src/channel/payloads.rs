@@ -250,11 +250,26 @@ pub(crate) fn malformed(message: &'static str, reason: impl Into<String>) -> Dec
     }
 }
 
+/// Longest reason a malformed JSON payload's error carries.
+const MAX_REASON: usize = 200;
+
 pub(crate) fn json<T: serde::de::DeserializeOwned>(
     name: &'static str,
     payload: &[u8],
 ) -> Result<T, DecodeError> {
-    serde_json::from_slice(payload).map_err(|error| malformed(name, error.to_string()))
+    serde_json::from_slice(payload).map_err(|error| {
+        // serde quotes the peer's bytes in its message: bound what reaches logs.
+        let mut reason = error.to_string();
+        if reason.len() > MAX_REASON {
+            let mut cut = MAX_REASON;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+            reason.push_str("...");
+        }
+        malformed(name, reason)
+    })
 }
 
 pub(crate) fn accepted(payload: &[u8]) -> Result<Accepted, DecodeError> {
