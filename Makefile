@@ -1,11 +1,12 @@
 # blipless: `make run` starts a local node, `make test` runs every test.
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
+SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
 TEST_PACKAGES = curl:curl redis-server:redis-server wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping
 RUN_PACKAGES = curl:curl
 
-.PHONY: all build run test deps bench lint fuzz clean
+.PHONY: all build run test deps bench soak lint fuzz clean
 
 all: build
 
@@ -37,16 +38,29 @@ bench: deps
 	$(CARGO) build --release -p blipless-tests -p blipless-bench --bins
 	@scripts/bench.sh $(BENCH_ARGS)
 
+## soak: the chaos soak (not part of `make test`): SOAK_SECONDS (600) of mixed load
+## through random deploys, handoffs and SIGKILLs (WireGuard too, as root), checked;
+## figures into docs/RELIABILITY.md; SOAK_ARGS for e.g. --seed N or --quick.
+soak: deps
+	$(CARGO) build --release -p blipless-ingress -p blipless-device -p blipless-ctl --bins
+	$(CARGO) build --release -p blipless-tests -p blipless-bench --bins
+	BLIPLESS_PROFILE=release BLIPLESS_TEST_LOG=info "$${CARGO_TARGET_DIR:-target}/release/blipless-soak" --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+
 ## lint: formatting and clippy with warnings as errors.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP).
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
+## FUZZ_TARGETS=... runs some of them. A crash stops it non-zero (fuzz/README.md).
+## Feature `ingress` is what wg_datagram needs (it links the ingress crate).
+FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 control wg_datagram config http_target
 fuzz:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for target in channel socks5; do \
-		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+		echo "fuzz: $$target for $(FUZZ_SECONDS) s"; \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --features ingress $$target -- \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
 	done
 
 clean:

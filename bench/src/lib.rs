@@ -1,5 +1,6 @@
-//! The benchmarks behind docs/BENCHMARKS.md, as one crate: three binaries
-//! over shared modules, one module per scenario.
+//! The benchmarks behind docs/BENCHMARKS.md and the chaos soak behind
+//! docs/RELIABILITY.md, as one crate: four binaries over shared modules,
+//! one module per scenario.
 //!
 //! - `blipless-bench` (`src/bin/bench.rs`): connection rate, throughput,
 //!   memory, deploys under open tunnels and pre-warm, on loopback; it writes
@@ -9,8 +10,11 @@
 //!   its own section.
 //! - `blipless-bench-handoff` (`src/bin/bench_handoff.rs`): ingress handoffs
 //!   under WireGuard traffic (root); it replaces its own section.
+//! - `blipless-soak` (`src/bin/soak.rs`): the chaos soak (`make soak`), mixed
+//!   load through random deploys, handoffs and SIGKILLs; it writes
+//!   docs/RELIABILITY.md.
 //!
-//! Shared by all three: [`stats`] (percentiles, medians), [`procfs`] (/proc
+//! Shared by all: [`stats`] (percentiles, medians), [`procfs`] (/proc
 //! readers: memory, CPU time, command names, load), [`ping`] (ping's
 //! output), [`logs`] (the daemons' log lines), [`metrics`] (the ingress's
 //! `/metrics`), [`client`] (the load client), [`echo`] (the echo server),

@@ -1,7 +1,7 @@
-//! What /proc says, for every bench: a process's resident memory, the CPU
-//! time of a process, of its threads and of the whole machine, command
-//! names, whether a build runs beside the bench, the load average, the CPU
-//! model and the kernel release.
+//! What /proc says, for every bench: a process's resident memory and open
+//! file descriptors, the CPU time of a process, of its threads and of the
+//! whole machine, command names, whether a build runs beside the bench, the
+//! load average, the CPU model and the kernel release.
 
 /// The processes the proxy benches measure.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +19,12 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// How many file descriptors a process holds open: the entries of
+/// /proc/PID/fd (`None` when the process is gone or unreadable).
+pub fn fd_count(pid: i32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
 }
 
 /// User and system CPU time, in seconds (or, as a rate, shares of one core).
@@ -219,6 +225,7 @@ mod tests {
         assert_eq!(parse_stat("1234 (x) S 1 2"), None);
         assert!(cpu_times("self").is_some());
         assert!(rss_kib(std::process::id() as i32).is_some_and(|kib| kib > 0));
+        assert!(fd_count(std::process::id() as i32).is_some_and(|fds| fds >= 3));
         assert!(comm("self").is_some());
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! `blipless-bench` (sections 1–5, on loopback): [`rate`], [`bulk`],
 //! [`memory`], [`deploy`], [`prewarm`]. `blipless-bench-wg`: [`wireguard`].
-//! `blipless-bench-handoff`: [`handoff`].
+//! `blipless-bench-handoff`: [`handoff`]. `blipless-soak` (the chaos soak,
+//! docs/RELIABILITY.md): [`soak`].
 
 pub mod bulk;
 pub mod deploy;
@@ -11,4 +12,5 @@ pub mod handoff;
 pub mod memory;
 pub mod prewarm;
 pub mod rate;
+pub mod soak;
 pub mod wireguard;

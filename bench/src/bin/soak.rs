@@ -1,0 +1,192 @@
+//! `blipless-soak`: the chaos soak (`blipless_bench::scenarios::soak`).
+//! Mixed load on one node while device-plane deploys, ingress handoffs,
+//! SIGKILLs of either plane and of Redis, and client add/remove happen at
+//! random (seeded) moments; then the checks. Writes docs/RELIABILITY.md and
+//! exits 1 when a check fails.
+//!
+//! Options: `--seconds N` (600; `SOAK_SECONDS` in `make soak`), `--quick`
+//! (60 s), `--seed N` (the schedule; printed, so a run can be repeated),
+//! `--out PATH` (default `docs/RELIABILITY.md`), `--no-wg` (without the
+//! WireGuard stream, which needs root), `--logs DIR` (where the daemons'
+//! logs are kept, default `target/soak-logs`). `make soak` builds the
+//! release binaries and runs it with `BLIPLESS_PROFILE=release` and
+//! `BLIPLESS_TEST_LOG=info`, which it also sets itself unless they are set.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use blipless_bench::report::{self, Machine};
+use blipless_bench::scenarios::soak::{self, Options};
+
+const NAME: &str = "blipless-soak";
+/// What the WireGuard stream needs on PATH.
+const WG_TOOLS: [&str; 7] = [
+    "ping",
+    "wireguard-go",
+    "wg",
+    "wg-quick",
+    "nft",
+    "ip",
+    "curl",
+];
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: {NAME} [--seconds N] [--quick] [--seed N] [--out PATH] [--no-wg] [--logs DIR]"
+    );
+    ExitCode::from(2)
+}
+
+/// Without root: the environment `report::prepare` would set, the binaries
+/// checked, and the command line.
+fn prepare_unprivileged(shown_args: &[String]) -> Result<String, String> {
+    for (key, value) in [
+        ("BLIPLESS_PROFILE", "release"),
+        ("BLIPLESS_TEST_LOG", "info"),
+    ] {
+        if std::env::var_os(key).is_none() {
+            std::env::set_var(key, value);
+        }
+    }
+    for binary in ["blipless-ingress", "blipless-device", "blipless-ctl"] {
+        let path = blipless_tests::bin_dir().join(binary);
+        if !path.exists() {
+            return Err(format!(
+                "{NAME}: {} is missing: `make soak` builds it",
+                path.display()
+            ));
+        }
+    }
+    Ok(format!(
+        "BLIPLESS_PROFILE={} BLIPLESS_TEST_LOG={} target/release/{NAME} {}",
+        std::env::var("BLIPLESS_PROFILE").unwrap_or_default(),
+        std::env::var("BLIPLESS_TEST_LOG").unwrap_or_default(),
+        shown_args.join(" ")
+    ))
+}
+
+fn main() -> ExitCode {
+    let mut seconds = 600u64;
+    let mut seed = None;
+    let mut out = PathBuf::from("docs/RELIABILITY.md");
+    let mut logs =
+        PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+            .join("soak-logs");
+    let mut no_wg = false;
+    let mut extra_args = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if n >= 10 => seconds = n,
+                _ => return usage(),
+            },
+            "--quick" => seconds = 60,
+            "--seed" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) => seed = Some(n),
+                None => return usage(),
+            },
+            "--out" => match args.next() {
+                Some(path) => {
+                    extra_args.push(format!("--out {path}"));
+                    out = PathBuf::from(path);
+                }
+                None => return usage(),
+            },
+            "--logs" => match args.next() {
+                Some(path) => logs = PathBuf::from(path),
+                None => return usage(),
+            },
+            "--no-wg" => {
+                extra_args.push(arg.clone());
+                no_wg = true;
+            }
+            _ => return usage(),
+        }
+    }
+    let seed = seed.unwrap_or_else(soak::clock_seed);
+    let mut shown_args = vec![format!("--seconds {seconds}"), format!("--seed {seed}")];
+    shown_args.extend(extra_args);
+    let root = nix::unistd::geteuid().is_root();
+    let missing: Vec<&str> = WG_TOOLS
+        .iter()
+        .copied()
+        .filter(|tool| !report::on_path(tool))
+        .collect();
+    let wireguard = if no_wg {
+        Err("`--no-wg`".to_string())
+    } else if !root {
+        Err(
+            "not root (the WireGuard stream needs network namespaces, a TUN device and nftables)"
+                .into(),
+        )
+    } else if !missing.is_empty() {
+        Err(format!(
+            "missing {} (`make deps` installs them)",
+            missing.join(", ")
+        ))
+    } else {
+        Ok(())
+    };
+    let prepared = if root {
+        let mut tools = vec!["redis-server", "redis-cli"];
+        if wireguard.is_ok() {
+            tools.extend(WG_TOOLS);
+        }
+        report::prepare(NAME, &tools, &shown_args)
+    } else {
+        prepare_unprivileged(&shown_args)
+    };
+    let command = match prepared {
+        Ok(command) => command,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(why) = &wireguard {
+        eprintln!("{NAME}: without WireGuard: {why}");
+    }
+    blipless_tests::raise_fd_limit();
+    let mut machine = Machine::now(command);
+    eprintln!(
+        "{NAME}: {} CPUs, {}, kernel {}, load {}; {seconds} s, seed {seed} (`--seed {seed}` repeats the schedule)",
+        machine.cpus, machine.model, machine.kernel, machine.load_before
+    );
+    let options = Options {
+        seconds,
+        seed,
+        wireguard,
+        logs,
+    };
+    let outcome = match soak::run(&options) {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            eprintln!("{NAME}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    machine.finish();
+    let summary = soak::summarise(&outcome);
+    let checks = soak::checks(&outcome, &summary);
+    let text = soak::render(&machine, &options, &outcome, &summary, &checks);
+    if let Err(error) = std::fs::write(&out, text) {
+        eprintln!("{NAME}: writing {}: {error}", out.display());
+        return ExitCode::FAILURE;
+    }
+    for check in &checks {
+        eprintln!(
+            "{} {}: {}",
+            if check.pass { "pass" } else { "FAIL" },
+            check.what,
+            check.seen.replace("<br>", "; ")
+        );
+    }
+    eprintln!("wrote {}", out.display());
+    if checks.iter().all(|c| c.pass) {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("{NAME}: a check failed (seed {seed})");
+        ExitCode::FAILURE
+    }
+}
