@@ -56,7 +56,10 @@ impl TunWriter {
         let before = self.queued.fetch_add(size, Ordering::Relaxed);
         if before + size > QUEUE_BYTES || self.queue.send(batch).is_err() {
             self.queued.fetch_sub(size, Ordering::Relaxed);
-            self.packets.counters.lost.fetch_add(count, Ordering::Relaxed);
+            self.packets
+                .counters
+                .lost
+                .fetch_add(count, Ordering::Relaxed);
         }
     }
 }
