@@ -49,6 +49,19 @@ impl Daemon {
         }
     }
 
+    /// Waits (up to 90 s) for an old daemon that was replaced to exit, and
+    /// asserts it exited 0; `what` names it in the failure.
+    pub fn exits_cleanly(&mut self, what: &str) {
+        let status = self
+            .wait_exit(Duration::from_secs(90))
+            .unwrap_or_else(|| panic!("the old {what} did not exit: {}", self.log_text()));
+        assert!(
+            status.success(),
+            "the old {what} exited with {status}: {}",
+            self.log_text()
+        );
+    }
+
     /// The log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -292,13 +305,7 @@ impl Node {
             "the new device plane to be active",
             || self.active_generation().is_some_and(|g| Some(g) != before),
         );
-        let status = old
-            .wait_exit(Duration::from_secs(60))
-            .unwrap_or_else(|| panic!("the old device plane did not exit: {}", old.log_text()));
-        assert!(
-            status.success(),
-            "the old device plane exited with {status}"
-        );
+        old.exits_cleanly("device plane");
         (new, started.elapsed())
     }
 
@@ -308,14 +315,7 @@ impl Node {
     pub fn hand_off(&mut self, old: &mut Daemon) -> (Daemon, Duration) {
         let started = Instant::now();
         let new = self.spawn("blipless-ingress", &[]);
-        let status = old
-            .wait_exit(Duration::from_secs(90))
-            .unwrap_or_else(|| panic!("the old ingress did not exit: {}", old.log_text()));
-        assert!(
-            status.success(),
-            "the old ingress exited with {status}: {}",
-            old.log_text()
-        );
+        old.exits_cleanly("ingress");
         (new, started.elapsed())
     }
 

@@ -9,21 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blipless_tests::load::{finish_echoes, steady_load, streaming_echo};
-use blipless_tests::node::{Daemon, Node};
+use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::{pattern, wait_until};
-
-/// Waits for an old daemon to exit, and says it must have exited 0.
-fn exits_cleanly(daemon: &mut Daemon, what: &str) {
-    let status = daemon
-        .wait_exit(Duration::from_secs(90))
-        .unwrap_or_else(|| panic!("the old {what} did not exit: {}", daemon.log_text()));
-    assert!(
-        status.success(),
-        "the old {what} exited with {status}: {}",
-        daemon.log_text()
-    );
-}
 
 #[test]
 fn handoffs_and_deploys_overlapping_in_every_order_lose_nothing() {
@@ -51,7 +39,7 @@ fn handoffs_and_deploys_overlapping_in_every_order_lose_nothing() {
         std::thread::sleep(Duration::from_millis(50));
         let (next, _) = node.hand_off(&mut ingress);
         ingress = next;
-        exits_cleanly(&mut old_device, "device plane (handoff during warm-up)");
+        old_device.exits_cleanly("device plane (handoff during warm-up)");
         node.wait_ready();
 
         // 2. The handoff starts the moment the new plane is active, while
@@ -65,15 +53,15 @@ fn handoffs_and_deploys_overlapping_in_every_order_lose_nothing() {
         );
         let (next, _) = node.hand_off(&mut ingress);
         ingress = next;
-        exits_cleanly(&mut old_device, "device plane (handoff during its drain)");
+        old_device.exits_cleanly("device plane (handoff during its drain)");
         node.wait_ready();
 
         // 3. A deploy starts while a handoff runs.
         let mut old_ingress = std::mem::replace(&mut ingress, node.spawn_ingress());
         std::thread::sleep(Duration::from_millis(20 + 40 * round));
         let mut old_device = std::mem::replace(&mut device, node.start_device());
-        exits_cleanly(&mut old_ingress, "ingress (deploy during a handoff)");
-        exits_cleanly(&mut old_device, "device plane (deploy during a handoff)");
+        old_ingress.exits_cleanly("ingress (deploy during a handoff)");
+        old_device.exits_cleanly("device plane (deploy during a handoff)");
         node.wait_ready();
         eprintln!("round {round}: every order survived");
     }

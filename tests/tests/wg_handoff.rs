@@ -105,14 +105,6 @@ fn after_an_ingress_crash_wireguard_traffic_resumes_within_seconds() {
         .contains("WireGuard endpoints seeded"));
 }
 
-/// Waits for an old daemon to exit 0.
-fn exits_cleanly(daemon: &mut blipless_tests::node::Daemon, what: &str) {
-    let status = daemon
-        .wait_exit(Duration::from_secs(90))
-        .unwrap_or_else(|| panic!("the old {what} did not exit: {}", daemon.log_text()));
-    assert!(status.success(), "the old {what} exited with {status}");
-}
-
 #[test]
 fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() {
     // Issue 14: an ingress handoff during a device-plane deploy (while the
@@ -126,7 +118,7 @@ fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() 
     std::thread::sleep(Duration::from_millis(50));
     let (next, _) = world.node.hand_off(&mut world.ingress);
     world.ingress = next;
-    exits_cleanly(&mut old_device, "device plane (handoff during warm-up)");
+    old_device.exits_cleanly("device plane (handoff during warm-up)");
     world.node.wait_ready();
     // The handoff the moment the new plane is active.
     let before = world.node.active_generation();
@@ -143,14 +135,14 @@ fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() 
     );
     let (next, _) = world.node.hand_off(&mut world.ingress);
     world.ingress = next;
-    exits_cleanly(&mut old_device, "device plane (handoff during its drain)");
+    old_device.exits_cleanly("device plane (handoff during its drain)");
     world.node.wait_ready();
     // A deploy during a handoff.
     let mut old_ingress = std::mem::replace(&mut world.ingress, world.node.spawn_ingress());
     std::thread::sleep(Duration::from_millis(30));
     let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
-    exits_cleanly(&mut old_ingress, "ingress (deploy during a handoff)");
-    exits_cleanly(&mut old_device, "device plane (deploy during a handoff)");
+    old_ingress.exits_cleanly("ingress (deploy during a handoff)");
+    old_device.exits_cleanly("device plane (deploy during a handoff)");
     let output = ping.wait_with_output().expect("ping");
     let (sent, received) = ping_counts(&output);
     eprintln!(

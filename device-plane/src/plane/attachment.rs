@@ -57,17 +57,7 @@ pub(super) async fn serve(
     // Auth counts are reported from what earlier attachments already sent.
     let auth_before = context.auth.reported();
     // The other counts a report carries, as they stood when it began.
-    let before = DeviceReport {
-        refused_fd_limit: context.fds.refused(),
-        refused_connection_cap: context.caps.refused_connections(),
-        refused_tunnel_cap: context.caps.refused_tunnels(),
-        http_head_too_large: load(&context.http_counters.head_too_large),
-        http_response_timeouts: load(&context.http_counters.response_timeouts),
-        http_body_stalls: load(&context.http_counters.body_stalls),
-        http_userinfo_refused: load(&context.http_counters.userinfo_refused),
-        channel_fds_dropped: blipless_link::fds_dropped(),
-        ..DeviceReport::default()
-    };
+    let before = refusals(context);
     let mut peers = PeerSync::new();
     let mut client_changes = context.directory.subscribe();
     let mut endpoint_parts = Assembler::default();
@@ -256,28 +246,7 @@ async fn send_report(
         auth_throttled_socks5: auth_here.socks5_throttled,
         auth_failures_http: auth_here.http_failures,
         auth_throttled_http: auth_here.http_throttled,
-        refused_fd_limit: context
-            .fds
-            .refused()
-            .saturating_sub(before.refused_fd_limit),
-        refused_connection_cap: context
-            .caps
-            .refused_connections()
-            .saturating_sub(before.refused_connection_cap),
-        refused_tunnel_cap: context
-            .caps
-            .refused_tunnels()
-            .saturating_sub(before.refused_tunnel_cap),
-        http_head_too_large: load(&context.http_counters.head_too_large)
-            .saturating_sub(before.http_head_too_large),
-        http_response_timeouts: load(&context.http_counters.response_timeouts)
-            .saturating_sub(before.http_response_timeouts),
-        http_body_stalls: load(&context.http_counters.body_stalls)
-            .saturating_sub(before.http_body_stalls),
-        http_userinfo_refused: load(&context.http_counters.userinfo_refused)
-            .saturating_sub(before.http_userinfo_refused),
-        channel_fds_dropped: blipless_link::fds_dropped()
-            .saturating_sub(before.channel_fds_dropped),
+        ..refusals_since(refusals(context), before)
     };
     match tokio::time::timeout(
         REPORT_EVERY,
@@ -339,6 +308,36 @@ pub(super) async fn linger(
     }
 }
 
-fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
+/// The plane's running counts of refusals and of frames whose fds were
+/// dropped, in the report fields that carry them.
+fn refusals(context: &Context) -> DeviceReport {
+    let http = &context.http_counters;
+    let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+    DeviceReport {
+        refused_fd_limit: context.fds.refused(),
+        refused_connection_cap: context.caps.refused_connections(),
+        refused_tunnel_cap: context.caps.refused_tunnels(),
+        http_head_too_large: load(&http.head_too_large),
+        http_response_timeouts: load(&http.response_timeouts),
+        http_body_stalls: load(&http.body_stalls),
+        http_userinfo_refused: load(&http.userinfo_refused),
+        channel_fds_dropped: blipless_link::fds_dropped(),
+        ..DeviceReport::default()
+    }
+}
+
+/// What [`refusals`] counted since `before` (this attachment's start).
+fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
+    let less = |now: u64, then: u64| now.saturating_sub(then);
+    DeviceReport {
+        refused_fd_limit: less(now.refused_fd_limit, before.refused_fd_limit),
+        refused_connection_cap: less(now.refused_connection_cap, before.refused_connection_cap),
+        refused_tunnel_cap: less(now.refused_tunnel_cap, before.refused_tunnel_cap),
+        http_head_too_large: less(now.http_head_too_large, before.http_head_too_large),
+        http_response_timeouts: less(now.http_response_timeouts, before.http_response_timeouts),
+        http_body_stalls: less(now.http_body_stalls, before.http_body_stalls),
+        http_userinfo_refused: less(now.http_userinfo_refused, before.http_userinfo_refused),
+        channel_fds_dropped: less(now.channel_fds_dropped, before.channel_fds_dropped),
+        ..DeviceReport::default()
+    }
 }
