@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace "$@" 2>&1 | tee "$log"
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(sed -nE 's/^test result: .* ([0-9]+) passed; ([0-9]+) failed.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
 failed=$(sed -nE 's/^test result: .* ([0-9]+) passed; ([0-9]+) failed.*/\2/p' "$log" | awk '{s+=$1} END {print s+0}')

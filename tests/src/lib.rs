@@ -11,6 +11,7 @@
 //! elsewhere); `make test` builds them before running the tests.
 
 pub mod curl;
+pub mod inherited;
 pub mod load;
 pub mod netns;
 pub mod node;
@@ -25,7 +26,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The folder holding the blipless binaries.
+///
+/// Every start of a blipless binary looks here first, so this is also
+/// where inherited descriptors are kept from the daemons
+/// ([`inherited::keep_from_children`]).
 pub fn bin_dir() -> PathBuf {
+    inherited::keep_from_children();
     if let Ok(dir) = std::env::var("BLIPLESS_BIN_DIR") {
         return PathBuf::from(dir);
     }

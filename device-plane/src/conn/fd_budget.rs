@@ -25,6 +25,10 @@ pub const RESERVE: u64 = 64;
 pub struct FdBudget {
     limit: u64,
     reserve: u64,
+    /// Descriptors open when the budget was made (the runtime, the store,
+    /// the channel, and whatever the process inherited): the cheap check
+    /// counts connections on top of these.
+    baseline: u64,
     refused: AtomicU64,
     logged: Mutex<Option<(Instant, u64)>>,
 }
@@ -38,11 +42,17 @@ impl FdBudget {
         Self::new(limit)
     }
 
-    /// A budget under `limit` descriptors.
+    /// A budget under `limit` descriptors, on top of those open now.
     pub fn new(limit: u64) -> Self {
+        Self::with_baseline(limit, open_descriptors())
+    }
+
+    /// A budget under `limit` descriptors, `baseline` of them open already.
+    fn with_baseline(limit: u64, baseline: u64) -> Self {
         Self {
             limit,
             reserve: RESERVE.min(limit / 4),
+            baseline,
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
         }
@@ -55,13 +65,24 @@ impl FdBudget {
 
     /// Whether a new connection may be served, with `connections` open now.
     /// Cheap while far from the limit (each connection holds about two
-    /// descriptors); near it, the process's open descriptors are counted.
+    /// descriptors, counted as three, on top of the baseline and a margin of
+    /// [`RESERVE`] for what opened since); near it, the process's open
+    /// descriptors are counted.
     pub fn admits(&self, connections: u64) -> bool {
+        self.admits_counting(connections, open_descriptors)
+    }
+
+    /// [`Self::admits`], counting open descriptors with `open` when near.
+    fn admits_counting(&self, connections: u64, open: impl FnOnce() -> u64) -> bool {
         let room = self.limit.saturating_sub(self.reserve);
-        if connections.saturating_mul(3).saturating_add(RESERVE) < room {
+        let estimate = connections
+            .saturating_mul(3)
+            .saturating_add(self.baseline)
+            .saturating_add(RESERVE);
+        if estimate < room {
             return true;
         }
-        open_descriptors() < room
+        open() < room
     }
 
     /// Counts a refused connection; logs at most once a second.
@@ -105,27 +126,43 @@ mod tests {
 
     #[test]
     fn far_from_the_limit_everything_is_admitted_without_counting() {
-        let budget = FdBudget::new(1_000_000);
-        assert!(budget.admits(1000));
+        let budget = FdBudget::with_baseline(1_000_000, 20);
+        assert!(budget.admits_counting(1000, || unreachable!("counted")));
         assert_eq!(budget.reserve(), RESERVE);
     }
 
     #[test]
     fn near_the_limit_the_reserve_is_kept() {
-        // This test process has a few descriptors open: a limit just above
-        // them leaves no room once the reserve is kept.
-        let open = open_descriptors();
-        let budget = FdBudget::new(open + 2);
-        assert!(!budget.admits(1));
-        let roomy = FdBudget::new(open + 4 * RESERVE + 64);
-        assert!(roomy.admits(1));
+        // 20 open at the start, a limit of 400: the reserve is 64, so up to
+        // 335 open descriptors admit a connection and 336 do not.
+        let budget = FdBudget::with_baseline(400, 20);
+        assert!(budget.admits_counting(100, || 335));
+        assert!(!budget.admits_counting(100, || 336));
         budget.refuse(7);
         budget.refuse(8);
         assert_eq!(budget.refused(), 2);
     }
 
     #[test]
+    fn inherited_descriptors_do_not_fool_the_cheap_check() {
+        // A process started by a CI runner may inherit hundreds of
+        // descriptors: with 300 open at the start and a limit of 302, one
+        // connection is not waved through; the count decides.
+        let budget = FdBudget::with_baseline(302, 300);
+        assert!(!budget.admits_counting(1, || 300));
+    }
+
+    #[test]
+    fn the_live_count_sees_this_process() {
+        // Whatever else the test threads hold, this process has stdin,
+        // stdout and stderr open.
+        assert!(open_descriptors() >= 3);
+        let budget = FdBudget::new(3);
+        assert!(!budget.admits(0));
+    }
+
+    #[test]
     fn a_small_limit_keeps_a_quarter() {
-        assert_eq!(FdBudget::new(100).reserve(), 25);
+        assert_eq!(FdBudget::with_baseline(100, 0).reserve(), 25);
     }
 }
