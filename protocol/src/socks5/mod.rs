@@ -34,6 +34,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
+pub mod client;
+
 /// The SOCKS protocol version byte.
 pub const VERSION: u8 = 5;
 /// Method: no authentication required.

@@ -1,0 +1,361 @@
+//! Egress: the routes out of the node (direct, SOCKS5 upstreams), the
+//! windows that choose among them, and direct connects under the address
+//! policy (docs/EGRESS.md).
+//!
+//! Default deny: loopback, private, link-local (metadata included), CGNAT,
+//! multicast, broadcast, reserved and unspecified addresses are refused
+//! unless `egress.allow` lists them, and so is every address of the host's
+//! own interfaces ([`HostAddresses`], read again every 30 s), whatever its
+//! range: a client must not reach the node's own services through its
+//! public address. The check is on every *resolved* address, so a name that
+//! resolves to a private (or the host's own) address is refused too. The
+//! WireGuard packet path applies the same [`Egress::permits`] to every inner
+//! destination.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use tokio::net::{TcpSocket, TcpStream};
+
+pub mod host_addresses;
+pub mod report;
+pub mod routes;
+pub mod upstream_socks;
+pub mod via;
+pub mod window;
+
+use self::host_addresses::HostAddresses;
+
+/// Where a customer wants to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An address given literally.
+    Address(SocketAddr),
+    /// A name to resolve here.
+    Name {
+        /// The host name.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Address(address) => write!(f, "{address}"),
+            Target::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// Why a connection to a target was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// Every address of the target is refused by policy.
+    #[error("destination {0} is not allowed")]
+    Denied(String),
+    /// The name did not resolve.
+    #[error("cannot resolve {0}")]
+    Unresolvable(String),
+    /// The destination refused the connection.
+    #[error("connection refused by {0}")]
+    Refused(SocketAddr),
+    /// The network or host is unreachable.
+    #[error("{0} is unreachable: {1}")]
+    Unreachable(SocketAddr, std::io::Error),
+    /// No answer within the connect timeout.
+    #[error("no answer from {0} within the connect timeout")]
+    TimedOut(String),
+    /// This process cannot open another socket (out of file descriptors or
+    /// buffers): an operator problem, not the destination's.
+    #[error("no local resources for another connection: {0}")]
+    LocalResources(std::io::Error),
+    /// The client's source address cannot be bound here (no longer on this
+    /// host): its identity must be evicted and a new one allocated.
+    #[error("source address {0} cannot be used: {1}")]
+    SourceUnusable(IpAddr, std::io::Error),
+    /// The upstream failed or refused the destination.
+    #[error("upstream {route}: {error}")]
+    Upstream {
+        /// The upstream's name.
+        route: String,
+        /// What went wrong.
+        error: upstream_socks::UpstreamError,
+    },
+    /// The client's policy allows no route this node has (an unknown
+    /// upstream or tag).
+    #[error("no egress route for policy {0}")]
+    NoRoute(String),
+}
+
+/// The egress policy and connector.
+#[derive(Debug, Clone)]
+pub struct Egress {
+    allow: Vec<IpNet>,
+    connect_timeout: Duration,
+    host: HostAddresses,
+    /// Direct and the upstreams, with their health.
+    pub routes: std::sync::Arc<routes::Routes>,
+}
+
+impl Egress {
+    /// An egress with this allow-list and connect timeout, refusing the
+    /// host's own addresses as they are now and (inside a tokio runtime) as
+    /// they change ([`HostAddresses::watch`]).
+    pub fn new(allow: Vec<IpNet>, connect_timeout: Duration) -> Self {
+        Self::with_host_addresses(allow, connect_timeout, HostAddresses::watch())
+    }
+
+    /// An egress that takes `host` for the host's own addresses.
+    pub fn with_host_addresses(
+        allow: Vec<IpNet>,
+        connect_timeout: Duration,
+        host: HostAddresses,
+    ) -> Self {
+        Self {
+            allow,
+            connect_timeout,
+            host,
+            routes: std::sync::Arc::default(),
+        }
+    }
+
+    /// The same egress with these routes.
+    pub fn with_routes(mut self, routes: std::sync::Arc<routes::Routes>) -> Self {
+        self.routes = routes;
+        self
+    }
+
+    /// True when the policy lets customers reach `ip`: `egress.allow` lists
+    /// it, or it is neither in a range denied by default nor one of the
+    /// host's own addresses.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.allow.iter().any(|net| net.contains(&ip))
+            || !(denied_by_default(ip) || self.host.contains(ip))
+    }
+
+    /// Resolves `target`, keeps the permitted addresses, and connects to the
+    /// first that answers, from `source` when it is of the same family.
+    pub async fn connect(
+        &self,
+        source: Option<IpAddr>,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let candidates: Vec<SocketAddr> = match target {
+            Target::Address(address) => vec![*address],
+            Target::Name { host, port } => {
+                let resolved = tokio::time::timeout_at(
+                    deadline,
+                    tokio::net::lookup_host((host.as_str(), *port)),
+                )
+                .await
+                .map_err(|_| EgressError::TimedOut(target.to_string()))?
+                .map_err(|_| EgressError::Unresolvable(host.clone()))?;
+                resolved.collect()
+            }
+        };
+        if candidates.is_empty() {
+            return Err(EgressError::Unresolvable(target.to_string()));
+        }
+        let permitted: Vec<SocketAddr> = candidates
+            .into_iter()
+            .filter(|a| self.permits(a.ip()))
+            .collect();
+        if permitted.is_empty() {
+            return Err(EgressError::Denied(target.to_string()));
+        }
+        let mut last_error = EgressError::TimedOut(target.to_string());
+        for address in permitted {
+            let attempt = connect_one(source.filter(|s| s.is_ipv4() == address.is_ipv4()), address);
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Err(_) => return Err(EgressError::TimedOut(target.to_string())),
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(error)) => last_error = error,
+            }
+        }
+        Err(last_error)
+    }
+}
+
+/// Connects to one address, bound to `source` if given.
+async fn connect_one(
+    source: Option<IpAddr>,
+    address: SocketAddr,
+) -> Result<TcpStream, EgressError> {
+    let socket = if address.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|error| {
+        tracing::warn!(%error, "cannot open an egress socket: raise the open-file limit (LimitNOFILE)");
+        EgressError::LocalResources(error)
+    })?;
+    if let Some(source) = source {
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|e| EgressError::SourceUnusable(source, e))?;
+    }
+    match socket.connect(address).await {
+        Ok(stream) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(EgressError::Refused(address))
+        }
+        Err(error) => Err(EgressError::Unreachable(address, error)),
+    }
+}
+
+/// An IPv4-mapped IPv6 address is judged as the IPv4 address it carries.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+fn denied_by_default(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => denied_v4(ip),
+        IpAddr::V6(ip) => denied_v6(ip),
+    }
+}
+
+fn denied_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, _, _] = ip.octets();
+    ip.is_unspecified()
+        || a == 0                                   // 0.0.0.0/8 "this network"
+        || ip.is_loopback()                         // 127.0.0.0/8
+        || ip.is_private()                          // 10/8, 172.16/12, 192.168/16
+        || ip.is_link_local()                       // 169.254/16, metadata 169.254.169.254
+        || (a == 100 && (64..128).contains(&b))     // 100.64/10 CGNAT
+        || (a == 192 && b == 0 && ip.octets()[2] == 0) // 192.0.0.0/24 protocol assignments
+        || (a == 198 && (b == 18 || b == 19))       // 198.18/15 benchmarking
+        || ip.is_multicast()                        // 224/4
+        || a >= 240                                 // 240/4 reserved, broadcast
+        || ip.is_documentation()
+}
+
+fn denied_v6(ip: Ipv6Addr) -> bool {
+    let first = ip.segments()[0];
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00                // fc00::/7 unique local (fd00:ec2::254 metadata)
+        || (first & 0xffc0) == 0xfe80                // fe80::/10 link-local
+        || (first & 0xffc0) == 0xfec0                // fec0::/10 site-local
+        || ip.to_ipv4().is_some_and(|v4| ip.segments()[..6] == [0; 6] && denied_v4(v4)) // ::a.b.c.d
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
+        || (first == 0x0064 && ip.segments()[1] == 0xff9b && denied_v4(Ipv4Addr::from((u128::from(ip) & 0xffff_ffff) as u32)))
+    // NAT64 of a denied v4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn egress(allow: &[&str]) -> Egress {
+        let allow = allow.iter().map(|a| a.parse().expect("cidr")).collect();
+        Egress::with_host_addresses(allow, Duration::from_secs(1), HostAddresses::default())
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_denied_unless_allowed() {
+        let own = ["100.128.0.1", "2606:4700::1111"];
+        let host = HostAddresses::fixed(own.iter().map(|a| a.parse().expect("ip")));
+        let e = Egress::with_host_addresses(Vec::new(), Duration::from_secs(1), host.clone());
+        for address in own.iter().chain(&["::ffff:100.128.0.1"]) {
+            assert!(
+                !e.permits(address.parse().expect("ip")),
+                "{address} is the host's own: denied"
+            );
+        }
+        assert!(e.permits("100.128.0.2".parse().expect("ip")));
+        let allowed = Egress::with_host_addresses(
+            vec!["100.128.0.1/32".parse().expect("cidr")],
+            Duration::from_secs(1),
+            host,
+        );
+        assert!(allowed.permits("100.128.0.1".parse().expect("ip")));
+        assert!(!allowed.permits("2606:4700::1111".parse().expect("ip")));
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_one_of_the_hosts_addresses_is_denied() {
+        // Whatever addresses this machine has: each is refused before any
+        // connection is tried (a non-loopback one is the case that matters;
+        // loopback is denied by its range anyway).
+        let e = Egress::new(Vec::new(), Duration::from_secs(1));
+        for address in host_addresses::read().expect("getifaddrs") {
+            let target = Target::Address(SocketAddr::new(address, 9));
+            assert!(
+                matches!(e.connect(None, &target).await, Err(EgressError::Denied(_))),
+                "{address}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_deny_covers_the_special_ranges() {
+        let e = egress(&[]);
+        for denied in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00:ec2::254",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::",
+        ] {
+            assert!(
+                !e.permits(denied.parse().expect("ip")),
+                "{denied} must be denied"
+            );
+        }
+        for allowed in ["1.1.1.1", "8.8.8.8", "2606:4700::1111", "100.128.0.1"] {
+            assert!(
+                e.permits(allowed.parse().expect("ip")),
+                "{allowed} must be allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_list_overrides_the_deny() {
+        let e = egress(&["127.0.0.1/32"]);
+        assert!(e.permits("127.0.0.1".parse().expect("ip")));
+        assert!(e.permits("::ffff:127.0.0.1".parse().expect("ip")));
+        assert!(!e.permits("127.0.0.2".parse().expect("ip")));
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_denied_address_is_denied() {
+        let e = egress(&[]);
+        let target = Target::Name {
+            host: "localhost".into(),
+            port: 9,
+        };
+        assert!(matches!(
+            e.connect(None, &target).await,
+            Err(EgressError::Denied(_))
+        ));
+    }
+}
