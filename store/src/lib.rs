@@ -18,12 +18,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub mod credentials;
+pub mod policy;
 pub mod redis;
 pub mod sqlite;
 
 #[cfg(test)]
 mod contract;
 
+pub use self::policy::{EgressPolicy, PolicyError};
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 
@@ -50,6 +52,10 @@ pub struct ClientRecord {
     /// holds each address: [`Store::add_client`] refuses a taken one
     /// ([`StoreError::AddressTaken`]); removing the client frees it.
     pub wg_address: Option<std::net::IpAddr>,
+    /// Which routes the client's egress window may use ([`EgressPolicy::Any`]
+    /// when absent, as for clients stored before policies existed).
+    #[serde(default)]
+    pub egress: EgressPolicy,
 }
 
 /// What happened to a client in the change feed.
@@ -93,11 +99,21 @@ pub struct NodeId {
     pub block: String,
 }
 
-/// What a client's egress looks like from outside; kept across deploys.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// What a client's egress looks like from outside on one node; kept across
+/// deploys. Fields added later default when absent, so a snapshot written by
+/// an older plane still restores.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct EgressIdentity {
-    /// The source address the client's traffic leaves from, if pinned.
+    /// The source address the client's direct traffic leaves from, if pinned.
     pub source: Option<std::net::IpAddr>,
+    /// The client's egress window: route names, best first (`direct` or an
+    /// upstream's name).
+    #[serde(default)]
+    pub window: Vec<String>,
+    /// The value of `{session}` in upstream SOCKS5 usernames (providers'
+    /// sticky sessions).
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// One WireGuard peer in an [`EndpointSnapshot`]: where the ingress last heard from it.
@@ -251,17 +267,25 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// Clients active on `node` at or after `since` (unix seconds), most recent first.
     async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError>;
-    /// Saves a client's egress identity, a full snapshot, for `ttl` (overwrites).
+    /// Saves a client's egress identity on `node`, a full snapshot, for `ttl`
+    /// (overwrites). Identities are per (client, node): what one node chose
+    /// never changes another's.
     async fn put_identity(
         &self,
+        node: &NodeId,
         client: &str,
         identity: &EgressIdentity,
         ttl: std::time::Duration,
     ) -> Result<(), StoreError>;
-    /// Takes a client's identity: returns it and deletes it (consumed once per restore). None if absent or expired.
-    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError>;
-    /// Deletes a client's identity (live eviction).
-    async fn drop_identity(&self, client: &str) -> Result<(), StoreError>;
+    /// Takes a client's identity on `node`: returns it and deletes it (consumed
+    /// once per restore). None if absent or expired.
+    async fn take_identity(
+        &self,
+        node: &NodeId,
+        client: &str,
+    ) -> Result<Option<EgressIdentity>, StoreError>;
+    /// Deletes a client's identity on `node` (live eviction).
+    async fn drop_identity(&self, node: &NodeId, client: &str) -> Result<(), StoreError>;
 
     /// Saves `node`'s WireGuard endpoint snapshot, replacing the one it had. It expires
     /// [`ENDPOINTS_EXPIRY_SECS`] after this write unless replaced again.

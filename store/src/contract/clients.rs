@@ -11,8 +11,10 @@ pub(crate) async fn round_trip(store: Arc<dyn Store>) {
     let mut alice = client("alice");
     alice.wg_public_key = None;
     alice.wg_address = Some("fd00::42".parse().expect("v6 literal"));
+    alice.egress = crate::EgressPolicy::Upstream("dc-1".into());
     let mut carol = client("carol");
     carol.wg_address = None;
+    carol.egress = crate::EgressPolicy::Any;
     for record in [bob.clone(), carol.clone(), alice.clone()] {
         store.add_client(record).await.expect("add");
     }

@@ -59,7 +59,7 @@ macro_rules! contract_tests {
         contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
             remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
-            identity_taken_once, identity_expires, wg_address_unique, endpoints_round_trip,
+            identity_taken_once, identity_expires, identity_per_node, wg_address_unique, endpoints_round_trip,
             endpoints_replaced, endpoints_per_node);
         contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
             identity_race, wg_address_race, feed_wait_wakes_on_a_write);
@@ -91,6 +91,7 @@ pub(crate) fn client(name: &str) -> ClientRecord {
         created_at: 1_700_000_000,
         wg_public_key: Some(format!("{name}-wg-key=")),
         wg_address: Some(address_of(name)),
+        egress: crate::EgressPolicy::Tags(vec!["eu".into(), "residential".into()]),
     }
 }
 

@@ -22,7 +22,13 @@ fn entries(list: &[(&str, i64)]) -> Vec<(String, i64)> {
 fn identity(source: &str) -> EgressIdentity {
     EgressIdentity {
         source: Some(source.parse().expect("address literal")),
+        ..EgressIdentity::default()
     }
+}
+
+/// The node the identity checks write as, unless they say otherwise.
+fn here() -> NodeId {
+    node("host-a", "0")
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -117,101 +123,183 @@ pub(crate) async fn activity_per_node(store: Arc<dyn Store>) {
 }
 
 pub(crate) async fn identity_taken_once(store: Arc<dyn Store>) {
-    assert_eq!(store.take_identity("ghost").await.expect("unknown"), None);
-    store.drop_identity("ghost").await.expect("drop unknown");
+    assert_eq!(
+        store
+            .take_identity(&here(), "ghost")
+            .await
+            .expect("unknown"),
+        None
+    );
+    store
+        .drop_identity(&here(), "ghost")
+        .await
+        .expect("drop unknown");
 
     let first = identity("192.0.2.7");
     store
-        .put_identity("alice", &first, MINUTE)
+        .put_identity(&here(), "alice", &first, MINUTE)
         .await
         .expect("put");
-    let unpinned = EgressIdentity { source: None };
+    let unpinned = EgressIdentity {
+        source: None,
+        window: vec!["dc-1".into(), "direct".into()],
+        session: Some("s3ss10n".into()),
+    };
     store
-        .put_identity("bob", &unpinned, MINUTE)
+        .put_identity(&here(), "bob", &unpinned, MINUTE)
         .await
         .expect("put bob");
     assert_eq!(
-        store.take_identity("alice").await.expect("take"),
+        store.take_identity(&here(), "alice").await.expect("take"),
         Some(first)
     );
     assert_eq!(
-        store.take_identity("alice").await.expect("take again"),
+        store
+            .take_identity(&here(), "alice")
+            .await
+            .expect("take again"),
         None,
         "consumed once"
     );
     assert_eq!(
-        store.take_identity("bob").await.expect("take bob"),
+        store.take_identity(&here(), "bob").await.expect("take bob"),
         Some(unpinned),
         "identities are per client"
     );
 
     // A put overwrites: the latest snapshot wins.
     store
-        .put_identity("alice", &identity("192.0.2.8"), MINUTE)
+        .put_identity(&here(), "alice", &identity("192.0.2.8"), MINUTE)
         .await
         .expect("put");
     let latest = identity("2001:db8::9");
     store
-        .put_identity("alice", &latest, MINUTE)
+        .put_identity(&here(), "alice", &latest, MINUTE)
         .await
         .expect("overwrite");
     assert_eq!(
-        store.take_identity("alice").await.expect("take"),
+        store.take_identity(&here(), "alice").await.expect("take"),
         Some(latest)
     );
 
     // A drop (live eviction) removes it.
     store
-        .put_identity("alice", &identity("192.0.2.9"), MINUTE)
+        .put_identity(&here(), "alice", &identity("192.0.2.9"), MINUTE)
         .await
         .expect("put");
-    store.drop_identity("alice").await.expect("drop");
-    assert_eq!(store.take_identity("alice").await.expect("take"), None);
+    store.drop_identity(&here(), "alice").await.expect("drop");
+    assert_eq!(
+        store.take_identity(&here(), "alice").await.expect("take"),
+        None
+    );
 
     // Invalid names cannot hold an identity.
     for bad in ["", "a b", "{x}"] {
         assert!(matches!(
             store
-                .put_identity(bad, &identity("192.0.2.1"), MINUTE)
+                .put_identity(&here(), bad, &identity("192.0.2.1"), MINUTE)
                 .await,
             Err(StoreError::InvalidName(_))
         ));
-        assert_eq!(store.take_identity(bad).await.expect("take"), None);
-        store.drop_identity(bad).await.expect("drop");
+        assert_eq!(store.take_identity(&here(), bad).await.expect("take"), None);
+        store.drop_identity(&here(), bad).await.expect("drop");
     }
 }
 
 pub(crate) async fn identity_expires(store: Arc<dyn Store>) {
     let id = identity("198.51.100.4");
     store
-        .put_identity("short", &id, Duration::from_secs(1))
+        .put_identity(&here(), "short", &id, Duration::from_secs(1))
         .await
         .expect("put");
-    store.put_identity("long", &id, MINUTE).await.expect("put");
     store
-        .put_identity("zero", &id, Duration::ZERO)
+        .put_identity(&here(), "long", &id, MINUTE)
+        .await
+        .expect("put");
+    store
+        .put_identity(&here(), "zero", &id, Duration::ZERO)
         .await
         .expect("put with no ttl");
     assert_eq!(
-        store.take_identity("zero").await.expect("take"),
+        store.take_identity(&here(), "zero").await.expect("take"),
         None,
         "a zero TTL is expired at once"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        store.take_identity("short").await.expect("take"),
+        store.take_identity(&here(), "short").await.expect("take"),
         None,
         "expired"
     );
-    assert_eq!(store.take_identity("long").await.expect("take"), Some(id));
+    assert_eq!(
+        store.take_identity(&here(), "long").await.expect("take"),
+        Some(id)
+    );
+}
+
+/// What one node chose for a client never changes another node's choice
+/// (issue 11: node A adopted what node B wrote).
+pub(crate) async fn identity_per_node(store: Arc<dyn Store>) {
+    let (a, b) = (node("node-a", "0"), node("node-b", "0"));
+    let on_a = identity("192.0.2.10");
+    let on_b = EgressIdentity {
+        session: Some("b-session".into()),
+        ..EgressIdentity::default()
+    };
+    store
+        .put_identity(&a, "carol", &on_a, MINUTE)
+        .await
+        .expect("put a");
+    store
+        .put_identity(&b, "carol", &on_b, MINUTE)
+        .await
+        .expect("put b");
+    assert_eq!(
+        store.take_identity(&a, "carol").await.expect("take a"),
+        Some(on_a),
+        "node B's write left node A's alone"
+    );
+    assert_eq!(
+        store
+            .take_identity(&a, "carol")
+            .await
+            .expect("take a again"),
+        None,
+        "consumed on A, and B's is not A's"
+    );
+    store.drop_identity(&a, "carol").await.expect("drop on a");
+    assert_eq!(
+        store.take_identity(&b, "carol").await.expect("take b"),
+        Some(on_b),
+        "an eviction on A leaves B's"
+    );
+    // Same host, another block: another node.
+    let other_block = node("node-a", "1");
+    store
+        .put_identity(&a, "dave", &identity("192.0.2.11"), MINUTE)
+        .await
+        .expect("put");
+    assert_eq!(
+        store
+            .take_identity(&other_block, "dave")
+            .await
+            .expect("take"),
+        None
+    );
 }
 
 /// Two handles racing to take the same identity: exactly one gets it, each time.
 pub(crate) async fn identity_race(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     for round in 0..20 {
         let id = identity(&format!("203.0.113.{round}"));
-        a.put_identity("raced", &id, MINUTE).await.expect("put");
-        let (from_a, from_b) = tokio::join!(a.take_identity("raced"), b.take_identity("raced"));
+        a.put_identity(&here(), "raced", &id, MINUTE)
+            .await
+            .expect("put");
+        let node = here();
+        let (from_a, from_b) = tokio::join!(
+            a.take_identity(&node, "raced"),
+            b.take_identity(&node, "raced")
+        );
         let taken: Vec<_> = [from_a.expect("take a"), from_b.expect("take b")]
             .into_iter()
             .flatten()

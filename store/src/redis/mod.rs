@@ -13,7 +13,7 @@
 //! | `{blipless}:feed` | stream | the change feed: entry `<seq>-0` with `name` and `kind` |
 //! | `{blipless}:feed:seq` | string | the last seq handed out (`INCR`) |
 //! | `{pca_<host>_<block>}` | sorted set | a node's activity: client to unix seconds |
-//! | `{pwi_<client>}` | string | a client's egress identity, as JSON, with a TTL |
+//! | `{pwi_<client>}_<host>_<block>` | string | a client's egress identity on one node, as JSON, with a TTL |
 //! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
 //! | `{pwh_<host>_<block>}` | string | a node's WireGuard endpoint snapshot, as JSON, expiring a day after its last write |
 //!
@@ -128,8 +128,11 @@ fn activity_key(node: &NodeId) -> String {
     format!("{{pca_{}_{}}}", node.host, node.block)
 }
 
-fn identity_key(client: &str) -> String {
-    format!("{{pwi_{client}}}")
+/// Per (client, node): the tag keeps it in the client's slot, the suffix
+/// keeps one node's choice from another's (before schema 5 this key was one
+/// per client for the whole fleet, and a node adopted what another wrote).
+fn identity_key(node: &NodeId, client: &str) -> String {
+    format!("{{pwi_{client}}}_{}_{}", node.host, node.block)
 }
 
 fn endpoints_key(node: &NodeId) -> String {

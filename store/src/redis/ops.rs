@@ -393,12 +393,13 @@ impl Store for RedisStore {
 
     async fn put_identity(
         &self,
+        node: &NodeId,
         client: &str,
         identity: &EgressIdentity,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         validate_name(client)?;
-        let key = identity_key(client);
+        let key = identity_key(node, client);
         let ttl_ms = ttl_millis(ttl);
         let mut cmd;
         if ttl_ms == 0 {
@@ -418,24 +419,28 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+    async fn take_identity(
+        &self,
+        node: &NodeId,
+        client: &str,
+    ) -> Result<Option<EgressIdentity>, StoreError> {
         if !is_valid_name(client) {
             return Ok(None);
         }
         let mut cmd = redis::cmd("GETDEL");
-        cmd.arg(identity_key(client));
+        cmd.arg(identity_key(node, client));
         let json: Option<String> = self
             .run("taking an identity", Retry::Once, &Req::Cmd(cmd))
             .await?;
         json.map(|json| decode_identity(client, &json)).transpose()
     }
 
-    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
+    async fn drop_identity(&self, node: &NodeId, client: &str) -> Result<(), StoreError> {
         if !is_valid_name(client) {
             return Ok(());
         }
         let mut cmd = redis::cmd("DEL");
-        cmd.arg(identity_key(client));
+        cmd.arg(identity_key(node, client));
         let _: i64 = self
             .run("dropping an identity", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;

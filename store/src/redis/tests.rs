@@ -56,9 +56,9 @@ async fn key_shapes() {
         .touch_activity(&node(), &[("alice".into(), now)])
         .await
         .expect("touch");
-    let id = EgressIdentity { source: None };
+    let id = EgressIdentity::default();
     store
-        .put_identity("alice", &id, Duration::from_secs(600))
+        .put_identity(&node(), "alice", &id, Duration::from_secs(600))
         .await
         .expect("put");
     store
@@ -77,7 +77,7 @@ async fn key_shapes() {
         "{pc_alice}",
         "{pc_alice}:usage",
         "{pca_h1_b0}",
-        "{pwi_alice}",
+        "{pwi_alice}_h1_b0",
         "{pwh_h1_b0}",
         address_claim.as_str(),
     ];
@@ -90,7 +90,7 @@ async fn key_shapes() {
     assert!(usage.contains(&("down".into(), 6)), "{usage:?}");
     let activity_ttl: i64 = conn.ttl("{pca_h1_b0}").await.expect("TTL");
     assert!((7190..=7200).contains(&activity_ttl), "{activity_ttl}");
-    let identity_ttl: i64 = conn.ttl("{pwi_alice}").await.expect("TTL");
+    let identity_ttl: i64 = conn.ttl("{pwi_alice}_h1_b0").await.expect("TTL");
     assert!((590..=600).contains(&identity_ttl), "{identity_ttl}");
     let endpoints_ttl: i64 = conn.ttl("{pwh_h1_b0}").await.expect("TTL");
     assert!(

@@ -115,13 +115,15 @@ impl Store for SqliteStore {
             let inserted = tx
                 .execute(
                     "INSERT OR IGNORE INTO clients (name, secret_hash, created_at, wg_public_key, \
-                     wg_address) VALUES (?1, ?2, ?3, ?4, ?5)",
+                     wg_address, egress) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     params![
                         record.name,
                         record.secret_hash,
                         record.created_at,
                         record.wg_public_key,
                         record.wg_address.map(|a| a.to_string()),
+                        (record.egress != crate::EgressPolicy::Any)
+                            .then(|| record.egress.to_string()),
                     ],
                 )
                 .map_err(db("inserting client"))?;
@@ -339,33 +341,43 @@ impl Store for SqliteStore {
 
     async fn put_identity(
         &self,
+        node: &NodeId,
         client: &str,
         identity: &EgressIdentity,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         validate_name(client)?;
-        let (client, json) = (client.to_owned(), super::encode_identity(identity)?);
+        let (node, client) = (node.clone(), client.to_owned());
+        let json = super::encode_identity(identity)?;
         let now_ms = super::unix_now_ms();
         let expires_at = now_ms.saturating_add(super::ttl_millis(ttl));
-        self.with_conn(move |conn| presence::put_identity(conn, &client, &json, expires_at, now_ms))
-            .await
+        self.with_conn(move |conn| {
+            presence::put_identity(conn, &node, &client, &json, expires_at, now_ms)
+        })
+        .await
     }
 
-    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+    async fn take_identity(
+        &self,
+        node: &NodeId,
+        client: &str,
+    ) -> Result<Option<EgressIdentity>, StoreError> {
         if !super::is_valid_name(client) {
             return Ok(None);
         }
-        let client = client.to_owned();
-        self.with_conn(move |conn| presence::take_identity(conn, &client, super::unix_now_ms()))
-            .await
+        let (node, client) = (node.clone(), client.to_owned());
+        self.with_conn(move |conn| {
+            presence::take_identity(conn, &node, &client, super::unix_now_ms())
+        })
+        .await
     }
 
-    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
+    async fn drop_identity(&self, node: &NodeId, client: &str) -> Result<(), StoreError> {
         if !super::is_valid_name(client) {
             return Ok(());
         }
-        let client = client.to_owned();
-        self.with_conn(move |conn| presence::drop_identity(conn, &client))
+        let (node, client) = (node.clone(), client.to_owned());
+        self.with_conn(move |conn| presence::drop_identity(conn, &node, &client))
             .await
     }
 

@@ -9,7 +9,8 @@ use super::db;
 use crate::{ChangeKind, ClientRecord, StoreError, Usage};
 
 /// The `clients` columns, in the order [`raw_client`] reads them.
-pub(super) const CLIENT_COLUMNS: &str = "name, secret_hash, created_at, wg_public_key, wg_address";
+pub(super) const CLIENT_COLUMNS: &str =
+    "name, secret_hash, created_at, wg_public_key, wg_address, egress";
 
 /// A u64 counter or delta as SQLite's i64, saturating.
 pub(super) fn to_sql_int(n: u64) -> i64 {
@@ -42,7 +43,14 @@ pub(super) fn append_change(
 }
 
 /// A `clients` row as read (columns in `CLIENT_COLUMNS` order), before validation.
-pub(super) type RawClient = (String, String, i64, Option<String>, Option<String>);
+pub(super) type RawClient = (
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 pub(super) fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient> {
     Ok((
@@ -51,11 +59,12 @@ pub(super) fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient>
         row.get(2)?,
         row.get(3)?,
         row.get(4)?,
+        row.get(5)?,
     ))
 }
 
 pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError> {
-    let (name, secret_hash, created_at, wg_public_key, wg_address) = raw;
+    let (name, secret_hash, created_at, wg_public_key, wg_address, egress) = raw;
     let wg_address = match wg_address {
         None => None,
         Some(text) => Some(text.parse::<IpAddr>().map_err(|_| {
@@ -64,12 +73,19 @@ pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError
             ))
         })?),
     };
+    let egress = match egress {
+        None => crate::EgressPolicy::Any,
+        Some(text) => text.parse().map_err(|_| {
+            StoreError::Backend(format!("corrupt store: client {name:?} egress {text:?}"))
+        })?,
+    };
     Ok(ClientRecord {
         name,
         secret_hash,
         created_at,
         wg_public_key,
         wg_address,
+        egress,
     })
 }
 

@@ -4,8 +4,9 @@
 //! Versions: 1 has clients, the change feed and usage; 2 adds the activity sets and the
 //! egress identities; 3 makes a client's WireGuard address unique (a `UNIQUE` index on
 //! `clients.wg_address`; clients without one, `NULL`, do not collide); 4 adds the
-//! WireGuard endpoint snapshot per node (`endpoints`). Each version's
-//! statements are `IF NOT EXISTS`, and a store is brought from whatever version it has
+//! WireGuard endpoint snapshot per node (`endpoints`); 5 keys egress identities by
+//! node (`node_identities`) and adds each client's egress policy (`clients.egress`).
+//! Each version's statements are `IF NOT EXISTS` where SQLite allows it, and a store is brought from whatever version it has
 //! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
 //! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
 //! where two clients share an address anyway is refused with their names, unchanged.
@@ -26,7 +27,7 @@ use super::db;
 use crate::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,8 +89,24 @@ CREATE TABLE IF NOT EXISTS endpoints (
 );
 ";
 
+/// Version 5: egress identities per (node, client), and each client's egress
+/// policy (its text form, NULL meaning `any`). The version-2 `identities` table
+/// stays, read once per client as a fallback (`presence`).
+const SCHEMA_V5: &str = "
+CREATE TABLE IF NOT EXISTS node_identities (
+    host       TEXT NOT NULL,
+    block      TEXT NOT NULL,
+    client     TEXT NOT NULL,
+    json       TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (host, block, client)
+);
+CREATE INDEX IF NOT EXISTS node_identities_expires_at ON node_identities (expires_at);
+ALTER TABLE clients ADD COLUMN egress TEXT;
+";
+
 /// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
-const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+const MIGRATIONS: [&str; 5] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 /// The mode of the store's files: the database, its WAL and its shared-memory index.

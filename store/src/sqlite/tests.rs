@@ -166,9 +166,9 @@ async fn version_1_store_is_upgraded_in_place() {
         store.active_clients(&node, 0).await.expect("active"),
         ["old"]
     );
-    let identity = EgressIdentity { source: None };
+    let identity = EgressIdentity::default();
     store
-        .put_identity("old", &identity, Duration::from_secs(60))
+        .put_identity(&node, "old", &identity, Duration::from_secs(60))
         .await
         .expect("identity table exists");
     let snapshot = EndpointSnapshot {
@@ -187,7 +187,7 @@ async fn version_1_store_is_upgraded_in_place() {
         ["old"]
     );
     assert_eq!(
-        store.take_identity("old").await.expect("take"),
+        store.take_identity(&node, "old").await.expect("take"),
         Some(identity)
     );
     assert_eq!(
@@ -332,4 +332,44 @@ async fn endpoint_snapshots_expire_after_a_day() {
         .await
         .expect("count");
     assert_eq!(rows, 1, "the expired row was deleted");
+}
+
+/// A deploy that upgrades the schema keeps every client's identity: the
+/// snapshot the old plane wrote (one per client, before schema 5) is taken
+/// once by the new plane, for whichever node asks, since a SQLite file
+/// serves one node.
+#[tokio::test]
+async fn an_identity_from_before_schema_5_is_taken_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).expect("create v2 file");
+        conn.execute_batch(schema::SCHEMA_V1).expect("v1 schema");
+        conn.execute_batch(schema::SCHEMA_V2).expect("v2 schema");
+        conn.execute(
+            "INSERT INTO identities (client, json, expires_at) VALUES ('old', ?1, ?2)",
+            params![r#"{"source":"192.0.2.5"}"#, crate::unix_now_ms() + 60_000],
+        )
+        .expect("v2 identity");
+        conn.pragma_update(None, "user_version", 2)
+            .expect("v2 version");
+    }
+    let store = SqliteStore::open(&path).await.expect("open upgrades");
+    let node = NodeId {
+        host: "h".into(),
+        block: "0".into(),
+    };
+    let taken = store.take_identity(&node, "old").await.expect("take");
+    assert_eq!(
+        taken,
+        Some(EgressIdentity {
+            source: Some("192.0.2.5".parse().expect("literal")),
+            ..EgressIdentity::default()
+        }),
+        "the old snapshot, with the fields it lacked defaulted"
+    );
+    assert_eq!(
+        store.take_identity(&node, "old").await.expect("again"),
+        None
+    );
 }
