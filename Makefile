@@ -3,7 +3,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
-TEST_PACKAGES = curl:curl redis-server:redis-server wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping
+TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping
 RUN_PACKAGES = curl:curl
 
 .PHONY: all build run test deps bench soak lint fuzz clean
@@ -54,7 +54,7 @@ lint:
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
 ## FUZZ_TARGETS=... runs some of them. A crash stops it non-zero (fuzz/README.md).
 ## Feature `ingress` is what wg_datagram needs (it links the ingress crate).
-FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 control wg_datagram config http_target
+FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 socks5_client control wg_datagram config http_target wg_quick
 fuzz:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for target in $(FUZZ_TARGETS); do \

@@ -66,6 +66,13 @@ pub(crate) fn placeholder() -> Config {
                 user: None,
                 group: None,
             },
+            upstreams: Vec::new(),
+            window: crate::WindowConfig { size: 0 },
+            probe: crate::ProbeConfig {
+                interval: Duration::ZERO,
+                timeout: Duration::ZERO,
+                failures: 0,
+            },
         },
         wireguard: crate::WireguardConfig {
             endpoint: None,
@@ -146,8 +153,36 @@ pub fn documented_defaults() -> String {
         let prefix = if commented { "# " } else { "" };
         out.push_str(&format!("{prefix}{} = {value}\n", key.leaf()));
     }
+    out.push_str(UPSTREAM_EXAMPLE);
     out
 }
+
+/// `[[egress.upstream]]` has no default (none): an example, commented out.
+const UPSTREAM_EXAMPLE: &str = "
+# Upstream providers to egress through, one [[egress.upstream]] table each
+# (none by default: direct egress only). Read from the file only.
+# name: unique, letters, digits, - _ . (not \"direct\"); tags: labels
+# client policies select by; kind: \"socks5\" or \"wireguard\".
+# socks5: address (host:port); username and password_file (its first line
+# is the password): both or neither, the username may carry {client} and
+# {session} (a provider's sticky session).
+# wireguard: config, a wg-quick file (a VPN provider's, or what another
+# node's `blipless-ctl client add --wg` prints); tun, its TUN device
+# (default blx<N>). See docs/EGRESS.md.
+# [[egress.upstream]]
+# name = \"dc-1\"
+# kind = \"socks5\"
+# address = \"proxy.example.net:1080\"
+# username = \"user-session-{session}\"
+# password_file = \"/etc/blipless/dc-1.password\"
+# tags = [\"eu\", \"datacenter\"]
+#
+# [[egress.upstream]]
+# name = \"wg-nl\"
+# kind = \"wireguard\"
+# config = \"/etc/blipless/exits/nl.conf\"
+# tags = [\"nl\"]
+";
 
 /// The default `node.state_dir`, which the default `store.url` is made from.
 fn default_state_dir() -> PathBuf {

@@ -196,6 +196,30 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Group (name or gid) net setup gives the TUN device (default: egress.tun.user's primary group, or the group of whoever runs net setup).",
             |c| &mut c.egress.tun.group,
         ),
+        Key::new::<Count>(
+            "egress.window.size",
+            Text("2"),
+            "Routes in each client's egress window (direct or upstreams its policy allows), best first.",
+            |c| &mut c.egress.window.size,
+        ),
+        Key::new::<Dur>(
+            "egress.probe.interval",
+            Text("5s"),
+            "Time between two health probes of one upstream (connect and SOCKS5 greeting).",
+            |c| &mut c.egress.probe.interval,
+        ),
+        Key::new::<Dur>(
+            "egress.probe.timeout",
+            Text("3s"),
+            "A probe not answered within this failed.",
+            |c| &mut c.egress.probe.timeout,
+        ),
+        Key::new::<Count>(
+            "egress.probe.failures",
+            Text("2"),
+            "Consecutive failures (probes or customer connects) that mark an upstream down; one success marks it up.",
+            |c| &mut c.egress.probe.failures,
+        ),
         Key::new::<OptionalHostPort>(
             "wireguard.endpoint",
             Unset {

@@ -33,6 +33,8 @@ mod error;
 mod keys;
 mod kinds;
 mod load;
+pub mod upstreams;
+pub mod wg_quick;
 pub mod wireguard_key;
 
 use std::net::{IpAddr, SocketAddr};
@@ -117,6 +119,31 @@ pub struct EgressConfig {
     pub sources: Vec<IpAddr>,
     /// Packet egress for WireGuard clients.
     pub tun: TunConfig,
+    /// `[[egress.upstream]]`: providers to egress through (file only).
+    pub upstreams: Vec<upstreams::Upstream>,
+    /// `[egress.window]`: each client's ranked set of routes.
+    pub window: WindowConfig,
+    /// `[egress.probe]`: upstream health checks.
+    pub probe: ProbeConfig,
+}
+
+/// `[egress.window]`: a client's egress window (docs/EGRESS.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowConfig {
+    /// Routes in each client's window, best first.
+    pub size: usize,
+}
+
+/// `[egress.probe]`: how upstreams are checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeConfig {
+    /// Time between two probes of one upstream.
+    pub interval: Duration,
+    /// A probe (connect and SOCKS5 greeting) not done within this failed.
+    pub timeout: Duration,
+    /// Consecutive failed probes, or failed customer connections, that mark
+    /// an upstream down. One success marks it up again.
+    pub failures: usize,
 }
 
 /// `[egress.tun]`: the TUN device used for packet egress.

@@ -127,7 +127,10 @@ impl Loader {
             } else {
                 format!("{prefix}.{name}")
             };
-            if let Some(key) = keys::find(&path) {
+            if path == "egress.upstream" {
+                self.config.egress.upstreams =
+                    crate::upstreams::parse(value, origin, &mut self.errors);
+            } else if let Some(key) = keys::find(&path) {
                 self.set(key, Raw::Toml(value), origin);
             } else if keys::is_table(&path) {
                 match value {
