@@ -8,7 +8,7 @@ use anyhow::Context;
 use blipless_config::wireguard_key::WireguardKey;
 use blipless_config::Config;
 use blipless_ctl::wg_clients::{self, WgQuickConfig};
-use blipless_store::{credentials, ClientRecord, Store, StoreError};
+use blipless_store::{credentials, ClientRecord, EgressPolicy, Store, StoreError};
 use serde_json::json;
 
 use crate::control::{sync_clients, Confirmation};
@@ -69,10 +69,50 @@ struct WgClient {
     config: String,
 }
 
+/// The `--egress` policy, checked against the upstreams in the config: an
+/// unknown upstream or tag is a configuration problem (exit 64), since it
+/// would leave the client with no route.
+pub(crate) fn egress_policy(config: &Config, text: &str) -> anyhow::Result<EgressPolicy> {
+    let policy: EgressPolicy = text.parse().map_err(|error: blipless_store::PolicyError| {
+        ConfigProblem(format!("--egress: {error}"))
+    })?;
+    let upstreams = &config.egress.upstreams;
+    match &policy {
+        EgressPolicy::Upstream(name) if !upstreams.iter().any(|u| &u.name == name) => {
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            Err(ConfigProblem(format!(
+                "--egress {text}: no upstream {name:?} in the config (upstreams: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ))
+            .into())
+        }
+        EgressPolicy::Tags(tags) => {
+            let unknown: Vec<&String> = tags
+                .iter()
+                .filter(|tag| !upstreams.iter().any(|u| u.tags.contains(tag)))
+                .collect();
+            if unknown.is_empty() {
+                Ok(policy)
+            } else {
+                Err(ConfigProblem(format!(
+                    "--egress {text}: no upstream in the config has the tag(s) {unknown:?}"
+                ))
+                .into())
+            }
+        }
+        _ => Ok(policy),
+    }
+}
+
 pub(crate) async fn add(
     store: &dyn Store,
     config: &Config,
     name: &str,
+    egress: EgressPolicy,
     wg: Option<&WgNode>,
     as_json: bool,
 ) -> anyhow::Result<()> {
@@ -87,6 +127,7 @@ pub(crate) async fn add(
             .unwrap_or(0),
         wg_public_key: None,
         wg_address: None,
+        egress,
     };
     let wireguard = match wg {
         None => {
@@ -254,6 +295,7 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
                     "created_at": c.created_at,
                     "wg_address": c.wg_address,
                     "wg_public_key": c.wg_public_key,
+                    "egress": c.egress.to_string(),
                     "usage": u,
                 })
             })
@@ -266,7 +308,7 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
         return Ok(());
     }
     say!(
-        "{:<24} {:<15} {:>14} {:>14} {:>12}",
+        "{:<24} {:<15} {:>14} {:>14} {:>12}  egress",
         "name",
         "wg address",
         "bytes up",
@@ -278,12 +320,13 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
             .wg_address
             .map_or_else(|| "-".to_string(), |a| a.to_string());
         say!(
-            "{:<24} {:<15} {:>14} {:>14} {:>12}",
+            "{:<24} {:<15} {:>14} {:>14} {:>12}  {}",
             client.name,
             address,
             usage.bytes_up,
             usage.bytes_down,
-            usage.connections
+            usage.connections,
+            client.egress
         );
     }
     Ok(())

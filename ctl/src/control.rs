@@ -226,3 +226,62 @@ pub(crate) fn print_status(report: &StatusReport) {
         );
     }
 }
+
+/// `blipless-ctl egress`: the active device plane's routes (the newest
+/// plane's when none is active).
+pub(crate) fn print_egress(report: &StatusReport, as_json: bool) -> anyhow::Result<()> {
+    let plane = report
+        .device_planes
+        .iter()
+        .rev()
+        .find(|p| p.state == "active")
+        .or_else(|| report.device_planes.last());
+    let routes = plane.map(|p| p.routes.clone()).unwrap_or_default();
+    if as_json {
+        say!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "device_plane": plane.map(|p| p.pid),
+                "routes": routes,
+            }))?
+        );
+        return Ok(());
+    }
+    let Some(plane) = plane else {
+        say!("no device plane attached: no egress");
+        return Ok(());
+    };
+    say!(
+        "egress routes of device plane {} ({}):",
+        plane.pid,
+        plane.state
+    );
+    say!(
+        "  {:<20} {:<7} {:<5} {:>10} {:>8} {:>10} {:>6}  error",
+        "route",
+        "kind",
+        "state",
+        "latency",
+        "clients",
+        "tunnels",
+        "downs"
+    );
+    for route in &routes {
+        let latency = route.latency_us.map_or_else(
+            || "-".to_owned(),
+            |us| format!("{:.1}ms", us as f64 / 1000.0),
+        );
+        say!(
+            "  {:<20} {:<7} {:<5} {:>10} {:>8} {:>10} {:>6}  {}",
+            route.name,
+            route.kind,
+            if route.up { "up" } else { "down" },
+            latency,
+            route.clients,
+            route.opened,
+            route.downs,
+            route.error.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}

@@ -29,6 +29,12 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
                         "pool": plan.pool.to_string(),
                         "out_interface": plan.out_interface,
                         "nft_table": net::NFT_TABLE,
+                        "exits": plan.exits.iter().map(|exit| json!({
+                            "name": exit.name,
+                            "tun": exit.tun,
+                            "address": exit.address.to_string(),
+                            "mark": exit.mark,
+                        })).collect::<Vec<_>>(),
                     })
                 );
             } else {
@@ -43,6 +49,15 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
                     plan.pool,
                     plan.out_interface
                 );
+                for exit in &plan.exits {
+                    say!(
+                        "  WireGuard exit {}: TUN device {} has {}, routing table and mark {:#x}",
+                        exit.name,
+                        exit.tun,
+                        exit.address,
+                        exit.mark
+                    );
+                }
             }
         }
         NetCommand::Teardown => {

@@ -40,7 +40,7 @@ mod host;
 
 use clients::WgNode;
 use clients::{add, list, remove};
-use control::{deploy, drain, print_status, status_report};
+use control::{deploy, drain, print_egress, print_status, status_report};
 use host::net;
 
 /// Operate a blipless node: its status and its proxy clients.
@@ -82,6 +82,9 @@ enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
+    /// Egress routes (direct and upstreams) as the active device plane sees
+    /// them: up or down, latency, clients, tunnels (asks the ingress).
+    Egress,
     /// The configuration file's keys.
     Config {
         #[command(subcommand)]
@@ -125,6 +128,10 @@ enum ClientCommand {
         /// QR code of it on a terminal). Needs wireguard.endpoint.
         #[arg(long)]
         wg: bool,
+        /// Which routes its egress window may use: any (every upstream, or
+        /// direct when there is none), direct, upstream:NAME or tags:A,B.
+        #[arg(long, default_value = "any")]
+        egress: String,
     },
     /// List clients, their WireGuard addresses and their usage.
     List,
@@ -224,6 +231,10 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Drain { watch } => drain(config, *watch, args.json),
+        Command::Egress => {
+            let report = status_report(config)?;
+            print_egress(&report, args.json)
+        }
         // Answered in main before any configuration is read.
         Command::Config { .. } => Ok(()),
         Command::Deploy { watch } => deploy(config, *watch, args.json),
@@ -246,8 +257,9 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                     )
                 })?;
                 match command {
-                    ClientCommand::Add { name, .. } => {
-                        add(&*store, config, name, wg.as_ref(), args.json).await
+                    ClientCommand::Add { name, egress, .. } => {
+                        let policy = clients::egress_policy(config, egress)?;
+                        add(&*store, config, name, policy, wg.as_ref(), args.json).await
                     }
                     ClientCommand::List => list(&*store, args.json).await,
                     ClientCommand::Remove { name } => {

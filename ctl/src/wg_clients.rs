@@ -328,6 +328,7 @@ mod tests {
             created_at: 1_700_000_000,
             wg_public_key: Some(format!("{name}-key=")),
             wg_address: None,
+            egress: blipless_store::EgressPolicy::Any,
         }
     }
 

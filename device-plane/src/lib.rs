@@ -12,7 +12,6 @@ pub mod clients;
 pub mod conn;
 pub mod egress;
 mod fault;
-pub mod host_addresses;
 pub mod identity;
 pub mod link;
 pub mod plane;

@@ -85,6 +85,18 @@ impl Node {
         }
     }
 
+    /// The egress routes the active device plane reports down, for
+    /// `/status` (docs/EGRESS.md).
+    pub fn routes_down(&self) -> Vec<blipless_protocol::channel::RouteReport> {
+        self.planes
+            .active()
+            .map(|plane| plane.report().routes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|route| !route.up)
+            .collect()
+    }
+
     /// The report `blipless-ctl status` prints.
     pub fn status_report(&self) -> StatusReport {
         StatusReport {

@@ -61,7 +61,18 @@ fn respond(node: &Node, request: &Request<Incoming>) -> Response<Full<Bytes>> {
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            text(code, format!("{}\n", readiness.as_str()), "text/plain")
+            // The word first, as load balancers read it; then each egress
+            // route that is down, for an operator (it does not change the
+            // code: the node serves through the routes that are up).
+            let mut body = format!("{}\n", readiness.as_str());
+            for route in node.routes_down() {
+                body.push_str(&format!(
+                    "upstream {} down: {}\n",
+                    route.name,
+                    route.error.as_deref().unwrap_or("not answering")
+                ));
+            }
+            text(code, body, "text/plain")
         }
         "/metrics" => text(
             StatusCode::OK,

@@ -149,6 +149,9 @@ pub struct DevicePlaneInfo {
     /// Connections it reports having handed to a successor.
     #[serde(default)]
     pub migrated: u64,
+    /// Its egress routes and their health, as it last reported them.
+    #[serde(default)]
+    pub routes: Vec<crate::channel::RouteReport>,
 }
 
 #[cfg(test)]

@@ -101,7 +101,7 @@ pub enum NetError {
     #[error("writing {value} to {path}: {source}{hint}")]
     Sysctl {
         /// The `/proc/sys` path.
-        path: &'static str,
+        path: String,
         /// The value being written.
         value: &'static str,
         /// Why it failed.
@@ -164,6 +164,8 @@ pub struct Plan {
     /// Destinations the clients may reach on the host itself and in the
     /// pool (`egress.allow`, the same list the device plane's policy uses).
     pub allow: Vec<IpNet>,
+    /// The WireGuard exits (`[[egress.upstream]]` of kind `wireguard`).
+    pub exits: Vec<ExitPlan>,
 }
 
 /// One command line: a program and its arguments, and optionally what to
@@ -229,10 +231,16 @@ pub enum Step {
     },
     /// Run a command that is idempotent by itself.
     Run(Cmd),
+    /// Run a command whose failure with "File exists" means it is done
+    /// (`ip rule add` of a rule that is there).
+    RunUnlessExists(Cmd),
+    /// Run a command whose failure because its object is absent means it is
+    /// done (`ip rule del` of a rule that is not there).
+    RunIfPresent(Cmd),
     /// Write `value` to the sysctl at `path` unless it holds it already.
     Sysctl {
         /// The `/proc/sys` path.
-        path: &'static str,
+        path: String,
         /// The value.
         value: &'static str,
     },
@@ -257,6 +265,7 @@ impl Plan {
             pool,
             owner: TunOwner::from_config(tun.user.as_deref(), tun.group.as_deref())?,
             allow: config.egress.allow.clone(),
+            exits: ExitPlan::from_config(config),
         })
     }
 
@@ -264,48 +273,57 @@ impl Plan {
     pub fn setup_steps(&self) -> Vec<Step> {
         let name = self.tun.as_str();
         let address = self.address.to_string();
-        let (uid, gid) = (self.owner.uid.to_string(), self.owner.gid.to_string());
-        vec![
-            Step::EnsureTun {
-                name: name.to_string(),
-                probe: probe(name),
-                create: Cmd::new(
-                    "ip",
-                    &[
-                        "tuntap",
-                        "add",
-                        "dev",
-                        name,
-                        "mode",
-                        "tun",
-                        "multi_queue",
-                        "user",
-                        &uid,
-                        "group",
-                        &gid,
-                    ],
-                ),
-                delete: Cmd::new("ip", &["link", "del", "dev", name]),
-                owner: self.owner.clone(),
-            },
+        let mut steps = vec![self.ensure_tun(name)];
+        steps.extend([
             Step::Run(Cmd::new("ip", &["addr", "replace", &address, "dev", name])),
             Step::Run(Cmd::new("ip", &["link", "set", "dev", name, "up"])),
             Step::Sysctl {
-                path: IP_FORWARD,
+                path: IP_FORWARD.to_owned(),
                 value: "1",
             },
-            Step::Run(Cmd {
-                stdin: Some(self.nft_script()),
-                ..Cmd::new("nft", &["-f", "-"])
-            }),
-        ]
+        ]);
+        for exit in &self.exits {
+            steps.extend(self.exit_setup_steps(exit));
+        }
+        steps.push(Step::Run(Cmd {
+            stdin: Some(self.nft_script()),
+            ..Cmd::new("nft", &["-f", "-"])
+        }));
+        steps
+    }
+
+    /// Makes sure the multi-queue TUN device `name` exists with our owner.
+    fn ensure_tun(&self, name: &str) -> Step {
+        let (uid, gid) = (self.owner.uid.to_string(), self.owner.gid.to_string());
+        Step::EnsureTun {
+            name: name.to_string(),
+            probe: probe(name),
+            create: Cmd::new(
+                "ip",
+                &[
+                    "tuntap",
+                    "add",
+                    "dev",
+                    name,
+                    "mode",
+                    "tun",
+                    "multi_queue",
+                    "user",
+                    &uid,
+                    "group",
+                    &gid,
+                ],
+            ),
+            delete: Cmd::new("ip", &["link", "del", "dev", name]),
+            owner: self.owner.clone(),
+        }
     }
 
     /// What teardown does, in order. Forwarding is left on: other services
     /// on the host may rely on it.
     pub fn teardown_steps(&self) -> Vec<Step> {
         let name = self.tun.as_str();
-        vec![
+        let mut steps = vec![
             Step::Run(Cmd {
                 stdin: Some(self.nft_teardown_script()),
                 ..Cmd::new("nft", &["-f", "-"])
@@ -315,7 +333,11 @@ impl Plan {
                 probe: probe(name),
                 delete: Cmd::new("ip", &["link", "del", "dev", name]),
             },
-        ]
+        ];
+        for exit in &self.exits {
+            steps.extend(exit_teardown_steps(exit));
+        }
+        steps
     }
 }
 
@@ -442,12 +464,16 @@ pub async fn teardown(config: &Config) -> Result<(), NetError> {
     Ok(())
 }
 
+mod exits;
 mod nft;
 mod owner;
 mod run;
+pub mod steer;
 #[cfg(test)]
 mod tests;
 
+use exits::exit_teardown_steps;
+pub use exits::ExitPlan;
 pub use nft::NFT_TABLE;
 pub use owner::TunOwner;
 use run::run_steps;

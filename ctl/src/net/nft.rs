@@ -89,25 +89,28 @@ impl Plan {
         } else {
             format!("\t\tiifname \"{tun}\" ip daddr {} accept\n", set(&in_pool))
         };
+        let exits = self.nft_exit_parts();
+        let (exit_top, exit_input, exit_forward, exit_postrouting) =
+            (exits.top, exits.input, exits.forward, exits.postrouting);
         format!(
             "add table {NFT_TABLE}
 delete table {NFT_TABLE}
 table {NFT_TABLE} {{
-	chain input {{
+{exit_top}	chain input {{
 		type filter hook input priority filter; policy accept;
 		iifname \"{tun}\" ct state established,related accept
 {input}		iifname \"{tun}\" drop
-	}}
+{exit_input}	}}
 	chain forward {{
 		type filter hook forward priority filter; policy accept;
 		iifname \"{tun}\" ct state invalid meta l4proto tcp reject with tcp reset
 		iifname \"{tun}\" ct state invalid drop
 {pool_allowed}		iifname \"{tun}\" ip daddr {pool} drop
-	}}
+{exit_forward}	}}
 	chain postrouting {{
 		type nat hook postrouting priority srcnat; policy accept;
 		ip saddr {pool} oifname \"{out_interface}\" masquerade
-	}}
+{exit_postrouting}	}}
 }}
 "
         )

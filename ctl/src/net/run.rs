@@ -86,6 +86,18 @@ pub(super) async fn run_steps(steps: &[Step]) -> Result<(), NetError> {
             Step::Run(cmd) => {
                 run(cmd).await?;
             }
+            Step::RunUnlessExists(cmd) => run_tolerating(cmd, &["File exists"]).await?,
+            Step::RunIfPresent(cmd) => {
+                run_tolerating(
+                    cmd,
+                    &[
+                        "No such file or directory",
+                        "Cannot find device",
+                        "No such process",
+                    ],
+                )
+                .await?
+            }
             Step::Sysctl { path, value } => write_sysctl(path, value).await?,
         }
     }
@@ -110,6 +122,19 @@ async fn link_state(probe: &Cmd) -> Result<LinkState, NetError> {
 async fn run(cmd: &Cmd) -> Result<(), NetError> {
     let output = execute(cmd).await?;
     if output.status.success() {
+        tracing::debug!(command = %cmd, "ran");
+        Ok(())
+    } else {
+        Err(failed(cmd, &output))
+    }
+}
+
+/// Runs `cmd`; a failure whose standard error says one of `done` counts as
+/// success (the state it would make is there already).
+async fn run_tolerating(cmd: &Cmd, done: &[&str]) -> Result<(), NetError> {
+    let output = execute(cmd).await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success() || done.iter().any(|text| stderr.contains(text)) {
         tracing::debug!(command = %cmd, "ran");
         Ok(())
     } else {
@@ -183,9 +208,9 @@ async fn execute(cmd: &Cmd) -> Result<std::process::Output, NetError> {
     }
 }
 
-async fn write_sysctl(path: &'static str, value: &'static str) -> Result<(), NetError> {
+async fn write_sysctl(path: &str, value: &'static str) -> Result<(), NetError> {
     let error = |source: std::io::Error| NetError::Sysctl {
-        path,
+        path: path.to_owned(),
         value,
         hint: match source.kind() {
             std::io::ErrorKind::PermissionDenied => HINT_CAP,

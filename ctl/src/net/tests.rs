@@ -239,7 +239,9 @@ fn setup_and_teardown_steps() {
         .map(|step| match step {
             Step::EnsureTun { create, .. } => create.to_string(),
             Step::RemoveTun { delete, .. } => delete.to_string(),
-            Step::Run(cmd) => cmd.to_string(),
+            Step::Run(cmd) | Step::RunUnlessExists(cmd) | Step::RunIfPresent(cmd) => {
+                cmd.to_string()
+            }
             Step::Sysctl { path, value } => format!("{value} > {path}"),
         })
         .collect();
@@ -361,4 +363,93 @@ fn link_states_are_read_from_ip_json() {
     );
     assert_eq!(parse_link("[]"), Ok(LinkState::Absent));
     assert!(parse_link("Device \"x\" does not exist.").is_err());
+}
+
+fn step_lines(steps: &[Step]) -> Vec<String> {
+    steps
+        .iter()
+        .map(|step| match step {
+            Step::EnsureTun { create, .. } => create.to_string(),
+            Step::RemoveTun { delete, .. } => delete.to_string(),
+            Step::Run(cmd) => cmd.to_string(),
+            Step::RunUnlessExists(cmd) => format!("{cmd} (unless it exists)"),
+            Step::RunIfPresent(cmd) => format!("{cmd} (if present)"),
+            Step::Sysctl { path, value } => format!("{value} > {path}"),
+        })
+        .collect()
+}
+
+/// A WireGuard exit gets its TUN device, table and rules, and its share of
+/// the nftables table; teardown removes them.
+#[test]
+fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("exit.conf");
+    std::fs::write(
+        &file,
+        "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\n\
+         Address = 10.200.0.2/32\nMTU = 1380\n\n[Peer]\n\
+         PublicKey = xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n\
+         Endpoint = 192.0.2.1:51820\nAllowedIPs = 0.0.0.0/0\n",
+    )
+    .expect("write");
+    let toml = format!(
+        "[wireguard]\npool = \"10.64.0.0/24\"\n[[egress.upstream]]\nname = \"nl\"\nkind = \"wireguard\"\nconfig = {file:?}\n"
+    );
+    let config =
+        Config::from_toml_str(&toml, "test.toml", std::iter::empty(), &[]).expect("config");
+    let plan = Plan::from_config(&config).expect("plan");
+    assert_eq!(plan.exits.len(), 1);
+    let lines = step_lines(&plan.setup_steps());
+    let owner = &plan.owner;
+    for expected in [
+        format!(
+            "ip tuntap add dev blx0 mode tun multi_queue user {} group {}",
+            owner.uid, owner.gid
+        ),
+        "ip addr replace 10.200.0.2/32 dev blx0".to_owned(),
+        "ip link set dev blx0 mtu 1380 up".to_owned(),
+        "2 > /proc/sys/net/ipv4/conf/blx0/rp_filter".to_owned(),
+        "ip route replace default dev blx0 table 186537216".to_owned(),
+        "ip rule add fwmark 0xb1e5500 lookup 186537216 priority 20000 (unless it exists)"
+            .to_owned(),
+        "ip rule add from 10.200.0.2 lookup 186537216 priority 20000 (unless it exists)".to_owned(),
+    ] {
+        assert!(
+            lines.contains(&expected),
+            "{expected} missing from {lines:#?}"
+        );
+    }
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("nft -f -"),
+        "nftables last"
+    );
+    let script = plan.nft_script();
+    for expected in [
+        "map client_exit {",
+        "type ipv4_addr : mark",
+        "iifname \"blip0\" meta mark set ip saddr map @client_exit",
+        "ip saddr 10.64.0.0/24 oifname \"blx0\" masquerade",
+        "iifname \"blx0\" ct state established,related accept",
+        "iifname \"blx0\" drop",
+    ] {
+        assert!(
+            script.contains(expected),
+            "{expected} missing from\n{script}"
+        );
+    }
+    let teardown = step_lines(&plan.teardown_steps());
+    for expected in [
+        "ip rule del fwmark 0xb1e5500 lookup 186537216 priority 20000 (if present)",
+        "ip rule del from 10.200.0.2 lookup 186537216 priority 20000 (if present)",
+        "ip link del dev blx0",
+    ] {
+        assert!(
+            teardown.iter().any(|l| l == expected),
+            "{expected} missing from {teardown:#?}"
+        );
+    }
+    // Without exits the table has no map.
+    assert!(!self::plan(&[]).nft_script().contains("client_exit"));
 }

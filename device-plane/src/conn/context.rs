@@ -15,8 +15,10 @@ use tokio::net::TcpStream;
 
 use super::auth_guard::AuthGuard;
 use crate::clients::Directory;
+use crate::egress::routes::DIRECT;
 use crate::egress::{Egress, EgressError, Target};
 use crate::identity::Identities;
+use blipless_store::EgressPolicy;
 
 /// What the plane asks of its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,9 +120,12 @@ impl Context {
         self
     }
 
-    /// Connects `client` to `target` from its egress identity on this node
-    /// (opened on first use). A source address that can no longer
-    /// be bound evicts the identity; the connect is retried once with a new one.
+    /// Connects `client` to `target` through its egress window on this node
+    /// (docs/EGRESS.md, "Windows"): the first member that is up, the next
+    /// if an upstream fails. The window and the client's identity (source
+    /// address, sticky session) are opened on first use and kept across
+    /// deploys. A source address that can no longer be bound evicts the
+    /// identity; the connect is retried once with a new one.
     pub async fn connect_for(
         &self,
         client: &str,
@@ -128,6 +133,79 @@ impl Context {
     ) -> Result<TcpStream, EgressError> {
         self.identities.touch(client);
         let held = self.identities.open(client).await;
+        let policy = self
+            .directory
+            .get(client)
+            .map(|known| known.record.egress.clone())
+            .unwrap_or_default();
+        let routes = self.egress.routes.clone();
+        if routes.upstreams().is_empty() {
+            // A node without upstreams: direct, as before there were any.
+            return match policy {
+                EgressPolicy::Any | EgressPolicy::Direct => {
+                    self.connect_direct(client, &held, target).await
+                }
+                EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => {
+                    Err(EgressError::NoRoute(policy.to_string()))
+                }
+            };
+        }
+        let current = self.identities.window(client);
+        let window = routes.window(&policy, &current);
+        if window.is_empty() {
+            return Err(EgressError::NoRoute(policy.to_string()));
+        }
+        if window != current {
+            self.identities.set_window(&held, window.clone()).await;
+        }
+        let session = held.identity.session.clone().unwrap_or_default();
+        // Members that are up first, in window order; then the others, in
+        // case their last probe is stale.
+        let (up, down): (Vec<&String>, Vec<&String>) = window
+            .iter()
+            .partition(|name| routes.get(name).is_some_and(|r| r.is_up()));
+        let mut last_error = EgressError::NoRoute(policy.to_string());
+        for name in up.into_iter().chain(down) {
+            let Some(route) = routes.get(name) else {
+                continue;
+            };
+            if route.name == DIRECT {
+                return self.connect_direct(client, &held, target).await;
+            }
+            match self
+                .egress
+                .connect_via(route, None, target, client, &session)
+                .await
+            {
+                Err(EgressError::Upstream {
+                    route: failed,
+                    error,
+                }) if crate::egress::via::is_upstream_fault(&error) => {
+                    tracing::info!(client, route = %failed, %error, "upstream failed; trying the next in the window");
+                    last_error = EgressError::Upstream {
+                        route: failed,
+                        error,
+                    };
+                }
+                other => return other,
+            }
+        }
+        // Every member failed: the next connection finds the window refilled
+        // from what is up.
+        let refilled = routes.window(&policy, &window);
+        if refilled != window {
+            self.identities.set_window(&held, refilled).await;
+        }
+        Err(last_error)
+    }
+
+    /// Direct egress from the client's source address.
+    async fn connect_direct(
+        &self,
+        client: &str,
+        held: &crate::identity::ClientIdentity,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
         match self.egress.connect(held.identity.source, target).await {
             Err(EgressError::SourceUnusable(source, error)) => {
                 tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");

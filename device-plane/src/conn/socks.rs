@@ -151,6 +151,8 @@ fn reply_for(error: &EgressError) -> Reply {
         }
         EgressError::Unreachable(..) => Reply::HostUnreachable,
         EgressError::SourceUnusable(..) | EgressError::LocalResources(_) => Reply::GeneralFailure,
+        EgressError::Upstream { error, .. } => error.socks_reply(),
+        EgressError::NoRoute(_) => Reply::NetworkUnreachable,
     }
 }
 

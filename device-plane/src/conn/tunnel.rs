@@ -67,9 +67,29 @@ pub async fn run(
             }
         };
         let cut = context.cut_token();
+        // Orphans fail fast: a tunnel through an upstream closes when that
+        // upstream goes down (docs/EGRESS.md, "Failover").
+        let orphaned = context
+            .egress
+            .routes
+            .route_of(
+                tunnel.egress.local_addr().ok(),
+                tunnel.egress.peer_addr().ok(),
+            )
+            .map(|route| route.down_token());
+        let route_down = async move {
+            match orphaned {
+                Some(token) => token.cancelled_owned().await,
+                None => std::future::pending().await,
+            }
+        };
         let end = tokio::select! {
             end = relay(tunnel, &client.meter, context.idle_timeout, &cut, handover) => end,
             () = client.revoked.cancelled() => RelayEnd::Cut,
+            () = route_down => {
+                tracing::info!(id, client = %name, "tunnel closed: its upstream went down");
+                RelayEnd::Cut
+            }
         };
         let (state, _slot) = match end {
             RelayEnd::Handover(state, slot) => (state, slot),

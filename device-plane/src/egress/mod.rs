@@ -144,6 +144,18 @@ impl Egress {
         source: Option<IpAddr>,
         target: &Target,
     ) -> Result<TcpStream, EgressError> {
+        self.connect_from(source, false, target).await
+    }
+
+    /// [`Egress::connect`]; with `source_only`, only addresses of the
+    /// source's family are tried (a WireGuard exit's tunnel address: an
+    /// unbound socket would leave directly).
+    pub async fn connect_from(
+        &self,
+        source: Option<IpAddr>,
+        source_only: bool,
+        target: &Target,
+    ) -> Result<TcpStream, EgressError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let candidates: Vec<SocketAddr> = match target {
             Target::Address(address) => vec![*address],
@@ -164,6 +176,7 @@ impl Egress {
         let permitted: Vec<SocketAddr> = candidates
             .into_iter()
             .filter(|a| self.permits(a.ip()))
+            .filter(|a| !source_only || source.is_some_and(|s| s.is_ipv4() == a.is_ipv4()))
             .collect();
         if permitted.is_empty() {
             return Err(EgressError::Denied(target.to_string()));

@@ -56,8 +56,21 @@ pub struct Identities {
     node: NodeId,
     sources: Vec<IpAddr>,
     open: Mutex<HashMap<String, Slot>>,
+    /// Each open client's egress window as it is now (it changes when a
+    /// route fails); saved with the identity.
+    windows: Mutex<HashMap<String, Vec<String>>>,
     activity: Mutex<HashMap<String, i64>>,
     prewarmed: AtomicU64,
+}
+
+/// A new sticky session for upstream usernames: 16 lowercase hex digits,
+/// which every provider's username syntax accepts.
+fn new_session() -> String {
+    let random = blipless_store::credentials::try_new_secret().unwrap_or_else(|_| {
+        // No randomness from the OS: the time still tells sessions apart.
+        format!("{:?}", SystemTime::now())
+    });
+    blipless_store::credentials::hash_secret(&random)[..16].to_owned()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,6 +95,7 @@ impl Identities {
             node,
             sources,
             open: Mutex::new(HashMap::new()),
+            windows: Mutex::new(HashMap::new()),
             activity: Mutex::new(HashMap::new()),
             prewarmed: AtomicU64::new(0),
         }
@@ -119,25 +133,30 @@ impl Identities {
     }
 
     async fn open_identity(&self, client: &str) -> Arc<ClientIdentity> {
-        let restored = match self.store.take_identity(client).await {
+        let restored = match self.store.take_identity(&self.node, client).await {
             Ok(identity) => identity.filter(|i| i.source.is_none_or(|s| self.sources.contains(&s))),
             Err(error) => {
                 tracing::warn!(client, %error, "restoring the egress identity failed; allocating one");
                 None
             }
         };
-        let identity = match restored {
+        let mut identity = match restored {
             Some(identity) => {
                 tracing::debug!(client, ?identity, "egress identity restored");
                 identity
             }
             None => EgressIdentity {
                 source: self.allocate_source(),
+                ..EgressIdentity::default()
             },
         };
+        if identity.session.is_none() {
+            identity.session = Some(new_session());
+        }
+        lock(&self.windows).insert(client.to_owned(), identity.window.clone());
         if let Err(error) = self
             .store
-            .put_identity(client, &identity, IDENTITY_TTL)
+            .put_identity(&self.node, client, &identity, IDENTITY_TTL)
             .await
         {
             tracing::warn!(client, %error, "saving the egress identity failed; retrying at the next flush");
@@ -164,11 +183,56 @@ impl Identities {
             .copied()
     }
 
+    /// The client's egress window now (best first; empty before the first
+    /// connection chose one).
+    pub fn window(&self, client: &str) -> Vec<String> {
+        lock(&self.windows).get(client).cloned().unwrap_or_default()
+    }
+
+    /// Records the client's new window and saves its identity at once (a
+    /// window changes rarely: on first use and when a route fails), so a
+    /// SIGKILL right after keeps the choice.
+    pub async fn set_window(&self, held: &ClientIdentity, window: Vec<String>) {
+        let previous = lock(&self.windows).insert(held.client.clone(), window.clone());
+        if previous.as_ref() == Some(&window) {
+            return;
+        }
+        tracing::debug!(client = %held.client, ?window, "egress window chosen");
+        if let Err(error) = self
+            .store
+            .put_identity(&self.node, &held.client, &self.snapshot(held), IDENTITY_TTL)
+            .await
+        {
+            tracing::warn!(client = %held.client, %error, "saving an egress window failed; retrying at the next flush");
+        }
+    }
+
+    /// How many open clients' windows hold each route.
+    pub fn window_members(&self) -> HashMap<String, u64> {
+        let mut members = HashMap::new();
+        for window in lock(&self.windows).values() {
+            for route in window {
+                *members.entry(route.clone()).or_insert(0) += 1;
+            }
+        }
+        members
+    }
+
+    /// What is saved for `held`: its identity with the window as it is now.
+    fn snapshot(&self, held: &ClientIdentity) -> EgressIdentity {
+        let mut identity = held.identity.clone();
+        if let Some(window) = lock(&self.windows).get(&held.client) {
+            identity.window = window.clone();
+        }
+        identity
+    }
+
     /// Live eviction (the client was removed, or its route failed): the
     /// identity closes and it is deleted from the store.
     pub async fn evict(&self, client: &str) {
         lock(&self.open).remove(client);
-        if let Err(error) = self.store.drop_identity(client).await {
+        lock(&self.windows).remove(client);
+        if let Err(error) = self.store.drop_identity(&self.node, client).await {
             tracing::warn!(client, %error, "deleting an evicted identity failed; it expires with its TTL");
         }
     }
@@ -205,7 +269,12 @@ impl Identities {
         {
             if let Err(error) = self
                 .store
-                .put_identity(&held.client, &held.identity, IDENTITY_TTL)
+                .put_identity(
+                    &self.node,
+                    &held.client,
+                    &self.snapshot(&held),
+                    IDENTITY_TTL,
+                )
                 .await
             {
                 tracing::warn!(client = %held.client, %error, "refreshing an identity failed");
@@ -220,7 +289,12 @@ impl Identities {
         for held in self.open_identities() {
             if let Err(error) = self
                 .store
-                .put_identity(&held.client, &held.identity, IDENTITY_TTL)
+                .put_identity(
+                    &self.node,
+                    &held.client,
+                    &self.snapshot(&held),
+                    IDENTITY_TTL,
+                )
                 .await
             {
                 tracing::warn!(client = %held.client, %error, "keeping an identity failed");

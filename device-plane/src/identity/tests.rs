@@ -61,13 +61,18 @@ impl Store for Instrumented {
     }
     async fn put_identity(
         &self,
+        node: &NodeId,
         client: &str,
         identity: &EgressIdentity,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.put_identity(client, identity, ttl).await
+        self.inner.put_identity(node, client, identity, ttl).await
     }
-    async fn take_identity(&self, client: &str) -> Result<Option<EgressIdentity>, StoreError> {
+    async fn take_identity(
+        &self,
+        node: &NodeId,
+        client: &str,
+    ) -> Result<Option<EgressIdentity>, StoreError> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         let delay = if client == self.slow_client {
@@ -81,10 +86,10 @@ impl Store for Instrumented {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(client.to_string());
-        self.inner.take_identity(client).await
+        self.inner.take_identity(node, client).await
     }
-    async fn drop_identity(&self, client: &str) -> Result<(), StoreError> {
-        self.inner.drop_identity(client).await
+    async fn drop_identity(&self, node: &NodeId, client: &str) -> Result<(), StoreError> {
+        self.inner.drop_identity(node, client).await
     }
     async fn put_endpoints(
         &self,
@@ -230,7 +235,10 @@ async fn identities_are_restored_kept_and_evicted() {
 
     // A live eviction deletes the snapshot: a third plane allocates afresh.
     second.evict("a").await;
-    assert_eq!(store.inner.take_identity("a").await.expect("take"), None);
+    assert_eq!(
+        store.inner.take_identity(&node(), "a").await.expect("take"),
+        None
+    );
 
     // An identity outside the current pool is not restored.
     let narrower = Identities::new(

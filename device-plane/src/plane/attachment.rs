@@ -246,6 +246,7 @@ async fn send_report(
         auth_throttled_socks5: auth_here.socks5_throttled,
         auth_failures_http: auth_here.http_failures,
         auth_throttled_http: auth_here.http_throttled,
+        routes: crate::egress::report::routes(&context.egress.routes, &context.identities),
         ..refusals_since(refusals(context), before)
     };
     match tokio::time::timeout(

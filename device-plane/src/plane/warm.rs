@@ -95,7 +95,21 @@ pub(super) async fn warm_up(
         identities.clone(),
         background.clone(),
     ));
-    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout);
+    let routes = Arc::new(crate::egress::routes::Routes::new(
+        &config.egress.upstreams,
+        config.egress.window.size,
+        config.egress.probe.failures,
+    ));
+    // Upstreams are probed from now on, the first time at once, so a plane
+    // knows which are down before it says Ready.
+    tokio::spawn(crate::egress::via::probe_forever(
+        routes.clone(),
+        config.egress.probe.interval,
+        config.egress.probe.timeout,
+        background.clone(),
+    ));
+    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout)
+        .with_routes(routes.clone());
     // A successor inherits its predecessor's TUN queues at handover; the
     // first plane attaches its own now, before Ready.
     let packets = Arc::new(PacketPath::new(
@@ -125,6 +139,16 @@ pub(super) async fn warm_up(
             config.limits.tunnels_per_client,
         )),
     );
+    packets.set_exits(Arc::new(crate::wg::exits::Exits::new(
+        routes,
+        directory.clone(),
+        identities.clone(),
+        crate::wg::exit::ExitProbe {
+            interval: config.egress.probe.interval,
+            timeout: config.egress.probe.timeout,
+            failures: config.egress.probe.failures,
+        },
+    )));
     let tun_writer = TunWriter::spawn(packets.clone());
     Ok(Warm {
         context,

@@ -5,9 +5,13 @@
 //! - [`writer`]: the task that writes inner packets to the TUN device;
 //! - [`peers`]: the peer set the ingress needs, from the client directory;
 //! - [`endpoints`]: the ingress's endpoint snapshots, kept in the store for an
-//!   ingress that restarts after a crash.
+//!   ingress that restarts after a crash;
+//! - [`exit`] and [`exits`]: WireGuard exits the node egresses through, and
+//!   steering WireGuard clients to them.
 
 pub mod endpoints;
+pub mod exit;
+pub mod exits;
 pub mod packets;
 pub mod peers;
 pub mod tun;

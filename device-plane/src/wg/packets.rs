@@ -74,6 +74,8 @@ pub struct PacketPath {
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
     pending: Mutex<Vec<Vec<u8>>>,
     egress: Egress,
+    /// The WireGuard exits, run by whichever plane holds the queues.
+    exits: Mutex<Option<Arc<super::exits::Exits>>>,
     /// What happened to packets so far.
     pub counters: Arc<PacketCounters>,
 }
@@ -105,12 +107,32 @@ impl PacketPath {
             channel: Arc::new(Mutex::new(None)),
             pending: Mutex::new(Vec::new()),
             egress,
+            exits: Mutex::new(None),
             counters: Arc::default(),
         };
         if !inherit {
             path.open_queues();
         }
         path
+    }
+
+    /// Gives the path the exits to run while it holds queues (starting them
+    /// now if it does).
+    pub fn set_exits(&self, exits: Arc<super::exits::Exits>) {
+        if self.has_queues() {
+            exits.start();
+        }
+        *self
+            .exits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(exits);
+    }
+
+    fn exits(&self) -> Option<Arc<super::exits::Exits>> {
+        self.exits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn lock_queues(&self) -> std::sync::MutexGuard<'_, Vec<Arc<TunQueue>>> {
@@ -160,7 +182,11 @@ impl PacketPath {
             ));
         }
         let first = added.first().cloned();
+        let holds = !added.is_empty();
         self.lock_queues().extend(added);
+        if let (true, Some(exits)) = (holds, self.exits()) {
+            exits.start();
+        }
         let pending = std::mem::take(&mut *self.lock_pending());
         if let (Some(queue), false) = (first, pending.is_empty()) {
             let counters = self.counters.clone();
@@ -257,6 +283,10 @@ impl PacketPath {
     /// no channel to send them on, they are closed (the kernel then steers to
     /// the other queues).
     pub async fn hand_over(&self) {
+        // The successor runs the exits from the moment it has the queues.
+        if let Some(exits) = self.exits() {
+            exits.stop();
+        }
         let (tracker, stop) = self
             .readers
             .lock()

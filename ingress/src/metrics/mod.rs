@@ -35,6 +35,12 @@ struct RefusalLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    /// `direct` or an upstream's name.
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabel {
     /// `socks5` or `http`.
     protocol: &'static str,
@@ -51,6 +57,9 @@ pub struct Metrics {
     connections_open: Gauge,
     devices_live: Gauge,
     prewarmed: Gauge,
+    route_up: Family<RouteLabel, Gauge>,
+    route_latency: Family<RouteLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    route_clients: Family<RouteLabel, Gauge>,
     drain_remaining: Gauge,
     migrated: Counter,
     deploys: Family<OutcomeLabel, Counter>,
@@ -121,6 +130,25 @@ impl Metrics {
             "prewarmed_devices",
             "Devices the active device plane opened by pre-warm before it said Ready",
             prewarmed.clone(),
+        );
+        let route_up = Family::<RouteLabel, Gauge>::default();
+        registry.register(
+            "egress_route_up",
+            "1 while the active device plane sees the egress route up, 0 while down",
+            route_up.clone(),
+        );
+        let route_latency =
+            Family::<RouteLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "egress_route_latency_seconds",
+            "Smoothed latency of the route's probes and connects (upstreams only)",
+            route_latency.clone(),
+        );
+        let route_clients = Family::<RouteLabel, Gauge>::default();
+        registry.register(
+            "egress_route_clients",
+            "Clients whose egress window on the active device plane holds the route",
+            route_clients.clone(),
         );
         let drain_remaining = Gauge::default();
         registry.register(
@@ -232,6 +260,9 @@ impl Metrics {
             connections_open,
             devices_live,
             prewarmed,
+            route_up,
+            route_latency,
+            route_clients,
             drain_remaining,
         }
     }
@@ -452,6 +483,7 @@ impl Metrics {
             }
             if state == PlaneState::Active {
                 prewarmed = report.prewarmed;
+                self.set_routes(&report.routes);
             }
         }
         self.connections_open.set(clamp(open));
@@ -463,6 +495,30 @@ impl Metrics {
             tracing::warn!(%error, "encoding metrics failed");
         }
         text
+    }
+}
+
+impl Metrics {
+    /// The active plane's routes, replacing what an earlier plane reported
+    /// (a route no longer configured disappears).
+    fn set_routes(&self, routes: &[blipless_protocol::channel::RouteReport]) {
+        self.route_up.clear();
+        self.route_latency.clear();
+        self.route_clients.clear();
+        for route in routes {
+            let label = RouteLabel {
+                route: route.name.clone(),
+            };
+            self.route_up.get_or_create(&label).set(i64::from(route.up));
+            if let Some(us) = route.latency_us {
+                self.route_latency
+                    .get_or_create(&label)
+                    .set(us as f64 / 1e6);
+            }
+            self.route_clients
+                .get_or_create(&label)
+                .set(clamp(route.clients));
+        }
     }
 }
 

@@ -179,6 +179,7 @@ impl PlaneLink {
             connections_open: report.connections,
             clients: report.clients,
             migrated: report.migrated,
+            routes: report.routes,
         }
     }
 }

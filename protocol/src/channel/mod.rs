@@ -47,7 +47,8 @@ pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
 pub use migrate::{Direction, Migrate, MigrateKind};
 pub use packets::{PacketIter, Packets};
 pub use payloads::{
-    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, Welcome,
+    Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, RouteReport,
+    Welcome,
 };
 pub use peers::{PeerEntry, PeerUpdate};
 pub use sync::{SyncClients, Synced};

@@ -143,6 +143,30 @@ pub struct DeviceReport {
     /// its open-file limit), on this attachment.
     #[serde(default)]
     pub channel_fds_dropped: u64,
+    /// The plane's egress routes and their health (docs/EGRESS.md).
+    #[serde(default)]
+    pub routes: Vec<RouteReport>,
+}
+
+/// One egress route as a device plane sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteReport {
+    /// `direct` or the upstream's name.
+    pub name: String,
+    /// `direct` or `socks5`.
+    pub kind: String,
+    /// Whether it is up.
+    pub up: bool,
+    /// Smoothed latency of its probes and connects, in microseconds.
+    pub latency_us: Option<u64>,
+    /// Why it is down, while it is.
+    pub error: Option<String>,
+    /// Clients whose window holds it, first or not.
+    pub clients: u64,
+    /// Tunnels opened through it since the plane started.
+    pub opened: u64,
+    /// Times it went down since the plane started.
+    pub downs: u64,
 }
 
 /// Which customer-facing listener accepted a connection.

@@ -178,6 +178,16 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             http_body_stalls: 21,
             http_userinfo_refused: 22,
             channel_fds_dropped: 16,
+            routes: vec![RouteReport {
+                name: "dc-1".into(),
+                kind: "socks5".into(),
+                up: false,
+                latency_us: Some(1200),
+                error: Some("connection refused".into()),
+                clients: 3,
+                opened: 40,
+                downs: 1,
+            }],
         }),
         ToIngress::Synced(Synced {
             token: 3,

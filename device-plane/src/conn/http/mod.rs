@@ -388,6 +388,14 @@ fn egress_failure(error: &EgressError) -> Response<Body> {
             StatusCode::SERVICE_UNAVAILABLE,
             "proxy out of resources, try again\n",
         ),
+        EgressError::Upstream { error, .. } => plain(
+            StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_GATEWAY),
+            "upstream proxy failed or refused the destination\n",
+        ),
+        EgressError::NoRoute(_) => plain(
+            StatusCode::BAD_GATEWAY,
+            "no egress route is configured for this client\n",
+        ),
         _ => plain(StatusCode::BAD_GATEWAY, "destination unreachable\n"),
     }
 }

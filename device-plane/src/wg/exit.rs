@@ -1,0 +1,325 @@
+//! One WireGuard exit's tunnel (docs/EGRESS.md, "WireGuard exits"): the
+//! boringtun session toward the exit, a UDP socket to its endpoint, and a
+//! queue of the exit's TUN device (`blx<N>`), which the host routes steered
+//! traffic into.
+//!
+//! What the kernel routes into the TUN device (WireGuard clients' packets,
+//! masqueraded to this node's tunnel address, and proxy streams bound to
+//! it) is read here, encrypted and sent to the exit; what the exit sends
+//! back is decrypted and written to the TUN device, where conntrack undoes
+//! the masquerade. Flow and NAT state stay in the kernel, and the exit sees
+//! one peer (this node's static key) at one tunnel address: a successor
+//! plane runs the same session afresh (a new handshake with the same key,
+//! from its own UDP socket, which WireGuard's roaming accepts), and no flow
+//! notices but for the packets in flight.
+//!
+//! Health is the handshake: the route is up while a handshake completed
+//! within [`FRESH`]; a probe forces one when the session is older than
+//! that, and marks the route down after `egress.probe.failures` probes in a
+//! row got no answer within `egress.probe.timeout`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blipless_config::upstreams::WireguardExit;
+use boringtun::noise::{Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+use super::tun::TunQueue;
+use crate::egress::routes::Route;
+
+/// A session this recent is healthy (WireGuard rekeys after 120 s of use
+/// and rejects a session after 180 s).
+pub const FRESH: Duration = Duration::from_secs(150);
+/// How often boringtun's timers run (handshake retries, keepalives, rekeys).
+const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Room for one packet plus WireGuard's overhead.
+const BUFFER: usize = 65_536 + 64;
+
+/// How the exits are checked.
+#[derive(Debug, Clone, Copy)]
+pub struct ExitProbe {
+    /// Between two probes.
+    pub interval: Duration,
+    /// A forced handshake not answered within this failed.
+    pub timeout: Duration,
+    /// Failed probes in a row that mark the exit down.
+    pub failures: usize,
+}
+
+/// Why an exit's tunnel cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExitError {
+    /// The endpoint in the wg-quick file does not resolve.
+    #[error("exit endpoint {0} does not resolve")]
+    Unresolvable(String),
+    /// The UDP socket or the TUN queue cannot be opened.
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
+}
+
+struct Session {
+    tunn: Mutex<Tunn>,
+    udp: UdpSocket,
+    queue: TunQueue,
+}
+
+impl Session {
+    fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
+        self.tunn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends what boringtun asked to send, outside its lock.
+    async fn send_all(&self, datagrams: Vec<Vec<u8>>) {
+        for datagram in datagrams {
+            if let Err(error) = self.udp.send(&datagram).await {
+                tracing::debug!(%error, "sending to the exit failed");
+            }
+        }
+    }
+
+    fn handshake_age(&self) -> Option<Duration> {
+        self.tunn().time_since_last_handshake()
+    }
+
+    /// Starts a handshake now.
+    async fn initiate(&self) {
+        let mut out = vec![0u8; BUFFER];
+        let datagram = match self.tunn().format_handshake_initiation(&mut out, true) {
+            TunnResult::WriteToNetwork(d) => Some(d.to_vec()),
+            _ => None,
+        };
+        if let Some(d) = datagram {
+            self.send_all(vec![d]).await;
+        }
+    }
+}
+
+/// Resolves the exit's endpoint.
+async fn endpoint(exit: &WireguardExit) -> Result<SocketAddr, ExitError> {
+    let name = exit.file.peer.endpoint.clone();
+    tokio::net::lookup_host(name.as_str())
+        .await
+        .ok()
+        .and_then(|mut found| found.next())
+        .ok_or(ExitError::Unresolvable(name))
+}
+
+async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
+    let endpoint = endpoint(exit).await?;
+    let bind: SocketAddr = if endpoint.is_ipv4() {
+        "0.0.0.0:0"
+            .parse()
+            .map_err(|_| ExitError::Unresolvable(String::new()))?
+    } else {
+        "[::]:0"
+            .parse()
+            .map_err(|_| ExitError::Unresolvable(String::new()))?
+    };
+    let udp = UdpSocket::bind(bind)
+        .await
+        .map_err(|e| ExitError::Io("opening the exit's UDP socket", e))?;
+    udp.connect(endpoint)
+        .await
+        .map_err(|e| ExitError::Io("connecting the exit's UDP socket", e))?;
+    let queue = TunQueue::attach(&exit.tun)
+        .map_err(|e| ExitError::Io("attaching a queue of the exit's TUN device", e))?;
+    // The session index only has to differ from the last one's: the time
+    // and the process id do.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let index = (nanos ^ std::process::id().rotate_left(16)) >> 8;
+    let tunn = Tunn::new(
+        StaticSecret::from(exit.file.private_key),
+        PublicKey::from(exit.file.peer.public_key),
+        exit.file.peer.preshared_key,
+        exit.file.peer.persistent_keepalive,
+        index,
+        None,
+    );
+    Ok(Session {
+        tunn: Mutex::new(tunn),
+        udp,
+        queue,
+    })
+}
+
+/// Runs the exit's tunnel until `stop`, reopening it if it fails.
+pub async fn run(
+    route: Arc<Route>,
+    exit: WireguardExit,
+    probe: ExitProbe,
+    stop: CancellationToken,
+) {
+    loop {
+        match open(&exit).await {
+            Ok(session) => {
+                tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, "WireGuard exit tunnel up");
+                serve(&route, Arc::new(session), probe, &stop).await;
+                if stop.is_cancelled() {
+                    tracing::info!(exit = %route.name, "WireGuard exit tunnel stopped");
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(exit = %route.name, %error, "WireGuard exit unavailable; retrying");
+                route.failed(probe.failures, &error.to_string());
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(probe.interval) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Moves packets both ways, runs the timers and probes, until `stop` or a
+/// socket fails.
+async fn serve(
+    route: &Arc<Route>,
+    session: Arc<Session>,
+    probe: ExitProbe,
+    stop: &CancellationToken,
+) {
+    session.initiate().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(outbound(session.clone()));
+    tasks.spawn(inbound(session.clone()));
+    tasks.spawn(timers(session.clone()));
+    tasks.spawn(health(route.clone(), session.clone(), probe));
+    tokio::select! {
+        () = stop.cancelled() => {}
+        _ = tasks.join_next() => {
+            tracing::warn!(exit = %route.name, "WireGuard exit tunnel failed; reopening");
+        }
+    }
+    tasks.shutdown().await;
+}
+
+/// From the exit's TUN device to the exit.
+async fn outbound(session: Arc<Session>) {
+    let (mut packet, mut out) = (vec![0u8; BUFFER], vec![0u8; BUFFER]);
+    loop {
+        let length = match session.queue.recv(&mut packet).await {
+            Ok(length) => length,
+            Err(error) => {
+                tracing::warn!(%error, "reading the exit's TUN queue failed");
+                return;
+            }
+        };
+        let datagram = match session.tunn().encapsulate(&packet[..length], &mut out) {
+            TunnResult::WriteToNetwork(d) => Some(d.to_vec()),
+            TunnResult::Err(error) => {
+                tracing::debug!(?error, "encapsulating for the exit failed");
+                None
+            }
+            _ => None,
+        };
+        if let Some(d) = datagram {
+            session.send_all(vec![d]).await;
+        }
+    }
+}
+
+/// From the exit to its TUN device.
+async fn inbound(session: Arc<Session>) {
+    let (mut datagram, mut out) = (vec![0u8; BUFFER], vec![0u8; BUFFER]);
+    loop {
+        let length = match session.udp.recv(&mut datagram).await {
+            Ok(length) => length,
+            Err(error) => {
+                // ICMP port unreachable surfaces as a refused recv on a
+                // connected socket: the exit is not answering yet.
+                tracing::debug!(%error, "receiving from the exit failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (mut to_network, mut to_tun) = (Vec::new(), None);
+        {
+            let mut tunn = session.tunn();
+            match tunn.decapsulate(None, &datagram[..length], &mut out) {
+                TunnResult::WriteToNetwork(d) => {
+                    to_network.push(d.to_vec());
+                    // Packets queued while the handshake was in flight.
+                    while let TunnResult::WriteToNetwork(d) = tunn.decapsulate(None, &[], &mut out)
+                    {
+                        to_network.push(d.to_vec());
+                    }
+                }
+                TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
+                    to_tun = Some(packet.to_vec());
+                }
+                TunnResult::Err(error) => {
+                    tracing::debug!(?error, "a datagram from the exit was refused")
+                }
+                TunnResult::Done => {}
+            }
+        }
+        session.send_all(to_network).await;
+        if let Some(packet) = to_tun {
+            if let Err(error) = session.queue.send(&packet).await {
+                tracing::debug!(%error, "writing to the exit's TUN queue failed");
+            }
+        }
+    }
+}
+
+/// boringtun's timers: retries, keepalives, rekeys.
+async fn timers(session: Arc<Session>) {
+    let mut out = vec![0u8; BUFFER];
+    let mut tick = tokio::time::interval(TIMER_TICK);
+    loop {
+        tick.tick().await;
+        let datagram = match session.tunn().update_timers(&mut out) {
+            TunnResult::WriteToNetwork(d) => Some(d.to_vec()),
+            _ => None,
+        };
+        if let Some(d) = datagram {
+            session.send_all(vec![d]).await;
+        }
+    }
+}
+
+/// The exit's health: fresh handshakes mark it up; a probe forces one when
+/// the session is stale.
+async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe) {
+    let mut tick = tokio::time::interval(probe.interval);
+    loop {
+        tick.tick().await;
+        if session.handshake_age().is_some_and(|age| age < FRESH) {
+            route.succeeded(route.latency_us().unwrap_or(1), None);
+            continue;
+        }
+        let started = Instant::now();
+        session.initiate().await;
+        let answered = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if session
+                .handshake_age()
+                .is_some_and(|age| age <= started.elapsed())
+            {
+                break true;
+            }
+            if started.elapsed() >= probe.timeout {
+                break false;
+            }
+        };
+        if answered {
+            let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            route.succeeded(rtt, None);
+        } else {
+            route.failed(
+                probe.failures,
+                "no WireGuard handshake answer from the exit",
+            );
+        }
+    }
+}
