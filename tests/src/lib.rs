@@ -11,6 +11,8 @@
 //! elsewhere); `make test` builds them before running the tests.
 
 pub mod curl;
+pub mod dante;
+pub mod fake_upstream;
 pub mod inherited;
 pub mod load;
 pub mod netns;
