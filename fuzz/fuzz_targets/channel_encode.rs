@@ -12,7 +12,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use blipless_protocol::channel::{
-    self, Accepted, DecodeError, DeviceReport, Direction, DrainOrder, Drained, EndpointEntry,
+    self, Accepted, DecodeError, DeviceReport, Direction, DrainOrder, Drained, EndpointEntry, ExitQueues,
     EndpointPart, Handoff, HandoffCounters, HandoffOffer, Hello, ListenerKind, Migrate,
     MigrateKind, OfferedSocket, Packets, PeerEntry, PeerUpdate, Refused, Rejoin, SocketName,
     SyncClients, Synced, ToDevice, ToIngress, Welcome, MAX_FDS_PER_FRAME, MAX_FRAME,
@@ -171,7 +171,7 @@ fn offer(u: &mut Unstructured<'_>) -> Result<HandoffOffer> {
 }
 
 /// A report with every counter arbitrary, the ones added later included
-/// (each is a u64 field of the JSON object).
+/// (each u64 field of the JSON object), and an arbitrary route or two.
 fn report(u: &mut Unstructured<'_>) -> Result<DeviceReport> {
     let serde_json::Value::Object(mut fields) =
         serde_json::to_value(DeviceReport::default()).expect("a report serialises")
@@ -179,13 +179,44 @@ fn report(u: &mut Unstructured<'_>) -> Result<DeviceReport> {
         panic!("a report is a JSON object");
     };
     for value in fields.values_mut() {
-        *value = serde_json::Value::from(u.arbitrary::<u64>()?);
+        if value.is_u64() {
+            *value = serde_json::Value::from(u.arbitrary::<u64>()?);
+        }
     }
-    Ok(serde_json::from_value(serde_json::Value::Object(fields)).expect("every field is a u64"))
+    let mut report: DeviceReport =
+        serde_json::from_value(serde_json::Value::Object(fields)).expect("every counter is a u64");
+    for _ in 0..u.int_in_range(0..=2)? {
+        report.routes.push(blipless_protocol::channel::RouteReport {
+            name: u.arbitrary()?,
+            kind: u.arbitrary()?,
+            up: u.arbitrary()?,
+            latency_us: u.arbitrary()?,
+            error: u.arbitrary()?,
+            clients: u.arbitrary()?,
+            opened: u.arbitrary()?,
+            downs: u.arbitrary()?,
+        });
+    }
+    Ok(report)
+}
+
+/// An exit's descriptors: a valid name (1-64 of the route-name bytes) and
+/// 1 to 251 queues, so that every built message encodes.
+fn exit_queues(u: &mut Unstructured<'_>) -> Result<ExitQueues> {
+    const NAME_BYTES: &[u8] = b"abcxyzABC019-_.";
+    let length = u.int_in_range(1..=64)?;
+    let mut exit = String::with_capacity(length);
+    for _ in 0..length {
+        exit.push(char::from(*u.choose(NAME_BYTES)?));
+    }
+    Ok(ExitQueues {
+        exit,
+        queues: u.int_in_range(1..=251)?,
+    })
 }
 
 fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
-    Ok(match u.int_in_range(0..=11)? {
+    Ok(match u.int_in_range(0..=12)? {
         0 => ToDevice::Welcome(Welcome {
             generation: u.arbitrary()?,
             ingress_pid: u.arbitrary()?,
@@ -209,6 +240,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
         8 => ToDevice::Migrate(migrate(u)?),
         9 => ToDevice::MigrateDone(u.arbitrary()?),
         10 => ToDevice::Goaway,
+        11 => ToDevice::ExitQueues(exit_queues(u)?),
         _ => ToDevice::SyncClients(SyncClients {
             token: u.arbitrary()?,
             through: u.arbitrary()?,
@@ -217,7 +249,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
 }
 
 fn to_ingress(u: &mut Unstructured<'_>) -> Result<ToIngress<'static>> {
-    Ok(match u.int_in_range(0..=11)? {
+    Ok(match u.int_in_range(0..=12)? {
         0 => ToIngress::Hello(hello(u)?),
         1 => ToIngress::Packets(packets(u)?),
         2 => ToIngress::Peers(peers(u)?),
@@ -235,6 +267,7 @@ fn to_ingress(u: &mut Unstructured<'_>) -> Result<ToIngress<'static>> {
             cut: u.arbitrary()?,
         }),
         10 => ToIngress::Report(report(u)?),
+        11 => ToIngress::ExitQueues(exit_queues(u)?),
         _ => ToIngress::Synced(Synced {
             token: u.arbitrary()?,
             applied: u.arbitrary()?,

@@ -232,6 +232,17 @@ async fn read_loop(
                     pass_on(&planes, &from, &ToDevice::TunQueues(count), &fds).await;
                 });
             }
+            ToIngress::ExitQueues(exit) => {
+                tracing::info!(
+                    generation = link.generation,
+                    exit = %exit.exit,
+                    "passing a WireGuard exit's descriptors to the active plane"
+                );
+                let (planes, from) = (context.planes.clone(), link.clone());
+                tokio::spawn(async move {
+                    pass_on(&planes, &from, &ToDevice::ExitQueues(exit), &fds).await;
+                });
+            }
             ToIngress::MigrateDone(id) => {
                 if let Some(from) = planes.migration_done(id) {
                     if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {

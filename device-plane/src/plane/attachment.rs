@@ -82,6 +82,10 @@ pub(super) async fn serve(
                         packets.adopt(fds);
                         continue;
                     }
+                    ToDevice::ExitQueues(exit) => {
+                        packets.adopt_exit(&exit, fds);
+                        continue;
+                    }
                     ToDevice::Endpoints(part) => {
                         if let Some(snapshot) = endpoint_parts.push(&part) {
                             endpoints.keep(snapshot);
@@ -296,6 +300,7 @@ pub(super) async fn linger(
                 }
                 ToDevice::MigrateDone(id) => context.handover_confirmed(id),
                 ToDevice::TunQueues(_) => packets.adopt(fds),
+                ToDevice::ExitQueues(exit) => packets.adopt_exit(&exit, fds),
                 // The old ingress took everything back and this plane attached
                 // to it again: this channel is the stale one.
                 ToDevice::Drain(_) => return,

@@ -148,6 +148,7 @@ pub(super) async fn warm_up(
             timeout: config.egress.probe.timeout,
             failures: config.egress.probe.failures,
         },
+        successor,
     )));
     let tun_writer = TunWriter::spawn(packets.clone());
     Ok(Warm {

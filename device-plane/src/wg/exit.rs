@@ -11,7 +11,10 @@
 //! one peer (this node's static key) at one tunnel address: a successor
 //! plane runs the same session afresh (a new handshake with the same key,
 //! from its own UDP socket, which WireGuard's roaming accepts), and no flow
-//! notices but for the packets in flight.
+//! notices but for the packets in flight. When the predecessor hands its
+//! exits over ([`ExitQueues`](blipless_protocol::channel::ExitQueues)), the
+//! successor runs them on the same UDP socket and TUN queue: the exit sees
+//! the same endpoint, and no queued packet is purged.
 //!
 //! Health is the handshake: the route is up while a handshake completed
 //! within [`FRESH`]; a probe forces one when the session is older than
@@ -61,10 +64,38 @@ pub enum ExitError {
     Io(&'static str, std::io::Error),
 }
 
-struct Session {
+/// A live exit session; [`super::exits::Exits`] keeps it to hand its
+/// descriptors over.
+pub struct Session {
     tunn: Mutex<Tunn>,
     udp: UdpSocket,
     queue: TunQueue,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("udp", &self.udp.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// The UDP socket and the TUN queue, in the order `ExitQueues` carries
+    /// them.
+    pub fn fds(&self) -> [std::os::fd::BorrowedFd<'_>; 2] {
+        use std::os::fd::AsFd;
+        [self.udp.as_fd(), self.queue.as_fd()]
+    }
+}
+
+/// Descriptors of an exit a predecessor handed over.
+#[derive(Debug)]
+pub struct Inherited {
+    /// Its UDP socket, connected to the exit.
+    pub udp: std::os::fd::OwnedFd,
+    /// Its TUN queue.
+    pub queue: std::os::fd::OwnedFd,
 }
 
 impl Session {
@@ -110,6 +141,22 @@ async fn endpoint(exit: &WireguardExit) -> Result<SocketAddr, ExitError> {
         .ok_or(ExitError::Unresolvable(name))
 }
 
+/// The session on a predecessor's descriptors.
+fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitError> {
+    let udp = std::net::UdpSocket::from(inherited.udp);
+    udp.set_nonblocking(true)
+        .map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
+    let udp =
+        UdpSocket::from_std(udp).map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
+    let queue = TunQueue::adopt(inherited.queue, &exit.tun)
+        .map_err(|e| ExitError::Io("taking the exit's TUN queue", e))?;
+    Ok(Session {
+        tunn: Mutex::new(new_tunn(exit)),
+        udp,
+        queue,
+    })
+}
+
 async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
     let endpoint = endpoint(exit).await?;
     let bind: SocketAddr = if endpoint.is_ipv4() {
@@ -129,6 +176,15 @@ async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
         .map_err(|e| ExitError::Io("connecting the exit's UDP socket", e))?;
     let queue = TunQueue::attach(&exit.tun)
         .map_err(|e| ExitError::Io("attaching a queue of the exit's TUN device", e))?;
+    Ok(Session {
+        tunn: Mutex::new(new_tunn(exit)),
+        udp,
+        queue,
+    })
+}
+
+/// A new boringtun session with the exit's keys.
+fn new_tunn(exit: &WireguardExit) -> Tunn {
     // The session index only has to differ from the last one's: the time
     // and the process id do.
     let nanos = std::time::SystemTime::now()
@@ -136,37 +192,43 @@ async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let index = (nanos ^ std::process::id().rotate_left(16)) >> 8;
-    let tunn = Tunn::new(
+    Tunn::new(
         StaticSecret::from(exit.file.private_key),
         PublicKey::from(exit.file.peer.public_key),
         exit.file.peer.preshared_key,
         exit.file.peer.persistent_keepalive,
         index,
         None,
-    );
-    Ok(Session {
-        tunn: Mutex::new(tunn),
-        udp,
-        queue,
-    })
+    )
 }
 
-/// Runs the exit's tunnel until `stop`, reopening it if it fails.
+/// Runs the exit's tunnel until `stop`, on `inherited` descriptors first
+/// if given, reopening it if it fails. The live session is kept in `live`
+/// for a handover.
 pub async fn run(
     route: Arc<Route>,
     exit: WireguardExit,
     probe: ExitProbe,
     stop: CancellationToken,
+    mut inherited: Option<Inherited>,
+    live: Arc<Mutex<Option<Arc<Session>>>>,
 ) {
     loop {
-        match open(&exit).await {
+        let opened = match inherited.take() {
+            Some(fds) => reopen(&exit, fds),
+            None => open(&exit).await,
+        };
+        match opened {
             Ok(session) => {
                 tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, "WireGuard exit tunnel up");
-                serve(&route, Arc::new(session), probe, &stop).await;
+                let session = Arc::new(session);
+                *lock(&live) = Some(session.clone());
+                serve(&route, session, probe, &stop).await;
                 if stop.is_cancelled() {
                     tracing::info!(exit = %route.name, "WireGuard exit tunnel stopped");
                     return;
                 }
+                *lock(&live) = None;
             }
             Err(error) => {
                 tracing::warn!(exit = %route.name, %error, "WireGuard exit unavailable; retrying");
@@ -178,6 +240,12 @@ pub async fn run(
             () = stop.cancelled() => return,
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Moves packets both ways, runs the timers and probes, until `stop` or a

@@ -5,24 +5,38 @@
 //! ([`super::exit`]) and keeps the kernel's `client_exit` map true: each
 //! WireGuard client whose egress window's first member is an exit has its
 //! tunnel address mapped to that exit's mark, so the host's rules route its
-//! packets into the exit. A successor takes over both when it gets the
-//! queues; the map itself is kernel state and outlives every plane.
+//! packets into the exit. At a deploy the draining plane stops its exits and
+//! sends each one's UDP socket and TUN queue ahead of the client queues
+//! ([`ExitQueues`]); the successor starts the exits when it gets the client
+//! queues, on the handed-over descriptors (waiting up to [`INHERIT_WAIT`]
+//! for them), or on fresh ones if none came. The map itself is kernel state
+//! and outlives every plane.
 //! Updating the map needs CAP_NET_ADMIN (as `net setup` does); without it
 //! the clients' packets leave directly, and the plane says so once.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use blipless_protocol::channel::{ExitQueues, ToIngress};
+use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::exit::{self, ExitProbe};
+use super::exit::{self, ExitProbe, Inherited, Session};
 use crate::clients::Directory;
 use crate::egress::routes::{RouteKind, Routes};
 use crate::identity::Identities;
 
 /// How often the steering is checked against the windows.
 const STEER_EVERY: Duration = Duration::from_secs(1);
+/// How long a successor waits for an exit's descriptors from its
+/// predecessor before it opens the exit afresh.
+pub const INHERIT_WAIT: Duration = Duration::from_secs(2);
+
+type Live = Arc<Mutex<Option<Arc<Session>>>>;
 
 /// Runs the exits while this plane holds the client TUN queues.
 #[derive(Debug)]
@@ -31,7 +45,19 @@ pub struct Exits {
     directory: Arc<Directory>,
     identities: Arc<Identities>,
     probe: ExitProbe,
-    running: Mutex<Option<CancellationToken>>,
+    /// A successor waits for its predecessor's descriptors.
+    successor: bool,
+    running: Mutex<Option<(CancellationToken, TaskTracker)>>,
+    /// Each exit's live session, by name.
+    live: Mutex<HashMap<String, Live>>,
+    /// Descriptors handed over and not yet taken, by exit name.
+    inherited: Mutex<HashMap<String, Inherited>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Exits {
@@ -41,20 +67,34 @@ impl Exits {
         directory: Arc<Directory>,
         identities: Arc<Identities>,
         probe: ExitProbe,
+        successor: bool,
     ) -> Self {
         Self {
             routes,
             directory,
             identities,
             probe,
+            successor,
             running: Mutex::new(None),
+            live: Mutex::new(HashMap::new()),
+            inherited: Mutex::new(HashMap::new()),
         }
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, Option<CancellationToken>> {
-        self.running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Keeps an exit's descriptors a predecessor handed over (the UDP
+    /// socket, then the TUN queue), for [`Exits::start`].
+    pub fn adopt(&self, message: &ExitQueues, fds: Vec<OwnedFd>) {
+        let mut fds = fds.into_iter();
+        let (Some(udp), Some(queue)) = (fds.next(), fds.next()) else {
+            tracing::warn!(exit = %message.exit, "ExitQueues without its descriptors: ignored");
+            return;
+        };
+        if self.routes.get(&message.exit).is_none() {
+            tracing::warn!(exit = %message.exit, "descriptors of an exit this plane does not have: closed");
+            return;
+        }
+        tracing::info!(exit = %message.exit, "WireGuard exit descriptors inherited from the predecessor");
+        lock(&self.inherited).insert(message.exit.clone(), Inherited { udp, queue });
     }
 
     /// Starts the tunnels and the steering (nothing when there are no
@@ -63,28 +103,89 @@ impl Exits {
         if self.routes.exits().next().is_none() {
             return;
         }
-        let mut running = self.running();
+        let mut running = lock(&self.running);
         if running.is_some() {
             return;
         }
-        let stop = CancellationToken::new();
+        let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
         for (route, config) in self.routes.exits() {
-            tokio::spawn(exit::run(
-                route.clone(),
-                config.clone(),
-                self.probe,
-                stop.clone(),
-            ));
+            let live = lock(&self.live)
+                .entry(route.name.clone())
+                .or_default()
+                .clone();
+            let (exits, route, config, stop) =
+                (self.clone(), route.clone(), config.clone(), stop.clone());
+            tasks.spawn(async move {
+                let inherited = exits.inherited_for(&route.name, &stop).await;
+                exit::run(route, config, exits.probe, stop, inherited, live).await;
+            });
         }
-        tokio::spawn(self.clone().steer(stop.clone()));
-        *running = Some(stop);
+        tasks.spawn(self.clone().steer(stop.clone()));
+        tasks.close();
+        *running = Some((stop, tasks));
     }
 
-    /// Stops the tunnels (the successor runs them now); the steering map is
-    /// left as it is for the successor.
-    pub fn stop(&self) {
-        if let Some(stop) = self.running().take() {
+    /// The exit's handed-over descriptors: at once if here, else a
+    /// successor waits up to [`INHERIT_WAIT`] for them.
+    async fn inherited_for(&self, name: &str, stop: &CancellationToken) -> Option<Inherited> {
+        let deadline = tokio::time::Instant::now() + INHERIT_WAIT;
+        loop {
+            if let Some(fds) = lock(&self.inherited).remove(name) {
+                return Some(fds);
+            }
+            if !self.successor || tokio::time::Instant::now() >= deadline || stop.is_cancelled() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the tunnels and waits for them; the sessions stay in `live`.
+    async fn stop_and_wait(&self) {
+        let running = lock(&self.running).take();
+        if let Some((stop, tasks)) = running {
             stop.cancel();
+            if tokio::time::timeout(Duration::from_secs(2), tasks.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("WireGuard exit tasks did not stop in time");
+            }
+        }
+    }
+
+    /// Stops the tunnels for good (no successor to take them).
+    pub async fn stop(&self) {
+        self.stop_and_wait().await;
+        lock(&self.live).clear();
+    }
+
+    /// At a deploy: stops the tunnels and sends each exit's UDP socket and
+    /// TUN queue to the successor on `channel`; our copies close after. The
+    /// steering map is left as it is for the successor.
+    pub async fn hand_over(&self, channel: Option<&UnixSeqpacket>) {
+        self.stop_and_wait().await;
+        let live: Vec<(String, Arc<Session>)> = lock(&self.live)
+            .drain()
+            .filter_map(|(name, slot)| lock(&slot).take().map(|session| (name, session)))
+            .collect();
+        for (name, session) in live {
+            let message = ToIngress::ExitQueues(ExitQueues {
+                exit: name.clone(),
+                queues: 1,
+            });
+            let sent = match channel {
+                Some(socket) => blipless_link::send(socket, &message, &session.fds())
+                    .await
+                    .map_err(|error| error.to_string()),
+                None => Err("no channel".to_owned()),
+            };
+            match sent {
+                Ok(()) => tracing::info!(exit = %name, "WireGuard exit handed to the successor"),
+                Err(error) => {
+                    tracing::warn!(exit = %name, %error, "could not hand the exit over; the successor opens it afresh")
+                }
+            }
         }
     }
 

@@ -128,6 +128,20 @@ impl PacketPath {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(exits);
     }
 
+    /// Keeps a WireGuard exit's descriptors the predecessor handed over.
+    pub fn adopt_exit(
+        &self,
+        message: &blipless_protocol::channel::ExitQueues,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) {
+        match self.exits() {
+            Some(exits) => exits.adopt(message, fds),
+            None => {
+                tracing::warn!(exit = %message.exit, "exit descriptors before the exits exist: closed")
+            }
+        }
+    }
+
     fn exits(&self) -> Option<Arc<super::exits::Exits>> {
         self.exits
             .lock()
@@ -283,9 +297,15 @@ impl PacketPath {
     /// no channel to send them on, they are closed (the kernel then steers to
     /// the other queues).
     pub async fn hand_over(&self) {
-        // The successor runs the exits from the moment it has the queues.
+        // The successor runs the exits from the moment it has the queues:
+        // their descriptors go first, on the same channel.
         if let Some(exits) = self.exits() {
-            exits.stop();
+            let channel = self
+                .channel
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            exits.hand_over(channel.as_deref()).await;
         }
         let (tracker, stop) = self
             .readers

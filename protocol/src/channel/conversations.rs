@@ -7,6 +7,7 @@
 //! same message has the same byte in every conversation that carries it.
 
 use super::endpoints::{self, EndpointPart};
+use super::exits::{self, ExitQueues};
 use super::handoff::HandoffOffer;
 use super::migrate::{self, Migrate};
 use super::packets::Packets;
@@ -64,6 +65,9 @@ pub enum ToDevice<'a> {
     Goaway,
     /// Apply the client change feed through a position, then say [`Synced`].
     SyncClients(SyncClients),
+    /// A WireGuard exit's UDP socket and TUN queues from the plane that
+    /// handed them over, fds beside the frame: run the exit on them.
+    ExitQueues(ExitQueues),
 }
 
 /// Device plane to ingress.
@@ -94,6 +98,9 @@ pub enum ToIngress<'a> {
     Report(DeviceReport),
     /// The answer to [`ToDevice::SyncClients`].
     Synced(Synced),
+    /// This (draining) plane's descriptors of one WireGuard exit, for the
+    /// active plane; sent before its [`ToIngress::TunQueues`].
+    ExitQueues(ExitQueues),
 }
 
 /// Between two ingresses on `handoff.sock`.
@@ -132,6 +139,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::MigrateDone(_) => T_MIGRATE_DONE,
             ToDevice::Goaway => T_GOAWAY,
             ToDevice::SyncClients(_) => T_SYNC_CLIENTS,
+            ToDevice::ExitQueues(_) => T_EXIT_QUEUES,
         }
     }
 
@@ -140,6 +148,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Accepted(_) => 1,
             ToDevice::Migrate(migrate) => migrate.fd_count(),
             ToDevice::TunQueues(count) => usize::from(*count),
+            ToDevice::ExitQueues(exit) => exit.fd_count(),
             _ => 0,
         }
     }
@@ -156,6 +165,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Migrate(body) => migrate::encode(body, out),
             ToDevice::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
             ToDevice::SyncClients(s) => sync::encode(s.token, s.through, out),
+            ToDevice::ExitQueues(exit) => exits::encode(exit, out),
             ToDevice::Activate | ToDevice::Goaway => {}
         }
     }
@@ -183,6 +193,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
                 let (token, through) = sync::decode("SyncClients", payload)?;
                 ToDevice::SyncClients(SyncClients { token, through })
             }
+            T_EXIT_QUEUES => ToDevice::ExitQueues(exits::decode(payload)?),
             other => return Err(not_carried(other, Self::NAME)),
         })
     }
@@ -205,6 +216,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             ToIngress::Drained(_) => T_DRAINED,
             ToIngress::Report(_) => T_REPORT,
             ToIngress::Synced(_) => T_SYNCED,
+            ToIngress::ExitQueues(_) => T_EXIT_QUEUES,
         }
     }
 
@@ -212,6 +224,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
         match self {
             ToIngress::Migrate(migrate) => migrate.fd_count(),
             ToIngress::TunQueues(count) => usize::from(*count),
+            ToIngress::ExitQueues(exit) => exit.fd_count(),
             _ => 0,
         }
     }
@@ -229,6 +242,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             ToIngress::Migrate(body) => migrate::encode(body, out),
             ToIngress::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
             ToIngress::Synced(s) => sync::encode(s.token, s.applied, out),
+            ToIngress::ExitQueues(exit) => exits::encode(exit, out),
             ToIngress::Ready => {}
         }
     }
@@ -253,6 +267,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
                 let (token, applied) = sync::decode("Synced", payload)?;
                 ToIngress::Synced(Synced { token, applied })
             }
+            T_EXIT_QUEUES => ToIngress::ExitQueues(exits::decode(payload)?),
             other => return Err(not_carried(other, Self::NAME)),
         })
     }

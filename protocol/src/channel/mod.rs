@@ -32,6 +32,7 @@
 pub mod conversations;
 mod cursor;
 mod endpoints;
+mod exits;
 mod handoff;
 mod migrate;
 mod packets;
@@ -43,6 +44,7 @@ mod tests;
 
 pub use conversations::{encode_migrate, Conversation, Handoff, ToDevice, ToIngress};
 pub use endpoints::{EndpointEntry, EndpointPart};
+pub use exits::ExitQueues;
 pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
 pub use migrate::{Direction, Migrate, MigrateKind};
 pub use packets::{PacketIter, Packets};

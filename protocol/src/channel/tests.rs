@@ -127,6 +127,10 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
         ToDevice::Packets(packets_sample()),
         ToDevice::Packets(Packets::new(1)),
         ToDevice::TunQueues(2),
+        ToDevice::ExitQueues(ExitQueues {
+            exit: "wg-nl".into(),
+            queues: 1,
+        }),
         ToDevice::Endpoints(endpoints_sample()),
         ToDevice::Activate,
         ToDevice::Drain(DrainOrder { handover: true }),
@@ -150,6 +154,10 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
         ToIngress::Peers(sample_peers()),
         ToIngress::Peers(PeerUpdate::full(true, true)),
         ToIngress::TunQueues(252),
+        ToIngress::ExitQueues(ExitQueues {
+            exit: "x".repeat(64),
+            queues: 251,
+        }),
         ToIngress::Endpoints(endpoints_sample()),
         ToIngress::Ready,
         ToIngress::Drain(DrainOrder { handover: false }),
@@ -523,6 +531,7 @@ fn fd_counts() {
             ToDevice::Accepted(_) => 1,
             ToDevice::Migrate(m) => migrate_fds(m),
             ToDevice::TunQueues(n) => usize::from(*n),
+            ToDevice::ExitQueues(exit) => 1 + usize::from(exit.queues),
             _ => 0,
         };
         assert_eq!(message.fd_count(), expected, "{}", message.name());
@@ -531,6 +540,7 @@ fn fd_counts() {
         let expected = match &message {
             ToIngress::Migrate(m) => migrate_fds(m),
             ToIngress::TunQueues(n) => usize::from(*n),
+            ToIngress::ExitQueues(exit) => 1 + usize::from(exit.queues),
             _ => 0,
         };
         assert_eq!(message.fd_count(), expected, "{}", message.name());

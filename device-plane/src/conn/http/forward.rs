@@ -44,6 +44,13 @@ pub(super) async fn forward(
         }
     };
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
+    // Through an upstream, the exchange ends when the upstream goes down
+    // (docs/EGRESS.md, "Failover"), as a tunnel does.
+    let route_down = context
+        .egress
+        .routes
+        .route_of(egress.local_addr().ok(), egress.peer_addr().ok())
+        .map(|route| route.down_token());
     let (mut sender, connection) =
         match hyper::client::conn::http1::handshake(TokioIo::new(egress)).await {
             Ok(pair) => pair,
@@ -55,6 +62,12 @@ pub(super) async fn forward(
     let origin = CancellationToken::new();
     let origin_over = origin.clone();
     tokio::spawn(async move {
+        let route_down = async move {
+            match route_down {
+                Some(token) => token.cancelled_owned().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
@@ -62,6 +75,9 @@ pub(super) async fn forward(
                 }
             }
             () = origin_over.cancelled() => {}
+            () = route_down => {
+                tracing::info!(id, "http exchange cut: its upstream went down");
+            }
         }
     });
     let origin_guard = origin.drop_guard();
