@@ -5,7 +5,9 @@
 //! by the `client_exit` nftables map the device plane fills) and by source
 //! address (proxy streams, whose sockets the device plane binds to the
 //! exit's tunnel address). The nftables table masquerades the client pool
-//! to the exit's address and lets only replies in from the exit.
+//! to the exit's address and lets only replies in from the exit; the map
+//! lives in a table of its own that setup never replaces
+//! ([`Plan::steer_script`]).
 //!
 //! Loose reverse-path filtering on the exit's device: replies from the
 //! internet arrive on it, while the main table routes the internet
@@ -114,25 +116,12 @@ impl Plan {
         ]
     }
 
-    /// The nftables lines for the exits: the map, the chain that marks
-    /// clients' packets, and per exit what goes in input, forward and
-    /// postrouting.
+    /// The nftables lines for the exits in the main table: per exit what
+    /// goes in input, forward and postrouting. The map and the chain that
+    /// marks clients' packets live in their own table ([`steer_script`]).
     pub(super) fn nft_exit_parts(&self) -> NftExitParts {
         let mut parts = NftExitParts::default();
-        if self.exits.is_empty() {
-            return parts;
-        }
-        let (tun, pool) = (&self.tun, &self.pool);
-        parts.top = format!(
-            "\tmap client_exit {{
-\t\ttype ipv4_addr : mark
-\t}}
-\tchain prerouting {{
-\t\ttype filter hook prerouting priority mangle; policy accept;
-\t\tiifname \"{tun}\" meta mark set ip saddr map @client_exit
-\t}}
-"
-        );
+        let pool = &self.pool;
         for exit in &self.exits {
             let x = &exit.tun;
             parts.input.push_str(&format!(
@@ -147,13 +136,36 @@ impl Plan {
         }
         parts
     }
+
+    /// The steering table, `inet blipless_steer`: the `client_exit` map and
+    /// the chain that marks clients' packets by it. Unlike the main table it
+    /// is never replaced whole: setup adds what is missing and rewrites the
+    /// chain, in one transaction, so the map's elements (which the device
+    /// plane keeps) survive every `net setup`, including the one a device
+    /// plane with `egress.tun.manage = true` runs at start. Without exits,
+    /// setup deletes it.
+    pub fn steer_script(&self) -> String {
+        if self.exits.is_empty() {
+            return format!("add table {STEER_TABLE}\ndelete table {STEER_TABLE}\n");
+        }
+        let tun = &self.tun;
+        format!(
+            "add table {STEER_TABLE}
+add map {STEER_TABLE} client_exit {{ type ipv4_addr : mark; }}
+add chain {STEER_TABLE} prerouting {{ type filter hook prerouting priority mangle; policy accept; }}
+flush chain {STEER_TABLE} prerouting
+add rule {STEER_TABLE} prerouting iifname \"{tun}\" meta mark set ip saddr map @client_exit
+"
+        )
+    }
 }
 
-/// The exits' share of the nftables table.
+/// The nftables table that steers WireGuard clients to exits.
+pub const STEER_TABLE: &str = "inet blipless_steer";
+
+/// The exits' share of the main nftables table.
 #[derive(Debug, Default)]
 pub(super) struct NftExitParts {
-    /// Map and chain definitions, at the table's top level.
-    pub top: String,
     /// Lines for the input chain.
     pub input: String,
     /// Lines for the forward chain.

@@ -289,6 +289,10 @@ impl Plan {
             stdin: Some(self.nft_script()),
             ..Cmd::new("nft", &["-f", "-"])
         }));
+        steps.push(Step::Run(Cmd {
+            stdin: Some(self.steer_script()),
+            ..Cmd::new("nft", &["-f", "-"])
+        }));
         steps
     }
 
@@ -473,7 +477,7 @@ pub mod steer;
 mod tests;
 
 use exits::exit_teardown_steps;
-pub use exits::ExitPlan;
+pub use exits::{ExitPlan, STEER_TABLE};
 pub use nft::NFT_TABLE;
 pub use owner::TunOwner;
 use run::run_steps;

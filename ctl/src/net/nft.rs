@@ -90,13 +90,13 @@ impl Plan {
             format!("\t\tiifname \"{tun}\" ip daddr {} accept\n", set(&in_pool))
         };
         let exits = self.nft_exit_parts();
-        let (exit_top, exit_input, exit_forward, exit_postrouting) =
-            (exits.top, exits.input, exits.forward, exits.postrouting);
+        let (exit_input, exit_forward, exit_postrouting) =
+            (exits.input, exits.forward, exits.postrouting);
         format!(
             "add table {NFT_TABLE}
 delete table {NFT_TABLE}
 table {NFT_TABLE} {{
-{exit_top}	chain input {{
+	chain input {{
 		type filter hook input priority filter; policy accept;
 		iifname \"{tun}\" ct state established,related accept
 {input}		iifname \"{tun}\" drop
@@ -119,6 +119,9 @@ table {NFT_TABLE} {{
     /// The nftables transaction teardown runs: delete the table whether or
     /// not it exists.
     pub fn nft_teardown_script(&self) -> String {
-        format!("add table {NFT_TABLE}\ndelete table {NFT_TABLE}\n")
+        let steer = super::exits::STEER_TABLE;
+        format!(
+            "add table {NFT_TABLE}\ndelete table {NFT_TABLE}\nadd table {steer}\ndelete table {steer}\n"
+        )
     }
 }

@@ -1,23 +1,24 @@
 //! Steering WireGuard clients to their exits: the `client_exit` map of the
-//! nftables table (client tunnel address to the exit's mark), which the
-//! kernel keeps across device-plane deploys and crashes. The device plane
+//! `inet blipless_steer` table (client tunnel address to the exit's mark),
+//! which the kernel keeps across device-plane deploys, crashes and `net
+//! setup`. The device plane
 //! that holds the TUN queues replaces the whole map whenever a client's
 //! first route changes (docs/EGRESS.md, "WireGuard exits").
 
 use std::net::Ipv4Addr;
 
-use super::{run::run_steps, Cmd, NetError, Step, NFT_TABLE};
+use super::{run::run_steps, Cmd, NetError, Step, STEER_TABLE};
 
 /// The transaction that makes the map hold exactly `steered`.
 pub fn map_script(steered: &[(Ipv4Addr, u32)]) -> String {
-    let mut script = format!("flush map {NFT_TABLE} client_exit\n");
+    let mut script = format!("flush map {STEER_TABLE} client_exit\n");
     if !steered.is_empty() {
         let elements: Vec<String> = steered
             .iter()
             .map(|(address, mark)| format!("{address} : {mark:#x}"))
             .collect();
         script.push_str(&format!(
-            "add element {NFT_TABLE} client_exit {{ {} }}\n",
+            "add element {STEER_TABLE} client_exit {{ {} }}\n",
             elements.join(", ")
         ));
     }
@@ -40,14 +41,17 @@ mod tests {
 
     #[test]
     fn the_map_is_replaced_whole() {
-        assert_eq!(map_script(&[]), "flush map inet blipless client_exit\n");
+        assert_eq!(
+            map_script(&[]),
+            "flush map inet blipless_steer client_exit\n"
+        );
         assert_eq!(
             map_script(&[
                 (Ipv4Addr::new(10, 64, 0, 2), 0x0b1e_5500),
                 (Ipv4Addr::new(10, 64, 0, 3), 0x0b1e_5501)
             ]),
-            "flush map inet blipless client_exit\n\
-             add element inet blipless client_exit { 10.64.0.2 : 0xb1e5500, 10.64.0.3 : 0xb1e5501 }\n"
+            "flush map inet blipless_steer client_exit\n\
+             add element inet blipless_steer client_exit { 10.64.0.2 : 0xb1e5500, 10.64.0.3 : 0xb1e5501 }\n"
         );
     }
 }

@@ -258,10 +258,14 @@ fn setup_and_teardown_steps() {
             "ip link set dev blip0 up",
             "1 > /proc/sys/net/ipv4/ip_forward",
             "nft -f -",
+            "nft -f -",
         ]
     );
     assert!(
         matches!(&steps[4], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.nft_script())
+    );
+    assert!(
+        matches!(&steps[5], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.steer_script())
     );
     assert!(matches!(&steps[0], Step::EnsureTun { delete, owner, .. }
             if delete.to_string() == "ip link del dev blip0" && owner == &plan.owner));
@@ -273,7 +277,8 @@ fn setup_and_teardown_steps() {
     let teardown = plan.teardown_steps();
     assert!(
         matches!(&teardown[0], Step::Run(Cmd { stdin: Some(script), .. })
-        if script == "add table inet blipless\ndelete table inet blipless\n")
+        if script == "add table inet blipless\ndelete table inet blipless\n\
+                     add table inet blipless_steer\ndelete table inet blipless_steer\n")
     );
     assert!(
         matches!(&teardown[1], Step::RemoveTun { delete, .. } if delete.to_string() == "ip link del dev blip0")
@@ -425,11 +430,24 @@ fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
         Some("nft -f -"),
         "nftables last"
     );
-    let script = plan.nft_script();
+    let steer = plan.steer_script();
     for expected in [
-        "map client_exit {",
-        "type ipv4_addr : mark",
+        "add map inet blipless_steer client_exit { type ipv4_addr : mark; }",
+        "flush chain inet blipless_steer prerouting",
         "iifname \"blip0\" meta mark set ip saddr map @client_exit",
+    ] {
+        assert!(steer.contains(expected), "{expected} missing from\n{steer}");
+    }
+    assert!(
+        !steer.contains("delete") && !steer.contains("flush map"),
+        "setup keeps the map's elements:\n{steer}"
+    );
+    let script = plan.nft_script();
+    assert!(
+        !script.contains("client_exit"),
+        "the map is not in the replaced table"
+    );
+    for expected in [
         "ip saddr 10.64.0.0/24 oifname \"blx0\" masquerade",
         "iifname \"blx0\" ct state established,related accept",
         "iifname \"blx0\" drop",
@@ -450,6 +468,11 @@ fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
             "{expected} missing from {teardown:#?}"
         );
     }
-    // Without exits the table has no map.
-    assert!(!self::plan(&[]).nft_script().contains("client_exit"));
+    // Without exits, setup removes the steering table.
+    assert!(self::plan(&[])
+        .steer_script()
+        .contains("delete table inet blipless_steer"));
+    assert!(plan
+        .nft_teardown_script()
+        .contains("delete table inet blipless_steer"));
 }

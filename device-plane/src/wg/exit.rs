@@ -16,10 +16,13 @@
 //! successor runs them on the same UDP socket and TUN queue: the exit sees
 //! the same endpoint, and no queued packet is purged.
 //!
-//! Health is the handshake: the route is up while a handshake completed
-//! within [`FRESH`]; a probe forces one when the session is older than
-//! that, and marks the route down after `egress.probe.failures` probes in a
-//! row got no answer within `egress.probe.timeout`.
+//! Health: every `egress.probe.interval` the exit is up if it sent us
+//! anything since the last check; if it did not, a probe forces a handshake
+//! and times its answer (the route's latency), and `egress.probe.failures`
+//! probes in a row without an answer within `egress.probe.timeout` mark it
+//! down. So a busy exit is never probed, an idle one costs a handshake per
+//! interval, and a dead one is down within about `failures × interval +
+//! timeout`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,9 +37,6 @@ use tokio_util::sync::CancellationToken;
 use super::tun::TunQueue;
 use crate::egress::routes::Route;
 
-/// A session this recent is healthy (WireGuard rekeys after 120 s of use
-/// and rejects a session after 180 s).
-pub const FRESH: Duration = Duration::from_secs(150);
 /// How often boringtun's timers run (handshake retries, keepalives, rekeys).
 const TIMER_TICK: Duration = Duration::from_millis(250);
 /// Room for one packet plus WireGuard's overhead.
@@ -70,6 +70,8 @@ pub struct Session {
     tunn: Mutex<Tunn>,
     udp: UdpSocket,
     queue: TunQueue,
+    /// Datagrams from the exit that boringtun accepted.
+    received: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Session {
@@ -114,10 +116,6 @@ impl Session {
         }
     }
 
-    fn handshake_age(&self) -> Option<Duration> {
-        self.tunn().time_since_last_handshake()
-    }
-
     /// Starts a handshake now.
     async fn initiate(&self) {
         let mut out = vec![0u8; BUFFER];
@@ -154,6 +152,7 @@ fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitErr
         tunn: Mutex::new(new_tunn(exit)),
         udp,
         queue,
+        received: std::sync::atomic::AtomicU64::new(0),
     })
 }
 
@@ -180,6 +179,7 @@ async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
         tunn: Mutex::new(new_tunn(exit)),
         udp,
         queue,
+        received: std::sync::atomic::AtomicU64::new(0),
     })
 }
 
@@ -313,7 +313,13 @@ async fn inbound(session: Arc<Session>) {
         let (mut to_network, mut to_tun) = (Vec::new(), None);
         {
             let mut tunn = session.tunn();
-            match tunn.decapsulate(None, &datagram[..length], &mut out) {
+            let result = tunn.decapsulate(None, &datagram[..length], &mut out);
+            if !matches!(result, TunnResult::Err(_)) {
+                session
+                    .received
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            match result {
                 TunnResult::WriteToNetwork(d) => {
                     to_network.push(d.to_vec());
                     // Packets queued while the handshake was in flight.
@@ -356,33 +362,41 @@ async fn timers(session: Arc<Session>) {
     }
 }
 
-/// The exit's health: fresh handshakes mark it up; a probe forces one when
-/// the session is stale.
+/// The exit's health (module docs): traffic from it since the last check
+/// means up; else a forced handshake, timed.
 async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe) {
+    use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(probe.interval);
+    // The first check (at once) probes: it measures the latency.
+    let mut seen = u64::MAX;
     loop {
         tick.tick().await;
-        if session.handshake_age().is_some_and(|age| age < FRESH) {
+        let received = session.received.load(Relaxed);
+        if seen != u64::MAX && received > seen {
+            seen = received;
             route.succeeded(route.latency_us().unwrap_or(1), None);
             continue;
         }
         let started = Instant::now();
+        let before = session.received.load(Relaxed);
         session.initiate().await;
+        // The answer is the exit's handshake response (or any datagram from
+        // it) that boringtun accepts. (Not `time_since_last_handshake`:
+        // boringtun stamps it with the clock of its last timer tick, up to
+        // a tick before the handshake began.)
         let answered = loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if session
-                .handshake_age()
-                .is_some_and(|age| age <= started.elapsed())
-            {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if session.received.load(Relaxed) > before {
                 break true;
             }
             if started.elapsed() >= probe.timeout {
                 break false;
             }
         };
+        seen = session.received.load(Relaxed);
         if answered {
             let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            route.succeeded(rtt, None);
+            route.succeeded(rtt.max(1), None);
         } else {
             route.failed(
                 probe.failures,

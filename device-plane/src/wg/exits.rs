@@ -32,6 +32,9 @@ use crate::identity::Identities;
 
 /// How often the steering is checked against the windows.
 const STEER_EVERY: Duration = Duration::from_secs(1);
+/// How often the steering map is written even when the windows did not
+/// change.
+const REAPPLY_EVERY: Duration = Duration::from_secs(10);
 /// How long a successor waits for an exit's descriptors from its
 /// predecessor before it opens the exit afresh.
 pub const INHERIT_WAIT: Duration = Duration::from_secs(2);
@@ -221,7 +224,7 @@ impl Exits {
 
     /// Keeps the kernel's map equal to [`Exits::wanted`] until `stop`.
     async fn steer(self: Arc<Self>, stop: CancellationToken) {
-        let mut applied: Option<Vec<(Ipv4Addr, u32)>> = None;
+        let mut applied: Option<(Vec<(Ipv4Addr, u32)>, tokio::time::Instant)> = None;
         let mut said: Option<String> = None;
         let mut tick = tokio::time::interval(STEER_EVERY);
         loop {
@@ -230,16 +233,23 @@ impl Exits {
                 () = stop.cancelled() => return,
             }
             let wanted = self.wanted().await;
-            if applied.as_ref() == Some(&wanted) {
+            // Written again now and then even when unchanged, so that a map
+            // emptied behind our back (an operator's `nft`) heals.
+            let fresh = applied
+                .as_ref()
+                .is_some_and(|(map, at)| map == &wanted && at.elapsed() < REAPPLY_EVERY);
+            if fresh {
                 continue;
             }
             match blipless_ctl::net::steer::apply(&wanted).await {
                 Ok(()) => {
-                    tracing::info!(
-                        steered = wanted.len(),
-                        "WireGuard clients steered to their exits"
-                    );
-                    applied = Some(wanted);
+                    if applied.as_ref().is_none_or(|(map, _)| map != &wanted) {
+                        tracing::info!(
+                            steered = wanted.len(),
+                            "WireGuard clients steered to their exits"
+                        );
+                    }
+                    applied = Some((wanted, tokio::time::Instant::now()));
                     said = None;
                 }
                 Err(error) => {
