@@ -256,7 +256,8 @@ async fn serve(
     probe: ExitProbe,
     stop: &CancellationToken,
 ) {
-    session.initiate().await;
+    // The health task's first check, at once, starts the handshake (and
+    // times it); a second initiation here would race it.
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(outbound(session.clone()));
     tasks.spawn(inbound(session.clone()));
