@@ -6,15 +6,19 @@
 # <!-- wireguard:end -->. Arguments go to blipless-bench; --quick and --out also
 # to blipless-bench-wg. Then, as root, blipless-bench-handoff (ingress handoffs
 # under WireGuard traffic) rewrites its section between <!-- handoff:begin -->
-# and <!-- handoff:end --> (--quick and --out go to it too). `make bench` builds
-# the binaries first; run from anywhere.
+# and <!-- handoff:end --> (--quick and --out go to it too). Last, as root,
+# blipless-bench-egress (egress through a SOCKS5 upstream and a WireGuard exit
+# beside direct, deploys under an exit's stream, failover) rewrites its section
+# between <!-- egress:begin --> and <!-- egress:end --> (--quick and --out too).
+# `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bench="$target/release/blipless-bench"
 bench_wg="$target/release/blipless-bench-wg"
 bench_handoff="$target/release/blipless-bench-handoff"
-for binary in "$bench" "$bench_wg" "$bench_handoff"; do
+bench_egress="$target/release/blipless-bench-egress"
+for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -35,14 +39,16 @@ done
 # The harness finds target/release binaries with this.
 # Daemons log at the production level while measured.
 export BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release
-# The main bench rewrites the whole file: keep the WireGuard and handoff sections to put
-# back if their benches cannot run.
+# The main bench rewrites the whole file: keep the WireGuard, handoff and egress sections
+# to put back if their benches cannot run.
 saved="$(mktemp)"
 saved_handoff="$(mktemp)"
-trap 'rm -f "$saved" "$saved_handoff"' EXIT
+saved_egress="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff" "$saved_egress"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
     sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
+    sed -n '/<!-- egress:begin -->/,/<!-- egress:end -->/p' "$out" >"$saved_egress"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -58,21 +64,36 @@ restore_handoff() {
         echo "bench.sh: kept the previous handoff section of $out" >&2
     fi
 }
+restore_egress() {
+    if [ -s "$saved_egress" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_egress" >>"$out"
+        echo "bench.sh: kept the previous egress section of $out" >&2
+    fi
+}
 "$bench" --out docs/BENCHMARKS.md "$@"
 if [ "$(id -u)" -ne 0 ]; then
     echo "bench.sh: the WireGuard bench needs root (network namespaces, TUN, nftables): run \`sudo make bench\`" >&2
     restore
     restore_handoff
+    restore_egress
     exit 0
 fi
 # shellcheck disable=SC2086 # wg_args is empty or one word
 if ! "$bench_wg" --out "$out" $wg_args; then
     restore
     restore_handoff
+    restore_egress
     exit 1
 fi
 # shellcheck disable=SC2086 # wg_args is empty or one word
 if ! "$bench_handoff" --out "$out" $wg_args; then
     restore_handoff
+    restore_egress
+    exit 1
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_egress" --out "$out" $wg_args; then
+    restore_egress
     exit 1
 fi

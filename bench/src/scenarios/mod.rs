@@ -8,6 +8,7 @@
 
 pub mod bulk;
 pub mod deploy;
+pub mod egress;
 pub mod handoff;
 pub mod memory;
 pub mod prewarm;
