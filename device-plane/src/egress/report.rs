@@ -24,7 +24,13 @@ pub fn routes(routes: &Routes, identities: &Identities) -> Vec<RouteReport> {
             up: route.is_up(),
             latency_us: route.latency_us(),
             error: route.last_error(),
-            clients: members.get(&route.name).copied().unwrap_or(0),
+            // A node without upstreams keeps no windows: every client with
+            // an identity open here goes direct.
+            clients: if routes.upstreams().is_empty() {
+                identities.live()
+            } else {
+                members.get(&route.name).copied().unwrap_or(0)
+            },
             opened: route.opened.load(Ordering::Relaxed),
             downs: route.downs.load(Ordering::Relaxed),
         })
