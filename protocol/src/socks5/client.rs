@@ -42,10 +42,10 @@
 //! Decoding never panics, and allocates no more than the bytes of the input
 //! that it copies out.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 use super::{
-    parse_domain, Destination, Reply, ATYP_DOMAIN, ATYP_IPV4, ATYP_IPV6, METHOD_NONE_ACCEPTABLE,
+    Destination, Framing, Reply, ATYP_DOMAIN, ATYP_IPV4, ATYP_IPV6, METHOD_NONE_ACCEPTABLE,
     METHOD_NO_AUTH, METHOD_USER_PASS, USER_PASS_VERSION, VERSION,
 };
 
@@ -230,54 +230,21 @@ pub fn reply_from_code(code: u8) -> Option<Reply> {
 /// as soon as the head shows them; [`ClientError::BadDomain`] for a
 /// malformed bound name once the whole reply is here.
 pub fn parse_connect_reply(buf: &[u8]) -> Result<(ConnectReply, usize), ClientError> {
-    let Some(&version) = buf.first() else {
-        return Err(incomplete(4, buf));
+    // The reply has the request's layout (the server side frames both).
+    let framed = match super::frame_address(buf) {
+        Framing::Whole(framed) => framed,
+        Framing::Incomplete { needed } => return Err(ClientError::Incomplete { needed }),
+        Framing::BadVersion(version) => return Err(ClientError::BadVersion(version)),
+        Framing::BadAddressType(atyp) => return Err(ClientError::BadAddressType(atyp)),
     };
-    if version != VERSION {
-        return Err(ClientError::BadVersion(version));
-    }
-    // VER REP RSV ATYP.
-    let Some(&atyp) = buf.get(3) else {
-        return Err(incomplete(4, buf));
-    };
-    // The address starts at 4; `addr_len` is how many bytes follow ATYP
-    // before the port (for a domain, including its length byte).
-    let addr_len = match atyp {
-        ATYP_IPV4 => 4,
-        ATYP_IPV6 => 16,
-        ATYP_DOMAIN => match buf.get(4) {
-            Some(&len) => 1 + usize::from(len),
-            None => return Err(incomplete(5, buf)),
+    let bound = framed.destination().map_err(|_| ClientError::BadDomain)?;
+    Ok((
+        ConnectReply {
+            code: framed.second,
+            bound,
         },
-        other => return Err(ClientError::BadAddressType(other)),
-    };
-    let port_start = 4 + addr_len;
-    let end = port_start + 2;
-    let Some(msg) = buf.get(..end) else {
-        return Err(incomplete(end, buf));
-    };
-    // The whole reply is here (`msg.len() == end >= 7`, so the indexing
-    // below cannot fail).
-    let code = msg[1];
-    let port = u16::from_be_bytes([msg[port_start], msg[port_start + 1]]);
-    let addr = &msg[4..port_start];
-    let bound = match atyp {
-        ATYP_IPV4 => {
-            let ip = Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]);
-            Destination::Ip(SocketAddr::new(ip.into(), port))
-        }
-        ATYP_IPV6 => {
-            let mut octets = [0u8; 16];
-            octets.copy_from_slice(addr);
-            Destination::Ip(SocketAddr::new(Ipv6Addr::from(octets).into(), port))
-        }
-        // `addr` is the length byte, then the name.
-        _ => Destination::Domain {
-            host: parse_domain(&addr[1..]).map_err(|_| ClientError::BadDomain)?,
-            port,
-        },
-    };
-    Ok((ConnectReply { code, bound }, end))
+        framed.len,
+    ))
 }
 
 /// The [`ClientError::Incomplete`] of a parser that cannot go on until the

@@ -9,7 +9,7 @@ use crate::socks5::{
     Command, Request, UserPass,
 };
 use proptest::prelude::*;
-use std::net::{Ipv6Addr, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
 
 // ----- helpers -----
 

@@ -247,15 +247,73 @@ pub struct Request {
 /// makes it malformed. See the [module docs](self) for when each error is
 /// reported.
 pub fn parse_request(buf: &[u8]) -> Result<(Request, usize), Socks5Error> {
+    let framed = match frame_address(buf) {
+        Framing::Whole(framed) => framed,
+        Framing::Incomplete { needed } => return Err(Socks5Error::Incomplete { needed }),
+        Framing::BadVersion(version) => return Err(Socks5Error::BadVersion(version)),
+        Framing::BadAddressType(atyp) => return Err(Socks5Error::BadAddressType(atyp)),
+    };
+    // The whole request is here: now the errors that did not stop framing.
+    if framed.reserved != 0 {
+        return Err(Socks5Error::NonZeroReserved(framed.reserved));
+    }
+    let command =
+        Command::from_code(framed.second).ok_or(Socks5Error::UnknownCommand(framed.second))?;
+    Ok((
+        Request {
+            command,
+            destination: framed.destination()?,
+        },
+        framed.len,
+    ))
+}
+
+/// A whole `VER X RSV ATYP ADDR PORT` message (a request, `X` its command;
+/// or a reply, `X` its code), framed but not yet judged.
+pub(crate) struct Framed<'a> {
+    /// The byte after the version.
+    pub second: u8,
+    /// The reserved byte.
+    pub reserved: u8,
+    atyp: u8,
+    /// The address bytes (for a domain: its length byte, then the name).
+    addr: &'a [u8],
+    port: u16,
+    /// The message's length.
+    pub len: usize,
+}
+
+/// How framing a `VER X RSV ATYP ADDR PORT` message ended.
+pub(crate) enum Framing<'a> {
+    /// The whole message.
+    Whole(Framed<'a>),
+    /// At least `needed` more bytes are wanted (at least 1).
+    Incomplete {
+        /// How many more.
+        needed: usize,
+    },
+    /// The first byte is not [`VERSION`].
+    BadVersion(u8),
+    /// ATYP is none of IPv4, domain, IPv6.
+    BadAddressType(u8),
+}
+
+/// Frames the message layout requests and replies share (RFC 1928 §4, §6):
+/// a bad version or address type as soon as the head shows it, else
+/// incomplete until the whole message is in.
+pub(crate) fn frame_address(buf: &[u8]) -> Framing<'_> {
+    let wanting = |required: usize| Framing::Incomplete {
+        needed: required.saturating_sub(buf.len()).max(1),
+    };
     let Some(&version) = buf.first() else {
-        return Err(incomplete(4, buf));
+        return wanting(4);
     };
     if version != VERSION {
-        return Err(Socks5Error::BadVersion(version));
+        return Framing::BadVersion(version);
     }
-    // VER CMD RSV ATYP.
+    // VER X RSV ATYP.
     let Some(&atyp) = buf.get(3) else {
-        return Err(incomplete(4, buf));
+        return wanting(4);
     };
     // The address starts at 4; `addr_len` is how many bytes follow ATYP
     // before the port (for a domain, including its length byte).
@@ -264,47 +322,47 @@ pub fn parse_request(buf: &[u8]) -> Result<(Request, usize), Socks5Error> {
         ATYP_IPV6 => 16,
         ATYP_DOMAIN => match buf.get(4) {
             Some(&len) => 1 + usize::from(len),
-            None => return Err(incomplete(5, buf)),
+            None => return wanting(5),
         },
-        other => return Err(Socks5Error::BadAddressType(other)),
+        other => return Framing::BadAddressType(other),
     };
     let port_start = 4 + addr_len;
     let end = port_start + 2;
     let Some(msg) = buf.get(..end) else {
-        return Err(incomplete(end, buf));
+        return wanting(end);
     };
-    // The whole request is here (`msg.len() == end >= 7`, so the indexing
-    // below cannot fail): now the errors that did not stop framing.
-    let reserved = msg[2];
-    if reserved != 0 {
-        return Err(Socks5Error::NonZeroReserved(reserved));
+    // `msg.len() == end >= 7`, so the indexing cannot fail.
+    Framing::Whole(Framed {
+        second: msg[1],
+        reserved: msg[2],
+        atyp,
+        addr: &msg[4..port_start],
+        port: u16::from_be_bytes([msg[port_start], msg[port_start + 1]]),
+        len: end,
+    })
+}
+
+impl Framed<'_> {
+    /// The address and port; [`Socks5Error::BadDomain`] for a malformed name.
+    pub(crate) fn destination(&self) -> Result<Destination, Socks5Error> {
+        let (addr, port) = (self.addr, self.port);
+        Ok(match self.atyp {
+            ATYP_IPV4 => {
+                let ip = Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]);
+                Destination::Ip(SocketAddr::new(ip.into(), port))
+            }
+            ATYP_IPV6 => {
+                let mut octets = [0u8; 16];
+                octets.copy_from_slice(addr);
+                Destination::Ip(SocketAddr::new(Ipv6Addr::from(octets).into(), port))
+            }
+            // The length byte, then the name.
+            _ => Destination::Domain {
+                host: parse_domain(&addr[1..])?,
+                port,
+            },
+        })
     }
-    let command = Command::from_code(msg[1]).ok_or(Socks5Error::UnknownCommand(msg[1]))?;
-    let port = u16::from_be_bytes([msg[port_start], msg[port_start + 1]]);
-    let addr = &msg[4..port_start];
-    let destination = match atyp {
-        ATYP_IPV4 => {
-            let ip = Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]);
-            Destination::Ip(SocketAddr::new(ip.into(), port))
-        }
-        ATYP_IPV6 => {
-            let mut octets = [0u8; 16];
-            octets.copy_from_slice(addr);
-            Destination::Ip(SocketAddr::new(Ipv6Addr::from(octets).into(), port))
-        }
-        // `addr` is the length byte, then the name.
-        _ => Destination::Domain {
-            host: parse_domain(&addr[1..])?,
-            port,
-        },
-    };
-    Ok((
-        Request {
-            command,
-            destination,
-        },
-        end,
-    ))
 }
 
 /// Checks a domain name's bytes: non-empty UTF-8, no NUL, control
