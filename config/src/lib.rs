@@ -33,6 +33,7 @@ mod error;
 mod keys;
 mod kinds;
 mod load;
+pub mod store_url;
 pub mod upstreams;
 pub mod wg_quick;
 pub mod wireguard_key;

@@ -326,6 +326,27 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_fleet_store_url_is_reported_with_the_others() {
+        let sets = [
+            "store.url=redis+sentinel://:hunter2@s1:x,s2/blipless/0".to_owned(),
+            "listen.socks=nowhere".to_owned(),
+        ];
+        let errors = Config::load(None, Vec::new(), &sets).expect_err("two problems");
+        let text = errors.to_string();
+        assert_eq!(errors.0.len(), 2, "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("redis+sentinel"), "{text}");
+        for good in [
+            "redis+sentinel://:pw@s1:26379,s2:26379/blipless/0",
+            "rediss+cluster://a:7000,b:7001",
+        ] {
+            let sets = [format!("store.url={good}")];
+            let config = Config::load(None, Vec::new(), &sets).expect(good);
+            assert_eq!(config.store.url, good);
+        }
+    }
+
+    #[test]
     fn every_default_applies() {
         let loader = Loader::new();
         assert!(loader.errors.is_empty(), "{:?}", loader.errors);

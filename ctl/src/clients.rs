@@ -129,17 +129,26 @@ pub(crate) async fn add(
         wg_address: None,
         egress,
     };
+    let mut unreplicated = None;
     let wireguard = match wg {
         None => {
-            store
-                .add_client(record)
-                .await
-                .map_err(|error| add_error(name, error))?;
+            match store.add_client(record).await {
+                Ok(()) => {}
+                // Stored on the master; said below, with exit status 75.
+                Err(StoreError::Unconfirmed(detail)) => unreplicated = Some(detail),
+                Err(error) => return Err(add_error(name, error)),
+            }
             None
         }
         Some(node) => Some(add_wg(store, record, node).await?),
     };
-    let confirmation = confirm(store, config).await;
+    let confirmation = match (confirm(store, config).await, unreplicated) {
+        (Ok(_), Some(detail)) => Err(Unconfirmed(format!(
+            "client {name} is stored and the node serves it, but {detail}"
+        ))
+        .into()),
+        (confirmation, _) => confirmation,
+    };
     let socks = format!(
         "socks5h://{name}:{secret}@{}",
         dial_address(config.listen.socks, config)

@@ -87,6 +87,11 @@ pub async fn add_with_address(
         record.wg_address = Some(address);
         match store.add_client(record.clone()).await {
             Ok(()) => return Ok(address),
+            Err(StoreError::Unconfirmed(detail)) => {
+                // Stored on the master: the client exists, say what is at risk.
+                eprintln!("blipless-ctl: warning: {detail}");
+                return Ok(address);
+            }
             Err(StoreError::AddressTaken(address)) => taken.push(address),
             Err(error) => return Err(error.into()),
         }

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use blipless_store::credentials;
-use blipless_store::{ClientRecord, Store, StoreError, Usage};
+use blipless_store::{Change, ClientRecord, Store, StoreError, Usage};
 
 /// Bytes and connections a client has used since the last flush.
 #[derive(Debug, Default)]
@@ -27,6 +27,10 @@ pub struct Meter {
     /// Tunnels open now on this plane (not flushed: a live count, for
     /// `limits.tunnels_per_client`).
     pub live_tunnels: AtomicU64,
+    /// A delta taken for the store whose add failed, with its batch number: it is
+    /// sent again, alone and unchanged, until the store takes it (a repeat of an
+    /// add that did land counts nothing, see `Store::add_usage`).
+    unflushed: std::sync::Mutex<Option<(u64, Usage)>>,
 }
 
 impl Meter {
@@ -58,6 +62,10 @@ pub struct Directory {
     clients: RwLock<HashMap<String, Arc<Client>>>,
     feed_position: AtomicU64,
     catching_up: tokio::sync::Mutex<()>,
+    /// The next usage batch number (see [`Directory::flush_usage`]).
+    next_batch: AtomicU64,
+    /// The last change applied from the feed (checked by [`Directory::catch_up`]).
+    last_change: std::sync::Mutex<Option<Change>>,
     removed: std::sync::Mutex<Vec<String>>,
     /// Bumped on every applied change, for those who follow the client list.
     version: tokio::sync::watch::Sender<u64>,
@@ -91,6 +99,8 @@ impl Directory {
             clients: RwLock::new(clients),
             feed_position: AtomicU64::new(head),
             catching_up: tokio::sync::Mutex::new(()),
+            next_batch: AtomicU64::new(1),
+            last_change: std::sync::Mutex::new(None),
             removed: std::sync::Mutex::new(Vec::new()),
             version: tokio::sync::watch::channel(0).0,
         });
@@ -139,14 +149,35 @@ impl Directory {
     }
 
     /// Applies every change after the last one seen; returns how many.
+    ///
+    /// Each read starts one entry early, at the last change applied, to check
+    /// that it is still there: after a Redis failover that promoted a replica
+    /// which had not yet received the last entries this plane read, their seqs
+    /// are handed out again for other changes, and following on from the
+    /// position would miss those. Then every client is read afresh, as at load.
     pub async fn catch_up(&self) -> Result<usize, StoreError> {
         // One reader at a time, so changes apply in feed order.
         let _turn = self.catching_up.lock().await;
         let mut applied = 0;
         loop {
             let after = self.feed_position.load(Ordering::SeqCst);
-            let changes = self.store.changes_since(after, FEED_PAGE).await?;
-            let Some(last) = changes.last().map(|c| c.seq) else {
+            let last_seen = self
+                .last_change
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let from = match &last_seen {
+                Some(seen) if seen.seq == after => after.saturating_sub(1),
+                _ => after,
+            };
+            let mut changes = self.store.changes_since(from, FEED_PAGE + 1).await?;
+            if from < after {
+                if changes.first() != last_seen.as_ref() {
+                    return Ok(applied + self.reload().await?);
+                }
+                changes.remove(0);
+            }
+            let Some(last) = changes.last().cloned() else {
                 return Ok(applied);
             };
             // Fetch each touched client once: its current record is the truth.
@@ -156,8 +187,47 @@ impl Directory {
                 self.apply(&name, record);
                 applied += 1;
             }
-            self.feed_position.store(last, Ordering::SeqCst);
+            self.feed_position.store(last.seq, Ordering::SeqCst);
+            *self
+                .last_change
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(last);
         }
+    }
+
+    /// Reads every client afresh, as at load, after the feed lost entries this
+    /// plane had applied: the position moves to the head. Returns how many
+    /// clients were applied.
+    async fn reload(&self) -> Result<usize, StoreError> {
+        let after = self.feed_position.load(Ordering::SeqCst);
+        let head = self.store.feed_head().await?;
+        tracing::warn!(
+            position = after,
+            head,
+            "the change feed lost entries this plane had applied (a store failover); reloading every client"
+        );
+        let records = self.store.list_clients().await?;
+        let listed: BTreeSet<String> = records.iter().map(|r| r.name.clone()).collect();
+        let gone: Vec<String> = self
+            .read()
+            .keys()
+            .filter(|name| !listed.contains(*name))
+            .cloned()
+            .collect();
+        let applied = records.len() + gone.len();
+        for record in records {
+            let name = record.name.clone();
+            self.apply(&name, Some(record));
+        }
+        for name in gone {
+            self.apply(&name, None);
+        }
+        self.feed_position.store(head, Ordering::SeqCst);
+        *self
+            .last_change
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        Ok(applied)
     }
 
     /// The change feed's position this plane has applied.
@@ -272,31 +342,42 @@ impl Directory {
     }
 
     /// Adds every client's unflushed usage to the store and returns the
-    /// clients that had any (they were active). A failed write puts the
-    /// counts back, so the next flush carries them.
+    /// clients that had any (they were active). A failed add is kept with its
+    /// batch number and sent again, unchanged, by the next flush (what was
+    /// metered meanwhile waits for the one after), so that an add whose reply
+    /// was lost, or that no replica had confirmed, is neither lost nor counted
+    /// twice.
     pub async fn flush_usage(&self) -> Vec<String> {
         let mut active = Vec::new();
         for client in self.all() {
-            let delta = client.meter.take();
-            if delta == Usage::default() {
-                continue;
+            let name = &client.record.name;
+            let mut unflushed = client
+                .meter
+                .unflushed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if unflushed.is_none() {
+                let delta = client.meter.take();
+                if delta != Usage::default() {
+                    unflushed = Some((self.next_batch.fetch_add(1, Ordering::Relaxed), delta));
+                }
             }
-            active.push(client.record.name.clone());
-            match self.store.add_usage(&client.record.name, delta).await {
+            let Some((batch, delta)) = unflushed else {
+                continue;
+            };
+            active.push(name.clone());
+            match self.store.add_usage(name, delta, batch).await {
                 Ok(()) => {}
                 // Removed meanwhile: its usage went with it.
                 Err(StoreError::NotFound(_)) => {}
                 Err(error) => {
-                    tracing::warn!(client = %client.record.name, %error, "usage flush failed; will retry");
-                    client.meter.up.fetch_add(delta.bytes_up, Ordering::Relaxed);
-                    client
+                    tracing::warn!(client = %name, %error, "usage flush failed; will retry");
+                    *client
                         .meter
-                        .down
-                        .fetch_add(delta.bytes_down, Ordering::Relaxed);
-                    client
-                        .meter
-                        .connections
-                        .fetch_add(delta.connections, Ordering::Relaxed);
+                        .unflushed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((batch, delta));
                 }
             }
         }

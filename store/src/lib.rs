@@ -7,9 +7,10 @@
 //! - **embedded** (`sqlite://<path>`, the default): a SQLite file in WAL mode, safe for
 //!   several processes on one node (`blipless-ctl` adding a client while
 //!   `blipless-device` serves); see [`sqlite`].
-//! - **redis** (`redis://...` or `rediss://...` for TLS): a Redis shared by a fleet of
-//!   nodes, through a deadpool-redis pool; see [`redis`] for its key shapes and what is
-//!   atomic.
+//! - **redis** (`redis://...`, `redis+sentinel://...`, `redis+cluster://...`, each
+//!   with a `rediss` twin for TLS): one Redis, a Sentinel-managed master or a Redis
+//!   Cluster shared by a fleet of nodes; see [`redis`] for its key shapes, what is
+//!   atomic and what survives a failover.
 //!
 //! Pick a backend with [`open`]. Client names are checked by [`validate_name`]: they are
 //! proxy usernames and (with Redis) parts of keys.
@@ -17,10 +18,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use blipless_config::store_url::{self, StoreUrl};
+
 pub mod credentials;
 pub mod policy;
 pub mod redis;
 pub mod sqlite;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 
 #[cfg(test)]
 mod contract;
@@ -155,10 +160,17 @@ pub const ACTIVITY_EXPIRY_SECS: i64 = 7200;
 pub enum StoreError {
     /// The store URL could not be parsed or names an unknown scheme.
     #[error(
-        "invalid store URL {0:?}: expected sqlite://<path> or \
-         redis[s]://[[user]:password@]<host>[:port][/db]"
+        "invalid store URL {0}: expected sqlite://<path>, \
+         redis[s]://[[user]:password@]<host>[:port][/db], \
+         redis[s]+sentinel://[[user]:password@]<host>[:port],.../<service>[/<db>] or \
+         redis[s]+cluster://[[user]:password@]<host>[:port],..."
     )]
     InvalidUrl(String),
+    /// A write was applied on the Redis master, but no replica confirmed it in
+    /// time ([`redis::CONFIRM_WAIT`]): it stands, unless the master fails before
+    /// it reaches a replica and a failover promotes one without it.
+    #[error("store write not confirmed: {0}")]
+    Unconfirmed(String),
     /// The backend cannot be reached (a Redis that is down, slow or unreachable), or the
     /// connection broke during the call; the message names the store (without its
     /// password) and what was being done. Worth retrying later.
@@ -212,8 +224,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Adds a client; `StoreError::AlreadyExists` if the name is taken,
     /// `StoreError::InvalidName` if the name is invalid, `StoreError::AddressTaken` if
     /// its `wg_address` is another client's (a taken name is reported first). Appends
-    /// an Upsert change. Of several adds racing for one name or one address, exactly
-    /// one succeeds.
+    /// an Upsert change. Of several adds of different records racing for one name or
+    /// one address, exactly one succeeds.
+    ///
+    /// Adding the very record that is stored succeeds: it is the repeat of an add
+    /// whose outcome the caller did not learn (the store failed over mid-call), and
+    /// it finishes what that add left undone (on Redis, the feed entry). Records made
+    /// by `blipless-ctl` are never equal by chance (each has a fresh secret).
     async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError>;
     /// The client of that name, if any.
     async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError>;
@@ -253,7 +270,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Adds a usage delta to a client's counters (atomically; several processes may add
     /// concurrently). Counters saturate at `i64::MAX` (2^63 - 1). `StoreError::NotFound` if the
     /// client does not exist (for example, it was removed meanwhile).
-    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError>;
+    ///
+    /// `batch` names this delta among this handle's adds for this client: a caller
+    /// whose add failed keeps the delta and its batch number and repeats both, and a
+    /// repeat of an add that was applied after all adds nothing. Each new delta takes
+    /// a new number. The Redis store, where a broken connection or a failover can
+    /// leave it unknown whether an add was applied, remembers the last batch of each
+    /// handle and client for an hour ([`redis::USAGE_BATCH_MEMORY`]), and on Sentinel
+    /// and Cluster fails an add that no replica confirmed (to be repeated); the
+    /// embedded store applies an add or fails it whole, and ignores `batch`.
+    async fn add_usage(&self, name: &str, delta: Usage, batch: u64) -> Result<(), StoreError>;
     /// A client's counters (zero for a new client); `StoreError::NotFound` if the
     /// client does not exist.
     async fn usage(&self, name: &str) -> Result<Usage, StoreError>;
@@ -371,31 +397,6 @@ pub fn validate_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
-/// A parsed store URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum StoreUrl {
-    /// `sqlite://<path>`: an absolute (`sqlite:///var/lib/x.db`) or relative
-    /// (`sqlite://state.db`) path.
-    Sqlite(PathBuf),
-    /// `redis://...` or `rediss://...`.
-    Redis,
-}
-
-fn parse_url(url: &str) -> Result<StoreUrl, StoreError> {
-    let invalid = || StoreError::InvalidUrl(redis::redact_url(url));
-    let (scheme, rest) = url.split_once("://").ok_or_else(invalid)?;
-    if scheme.eq_ignore_ascii_case("sqlite") {
-        if rest.is_empty() || rest.ends_with('/') {
-            return Err(invalid());
-        }
-        Ok(StoreUrl::Sqlite(PathBuf::from(rest)))
-    } else if scheme.eq_ignore_ascii_case("redis") || scheme.eq_ignore_ascii_case("rediss") {
-        Ok(StoreUrl::Redis)
-    } else {
-        Err(invalid())
-    }
-}
-
 /// A store URL fit for logs and messages: any password replaced by `***`.
 pub fn display_url(url: &str) -> String {
     redis::redact_url(url)
@@ -406,14 +407,19 @@ pub fn display_url(url: &str) -> String {
 ///   (`sqlite:///var/lib/blipless/state.db`) or relative to the working directory
 ///   (`sqlite://state.db`). Missing parent directories are created, and so is the file
 ///   and its schema.
-/// - `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS: the Redis
+/// - `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS, and the
+///   Sentinel and Cluster forms (`redis+sentinel://`, `redis+cluster://`): the Redis
 ///   store ([`RedisStore::open`]); it checks that Redis answers, and fails with
 ///   `StoreError::Unavailable` if it does not.
 ///
-/// Anything else is `StoreError::InvalidUrl`.
+/// The grammar is [`blipless_config::store_url`]; anything else is
+/// `StoreError::InvalidUrl`.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    match parse_url(url)? {
+    let parsed = store_url::parse(url)
+        .map_err(|error| StoreError::InvalidUrl(format!("{}: {error}", redis::redact_url(url))))?;
+    match parsed {
         StoreUrl::Sqlite(path) => {
+            let path = PathBuf::from(path);
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 // A state directory made here is the service's alone.
                 let mut builder = tokio::fs::DirBuilder::new();
@@ -423,7 +429,9 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             let store = SqliteStore::open(path).await?;
             Ok(Arc::new(store))
         }
-        StoreUrl::Redis => Ok(Arc::new(RedisStore::open(url).await?)),
+        StoreUrl::Redis(_) | StoreUrl::Sentinel(_) | StoreUrl::Cluster(_) => {
+            Ok(Arc::new(RedisStore::open(url).await?))
+        }
     }
 }
 
@@ -446,39 +454,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn urls() {
-        assert_eq!(
-            parse_url("sqlite:///var/lib/blipless/state.db").ok(),
-            Some(StoreUrl::Sqlite("/var/lib/blipless/state.db".into()))
-        );
-        assert_eq!(
-            parse_url("sqlite://state.db").ok(),
-            Some(StoreUrl::Sqlite("state.db".into()))
-        );
-        assert_eq!(
-            parse_url("sqlite://./data/x.db").ok(),
-            Some(StoreUrl::Sqlite("./data/x.db".into()))
-        );
-        assert_eq!(
-            parse_url("redis://127.0.0.1:6379/0").ok(),
-            Some(StoreUrl::Redis)
-        );
-        for bad in [
-            "",
-            "sqlite:",
-            "sqlite://",
-            "sqlite:///tmp/",
-            "state.db",
-            "mysql://x/y",
-        ] {
-            assert!(
-                matches!(parse_url(bad), Err(StoreError::InvalidUrl(_))),
-                "{bad}"
-            );
-        }
-    }
-
     #[tokio::test]
     async fn open_dispatches_on_scheme() {
         // A Redis URL opens the Redis store: nothing listens on port 1, so it is
@@ -487,10 +462,27 @@ mod tests {
             Some(StoreError::Unavailable(msg)) => assert!(msg.contains("127.0.0.1:1"), "{msg}"),
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        assert!(matches!(
-            open("postgres://localhost/x").await.err(),
-            Some(StoreError::InvalidUrl(_))
-        ));
+        for bad in [
+            "",
+            "sqlite://",
+            "sqlite:///tmp/",
+            "state.db",
+            "postgres://localhost/x",
+        ] {
+            assert!(
+                matches!(open(bad).await.err(), Some(StoreError::InvalidUrl(_))),
+                "{bad}"
+            );
+        }
+        match open("redis+sentinel://:hunter2@s1:x/m").await.err() {
+            Some(StoreError::InvalidUrl(msg)) => {
+                assert!(
+                    msg.contains("port \"x\"") && !msg.contains("hunter2"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected InvalidUrl, got {other:?}"),
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nested/deeper/state.db");
         let store = open(&format!("sqlite://{}", path.display()))

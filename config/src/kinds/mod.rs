@@ -165,19 +165,18 @@ impl Kind for Addr {
     }
 }
 
-/// A store URL.
+/// A store URL (the grammar is [`crate::store_url`]).
 pub(crate) struct StoreUrl;
 impl Kind for StoreUrl {
     type Out = String;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str =
-        "a URL like sqlite:///var/lib/blipless/state.db, redis://host:6379/0 or rediss://host:6380/0";
+    const EXPECTED: &'static str = "a URL like sqlite:///var/lib/blipless/state.db, \
+        redis://host:6379/0, rediss://host:6380/0, \
+        redis+sentinel://host1:26379,host2:26379/<service>/<db> or \
+        redis+cluster://host1:6379,host2:6379";
     fn parse(input: &Input<'_>) -> Option<String> {
         let s = input.text()?;
-        let rest = ["sqlite://", "redis://", "rediss://"]
-            .iter()
-            .find_map(|scheme| s.strip_prefix(scheme))?;
-        (!rest.is_empty()).then(|| s.to_owned())
+        crate::store_url::parse(s).ok().map(|_| s.to_owned())
     }
 }
 

@@ -127,6 +127,20 @@ fn store_urls() {
     assert!(text::<StoreUrl>("rediss://r.example.com").is_some());
     assert!(text::<StoreUrl>("sqlite://").is_none());
     assert!(text::<StoreUrl>("postgres://x").is_none());
+    assert!(text::<StoreUrl>("redis+sentinel://s1:26379,s2/blipless/0").is_some());
+    assert!(text::<StoreUrl>("rediss+cluster://:pw@a:7000,b:7001").is_some());
+    assert!(
+        text::<StoreUrl>("redis+sentinel://s1:26379").is_none(),
+        "no service"
+    );
+    assert!(
+        text::<StoreUrl>("redis+cluster://a:1/2").is_none(),
+        "db 2 on a cluster"
+    );
+    assert!(
+        text::<StoreUrl>("redis+cluster://a:x").is_none(),
+        "bad port"
+    );
 }
 
 #[test]

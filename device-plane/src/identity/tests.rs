@@ -43,8 +43,8 @@ impl Store for Instrumented {
     async fn feed_head(&self) -> Result<u64, StoreError> {
         self.inner.feed_head().await
     }
-    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
-        self.inner.add_usage(name, delta).await
+    async fn add_usage(&self, name: &str, delta: Usage, batch: u64) -> Result<(), StoreError> {
+        self.inner.add_usage(name, delta, batch).await
     }
     async fn usage(&self, name: &str) -> Result<Usage, StoreError> {
         self.inner.usage(name).await

@@ -97,7 +97,7 @@ pub(crate) async fn invalid_names(store: Arc<dyn Store>) {
             ..Usage::default()
         };
         assert!(matches!(
-            store.add_usage(bad, delta).await,
+            store.add_usage(bad, delta, crate::contract::batch()).await,
             Err(StoreError::NotFound(_))
         ));
     }

@@ -9,7 +9,9 @@
 //! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
 //! into one `#[tokio::test]` per check; the embedded store runs it below on a temp
 //! file, and the Redis store runs the very same suite, each test against its own
-//! `redis-server` ([`redis_server`]).
+//! `redis-server` ([`redis_server`]), on a Redis Cluster of three masters with a
+//! replica each, and on a Sentinel-managed master with a replica and three
+//! sentinels ([`crate::testing`]).
 
 mod clients;
 mod endpoints;
@@ -34,6 +36,8 @@ use super::{ChangeKind, ClientRecord, Store};
 pub(crate) struct Fixture {
     url: String,
     _guard: Box<dyn std::any::Any + Send + Sync>,
+    /// Empties the backend, for a fixture that serves the checks in turn.
+    reset: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Fixture {
@@ -41,6 +45,25 @@ impl Fixture {
         Self {
             url,
             _guard: Box::new(guard),
+            reset: None,
+        }
+    }
+
+    /// A fixture on a shared backend that `reset` empties before each check.
+    pub(crate) fn shared<G: Send + Sync + 'static>(url: String, guard: G, reset: fn(&G)) -> Self {
+        let guard = std::sync::Arc::new(guard);
+        let kept = guard.clone();
+        Self {
+            url,
+            _guard: Box::new(guard),
+            reset: Some(Box::new(move || reset(&kept))),
+        }
+    }
+
+    /// Empties the backend (a fixture made by [`Fixture::shared`]).
+    pub(crate) fn reset(&self) {
+        if let Some(reset) = &self.reset {
+            reset();
         }
     }
 
@@ -53,31 +76,54 @@ impl Fixture {
     }
 }
 
-/// Instantiates the whole suite for a fixture expression (evaluated once per test).
+/// Instantiates the whole suite for a fixture expression: one test per check, each
+/// on a fixture of its own (evaluated once per test), or with `in_turn`, one test
+/// that runs every check on one shared fixture, reset before each (for backends that
+/// take seconds to start, like a Redis Cluster).
 macro_rules! contract_tests {
     ($fixture:expr) => {
-        contract_tests!(@one $fixture; round_trip, duplicate_add_fails, invalid_names,
+        contract_tests!(@checks [each] $fixture);
+    };
+    (in_turn $fixture:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_check_in_turn() {
+            let fixture = $fixture;
+            contract_tests!(@checks [in_turn fixture] ());
+        }
+    };
+    (@checks [$($how:tt)*] $fixture:expr) => {
+        contract_tests!(@one [$($how)*] $fixture; round_trip, duplicate_add_fails, invalid_names,
             remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
             identity_taken_once, identity_expires, identity_per_node, wg_address_unique, endpoints_round_trip,
             endpoints_replaced, endpoints_per_node);
-        contract_tests!(@two $fixture; handles_see_each_other, concurrent_handles,
+        contract_tests!(@two [$($how)*] $fixture; handles_see_each_other, concurrent_handles,
             identity_race, wg_address_race, feed_wait_wakes_on_a_write);
     };
-    (@one $fixture:expr; $($check:ident),* $(,)?) => {$(
+    (@one [each] $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let fixture = $fixture;
             $crate::contract::$check(fixture.handle().await).await;
         }
     )*};
-    (@two $fixture:expr; $($check:ident),* $(,)?) => {$(
+    (@two [each] $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let fixture = $fixture;
             $crate::contract::$check(fixture.handle().await, fixture.handle().await)
                 .await;
         }
+    )*};
+    (@one [in_turn $fixture:ident] $unused:expr; $($check:ident),* $(,)?) => {$(
+        eprintln!("contract check {}", stringify!($check));
+        $fixture.reset();
+        $crate::contract::$check($fixture.handle().await).await;
+    )*};
+    (@two [in_turn $fixture:ident] $unused:expr; $($check:ident),* $(,)?) => {$(
+        eprintln!("contract check {}", stringify!($check));
+        $fixture.reset();
+        $crate::contract::$check($fixture.handle().await, $fixture.handle().await).await;
     )*};
 }
 
@@ -95,6 +141,15 @@ pub(crate) fn client(name: &str) -> ClientRecord {
     }
 }
 
+/// Another record under `name` (its own secret, `n` telling rivals apart): adding it
+/// where `client(name)` is stored is a conflict, not a repeat.
+pub(crate) fn rival(name: &str, n: usize) -> ClientRecord {
+    ClientRecord {
+        secret_hash: crate::credentials::hash_secret(&format!("rival {n}")),
+        ..client(name)
+    }
+}
+
 /// A WireGuard address for tests, unique per name: `fd00:64::` and 64 bits of the
 /// name's SHA-256.
 pub(crate) fn address_of(name: &str) -> std::net::IpAddr {
@@ -104,6 +159,12 @@ pub(crate) fn address_of(name: &str) -> std::net::IpAddr {
     octets[..4].copy_from_slice(&[0xfd, 0x00, 0x00, 0x64]);
     octets[8..].copy_from_slice(&digest[..8]);
     std::net::IpAddr::from(octets)
+}
+
+/// A fresh usage batch number (each add in the suite is a new delta).
+pub(crate) fn batch() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The whole change feed, as (name, kind) pairs.
@@ -128,10 +189,38 @@ fn redis_fixture() -> Fixture {
     Fixture::new(server.url(), server)
 }
 
+/// A Redis Cluster of three masters, each with a replica, emptied before each check.
+fn cluster_fixture() -> Fixture {
+    let cluster = crate::testing::RedisCluster::start();
+    Fixture::shared(
+        cluster.url(),
+        cluster,
+        crate::testing::RedisCluster::flush_all,
+    )
+}
+
+/// A master, a replica and three sentinels, emptied before each check.
+fn sentinel_fixture() -> Fixture {
+    let sentinel = crate::testing::RedisSentinel::start();
+    Fixture::shared(
+        sentinel.url(),
+        sentinel,
+        crate::testing::RedisSentinel::flush_all,
+    )
+}
+
 mod sqlite {
     contract_tests!(super::sqlite_fixture());
 }
 
 mod redis {
     contract_tests!(super::redis_fixture());
+}
+
+mod redis_cluster {
+    contract_tests!(in_turn super::cluster_fixture());
+}
+
+mod redis_sentinel {
+    contract_tests!(in_turn super::sentinel_fixture());
 }

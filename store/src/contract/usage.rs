@@ -16,16 +16,24 @@ pub(crate) async fn usage_lifecycle(store: Arc<dyn Store>) {
         connections: 3,
     };
     assert!(matches!(
-        store.add_usage("ghost", delta).await,
+        store
+            .add_usage("ghost", delta, crate::contract::batch())
+            .await,
         Err(StoreError::NotFound(_))
     ));
 
     store.add_client(client("u")).await.expect("add");
     assert_eq!(store.usage("u").await.expect("usage"), Usage::default());
-    store.add_usage("u", delta).await.expect("add usage");
-    store.add_usage("u", delta).await.expect("add usage");
     store
-        .add_usage("u", Usage::default())
+        .add_usage("u", delta, crate::contract::batch())
+        .await
+        .expect("add usage");
+    store
+        .add_usage("u", delta, crate::contract::batch())
+        .await
+        .expect("add usage");
+    store
+        .add_usage("u", Usage::default(), crate::contract::batch())
         .await
         .expect("zero delta");
     let expected = Usage {
@@ -42,7 +50,7 @@ pub(crate) async fn usage_lifecycle(store: Arc<dyn Store>) {
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
-        store.add_usage("u", delta).await,
+        store.add_usage("u", delta, crate::contract::batch()).await,
         Err(StoreError::NotFound(_))
     ));
     store.add_client(client("u")).await.expect("re-add");
@@ -58,15 +66,24 @@ pub(crate) async fn usage_saturates(store: Arc<dyn Store>) {
         bytes_down: 1 << 61,
         connections: 1,
     };
-    store.add_usage("big", huge).await.expect("first add");
-    store.add_usage("big", huge).await.expect("second add");
+    store
+        .add_usage("big", huge, crate::contract::batch())
+        .await
+        .expect("first add");
+    store
+        .add_usage("big", huge, crate::contract::batch())
+        .await
+        .expect("second add");
     let expected = Usage {
         bytes_up: max,
         bytes_down: 1 << 62,
         connections: 2,
     };
     assert_eq!(store.usage("big").await.expect("usage"), expected);
-    store.add_usage("big", huge).await.expect("third add");
+    store
+        .add_usage("big", huge, crate::contract::batch())
+        .await
+        .expect("third add");
     let expected = Usage {
         bytes_up: max,
         bytes_down: (1 << 62) + (1 << 61),
@@ -80,6 +97,7 @@ pub(crate) async fn usage_saturates(store: Arc<dyn Store>) {
                 bytes_down: max,
                 ..huge
             },
+            crate::contract::batch(),
         )
         .await
         .expect("fourth add");
@@ -109,7 +127,10 @@ pub(crate) async fn hammer_usage(
                     bytes_down: 1000 * task,
                     connections: 1,
                 };
-                store.add_usage(&name, delta).await.expect("add_usage");
+                store
+                    .add_usage(&name, delta, crate::contract::batch())
+                    .await
+                    .expect("add_usage");
             }
         });
     }

@@ -38,7 +38,11 @@ pub(crate) async fn wg_address_unique(store: Arc<dyn Store>) {
 
     // A taken name is reported first, and the address it asked for stays free.
     for address in [Some(x), Some(z), None] {
-        match store.add_client(with_address("a", address)).await {
+        let rival = ClientRecord {
+            wg_address: address,
+            ..crate::contract::rival("a", 0)
+        };
+        match store.add_client(rival).await {
             Err(StoreError::AlreadyExists(name)) => assert_eq!(name, "a"),
             other => panic!("{address:?}: expected AlreadyExists, got {other:?}"),
         }

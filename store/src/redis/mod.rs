@@ -61,11 +61,32 @@
 //! address, and adding a client of the holder's name with that address takes it over
 //! (a claim by the same name counts as the adder's own).
 //!
-//! # Limits
-//! The keys are ready for Redis Cluster, but this store connects to one Redis (a
-//! primary, or a proxy in front of a cluster): no Cluster or Sentinel client yet.
-//! `<host>_<block>` is unambiguous because node names may not contain `_`
-//! (the configuration refuses it).
+//! # Topologies
+//! The store URL names one Redis (`redis://`), a master found through Sentinel
+//! (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`), each with a
+//! `rediss` twin for TLS (the `pools` module holds the three connection pools). Every
+//! operation above stays within one slot, so it runs unchanged on a Cluster; the
+//! one multi-key read, [`list_clients`](super::Store::list_clients)'s `MGET`, is
+//! split by slot by the Cluster client. `<host>_<block>` is unambiguous because
+//! node names may not contain `_` (the configuration refuses it).
+//!
+//! # Replication
+//! On Sentinel and Cluster, Redis copies writes to replicas asynchronously: a
+//! master that dies right after answering can take the last writes with it. So
+//! the writes that must survive a failover (a usage add, and the feed entry that
+//! ends a client add or remove) are followed, in the same pipeline, by `WAIT 1`
+//! of [`CONFIRM_WAIT`] and `ROLE`: a master that has replicas and got no
+//! confirmation makes the call fail with [`StoreError::Unconfirmed`]. A usage
+//! add is then repeated by its caller with the same batch number, which the
+//! store remembers per handle and client ([`USAGE_BATCH_MEMORY`]), so it counts
+//! once whichever of the two landed; `blipless-ctl` says a client add is
+//! unconfirmed and exits 75. A master with no replica left has nothing to wait
+//! for. On a Cluster, `WAIT` confirms the slot of the call it follows: a client
+//! add's record (its own slot) is not confirmed separately from its feed entry.
+//!
+//! After a failover that lost feed entries, their seqs are handed out again;
+//! a follower notices because the entry at its position changed, and reloads
+//! (the device plane's directory does).
 //!
 //! # Failures
 //! Connections time out after [`CONNECT_TIMEOUT`], replies after [`RESPONSE_TIMEOUT`],
@@ -75,22 +96,32 @@
 //! loading its data or failing over) are retried after each of [`RETRY_BACKOFF`] when
 //! that is safe: always if the request was surely not applied (no connection could be
 //! had, or Redis refused to run it), and otherwise only if repeating it is harmless:
-//! not for `add_usage` (it would count twice), `take_identity` (it would find nothing),
-//! `add_client` (it would find its own record) nor the feed appends. Timeouts are not
+//! not for `take_identity` (it would find nothing). A repeated `add_client` finds its
+//! own record and goes on; a repeated feed append adds a second entry for the same
+//! change, which followers apply harmlessly; a repeated usage add counts nothing
+//! (its batch number). Timeouts are not
 //! retried: a Redis that did not answer in 2 s is not likely to in the next 50 ms.
+//! A write refused with `READONLY` (a master demoted by a failover, still
+//! reachable) was not applied: its connection is dropped and the call retried,
+//! and the Sentinel pool checks `ROLE` before reusing a connection.
 //! The pool checks each connection (`PING`) before reuse and replaces broken ones,
 //! so the store works again by itself once Redis is back.
 
 mod ops;
+mod pools;
 mod scripts;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod topology_tests;
 
 use std::time::Duration;
 
+use blipless_config::store_url::{self, StoreUrl};
 use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, RedisError, RetryMethod};
 use deadpool_redis::{Manager, Pool, PoolError, Runtime};
 
+use self::pools::{ClusterManager, Conn, Pools, SentinelManager};
 use super::{NodeId, StoreError};
 
 /// How long opening a connection to Redis may take.
@@ -109,6 +140,13 @@ pub const RETRY_BACKOFF: [Duration; 3] = [
     Duration::from_millis(200),
 ];
 
+/// How long a write on Sentinel or Cluster waits for a replica to confirm it
+/// (`WAIT 1`) before the store says it is unconfirmed.
+pub const CONFIRM_WAIT: Duration = Duration::from_millis(250);
+/// How long the Redis store remembers a handle's last usage batch per client
+/// (so that repeating it counts nothing): a repeat later than this counts again.
+pub const USAGE_BATCH_MEMORY: Duration = Duration::from_secs(3600);
+
 /// The set of all client names.
 const INDEX_KEY: &str = "{blipless}:clients";
 /// The change feed stream.
@@ -122,6 +160,11 @@ fn client_key(name: &str) -> String {
 
 fn usage_key(name: &str) -> String {
     format!("{{pc_{name}}}:usage")
+}
+
+/// The last usage batch that one store handle (`writer`) added for a client.
+fn batch_key(name: &str, writer: &str) -> String {
+    format!("{{pc_{name}}}:batch:{writer}")
 }
 
 fn activity_key(node: &NodeId) -> String {
@@ -148,7 +191,10 @@ fn address_key(address: std::net::IpAddr) -> String {
 pub struct RedisStore {
     /// The URL without its password, for messages.
     shown_url: String,
-    pool: Pool,
+    pools: Pools,
+    /// This handle's own name among the writers of usage (16 hex digits, random):
+    /// with a batch number, it makes a repeated usage add count once.
+    writer: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -173,17 +219,37 @@ enum Req<'a> {
     Cmd(redis::Cmd),
     Pipe(redis::Pipeline),
     Script(redis::ScriptInvocation<'a>),
+    /// A script, then `WAIT 1 <ms>` and `ROLE`, in one pipeline (loading the script
+    /// first if Redis does not know it): replies `(result, replicas, role)`.
+    Confirmed(redis::ScriptInvocation<'a>, u64),
 }
 
 impl Req<'_> {
-    async fn send<T: FromRedisValue>(
-        &self,
-        conn: &mut deadpool_redis::Connection,
-    ) -> redis::RedisResult<T> {
+    async fn send<T: FromRedisValue>(&self, conn: &mut Conn) -> redis::RedisResult<T> {
         match self {
             Req::Cmd(cmd) => cmd.query_async(conn).await,
             Req::Pipe(pipe) => pipe.query_async(conn).await,
             Req::Script(script) => script.invoke_async(conn).await,
+            Req::Confirmed(script, wait_ms) => {
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(script)
+                    .cmd("WAIT")
+                    .arg(1)
+                    .arg(*wait_ms)
+                    .cmd("ROLE");
+                match pipe.query_async(conn).await {
+                    // A pipeline does not load its scripts (after a restart or a
+                    // failover to a replica that never ran it): load, then again.
+                    Err(err)
+                        if err.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        script.load_async(conn).await?;
+                        pipe.query_async(conn).await
+                    }
+                    other => other,
+                }
+            }
         }
     }
 }
@@ -201,7 +267,16 @@ enum Failure {
 /// A request that Redis rejected without running it, as it is loading its data, busy
 /// or failing over: worth retrying, whatever the request.
 fn rejected_for_now(err: &RedisError) -> bool {
-    matches!(err.retry_method(), RetryMethod::WaitAndRetry)
+    matches!(
+        err.retry_method(),
+        RetryMethod::WaitAndRetry | RetryMethod::RefreshSlotsAndRetry
+    )
+}
+
+/// A write refused by a node that is a replica now (`READONLY`): the connection
+/// reached a master that a failover demoted, and must not be used again.
+fn reached_a_replica(err: &RedisError) -> bool {
+    matches!(err.retry_method(), RetryMethod::RefreshSlotsAndRetry)
 }
 
 /// A connection that was refused, broke or timed out.
@@ -225,53 +300,116 @@ impl Failure {
     }
 }
 
+/// A random name for one store handle among the writers of usage.
+fn writer_id() -> Result<String, StoreError> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|err| StoreError::Backend(format!("no randomness for a writer id: {err}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// `url` with any password replaced by `***` (and a lone user part too, which Redis
 /// URLs sometimes use for the password).
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
+    // The last `@` ends the credentials, even if the password holds a `/`.
+    match rest.rsplit_once('@') {
         None => url.to_owned(),
         Some((userinfo, host)) => {
             let user = match userinfo.split_once(':') {
                 Some((user, _)) => format!("{user}:***"),
                 None => "***".to_owned(),
             };
-            format!("{scheme}://{user}@{host}{path}")
+            format!("{scheme}://{user}@{host}")
         }
     }
 }
 
 impl RedisStore {
-    /// Opens a pool on the Redis that `url` names (`redis://` or `rediss://` for TLS,
-    /// `[[user]:password@]host[:port][/db]`) and checks that it answers: an unreachable
-    /// Redis is `StoreError::Unavailable`, a malformed URL `StoreError::InvalidUrl`.
+    /// Opens a pool on the Redis that `url` names and checks that it answers:
+    /// - `redis://[[user]:password@]host[:port][/db]` (or `rediss://` for TLS): one
+    ///   Redis;
+    /// - `redis+sentinel://[[user]:password@]host[:port],.../<service>[/<db>]`: the
+    ///   master that those sentinels name for `<service>`, found again after a
+    ///   failover;
+    /// - `redis+cluster://[[user]:password@]host[:port],...`: a Redis Cluster,
+    ///   through any of those seed nodes;
+    ///
+    /// with `rediss+sentinel` and `rediss+cluster` for TLS (the grammar is
+    /// [`blipless_config::store_url`]). An unreachable Redis is
+    /// `StoreError::Unavailable`, a malformed URL `StoreError::InvalidUrl`.
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let shown_url = redact_url(url);
-        if url
-            .get(..9)
-            .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
-        {
+        let invalid = |detail: &dyn std::fmt::Display| {
+            StoreError::InvalidUrl(format!("{shown_url}: {detail}"))
+        };
+        let parsed = store_url::parse(url).map_err(|err| invalid(&err))?;
+        let tls = match &parsed {
+            StoreUrl::Redis(_) => url
+                .get(..9)
+                .is_some_and(|s| s.eq_ignore_ascii_case("rediss://")),
+            StoreUrl::Sentinel(sentinel) => sentinel.tls,
+            StoreUrl::Cluster(cluster) => cluster.tls,
+            StoreUrl::Sqlite(_) => return Err(invalid(&"not a Redis URL")),
+        };
+        if tls {
             // rustls needs a process-wide crypto provider; an earlier install is fine.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
-        let manager = Manager::new_with_config(url, config)
-            .map_err(|_| StoreError::InvalidUrl(shown_url.clone()))?;
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .recycle_timeout(Some(RESPONSE_TIMEOUT))
-            .build()
-            .map_err(|err| StoreError::Backend(format!("redis at {shown_url}: pool: {err}")))?;
-        let store = Self { shown_url, pool };
+        let pool_error = |err: &dyn std::fmt::Display| {
+            StoreError::Backend(format!("redis at {shown_url}: pool: {err}"))
+        };
+        let pools = match &parsed {
+            StoreUrl::Redis(_) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                let manager = Manager::new_with_config(url, config).map_err(|err| invalid(&err))?;
+                let pool = Pool::builder(manager)
+                    .max_size(POOL_SIZE)
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
+                    .create_timeout(Some(CONNECT_TIMEOUT))
+                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
+                    .build()
+                    .map_err(|err| pool_error(&err))?;
+                Pools::Single(pool)
+            }
+            StoreUrl::Sentinel(sentinel) => {
+                let manager = SentinelManager::new(sentinel).map_err(|err| invalid(&err))?;
+                let pool = deadpool::managed::Pool::builder(manager)
+                    .max_size(POOL_SIZE)
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
+                    // Asking a sentinel, then connecting to the master.
+                    .create_timeout(Some(CONNECT_TIMEOUT * 2))
+                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
+                    .build()
+                    .map_err(|err| pool_error(&err))?;
+                Pools::Sentinel(pool)
+            }
+            StoreUrl::Cluster(cluster) => {
+                let manager = ClusterManager::new(cluster).map_err(|err| invalid(&err))?;
+                let pool = deadpool::managed::Pool::builder(manager)
+                    .max_size(POOL_SIZE)
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
+                    // Connecting to a seed, reading the slot map, connecting to the masters.
+                    .create_timeout(Some(CONNECT_TIMEOUT * 2))
+                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
+                    .build()
+                    .map_err(|err| pool_error(&err))?;
+                Pools::Cluster(pool)
+            }
+            StoreUrl::Sqlite(_) => return Err(invalid(&"not a Redis URL")),
+        };
+        let store = Self {
+            shown_url,
+            pools,
+            writer: writer_id()?,
+        };
         let pong: String = store
             .run(
                 "checking that Redis answers",
@@ -302,8 +440,16 @@ impl RedisStore {
         let mut attempts = 1;
         loop {
             let attempt = async {
-                let mut conn = self.pool.get().await.map_err(Failure::Connect)?;
-                req.send(&mut conn).await.map_err(Failure::Request)
+                let mut conn = self.pools.get().await.map_err(Failure::Connect)?;
+                match req.send(&mut conn).await {
+                    Ok(value) => Ok(value),
+                    Err(err) => {
+                        if reached_a_replica(&err) || connection_failed(&err) {
+                            conn.discard();
+                        }
+                        Err(Failure::Request(err))
+                    }
+                }
             };
             let failure = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
                 Ok(Ok(value)) => return Ok(value),
@@ -356,6 +502,11 @@ impl RedisStore {
             }
             Failure::Request(err) => self.backend(what, &err.to_string()),
         }
+    }
+
+    /// Whether writes are copied to replicas (Sentinel, Cluster).
+    fn replicated(&self) -> bool {
+        self.pools.replicated()
     }
 
     fn backend(&self, what: &str, detail: &str) -> StoreError {

@@ -8,8 +8,9 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 use super::{
-    activity_key, address_key, client_key, endpoints_key, identity_key, scripts, usage_key,
-    RedisStore, Req, Retry, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
+    activity_key, address_key, batch_key, client_key, endpoints_key, identity_key, scripts,
+    usage_key, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
+    USAGE_BATCH_MEMORY,
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
@@ -29,8 +30,9 @@ const FEED_BLOCK: Duration = Duration::from_millis(1000);
 type FeedEntry = (String, HashMap<String, String>);
 
 impl RedisStore {
-    /// Updates the index and appends a change (not retried after sending: a repeat
-    /// would append twice). Returns the seq appended, or 0.
+    /// Updates the index and appends a change. Retried like an idempotent call: a
+    /// repeat may append the change twice, which followers apply harmlessly (each
+    /// reads the client's current record). Returns the seq appended, or 0.
     async fn append_change(
         &self,
         name: &str,
@@ -49,12 +51,37 @@ impl RedisStore {
             .arg(name)
             .arg(kind)
             .arg(if force { "1" } else { "0" });
-        self.run(
-            "appending to the change feed",
-            Retry::Once,
-            &Req::Script(script),
-        )
-        .await
+        self.run_confirmed("appending to the change feed", Retry::Idempotent, script)
+            .await
+    }
+
+    /// Runs a script and, on Sentinel or Cluster, waits up to [`CONFIRM_WAIT`] for
+    /// a replica to have it: `EVAL`, `WAIT 1` and `ROLE` in one pipeline, so on a
+    /// Cluster all three reach the node of the script's slot. A master with replicas
+    /// none of which confirmed is `StoreError::Unconfirmed` (the script's result is
+    /// lost with it: callers treat it as applied, or repeat what is safe to repeat);
+    /// a master without replicas has nothing to wait for.
+    async fn run_confirmed<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        retry: Retry,
+        script: redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        if !self.replicated() {
+            return self.run(what, retry, &Req::Script(script)).await;
+        }
+        let wait_ms = u64::try_from(CONFIRM_WAIT.as_millis()).unwrap_or(u64::MAX);
+        let (value, confirmed, role): (T, i64, redis::Value) = self
+            .run(what, retry, &Req::Confirmed(script, wait_ms))
+            .await?;
+        if confirmed == 0 && has_replicas(&role) {
+            return Err(StoreError::Unconfirmed(format!(
+                "Redis at {}: {what}: applied on the master, but no replica confirmed it \
+                 within {wait_ms} ms; a failover now could lose it",
+                self.url()
+            )));
+        }
+        Ok(value)
     }
 
     /// Claims `address` for client `name`: `Ok(true)` if claimed now, `Ok(false)` if
@@ -90,14 +117,12 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Whether a client record of that name exists.
-    async fn client_exists(&self, name: &str) -> Result<bool, StoreError> {
-        let mut cmd = redis::cmd("EXISTS");
+    /// A client's record as stored (its JSON), if any.
+    async fn stored_json(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let mut cmd = redis::cmd("GET");
         cmd.arg(client_key(name));
-        let found: i64 = self
-            .run("checking a client name", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
-        Ok(found > 0)
+        self.run("checking a client name", Retry::Idempotent, &Req::Cmd(cmd))
+            .await
     }
 
     /// A client's WireGuard address as its record says, leniently: a corrupt record
@@ -140,6 +165,17 @@ impl RedisStore {
     }
 }
 
+/// Whether a `ROLE` reply is a master's with at least one replica connected
+/// (`["master", offset, [[ip, port, offset], ...]]`).
+fn has_replicas(role: &redis::Value) -> bool {
+    match role {
+        redis::Value::Array(items) => {
+            matches!(items.get(2), Some(redis::Value::Array(replicas)) if !replicas.is_empty())
+        }
+        _ => false,
+    }
+}
+
 /// A u64 delta as a Redis integer, saturating at i64::MAX.
 fn redis_int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -154,8 +190,13 @@ impl Store for RedisStore {
         // The address first (its own slot): a record never holds an unclaimed address.
         let mut claimed_now = None;
         if let Some(address) = record.wg_address {
-            // A taken name is reported before a taken address.
-            if self.client_exists(&record.name).await? {
+            // A taken name is reported before a taken address (but this very record,
+            // from an earlier attempt of this add, is finished).
+            if self
+                .stored_json(&record.name)
+                .await?
+                .is_some_and(|stored| stored != json)
+            {
                 return Err(StoreError::AlreadyExists(record.name));
             }
             claimed_now = Some((address, self.claim_address(address, &record.name).await?));
@@ -165,9 +206,11 @@ impl Store for RedisStore {
             .key(client_key(&record.name))
             .key(usage_key(&record.name))
             .arg(json);
+        // Idempotent: a repeat finds this very record and goes on.
         let created: i64 = self
-            .run("adding a client", Retry::Once, &Req::Script(script))
+            .run("adding a client", Retry::Idempotent, &Req::Script(script))
             .await?;
+        // 2: this very record is there (an earlier attempt landed); finish it.
         if created == 0 {
             if let Some((address, true)) = claimed_now {
                 // Free what this add claimed, unless the client that won holds it.
@@ -205,13 +248,14 @@ impl Store for RedisStore {
             return Ok(Vec::new());
         }
         names.sort_unstable();
-        // One GET per record (a pipeline, not MGET: the records are in different slots).
-        let mut pipe = redis::pipe();
+        // One MGET: on a Cluster the client splits it by slot (the records are in
+        // different slots) and puts the replies back in order.
+        let mut cmd = redis::cmd("MGET");
         for name in &names {
-            pipe.cmd("GET").arg(client_key(name));
+            cmd.arg(client_key(name));
         }
         let records: Vec<Option<String>> = self
-            .run("reading clients", Retry::Idempotent, &Req::Pipe(pipe))
+            .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         names
             .iter()
@@ -301,7 +345,7 @@ impl Store for RedisStore {
             .collect()
     }
 
-    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
+    async fn add_usage(&self, name: &str, delta: Usage, batch: u64) -> Result<(), StoreError> {
         if !is_valid_name(name) {
             return Err(StoreError::NotFound(name.to_owned()));
         }
@@ -309,11 +353,15 @@ impl Store for RedisStore {
         script
             .key(client_key(name))
             .key(usage_key(name))
+            .key(batch_key(name, &self.writer))
             .arg(redis_int(delta.bytes_up))
             .arg(redis_int(delta.bytes_down))
-            .arg(redis_int(delta.connections));
+            .arg(redis_int(delta.connections))
+            .arg(batch)
+            .arg(USAGE_BATCH_MEMORY.as_secs());
+        // The batch makes a repeat harmless: retried like any idempotent call.
         let found: i64 = self
-            .run("adding usage", Retry::Once, &Req::Script(script))
+            .run_confirmed("adding usage", Retry::Idempotent, script)
             .await?;
         if found == 0 {
             return Err(StoreError::NotFound(name.to_owned()));

@@ -7,11 +7,16 @@ use std::sync::LazyLock;
 use deadpool_redis::redis::Script;
 
 /// Creates a client: its record if the name is free (`SET NX`) and its zeroed usage.
-/// KEYS: record, usage. ARGV: the record's JSON. Returns 1 if created, 0 if taken.
+/// KEYS: record, usage. ARGV: the record's JSON. Returns 1 if created, 2 if that very
+/// record is there already (an earlier attempt of this add landed), 0 if the name is
+/// taken.
 pub(super) static ADD_CLIENT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return 2
+  end
   return 0
 end
 redis.call('DEL', KEYS[2])
@@ -21,15 +26,20 @@ return 1
     )
 });
 
-/// Adds a usage delta if the client exists, saturating each counter at `i64::MAX`:
-/// `HINCRBY` refuses to overflow, so its error is caught and the maximum set instead.
-/// KEYS: record, usage. ARGV: up, down, conns (decimal, 0..=i64::MAX).
-/// Returns 1, or 0 if there is no such client.
+/// Adds a usage delta if the client exists and this batch was not added before,
+/// saturating each counter at `i64::MAX`: `HINCRBY` refuses to overflow, so its error
+/// is caught and the maximum set instead.
+/// KEYS: record, usage, the writer's last batch. ARGV: up, down, conns (decimal,
+/// 0..=i64::MAX), the batch number, how long to remember it (seconds).
+/// Returns 1 if added, 2 if that batch was added already, 0 if there is no such client.
 pub(super) static ADD_USAGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
+end
+if redis.call('GET', KEYS[3]) == ARGV[4] then
+  return 2
 end
 local fields = {'up', 'down', 'conns'}
 for i = 1, 3 do
@@ -44,6 +54,7 @@ for i = 1, 3 do
     end
   end
 end
+redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5])
 return 1
 ",
     )

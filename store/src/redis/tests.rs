@@ -50,7 +50,10 @@ async fn key_shapes() {
         bytes_down: 6,
         connections: 1,
     };
-    store.add_usage("alice", delta).await.expect("usage");
+    store
+        .add_usage("alice", delta, crate::contract::batch())
+        .await
+        .expect("usage");
     let now = crate::unix_now();
     store
         .touch_activity(&node(), &[("alice".into(), now)])
@@ -70,6 +73,7 @@ async fn key_shapes() {
     let mut keys: Vec<String> = conn.keys("*").await.expect("KEYS");
     keys.sort();
     let address_claim = format!("{{pwg_{}}}", address_of("alice"));
+    let batch = format!("{{pc_alice}}:batch:{}", store.writer);
     let mut expected = vec![
         "{blipless}:clients",
         "{blipless}:feed",
@@ -80,9 +84,12 @@ async fn key_shapes() {
         "{pwi_alice}_h1_b0",
         "{pwh_h1_b0}",
         address_claim.as_str(),
+        batch.as_str(),
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);
+    let batch_ttl: i64 = conn.ttl(&batch).await.expect("TTL");
+    assert!((3590..=3600).contains(&batch_ttl), "{batch_ttl}");
     let holder: String = conn.get(&address_claim).await.expect("GET");
     assert_eq!(holder, "alice", "the address key names its client");
     let usage: Vec<(String, i64)> = conn.hgetall("{pc_alice}:usage").await.expect("HGETALL");
@@ -233,7 +240,9 @@ async fn reconnects_when_redis_is_back() {
     let message = err.to_string();
     assert!(matches!(err, StoreError::Unavailable(_)), "{message}");
     assert!(message.contains(&server.url()), "{message}");
-    let err = store.add_usage("before", Usage::default()).await;
+    let err = store
+        .add_usage("before", Usage::default(), crate::contract::batch())
+        .await;
     assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
 
     server.restart();
@@ -263,10 +272,13 @@ async fn hung_redis_times_out() {
     // Several pooled connections, each of which must not cost its own timeout.
     let mut held = Vec::new();
     for _ in 0..4 {
-        held.push(store.pool.get().await.expect("connection"));
+        match store.pools.get().await {
+            Ok(conn) => held.push(conn),
+            Err(err) => panic!("a pooled connection: {err}"),
+        }
     }
     drop(held);
-    assert_eq!(store.pool.status().size, 4);
+    assert_eq!(store.pools.size(), 4);
     let pid = nix::unistd::Pid::from_raw(server.pid().expect("running"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
     let started = Instant::now();

@@ -129,16 +129,25 @@ impl Store for SqliteStore {
                 .map_err(db("inserting client"))?;
             if inserted == 0 {
                 // Ignored for a taken name or a taken WireGuard address (the unique
-                // index); the name is reported first.
-                let name_taken = tx
+                // index); the name is reported first. This very record is a repeat
+                // of an add that landed (with its feed entry, in its transaction).
+                let stored = tx
                     .query_row(
-                        "SELECT 1 FROM clients WHERE name = ?1",
+                        &format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE name = ?1"),
                         params![record.name],
-                        |_| Ok(()),
+                        raw_client,
                     )
                     .optional()
-                    .map_err(db("checking client name"))?
-                    .is_some();
+                    .map_err(db("checking client name"))?;
+                let name_taken = match stored {
+                    Some(raw) => {
+                        if client_from_raw(raw).is_ok_and(|stored| stored == record) {
+                            return Ok(());
+                        }
+                        true
+                    }
+                    None => false,
+                };
                 return Err(match record.wg_address {
                     Some(address) if !name_taken => StoreError::AddressTaken(address),
                     _ => StoreError::AlreadyExists(record.name),
@@ -275,7 +284,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn add_usage(&self, name: &str, delta: Usage) -> Result<(), StoreError> {
+    async fn add_usage(&self, name: &str, delta: Usage, _batch: u64) -> Result<(), StoreError> {
         if !super::is_valid_name(name) {
             return Err(StoreError::NotFound(name.to_owned()));
         }

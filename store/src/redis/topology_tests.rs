@@ -1,0 +1,235 @@
+//! The Redis store on Sentinel and on Cluster, beyond the contract suite (which
+//! runs on both in `contract`): a repeated usage batch counts once, and a master
+//! killed (SIGKILL) while usage is added, clients are added and a follower reads
+//! the feed costs no count, no client and no feed entry.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::contract::client;
+use crate::testing::{RedisCluster, RedisSentinel};
+use crate::{Store, StoreError, Usage};
+
+use super::RedisStore;
+
+async fn open(url: &str) -> Arc<dyn Store> {
+    match RedisStore::open(url).await {
+        Ok(store) => Arc::new(store),
+        Err(err) => panic!("opening {url}: {err}"),
+    }
+}
+
+/// The same batch twice adds once; a new batch adds again.
+async fn a_repeated_batch_counts_once(url: &str) {
+    let store = open(url).await;
+    store.add_client(client("u")).await.expect("add");
+    let delta = Usage {
+        bytes_up: 3,
+        bytes_down: 4,
+        connections: 1,
+    };
+    store.add_usage("u", delta, 7).await.expect("first");
+    store.add_usage("u", delta, 7).await.expect("repeat");
+    assert_eq!(store.usage("u").await.expect("usage"), delta);
+    store.add_usage("u", delta, 8).await.expect("next");
+    let twice = Usage {
+        bytes_up: 6,
+        bytes_down: 8,
+        connections: 2,
+    };
+    assert_eq!(store.usage("u").await.expect("usage"), twice);
+    // Another handle (another process) has batches of its own.
+    let other = open(url).await;
+    other.add_usage("u", delta, 7).await.expect("other handle");
+    assert_eq!(store.usage("u").await.expect("usage").connections, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_batch_on_one_redis() {
+    let server = crate::contract::redis_server::RedisServer::start();
+    a_repeated_batch_counts_once(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_batch_on_sentinel() {
+    let sentinel = RedisSentinel::start();
+    a_repeated_batch_counts_once(&sentinel.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_batch_on_cluster() {
+    let cluster = RedisCluster::start();
+    a_repeated_batch_counts_once(&cluster.url()).await;
+}
+
+/// What the writers saw while a master was killed.
+#[derive(Debug, Default)]
+struct Tally {
+    /// The sum of the usage adds that returned Ok.
+    usage: Usage,
+    /// Clients whose add returned Ok (or Unconfirmed: stored all the same).
+    added: Vec<String>,
+    /// Calls that failed (and were repeated).
+    failures: usize,
+    /// The first write that succeeded after the kill, from the kill.
+    resumed_after: Option<Duration>,
+}
+
+/// Usage adds every 20 ms and a client add every 100 ms, each repeated until it
+/// lands, while `kill` (on a blocking thread) kills a master and waits for the
+/// failover; then checks that every count landed exactly once, every client added
+/// is there, and the feed is whole; prints the failover's and the writes' pauses.
+async fn failover_under_load(url: String, kill: impl FnOnce() -> Duration + Send + 'static) {
+    let store = open(&url).await;
+    store
+        .add_client(client("steady"))
+        .await
+        .expect("add steady");
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let killed_at = Arc::new(Mutex::new(None::<Instant>));
+
+    let writer = {
+        let (store, stop, tally, killed_at) = (
+            store.clone(),
+            stop.clone(),
+            tally.clone(),
+            killed_at.clone(),
+        );
+        tokio::spawn(async move {
+            let mut batch = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                batch += 1;
+                let delta = Usage {
+                    bytes_up: batch,
+                    bytes_down: 1,
+                    connections: 1,
+                };
+                loop {
+                    match store.add_usage("steady", delta, batch).await {
+                        Ok(()) => break,
+                        Err(StoreError::NotFound(name)) => panic!("{name} vanished"),
+                        Err(_) => {
+                            tally.lock().expect("tally").failures += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                {
+                    let killed = *killed_at.lock().expect("killed_at");
+                    let mut tally = tally.lock().expect("tally");
+                    tally.usage.bytes_up += delta.bytes_up;
+                    tally.usage.bytes_down += 1;
+                    tally.usage.connections += 1;
+                    if let (Some(at), None) = (killed, tally.resumed_after) {
+                        if tally.failures > 0 {
+                            tally.resumed_after = Some(at.elapsed());
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let adder = {
+        let (store, stop, tally) = (store.clone(), stop.clone(), tally.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let name = format!("new{n}");
+                n += 1;
+                // The same record each time: a repeat finishes an earlier attempt.
+                loop {
+                    match store.add_client(client(&name)).await {
+                        Ok(()) | Err(StoreError::Unconfirmed(_)) => break,
+                        Err(
+                            error @ (StoreError::AlreadyExists(_) | StoreError::AddressTaken(_)),
+                        ) => {
+                            panic!("{name}: {error}")
+                        }
+                        Err(_) => {
+                            tally.lock().expect("tally").failures += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                tally.lock().expect("tally").added.push(name);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *killed_at.lock().expect("killed_at") = Some(Instant::now());
+    let failover = tokio::task::spawn_blocking(kill).await.expect("kill");
+    // Long enough after the new master for every pending call to land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    writer.await.expect("usage writer");
+    adder.await.expect("client adder");
+
+    let tally = std::mem::take(&mut *tally.lock().expect("tally"));
+    assert!(
+        tally.failures > 0,
+        "the kill interrupted no write: nothing was tested"
+    );
+    // A fresh handle: nothing cached from before the failover.
+    let after = open(&url).await;
+    assert_eq!(
+        after.usage("steady").await.expect("usage"),
+        tally.usage,
+        "usage lost or counted twice across the failover"
+    );
+    let feed = after.changes_since(0, usize::MAX).await.expect("feed");
+    let seqs: Vec<u64> = feed.iter().map(|change| change.seq).collect();
+    let whole: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, whole, "the feed has gaps");
+    for name in &tally.added {
+        assert!(
+            after.get_client(name).await.expect("get").is_some(),
+            "{name} was added but is gone"
+        );
+        assert!(
+            feed.iter().any(|change| &change.name == name),
+            "{name} was added but is not in the feed"
+        );
+    }
+    eprintln!(
+        "failover: new master after {} ms; writes resumed {} ms after the kill; \
+         {} calls repeated; {} clients added, {} usage adds",
+        failover.as_millis(),
+        tally.resumed_after.unwrap_or_default().as_millis(),
+        tally.failures,
+        tally.added.len(),
+        tally.usage.connections,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_loses_and_doubles_nothing() {
+    let sentinel = Arc::new(Mutex::new(RedisSentinel::start()));
+    let url = sentinel.lock().expect("sentinel").url();
+    let killer = sentinel.clone();
+    failover_under_load(url, move || {
+        let mut sentinel = killer.lock().expect("sentinel");
+        let old = sentinel.kill_master();
+        sentinel.wait_for_new_master(old)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_loses_and_doubles_nothing() {
+    let cluster = Arc::new(Mutex::new(RedisCluster::start()));
+    let url = cluster.lock().expect("cluster").url();
+    let killer = cluster.clone();
+    failover_under_load(url, move || {
+        let mut cluster = killer.lock().expect("cluster");
+        // The master of the usage counters the writer adds to.
+        let port = cluster.master_of_slot_for_key("{pc_steady}:usage");
+        cluster.kill(port);
+        cluster.wait_for_failover(port)
+    })
+    .await;
+}
