@@ -54,7 +54,10 @@ pub(crate) fn placeholder() -> Config {
             wg: nowhere,
             status: nowhere,
         },
-        store: crate::StoreConfig { url: String::new() },
+        store: crate::StoreConfig {
+            url: String::new(),
+            usage_flush: Duration::ZERO,
+        },
         egress: crate::EgressConfig {
             allow: Vec::new(),
             sources: Vec::new(),

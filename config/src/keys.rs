@@ -145,8 +145,14 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<StoreUrl>(
             "store.url",
             StoreInStateDir,
-            "State store (default: sqlite://<node.state_dir>/state.db).",
+            "State store (default: sqlite://<node.state_dir>/state.db); Redis fleets: docs/FLEET.md.",
             |c| &mut c.store.url,
+        ),
+        Key::new::<Dur>(
+            "store.usage_flush",
+            Text("10s"),
+            "How often a device plane adds its clients' usage to the store (a crash loses at most this much).",
+            |c| &mut c.store.usage_flush,
         ),
         Key::new::<NetList>(
             "egress.allow",

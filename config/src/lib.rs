@@ -106,8 +106,11 @@ pub struct ListenConfig {
 /// `[store]`: the state store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
-    /// `sqlite://<path>`, `redis://...` or `rediss://...`.
+    /// `sqlite://<path>`, `redis://...`, `redis+sentinel://...` or `redis+cluster://...`
+    /// (`rediss` for TLS): the grammar is [`store_url`].
     pub url: String,
+    /// How often a device plane adds its clients' usage to the store.
+    pub usage_flush: Duration,
 }
 
 /// `[egress]`: destinations and source addresses.

@@ -12,13 +12,12 @@ use crate::identity::{Identities, ACTIVITY_FLUSH};
 
 /// Longest single wait on the change feed (then it is waited on again).
 pub const FEED_WAIT: Duration = Duration::from_secs(1);
-/// How often usage is flushed to the store (a SIGKILL loses at most this much).
-pub const USAGE_FLUSH: Duration = Duration::from_secs(10);
-
-/// Runs until `stop`.
+/// Runs until `stop`, flushing usage every `usage_flush` (`store.usage_flush`: a
+/// SIGKILL loses at most that much).
 pub async fn maintain(
     directory: Arc<Directory>,
     identities: Arc<Identities>,
+    usage_flush: Duration,
     stop: CancellationToken,
 ) {
     let follower = tokio::spawn(follow_feed(
@@ -26,7 +25,7 @@ pub async fn maintain(
         identities.clone(),
         stop.clone(),
     ));
-    let mut usage = tokio::time::interval(USAGE_FLUSH);
+    let mut usage = tokio::time::interval(usage_flush);
     let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
     usage.tick().await;
     activity.tick().await;
@@ -53,9 +52,11 @@ async fn follow_feed(
             waited = directory.wait_for_change(FEED_WAIT) => waited,
             () = stop.cancelled() => return,
         };
+        // A wait that timed out catches up too: that also checks the entry at this
+        // plane's position (a failover can hand seqs out again, which no wait
+        // past the position would see).
         let applied = match waited {
-            Ok(false) => continue,
-            Ok(true) => directory.catch_up().await.map(|_| ()),
+            Ok(_) => directory.catch_up().await.map(|_| ()),
             Err(error) => Err(error),
         };
         match applied {

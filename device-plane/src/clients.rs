@@ -343,44 +343,59 @@ impl Directory {
 
     /// Adds every client's unflushed usage to the store and returns the
     /// clients that had any (they were active). A failed add is kept with its
-    /// batch number and sent again, unchanged, by the next flush (what was
-    /// metered meanwhile waits for the one after), so that an add whose reply
-    /// was lost, or that no replica had confirmed, is neither lost nor counted
+    /// batch number and sent again, unchanged, by the next flush, before what
+    /// was metered meanwhile (a new batch), so that an add whose reply was
+    /// lost, or that no replica had confirmed, is neither lost nor counted
     /// twice.
     pub async fn flush_usage(&self) -> Vec<String> {
         let mut active = Vec::new();
         for client in self.all() {
-            let name = &client.record.name;
-            let mut unflushed = client
-                .meter
-                .unflushed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            if unflushed.is_none() {
-                let delta = client.meter.take();
-                if delta != Usage::default() {
-                    unflushed = Some((self.next_batch.fetch_add(1, Ordering::Relaxed), delta));
-                }
-            }
-            let Some((batch, delta)) = unflushed else {
-                continue;
-            };
-            active.push(name.clone());
-            match self.store.add_usage(name, delta, batch).await {
-                Ok(()) => {}
-                // Removed meanwhile: its usage went with it.
-                Err(StoreError::NotFound(_)) => {}
-                Err(error) => {
-                    tracing::warn!(client = %name, %error, "usage flush failed; will retry");
-                    *client
-                        .meter
-                        .unflushed
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((batch, delta));
-                }
+            if self.flush_client(&client).await {
+                active.push(client.record.name.clone());
             }
         }
         active
     }
+
+    /// Flushes one client's held batch, if any, then its new usage; whether it
+    /// had any.
+    async fn flush_client(&self, client: &Client) -> bool {
+        let name = &client.record.name;
+        let held = || {
+            client
+                .meter
+                .unflushed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let mut had_usage = false;
+        loop {
+            let retry = held().take();
+            let is_retry = retry.is_some();
+            let (batch, delta) = match retry {
+                Some(held) => held,
+                None => {
+                    let delta = client.meter.take();
+                    if delta == Usage::default() {
+                        return had_usage;
+                    }
+                    (self.next_batch.fetch_add(1, Ordering::Relaxed), delta)
+                }
+            };
+            had_usage = true;
+            match self.store.add_usage(name, delta, batch).await {
+                // Removed meanwhile: its usage went with it.
+                Ok(()) | Err(StoreError::NotFound(_)) if is_retry => continue,
+                Ok(()) | Err(StoreError::NotFound(_)) => return true,
+                Err(error) => {
+                    tracing::warn!(client = %name, %error, "usage flush failed; will retry");
+                    *held() = Some((batch, delta));
+                    return true;
+                }
+            }
+        }
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -93,6 +93,7 @@ pub(super) async fn warm_up(
     tokio::spawn(background::maintain(
         directory.clone(),
         identities.clone(),
+        config.store.usage_flush,
         background.clone(),
     ));
     let routes = Arc::new(crate::egress::routes::Routes::new(
