@@ -129,26 +129,23 @@ pub(crate) async fn add(
         wg_address: None,
         egress,
     };
-    let mut unreplicated = None;
-    let wireguard = match wg {
-        None => {
-            match store.add_client(record).await {
-                Ok(()) => {}
-                // Stored on the master; said below, with exit status 75.
-                Err(StoreError::Unconfirmed(detail)) => unreplicated = Some(detail),
-                Err(error) => return Err(add_error(name, error)),
-            }
-            None
+    // An add no replica confirmed is stored: said below, with exit status 75.
+    let (wireguard, unreplicated) = match wg {
+        None => match blipless_ctl::patience::add_client(store, &record).await {
+            Ok(()) => (None, None),
+            Err(StoreError::Unconfirmed(detail)) => (None, Some(detail)),
+            Err(error) => return Err(add_error(name, error)),
+        },
+        Some(node) => {
+            let (client, unreplicated) = add_wg(store, record, node).await?;
+            (Some(client), unreplicated)
         }
-        Some(node) => Some(add_wg(store, record, node).await?),
     };
-    let confirmation = match (confirm(store, config).await, unreplicated) {
-        (Ok(_), Some(detail)) => Err(Unconfirmed(format!(
-            "client {name} is stored and the node serves it, but {detail}"
-        ))
-        .into()),
-        (confirmation, _) => confirmation,
-    };
+    let confirmation = unreplicated_is_unconfirmed(
+        confirm(store, config).await,
+        unreplicated,
+        &format!("client {name} is stored"),
+    );
     let socks = format!(
         "socks5h://{name}:{secret}@{}",
         dial_address(config.listen.socks, config)
@@ -245,20 +242,36 @@ fn confirmation_text(confirmation: &Confirmation, effect: &str) -> String {
 }
 
 /// Adds a WireGuard client: a new key pair, the lowest free address of the pool.
+/// A change the node confirmed but no Redis replica did is [`Unconfirmed`] too
+/// (exit 75): it stands unless the master fails before replicating it.
+fn unreplicated_is_unconfirmed(
+    confirmation: anyhow::Result<Confirmation>,
+    unreplicated: Option<String>,
+    done: &str,
+) -> anyhow::Result<Confirmation> {
+    match (confirmation, unreplicated) {
+        (Ok(_), Some(detail)) => Err(Unconfirmed(format!("{done}, but {detail}")).into()),
+        (confirmation, _) => confirmation,
+    }
+}
+
+/// Adds a WireGuard client: its record with a key and an address, and the
+/// config to hand out; with the store's word if no replica confirmed the add.
 async fn add_wg(
     store: &dyn Store,
     mut record: ClientRecord,
     node: &WgNode,
-) -> anyhow::Result<WgClient> {
+) -> anyhow::Result<(WgClient, Option<String>)> {
     let key = WireguardKey::generate().context("making the client's WireGuard key")?;
     let public_key = key.public_base64();
     record.wg_public_key = Some(public_key.clone());
     let name = record.name.clone();
-    let address = match wg_clients::add_with_address(store, record, &node.pool).await {
-        Ok(address) => address,
-        Err(wg_clients::AddError::Store(error)) => return Err(add_error(&name, error)),
-        Err(error) => return Err(error.into()),
-    };
+    let (address, unreplicated) =
+        match wg_clients::add_with_address(store, record, &node.pool).await {
+            Ok(added) => added,
+            Err(wg_clients::AddError::Store(error)) => return Err(add_error(&name, error)),
+            Err(error) => return Err(error.into()),
+        };
     let private_key = key.private_base64();
     let node_public_key = node.key.public_base64();
     let config = WgQuickConfig {
@@ -268,11 +281,14 @@ async fn add_wg(
         endpoint: &node.endpoint,
     }
     .render();
-    Ok(WgClient {
-        address,
-        public_key,
-        config,
-    })
+    Ok((
+        WgClient {
+            address,
+            public_key,
+            config,
+        },
+        unreplicated,
+    ))
 }
 
 /// What an operator reads when the store refuses a new client.
@@ -347,10 +363,18 @@ pub(crate) async fn remove(
     name: &str,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    if !store.remove_client(name).await? {
-        anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
-    }
-    let confirmation = confirm(store, config).await;
+    let unreplicated = match blipless_ctl::patience::remove_client(store, name).await {
+        Ok(true) => None,
+        Ok(false) => anyhow::bail!("no client named {name} (see `blipless-ctl client list`)"),
+        // Removed on the master: said with exit status 75.
+        Err(StoreError::Unconfirmed(detail)) => Some(detail),
+        Err(error) => return Err(error.into()),
+    };
+    let confirmation = unreplicated_is_unconfirmed(
+        confirm(store, config).await,
+        unreplicated,
+        &format!("client {name} is removed"),
+    );
     if as_json {
         say!(
             "{}",

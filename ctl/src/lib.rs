@@ -10,4 +10,5 @@
 //! The commands themselves are in the binary (`src/main.rs` and its modules).
 
 pub mod net;
+pub mod patience;
 pub mod wg_clients;

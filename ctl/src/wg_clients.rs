@@ -67,14 +67,17 @@ pub enum AddError {
 }
 
 /// Adds `record` to the store with the lowest free address of `pool` as its
-/// `wg_address`, and returns that address. When another client takes the
-/// address first ([`StoreError::AddressTaken`], two adds at once), it lists the
-/// clients again and takes the next one, up to [`ADDRESS_ATTEMPTS`] times.
+/// `wg_address`, and returns that address, with the store's word if no replica
+/// confirmed the add ([`StoreError::Unconfirmed`]: the client is stored). When
+/// another client takes the address first ([`StoreError::AddressTaken`], two adds
+/// at once), it lists the clients again and takes the next one, up to
+/// [`ADDRESS_ATTEMPTS`] times. Each add rides out a failover
+/// ([`crate::patience`]).
 pub async fn add_with_address(
     store: &dyn Store,
     mut record: ClientRecord,
     pool: &IpNet,
-) -> Result<IpAddr, AddError> {
+) -> Result<(IpAddr, Option<String>), AddError> {
     // Addresses found taken that the list did not show (yet).
     let mut taken: Vec<IpAddr> = Vec::new();
     for _ in 0..ADDRESS_ATTEMPTS {
@@ -85,13 +88,10 @@ pub async fn add_with_address(
             .chain(taken.iter().copied());
         let address = lowest_free(pool, in_use)?;
         record.wg_address = Some(address);
-        match store.add_client(record.clone()).await {
-            Ok(()) => return Ok(address),
-            Err(StoreError::Unconfirmed(detail)) => {
-                // Stored on the master: the client exists, say what is at risk.
-                eprintln!("blipless-ctl: warning: {detail}");
-                return Ok(address);
-            }
+        match crate::patience::add_client(store, &record).await {
+            Ok(()) => return Ok((address, None)),
+            // Stored on the master: the client exists; the caller says what is at risk.
+            Err(StoreError::Unconfirmed(detail)) => return Ok((address, Some(detail))),
             Err(StoreError::AddressTaken(address)) => taken.push(address),
             Err(error) => return Err(error.into()),
         }
@@ -352,7 +352,7 @@ mod tests {
         }
         let mut got = Vec::new();
         while let Some(joined) = set.join_next().await {
-            got.push(joined.expect("task").expect("added"));
+            got.push(joined.expect("task").expect("added").0);
         }
         got.sort();
         let expected: Vec<IpAddr> = (2..10u8)
@@ -371,13 +371,13 @@ mod tests {
         );
         let pool = net("192.168.9.0/29"); // clients .2 to .6
         for (name, last) in [("a", 2), ("b", 3), ("c", 4)] {
-            let address = add_with_address(&*store, record(name), &pool)
+            let (address, _) = add_with_address(&*store, record(name), &pool)
                 .await
                 .expect("add");
             assert_eq!(address, IpAddr::V4(Ipv4Addr::new(192, 168, 9, last)));
         }
         assert!(store.remove_client("a").await.expect("remove"));
-        let again = add_with_address(&*store, record("d"), &pool)
+        let (again, _) = add_with_address(&*store, record("d"), &pool)
             .await
             .expect("add");
         assert_eq!(again, ip("192.168.9.2"), "the freed address first");

@@ -72,6 +72,8 @@ pub struct Directory {
 }
 
 const FEED_PAGE: usize = 1000;
+/// How many clients' usage a flush adds to the store at once.
+pub const FLUSH_CONCURRENCY: usize = 32;
 /// How long [`Directory::sync_through`] waits for the store to show a
 /// position it was told exists.
 const SYNC_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -347,14 +349,22 @@ impl Directory {
     /// was metered meanwhile (a new batch), so that an add whose reply was
     /// lost, or that no replica had confirmed, is neither lost nor counted
     /// twice.
+    ///
+    /// Up to [`FLUSH_CONCURRENCY`] clients are flushed at once: on Sentinel and
+    /// Cluster each add waits for a replica's confirmation, and a flush one
+    /// client after the other would grow with the number of clients.
     pub async fn flush_usage(&self) -> Vec<String> {
-        let mut active = Vec::new();
-        for client in self.all() {
-            if self.flush_client(&client).await {
-                active.push(client.record.name.clone());
-            }
-        }
-        active
+        use futures_util::StreamExt as _;
+        futures_util::stream::iter(self.all())
+            .map(|client| async move {
+                self.flush_client(&client)
+                    .await
+                    .then(|| client.record.name.clone())
+            })
+            .buffer_unordered(FLUSH_CONCURRENCY)
+            .filter_map(std::future::ready)
+            .collect()
+            .await
     }
 
     /// Flushes one client's held batch, if any, then its new usage; whether it

@@ -14,6 +14,7 @@ pub mod curl;
 pub mod dante;
 pub mod exit_world;
 pub mod fake_upstream;
+pub mod fleet;
 pub mod inherited;
 pub mod load;
 pub mod netns;

@@ -3,12 +3,14 @@
 //!
 //! `blipless-bench` (sections 1–5, on loopback): [`rate`], [`bulk`],
 //! [`memory`], [`deploy`], [`prewarm`]. `blipless-bench-wg`: [`wireguard`].
-//! `blipless-bench-handoff`: [`handoff`]. `blipless-soak` (the chaos soak,
+//! `blipless-bench-handoff`: [`handoff`]. `blipless-bench-egress`: [`egress`].
+//! `blipless-bench-fleet`: [`fleet`]. `blipless-soak` (the chaos soak,
 //! docs/RELIABILITY.md): [`soak`].
 
 pub mod bulk;
 pub mod deploy;
 pub mod egress;
+pub mod fleet;
 pub mod handoff;
 pub mod memory;
 pub mod prewarm;

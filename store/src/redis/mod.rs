@@ -192,6 +192,9 @@ pub struct RedisStore {
     /// The URL without its password, for messages.
     shown_url: String,
     pools: Pools,
+    /// Whether the master answered the last confirmed write with replicas
+    /// (see [`Confirm`]).
+    replicas_seen: std::sync::atomic::AtomicBool,
     /// This handle's own name among the writers of usage (16 hex digits, random):
     /// with a batch number, it makes a repeated usage add count once.
     writer: String,
@@ -219,9 +222,79 @@ enum Req<'a> {
     Cmd(redis::Cmd),
     Pipe(redis::Pipeline),
     Script(redis::ScriptInvocation<'a>),
-    /// A script, then `WAIT 1 <ms>` and `ROLE`, in one pipeline (loading the script
-    /// first if Redis does not know it): replies `(result, replicas, role)`.
-    Confirmed(redis::ScriptInvocation<'a>, u64),
+    /// A script, then `WAIT 1` and `ROLE` on the same connection: see [`Confirm`].
+    Confirmed(Confirm<'a>),
+}
+
+/// A script to be confirmed by a replica. When the master is expected to have
+/// replicas, one pipeline: the script, `WAIT 1 <wait_ms>`, `ROLE`. Otherwise the
+/// script and `ROLE` first, and `WAIT` only if `ROLE` lists a replica after all (a
+/// `WAIT` on a master without replicas would block for its whole timeout). The
+/// `WAIT` rides with an `EXISTS` of `key` (a key of the script's slot), so that
+/// on a Cluster it reaches the script's node. Replies `(result, replicas, role)`;
+/// a script Redis does not know is loaded, and the request sent again.
+struct Confirm<'a> {
+    script: redis::ScriptInvocation<'a>,
+    key: String,
+    wait_ms: u64,
+    expect_replicas: bool,
+}
+
+impl Confirm<'_> {
+    async fn send<T: FromRedisValue>(&self, conn: &mut Conn) -> redis::RedisResult<T> {
+        let reply: redis::Value = match self.attempt(conn).await {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                // A pipeline does not load its scripts (after a restart, or a
+                // failover to a replica that never ran one): load, then again.
+                self.script.load_async(conn).await?;
+                self.attempt(conn).await?
+            }
+            other => other?,
+        };
+        Ok(T::from_redis_value(reply)?)
+    }
+
+    async fn attempt(&self, conn: &mut Conn) -> redis::RedisResult<redis::Value> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&self.script);
+        if self.expect_replicas {
+            pipe.cmd("WAIT").arg(1).arg(self.wait_ms).cmd("ROLE");
+            return pipe.query_async(conn).await;
+        }
+        pipe.cmd("ROLE");
+        let (result, role): (redis::Value, redis::Value) = pipe.query_async(conn).await?;
+        let replicas = if has_replicas(&role) {
+            let mut wait = redis::pipe();
+            wait.cmd("EXISTS")
+                .arg(&self.key)
+                .ignore()
+                .cmd("WAIT")
+                .arg(1)
+                .arg(self.wait_ms);
+            let (replicas,): (i64,) = wait.query_async(conn).await?;
+            replicas
+        } else {
+            0
+        };
+        Ok(redis::Value::Array(vec![
+            result,
+            redis::Value::Int(replicas),
+            role,
+        ]))
+    }
+}
+
+/// Whether a `ROLE` reply is a master's with at least one replica connected
+/// (`["master", offset, [[ip, port, offset], ...]]`).
+fn has_replicas(role: &redis::Value) -> bool {
+    match role {
+        redis::Value::Array(items) => {
+            matches!(items.get(2), Some(redis::Value::Array(replicas)) if !replicas.is_empty())
+        }
+        _ => false,
+    }
 }
 
 impl Req<'_> {
@@ -230,26 +303,7 @@ impl Req<'_> {
             Req::Cmd(cmd) => cmd.query_async(conn).await,
             Req::Pipe(pipe) => pipe.query_async(conn).await,
             Req::Script(script) => script.invoke_async(conn).await,
-            Req::Confirmed(script, wait_ms) => {
-                let mut pipe = redis::pipe();
-                pipe.invoke_script(script)
-                    .cmd("WAIT")
-                    .arg(1)
-                    .arg(*wait_ms)
-                    .cmd("ROLE");
-                match pipe.query_async(conn).await {
-                    // A pipeline does not load its scripts (after a restart or a
-                    // failover to a replica that never ran it): load, then again.
-                    Err(err)
-                        if err.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        script.load_async(conn).await?;
-                        pipe.query_async(conn).await
-                    }
-                    other => other,
-                }
-            }
+            Req::Confirmed(confirm) => confirm.send(conn).await,
         }
     }
 }
@@ -408,6 +462,7 @@ impl RedisStore {
         let store = Self {
             shown_url,
             pools,
+            replicas_seen: std::sync::atomic::AtomicBool::new(true),
             writer: writer_id()?,
         };
         let pong: String = store

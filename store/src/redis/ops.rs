@@ -3,14 +3,15 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use deadpool_redis::redis;
 
 use super::{
-    activity_key, address_key, batch_key, client_key, endpoints_key, identity_key, scripts,
-    usage_key, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY,
-    USAGE_BATCH_MEMORY,
+    activity_key, address_key, batch_key, client_key, endpoints_key, has_replicas, identity_key,
+    scripts, usage_key, Confirm, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY,
+    INDEX_KEY, USAGE_BATCH_MEMORY,
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
@@ -51,8 +52,13 @@ impl RedisStore {
             .arg(name)
             .arg(kind)
             .arg(if force { "1" } else { "0" });
-        self.run_confirmed("appending to the change feed", Retry::Idempotent, script)
-            .await
+        self.run_confirmed(
+            "appending to the change feed",
+            Retry::Idempotent,
+            script,
+            FEED_KEY,
+        )
+        .await
     }
 
     /// Runs a script and, on Sentinel or Cluster, waits up to [`CONFIRM_WAIT`] for
@@ -66,14 +72,22 @@ impl RedisStore {
         what: &str,
         retry: Retry,
         script: redis::ScriptInvocation<'_>,
+        key: &str,
     ) -> Result<T, StoreError> {
         if !self.replicated() {
             return self.run(what, retry, &Req::Script(script)).await;
         }
-        let wait_ms = u64::try_from(CONFIRM_WAIT.as_millis()).unwrap_or(u64::MAX);
-        let (value, confirmed, role): (T, i64, redis::Value) = self
-            .run(what, retry, &Req::Confirmed(script, wait_ms))
-            .await?;
+        let confirm = Confirm {
+            script,
+            key: key.to_owned(),
+            wait_ms: u64::try_from(CONFIRM_WAIT.as_millis()).unwrap_or(u64::MAX),
+            expect_replicas: self.replicas_seen.load(Ordering::Relaxed),
+        };
+        let wait_ms = confirm.wait_ms;
+        let (value, confirmed, role): (T, i64, redis::Value) =
+            self.run(what, retry, &Req::Confirmed(confirm)).await?;
+        self.replicas_seen
+            .store(has_replicas(&role), Ordering::Relaxed);
         if confirmed == 0 && has_replicas(&role) {
             return Err(StoreError::Unconfirmed(format!(
                 "Redis at {}: {what}: applied on the master, but no replica confirmed it \
@@ -162,17 +176,6 @@ impl RedisStore {
             .cloned()
             .ok_or_else(|| self.corrupt(FEED_KEY, format!("entry {id} has no name")))?;
         Ok(Change { seq, name, kind })
-    }
-}
-
-/// Whether a `ROLE` reply is a master's with at least one replica connected
-/// (`["master", offset, [[ip, port, offset], ...]]`).
-fn has_replicas(role: &redis::Value) -> bool {
-    match role {
-        redis::Value::Array(items) => {
-            matches!(items.get(2), Some(redis::Value::Array(replicas)) if !replicas.is_empty())
-        }
-        _ => false,
     }
 }
 
@@ -361,7 +364,7 @@ impl Store for RedisStore {
             .arg(USAGE_BATCH_MEMORY.as_secs());
         // The batch makes a repeat harmless: retried like any idempotent call.
         let found: i64 = self
-            .run_confirmed("adding usage", Retry::Idempotent, script)
+            .run_confirmed("adding usage", Retry::Idempotent, script, &usage_key(name))
             .await?;
         if found == 0 {
             return Err(StoreError::NotFound(name.to_owned()));

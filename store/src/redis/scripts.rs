@@ -31,7 +31,8 @@ return 1
 /// is caught and the maximum set instead.
 /// KEYS: record, usage, the writer's last batch. ARGV: up, down, conns (decimal,
 /// 0..=i64::MAX), the batch number, how long to remember it (seconds).
-/// Returns 1 if added, 2 if that batch was added already, 0 if there is no such client.
+/// Returns 1 if added, 2 if that batch was added already (its key is written again, so
+/// that a `WAIT` after the call covers the earlier add), 0 if there is no such client.
 pub(super) static ADD_USAGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -39,6 +40,8 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 if redis.call('GET', KEYS[3]) == ARGV[4] then
+  -- Written again, so that a WAIT after this confirms what it found.
+  redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5])
   return 2
 end
 local fields = {'up', 'down', 'conns'}

@@ -63,6 +63,72 @@ async fn repeated_batch_on_cluster() {
     a_repeated_batch_counts_once(&cluster.url()).await;
 }
 
+/// A master whose replica is gone has nothing to wait for: usage adds succeed,
+/// and only the first waits out `WAIT` (after it, the store knows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_without_replicas_is_not_waited_on() {
+    let mut sentinel = RedisSentinel::start();
+    let store = open(&sentinel.url()).await;
+    store.add_client(client("u")).await.expect("add");
+    let replica = sentinel.replica_port();
+    sentinel.kill_node(replica);
+    let master = sentinel.master_port();
+    while crate::testing::cli(master, &["INFO", "replication"]).contains("connected_slaves:1") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delta = Usage {
+        bytes_up: 1,
+        bytes_down: 1,
+        connections: 1,
+    };
+    let started = Instant::now();
+    for batch in 1..=20 {
+        store.add_usage("u", delta, batch).await.expect("usage add");
+    }
+    let took = started.elapsed();
+    // Twenty waits of 250 ms would be 5 s.
+    assert!(took < Duration::from_secs(2), "20 usage adds took {took:?}");
+    assert_eq!(store.usage("u").await.expect("usage").connections, 20);
+}
+
+/// A replica that is connected but does not answer (stopped) confirms nothing:
+/// the add is `Unconfirmed`; repeated with its batch once the replica is back, it
+/// is confirmed and counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_add_repeated_counts_once() {
+    let sentinel = RedisSentinel::start();
+    let store = open(&sentinel.url()).await;
+    store.add_client(client("u")).await.expect("add");
+    let delta = Usage {
+        bytes_up: 5,
+        bytes_down: 5,
+        connections: 1,
+    };
+    store
+        .add_usage("u", delta, 1)
+        .await
+        .expect("a confirmed add");
+    let replica = nix::unistd::Pid::from_raw(
+        sentinel
+            .pid_of(sentinel.replica_port())
+            .expect("the replica runs"),
+    );
+    nix::sys::signal::kill(replica, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let unconfirmed = store.add_usage("u", delta, 2).await;
+    nix::sys::signal::kill(replica, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    assert!(
+        matches!(unconfirmed, Err(StoreError::Unconfirmed(_))),
+        "{unconfirmed:?}"
+    );
+    store
+        .add_usage("u", delta, 2)
+        .await
+        .expect("the repeat, confirmed");
+    let usage = store.usage("u").await.expect("usage");
+    assert_eq!(usage.connections, 2, "{usage:?}");
+    assert_eq!(usage.bytes_up, 10, "{usage:?}");
+}
+
 /// What the writers saw while a master was killed.
 #[derive(Debug, Default)]
 struct Tally {
