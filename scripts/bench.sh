@@ -10,6 +10,9 @@
 # blipless-bench-egress (egress through a SOCKS5 upstream and a WireGuard exit
 # beside direct, deploys under an exit's stream, failover) rewrites its section
 # between <!-- egress:begin --> and <!-- egress:end --> (--quick and --out too).
+# blipless-bench-fleet (the store on one Redis, Sentinel and Cluster; no root)
+# runs right after blipless-bench and rewrites its section between
+# <!-- fleet:begin --> and <!-- fleet:end --> (--quick and --out too).
 # `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
@@ -18,7 +21,8 @@ bench="$target/release/blipless-bench"
 bench_wg="$target/release/blipless-bench-wg"
 bench_handoff="$target/release/blipless-bench-handoff"
 bench_egress="$target/release/blipless-bench-egress"
-for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress"; do
+bench_fleet="$target/release/blipless-bench-fleet"
+for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -44,11 +48,13 @@ export BLIPLESS_TEST_LOG=info BLIPLESS_PROFILE=release
 saved="$(mktemp)"
 saved_handoff="$(mktemp)"
 saved_egress="$(mktemp)"
-trap 'rm -f "$saved" "$saved_handoff" "$saved_egress"' EXIT
+saved_fleet="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
     sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
     sed -n '/<!-- egress:begin -->/,/<!-- egress:end -->/p' "$out" >"$saved_egress"
+    sed -n '/<!-- fleet:begin -->/,/<!-- fleet:end -->/p' "$out" >"$saved_fleet"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -72,6 +78,15 @@ restore_egress() {
     fi
 }
 "$bench" --out docs/BENCHMARKS.md "$@"
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_fleet" --out "$out" $wg_args; then
+    if [ -s "$saved_fleet" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_fleet" >>"$out"
+        echo "bench.sh: kept the previous fleet section of $out" >&2
+    fi
+    exit 1
+fi
 if [ "$(id -u)" -ne 0 ]; then
     echo "bench.sh: the WireGuard bench needs root (network namespaces, TUN, nftables): run \`sudo make bench\`" >&2
     restore

@@ -9,6 +9,7 @@
 //! | --- | --- | --- |
 //! | `{pc_<name>}` | string | the client record, as JSON |
 //! | `{pc_<name>}:usage` | hash | `up`, `down`, `conns`: the client's counters |
+//! | `{pc_<name>}:batch:<writer>` | string | the last usage batch one store handle added for the client, for [`USAGE_BATCH_MEMORY`] |
 //! | `{blipless}:clients` | set | the names of all clients (the index) |
 //! | `{blipless}:feed` | stream | the change feed: entry `<seq>-0` with `name` and `kind` |
 //! | `{blipless}:feed:seq` | string | the last seq handed out (`INCR`) |

@@ -50,7 +50,9 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
          add is confirmed by a replica: `WAIT 1` in the same pipeline); then {} usage \
          adds and {} client reads, {CONCURRENCY} at once. Bytes per client: the \
          masters' `used_memory` growth over those clients (record, usage hash, index \
-         and feed entries, one usage batch key), divided by their number.\n",
+         and feed entries, one usage batch key), divided by their number; on Sentinel \
+         and Cluster that growth includes the replication buffers the writes filled, so \
+         the one-Redis figure is the closest to the data itself.\n",
         plan.clients, plan.concurrent_ops, plan.concurrent_ops
     );
     out.push_str(
