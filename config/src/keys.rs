@@ -38,6 +38,9 @@ pub(crate) struct Key {
     pub shape: Shape,
     /// What a valid value looks like.
     pub expected: &'static str,
+    /// What is wrong with an invalid input, when the kind can say more than
+    /// [`Key::expected`] ([`Kind::why`]).
+    pub why: fn(&Input<'_>) -> Option<String>,
     /// Parses an input into the key's field; `false` when the input is invalid.
     apply: Apply,
 }
@@ -55,6 +58,7 @@ impl Key {
             default,
             shape: K::SHAPE,
             expected: K::EXPECTED,
+            why: K::why,
             apply: Box::new(move |config, input| match K::parse(input) {
                 Some(value) => {
                     *field(config) = value;

@@ -91,18 +91,24 @@ impl Loader {
 
     /// Sets `key` from `raw`, or records why it cannot.
     fn set(&mut self, key: &'static Key, raw: Raw<'_>, origin: &str) {
-        let applied =
-            Input::new(raw, key.shape).is_some_and(|input| key.apply(&mut self.config, &input));
+        let input = Input::new(raw, key.shape);
+        let applied = input
+            .as_ref()
+            .is_some_and(|input| key.apply(&mut self.config, input));
         if applied {
             self.origins.insert(key.path, origin.to_owned());
             self.invalid.remove(key.path);
         } else {
             self.invalid.insert(key.path);
+            let expected = match input.as_ref().and_then(|input| (key.why)(input)) {
+                Some(why) => format!("{}; this one: {why}", key.expected),
+                None => key.expected.to_owned(),
+            };
             self.errors.push(ConfigError::InvalidValue {
                 origin: origin.to_owned(),
                 key: key.path.to_owned(),
                 value: shown(key, raw),
-                expected: key.expected.to_owned(),
+                expected,
             });
         }
     }
@@ -336,6 +342,10 @@ mod tests {
         assert_eq!(errors.0.len(), 2, "{text}");
         assert!(!text.contains("hunter2"), "{text}");
         assert!(text.contains("redis+sentinel"), "{text}");
+        assert!(
+            text.contains("this one: port \"x\" is not a number from 1 to 65535"),
+            "{text}"
+        );
         for good in [
             "redis+sentinel://:pw@s1:26379,s2:26379/blipless/0",
             "rediss+cluster://a:7000,b:7001",

@@ -110,6 +110,11 @@ pub(crate) trait Kind {
     const EXPECTED: &'static str;
     /// The typed value, or `None` when `input` is not valid.
     fn parse(input: &Input<'_>) -> Option<Self::Out>;
+    /// What is wrong with an input `parse` refused, when there is more to say
+    /// than [`Kind::EXPECTED`]. Never quotes a secret.
+    fn why(_input: &Input<'_>) -> Option<String> {
+        None
+    }
 }
 
 /// A node or block name.
@@ -177,6 +182,12 @@ impl Kind for StoreUrl {
     fn parse(input: &Input<'_>) -> Option<String> {
         let s = input.text()?;
         crate::store_url::parse(s).ok().map(|_| s.to_owned())
+    }
+    fn why(input: &Input<'_>) -> Option<String> {
+        // The grammar's errors hold no password.
+        crate::store_url::parse(input.text()?)
+            .err()
+            .map(|e| e.to_string())
     }
 }
 

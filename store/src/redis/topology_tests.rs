@@ -1,7 +1,7 @@
 //! The Redis store on Sentinel and on Cluster, beyond the contract suite (which
 //! runs on both in `contract`): a repeated usage batch counts once, and a master
-//! killed (SIGKILL) while usage is added, clients are added and a follower reads
-//! the feed costs no count, no client and no feed entry.
+//! killed (SIGKILL) while usage is added and clients are added costs no count,
+//! no client and no feed entry, and activity and identity writes go on after it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -241,7 +241,41 @@ async fn failover_under_load(url: String, kill: impl FnOnce() -> Duration + Send
         "the kill interrupted no write: nothing was tested"
     );
     // A fresh handle: nothing cached from before the failover.
+    // The handle that lived through the failover writes the rest of the state too:
+    // activity and egress identities (on the keys' own slots).
+    let node = crate::NodeId {
+        host: "h1".into(),
+        block: "b0".into(),
+    };
+    let now = crate::unix_now();
+    store
+        .touch_activity(&node, &[("steady".into(), now)])
+        .await
+        .expect("activity written after the failover");
+    let identity = crate::EgressIdentity {
+        window: vec!["direct".into()],
+        ..crate::EgressIdentity::default()
+    };
+    store
+        .put_identity(&node, "steady", &identity, Duration::from_secs(600))
+        .await
+        .expect("identity written after the failover");
+
     let after = open(&url).await;
+    assert_eq!(
+        after
+            .active_clients(&node, now - 1)
+            .await
+            .expect("activity"),
+        ["steady"]
+    );
+    assert_eq!(
+        after
+            .take_identity(&node, "steady")
+            .await
+            .expect("identity"),
+        Some(identity)
+    );
     assert_eq!(
         after.usage("steady").await.expect("usage"),
         tally.usage,
