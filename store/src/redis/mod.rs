@@ -120,7 +120,7 @@ use std::time::Duration;
 
 use blipless_config::store_url::{self, StoreUrl};
 use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, RedisError, RetryMethod};
-use deadpool_redis::{Manager, Pool, PoolError, Runtime};
+use deadpool_redis::{Manager, PoolError};
 
 use self::pools::{ClusterManager, Conn, Pools, SentinelManager};
 use super::{NodeId, StoreError};
@@ -422,40 +422,18 @@ impl RedisStore {
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
                     .set_response_timeout(Some(RESPONSE_TIMEOUT));
                 let manager = Manager::new_with_config(url, config).map_err(|err| invalid(&err))?;
-                let pool = Pool::builder(manager)
-                    .max_size(POOL_SIZE)
-                    .runtime(Runtime::Tokio1)
-                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
-                    .create_timeout(Some(CONNECT_TIMEOUT))
-                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
-                    .build()
-                    .map_err(|err| pool_error(&err))?;
-                Pools::Single(pool)
+                Pools::Single(pools::pool(manager, CONNECT_TIMEOUT).map_err(|e| pool_error(&e))?)
             }
             StoreUrl::Sentinel(sentinel) => {
                 let manager = SentinelManager::new(sentinel).map_err(|err| invalid(&err))?;
-                let pool = deadpool::managed::Pool::builder(manager)
-                    .max_size(POOL_SIZE)
-                    .runtime(Runtime::Tokio1)
-                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
-                    // Asking a sentinel, then connecting to the master.
-                    .create_timeout(Some(CONNECT_TIMEOUT * 2))
-                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
-                    .build()
-                    .map_err(|err| pool_error(&err))?;
+                // Asking a sentinel, then connecting to the master.
+                let pool = pools::pool(manager, CONNECT_TIMEOUT * 2).map_err(|e| pool_error(&e))?;
                 Pools::Sentinel(pool)
             }
             StoreUrl::Cluster(cluster) => {
                 let manager = ClusterManager::new(cluster).map_err(|err| invalid(&err))?;
-                let pool = deadpool::managed::Pool::builder(manager)
-                    .max_size(POOL_SIZE)
-                    .runtime(Runtime::Tokio1)
-                    .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
-                    // Connecting to a seed, reading the slot map, connecting to the masters.
-                    .create_timeout(Some(CONNECT_TIMEOUT * 2))
-                    .recycle_timeout(Some(RESPONSE_TIMEOUT))
-                    .build()
-                    .map_err(|err| pool_error(&err))?;
+                // Connecting to a seed, reading the slot map, connecting to the masters.
+                let pool = pools::pool(manager, CONNECT_TIMEOUT * 2).map_err(|e| pool_error(&e))?;
                 Pools::Cluster(pool)
             }
             StoreUrl::Sqlite(_) => return Err(invalid(&"not a Redis URL")),

@@ -20,7 +20,27 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::PoolError;
 
-use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::{CONNECT_TIMEOUT, POOL_SIZE, RESPONSE_TIMEOUT};
+
+/// A pool of `manager`'s connections, [`POOL_SIZE`] at most, with the store's
+/// timeouts; `create` bounds opening one (for Sentinel and Cluster, more than
+/// one connection's worth).
+pub(super) fn pool<M, W>(
+    manager: M,
+    create: std::time::Duration,
+) -> Result<managed::Pool<M, W>, managed::BuildError>
+where
+    M: managed::Manager,
+    W: From<managed::Object<M>>,
+{
+    managed::Pool::<M, W>::builder(manager)
+        .max_size(POOL_SIZE)
+        .runtime(deadpool::Runtime::Tokio1)
+        .wait_timeout(Some(CONNECT_TIMEOUT + RESPONSE_TIMEOUT))
+        .create_timeout(Some(create))
+        .recycle_timeout(Some(RESPONSE_TIMEOUT))
+        .build()
+}
 
 /// Opens connections to the master that the sentinels name.
 pub(super) struct SentinelManager {
