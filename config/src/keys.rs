@@ -264,6 +264,24 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Inner packets held while no device plane is active; more are dropped and counted.",
             |c| &mut c.wireguard.queue,
         ),
+        Key::new::<Interface>(
+            "wireguard.interface",
+            Text("blipless"),
+            "The name `wg show` knows the ingress's WireGuard device by (it is not a kernel interface).",
+            |c| &mut c.wireguard.interface,
+        ),
+        Key::new::<Flag>(
+            "wireguard.uapi",
+            Text("true"),
+            "Serve the read-only WireGuard UAPI socket <uapi_dir>/<interface>.sock that `wg show` reads.",
+            |c| &mut c.wireguard.uapi,
+        ),
+        Key::new::<SocketDir>(
+            "wireguard.uapi_dir",
+            Text("/run/wireguard"),
+            "Where the UAPI socket is made; stock `wg` looks in /run/wireguard.",
+            |c| &mut c.wireguard.uapi_dir,
+        ),
         Key::new::<Dur>(
             "drain.grace",
             Text("120s"),

@@ -27,6 +27,7 @@
 //! names and [`documented_defaults`], so the documentation cannot drift from the
 //! parser.
 
+pub mod build;
 pub mod daemon;
 mod defaults;
 mod error;
@@ -184,6 +185,13 @@ pub struct WireguardConfig {
     pub handshake_limit: usize,
     /// Inner packets held while no device plane is active; more are dropped.
     pub queue: usize,
+    /// The name `wg show` knows the ingress's WireGuard device by.
+    pub interface: String,
+    /// Whether the ingress serves the read-only UAPI socket `wg show` reads.
+    pub uapi: bool,
+    /// Where that socket is made (`<uapi_dir>/<interface>.sock`); `wg` looks
+    /// in /run/wireguard.
+    pub uapi_dir: PathBuf,
 }
 
 /// `[drain]`: draining a process that is being replaced or stopped.
@@ -284,6 +292,16 @@ impl Config {
     /// Path of the ingress handoff socket: `<runtime_dir>/handoff.sock`.
     pub fn handoff_socket(&self) -> PathBuf {
         self.node.runtime_dir.join("handoff.sock")
+    }
+
+    /// The read-only WireGuard UAPI socket, `<wireguard.uapi_dir>/<wireguard.interface>.sock`,
+    /// or `None` with `wireguard.uapi = false`.
+    pub fn wireguard_uapi_socket(&self) -> Option<PathBuf> {
+        self.wireguard.uapi.then(|| {
+            self.wireguard
+                .uapi_dir
+                .join(format!("{}.sock", self.wireguard.interface))
+        })
     }
 
     /// The node's WireGuard private key file: `wireguard.private_key_file`, or

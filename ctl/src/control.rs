@@ -190,8 +190,9 @@ fn print_deploy(deploy: &DeployInfo) {
 
 pub(crate) fn print_status(report: &StatusReport) {
     say!(
-        "node: {} (ingress pid {}, up {}s, {} connections accepted)",
+        "node: {} (ingress {}, pid {}, up {}s, {} connections accepted)",
         report.state,
+        report.version,
         report.ingress_pid,
         report.uptime_seconds,
         report.connections_accepted

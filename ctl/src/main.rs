@@ -45,7 +45,7 @@ use host::net;
 
 /// Operate a blipless node: its status and its proxy clients.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-ctl", version)]
+#[command(name = "blipless-ctl", version = blipless_config::build::VERSION)]
 struct Args {
     /// The TOML configuration file the node's daemons use.
     #[arg(long, short, env = "BLIPLESS_CONFIG", global = true)]

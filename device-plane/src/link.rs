@@ -154,7 +154,7 @@ pub async fn hello(
 ) -> Result<Welcome, HelloError> {
     let hello = ToIngress::Hello(Hello {
         pid: std::process::id(),
-        software: env!("CARGO_PKG_VERSION").to_string(),
+        software: blipless_config::build::VERSION.to_string(),
         rejoin,
     });
     let sent = send(socket, &hello).await;

@@ -17,7 +17,7 @@ use clap::Parser;
 /// SIGTERM: drain with no successor (finish within drain.grace, then exit).
 #[derive(Debug, Parser)]
 #[command(
-    version,
+    version = blipless_config::build::VERSION,
     after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_STORE_URL=sqlite:///tmp/state.db); precedence: defaults < file < environment < --set.",
     mut_arg("config", |a| a.help("The TOML configuration file shared with blipless-ingress"))
 )]

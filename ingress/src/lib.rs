@@ -115,6 +115,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // WireGuard runs for the whole life of the process, handoff or not.
     let stop_wireguard = CancellationToken::new();
     let wireguard_task = tokio::spawn(wireguard.clone().serve(stop_wireguard.clone()));
+    // `wg show`: this ingress's peers, from now until it exits (or a
+    // successor's socket replaces it).
+    let uapi_path = config.wireguard_uapi_socket();
+    let mut uapi = wg::uapi::start(uapi_path.clone(), wireguard.clone(), &stop_wireguard);
     if let Some(predecessor) = &predecessor {
         wireguard.seed(&predecessor.peers, &predecessor.endpoints);
     }
@@ -175,6 +179,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             }
             SteppedAside::ServeAgain => {
                 listeners.steer_to(generation)?;
+                drop(uapi.take());
+                uapi = wg::uapi::start(uapi_path.clone(), wireguard.clone(), &stop_wireguard);
                 running = serving.spawn()?;
             }
         }
@@ -199,6 +205,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     running.stop_serving();
     stop_wireguard.cancel();
+    drop(uapi);
     running.wait().await;
     for path in [
         config.device_socket(),

@@ -101,6 +101,7 @@ impl Node {
     pub fn status_report(&self) -> StatusReport {
         StatusReport {
             state: self.readiness().as_str().to_string(),
+            version: blipless_config::build::VERSION.to_string(),
             ingress_pid: std::process::id(),
             uptime_seconds: self.started.elapsed().as_secs(),
             connections_accepted: self.metrics.accepted_total(),

@@ -14,6 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::node::{Node, Readiness};
 
+/// `/metrics`' content type: prometheus-client writes OpenMetrics 1.0 text.
+const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// Serves status requests until `shutdown`.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: CancellationToken) {
     loop {
@@ -72,12 +75,22 @@ fn respond(node: &Node, request: &Request<Incoming>) -> Response<Full<Bytes>> {
                     route.error.as_deref().unwrap_or("not answering")
                 ));
             }
+            // Which builds run, so the old and the new plane of a deploy
+            // can be told apart.
+            body.push_str(&format!("ingress {}\n", blipless_config::build::VERSION));
+            for plane in node.status_report().device_planes {
+                body.push_str(&format!(
+                    "device plane {} {}: {}\n",
+                    plane.generation, plane.state, plane.software
+                ));
+            }
             text(code, body, "text/plain")
         }
         "/metrics" => text(
             StatusCode::OK,
             node.render_metrics(),
-            "text/plain; version=0.0.4; charset=utf-8",
+            // What prometheus-client writes: OpenMetrics 1.0 text.
+            METRICS_CONTENT_TYPE,
         ),
         _ => text(
             StatusCode::NOT_FOUND,

@@ -57,6 +57,9 @@ pub enum ControlResponse {
 pub struct StatusReport {
     /// "starting", "ok" or "draining": the same word `/status` answers.
     pub state: String,
+    /// The ingress's build (`blipless-ingress --version`).
+    #[serde(default)]
+    pub version: String,
     /// The ingress's process id.
     pub ingress_pid: u32,
     /// Seconds since the ingress started.

@@ -4,6 +4,7 @@
 //!   (one frame per SOCK_SEQPACKET message, file descriptors beside it).
 //! - [`control`]: the JSON-lines messages of the ingress control socket.
 //! - [`ip`]: the addresses in an inner IP packet's header.
+//! - [`wg_uapi`]: the read-only half of WireGuard's userspace API (`wg show`).
 //!
 //! Every decoder here is a pure function over a byte slice that tells
 //! "not enough bytes yet" apart from "these bytes are wrong", so the I/O
@@ -13,7 +14,7 @@
 //!
 //! Every decoder of a message from received bytes ([`channel::decode`],
 //! [`socks5::parse_greeting`], [`socks5::parse_user_pass`],
-//! [`socks5::parse_request`]) returns `Result<(value, consumed), Error>`,
+//! [`socks5::parse_request`], [`wg_uapi::parse_request`]) returns `Result<(value, consumed), Error>`,
 //! in the manner of mini-redis's `frame.rs`:
 //!
 //! - `Ok((value, consumed))`: a whole message; it took exactly `consumed`
@@ -34,3 +35,4 @@ pub mod control;
 pub mod http_target;
 pub mod ip;
 pub mod socks5;
+pub mod wg_uapi;

@@ -240,6 +240,9 @@ impl Node {
             )
             // Tests need no lame-duck period before listeners close.
             .env("BLIPLESS_DRAIN_LAME_DUCK", "100ms")
+            // `wg show`'s socket in the node's folder, not the host's
+            // /run/wireguard (tests/tests/wg_show.rs shows it to `wg`).
+            .env("BLIPLESS_WIREGUARD_UAPI_DIR", self.path().join("wg"))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

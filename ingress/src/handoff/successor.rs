@@ -69,7 +69,7 @@ pub async fn find_predecessor(
         &socket,
         &Handoff::Hello(Hello {
             pid: std::process::id(),
-            software: env!("CARGO_PKG_VERSION").to_string(),
+            software: blipless_config::build::VERSION.to_string(),
             rejoin: Rejoin::No,
         }),
         &[],

@@ -13,8 +13,10 @@ use prometheus_client::registry::Registry;
 
 use crate::planes::{PlaneState, Planes};
 
+mod process;
 mod wg;
 
+pub use process::ProcessMetrics;
 pub use wg::WgMetrics;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -75,6 +77,8 @@ pub struct Metrics {
     channel_fds_dropped: Counter,
     /// The ingress's own count of dropped-fd frames at the last render.
     own_fds_dropped_seen: std::sync::atomic::AtomicU64,
+    /// `process_*`, outside the `blipless_` prefix.
+    process: ProcessMetrics,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -230,6 +234,14 @@ impl Metrics {
             "Device-channel frames whose file descriptors the kernel dropped on receipt (a process at its open-file limit), in the ingress and the planes",
             channel_fds_dropped.clone(),
         );
+        registry.register(
+            "build",
+            "The build this ingress is (always 1): version and commit",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", blipless_config::build::VERSION),
+                ("commit", blipless_config::build::COMMIT),
+            ]),
+        );
         // Both protocols' series exist from the start, at 0.
         for protocol in ["socks5", "http"] {
             auth_failures
@@ -249,6 +261,7 @@ impl Metrics {
             http_refused,
             channel_fds_dropped,
             own_fds_dropped_seen: std::sync::atomic::AtomicU64::new(0),
+            process: ProcessMetrics::new(),
             registry,
             migrated,
             deploys,
@@ -490,8 +503,18 @@ impl Metrics {
         self.devices_live.set(clamp(devices));
         self.prewarmed.set(clamp(prewarmed));
         self.drain_remaining.set(clamp(draining));
+        self.process.sample();
         let mut text = String::new();
-        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+        // OpenMetrics: both registries, then the one `# EOF`.
+        let encoded = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry)
+            .and_then(|()| {
+                prometheus_client::encoding::text::encode_registry(
+                    &mut text,
+                    &self.process.registry,
+                )
+            })
+            .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut text));
+        if let Err(error) = encoded {
             tracing::warn!(%error, "encoding metrics failed");
         }
         text

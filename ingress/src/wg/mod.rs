@@ -22,12 +22,15 @@
 //! - **Peers** ([`Wireguard::on_peers`]): only the active plane's peer set counts;
 //!   a full set applies when its last part arrives. `/status` is 503 until the
 //!   first full set has been applied.
+//! - **`wg show`** ([`uapi`]): a read-only UAPI socket describes the device and
+//!   its peers to stock `wg`.
 
 mod inner;
 mod peer_sync;
 pub mod peers;
 mod recovery;
 pub mod steer;
+pub mod uapi;
 pub mod udp;
 
 use std::io::IoSliceMut;
@@ -37,6 +40,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use blipless_protocol::channel::Packets;
+use blipless_protocol::wg_uapi::{UapiDevice, UapiPeer};
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
@@ -173,6 +177,34 @@ impl Wireguard {
             .max()
             .filter(|ms| *ms > 0)?;
         Some(Duration::from_millis(self.now_ms().saturating_sub(last)))
+    }
+
+    /// The device and every peer as `wg show` describes them ([`uapi`]).
+    pub fn uapi_device(&self) -> UapiDevice {
+        let now = std::time::SystemTime::now();
+        let peers = self
+            .read_peers()
+            .iter()
+            .map(|peer| {
+                let (since_handshake, tx_bytes, rx_bytes, _, _) = peer.tunnel().stats();
+                let last_handshake = since_handshake
+                    .and_then(|since| now.checked_sub(since))
+                    .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok());
+                UapiPeer {
+                    public_key: peer.public_key,
+                    endpoint: peer.endpoint(),
+                    last_handshake,
+                    rx_bytes: rx_bytes as u64,
+                    tx_bytes: tx_bytes as u64,
+                    allowed_ip: peer.address,
+                }
+            })
+            .collect();
+        UapiDevice {
+            private_key: self.private.to_bytes(),
+            listen_port: self.socket.local_port(),
+            peers,
+        }
     }
 
     /// Milliseconds since the Unix epoch, by this ingress's clock.

@@ -37,6 +37,14 @@ impl WgSocket {
         })
     }
 
+    /// The UDP port the socket is bound to (0 if the kernel cannot say).
+    pub fn local_port(&self) -> u16 {
+        self.io
+            .local_addr()
+            .map(|address| address.port())
+            .unwrap_or(0)
+    }
+
     /// Segments per GSO send the kernel accepts (1: no GSO).
     pub fn max_gso_segments(&self) -> usize {
         self.state.max_gso_segments()
