@@ -115,6 +115,9 @@ enum ConfigCommand {
     /// Print a TOML file with every key, its default and what it is for
     /// (under --json: {"toml": "..."}). Reads no configuration.
     Defaults,
+    /// Load the configuration (--config, BLIPLESS_* variables, --set) as the
+    /// daemons would: exit 0 when it is sound, 64 listing every problem.
+    Check,
 }
 
 #[derive(Debug, Subcommand)]
@@ -235,8 +238,25 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             let report = status_report(config)?;
             print_egress(&report, args.json)
         }
+        Command::Config {
+            command: ConfigCommand::Check,
+        } => {
+            // Loading it was the check (main exits 64 with every problem).
+            let source = args.config.as_ref().map_or_else(
+                || "no file: defaults".to_owned(),
+                |p| p.display().to_string(),
+            );
+            if args.json {
+                say!("{}", json!({ "ok": true, "config": source }));
+            } else {
+                say!("configuration sound ({source})");
+            }
+            Ok(())
+        }
         // Answered in main before any configuration is read.
-        Command::Config { .. } => Ok(()),
+        Command::Config {
+            command: ConfigCommand::Defaults,
+        } => Ok(()),
         Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Net { command } => net(config, command, args.json),
         Command::Client { command } => {

@@ -123,6 +123,39 @@ pub fn base64(bytes: &[u8]) -> String {
 
 /// Transmitted and received counts from ping's summary line.
 pub fn ping_counts(output: &std::process::Output) -> (u64, u64) {
+    ping_summary(output)
+}
+
+/// The sequence numbers (from 1) that got no reply in the output of a
+/// `ping -D` of `sent` requests, each with the Unix time of the last reply
+/// before it (so a loss can be placed among a test's steps).
+pub fn missing_replies(output: &std::process::Output, sent: u64) -> Vec<(u64, Option<f64>)> {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut answered = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        // "[1764626193.562817] 64 bytes from 10.84.2.2: icmp_seq=17 ttl=63 time=0.9 ms"
+        let at = line
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(time, _)| time.parse::<f64>().ok());
+        let seq = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("icmp_seq="))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let (Some(seq), true) = (seq, line.contains("bytes from")) {
+            answered.insert(seq, at);
+        }
+    }
+    (1..=sent)
+        .filter(|seq| !answered.contains_key(seq))
+        .map(|seq| {
+            let before = answered.range(..seq).next_back().and_then(|(_, at)| *at);
+            (seq, before)
+        })
+        .collect()
+}
+
+fn ping_summary(output: &std::process::Output) -> (u64, u64) {
     let text = String::from_utf8_lossy(&output.stdout);
     let line = text
         .lines()

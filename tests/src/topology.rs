@@ -116,15 +116,17 @@ impl Topology {
         self.origin_process.output()
     }
 
-    /// Starts `ping -n -q -i INTERVAL -c COUNT -W 2` in the customer
-    /// namespace toward the origin's host, stdout and stderr piped.
+    /// Starts `ping -n -D -i INTERVAL -c COUNT -W 2` in the customer
+    /// namespace toward the origin's host, stdout and stderr piped: one
+    /// timestamped line per reply (so [`crate::missing_replies`] can say
+    /// which were lost, and when), then the summary.
     pub fn ping(&self, count: u32, interval: &str) -> Child {
         let host = self.origin.ip().to_string();
         self.customer
             .command("ping")
             .args([
                 "-n",
-                "-q",
+                "-D",
                 "-i",
                 interval,
                 "-c",

@@ -483,3 +483,54 @@ fn a_slow_loris_is_closed_at_the_handshake_timeout() {
         "at the timeout, not much later: {took:?}"
     );
 }
+
+#[test]
+fn config_check_says_sound_or_lists_every_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let check = |config: &std::path::Path, json: bool| {
+        let mut command = std::process::Command::new(blipless_tests::binary("blipless-ctl"));
+        command.arg("--config").arg(config);
+        if json {
+            command.arg("--json");
+        }
+        command.args(["config", "check"]).output().expect("run")
+    };
+    let sound = dir.path().join("sound.toml");
+    std::fs::write(
+        &sound,
+        "[listen]\nsocks = \"127.0.0.1:1081\"\n\n[wireguard]\ninterface = \"edge0\"\n",
+    )
+    .expect("write");
+    let output = check(&sound, false);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("configuration sound"));
+    let output = check(&sound, true);
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(answer["ok"], true, "{answer}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[wireguard]\ninterface = \"far/too/long/a/name\"\nuapi = \"yes\"\n\n[drain]\ngrace = \"soon\"\n",
+    )
+    .expect("write");
+    let output = check(&bad, false);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    for needle in [
+        "wireguard.interface",
+        "wireguard.uapi",
+        "drain.grace",
+        "3 problems",
+    ] {
+        assert!(stderr.contains(needle), "no {needle} in {stderr}");
+    }
+    let output = check(&bad, true);
+    assert_eq!(output.status.code(), Some(64));
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(
+        answer["problems"].as_array().map(Vec::len),
+        Some(3),
+        "{answer}"
+    );
+}

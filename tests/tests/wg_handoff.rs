@@ -5,7 +5,15 @@
 use std::time::{Duration, Instant};
 
 use blipless_tests::topology::{tail, WgWorld};
-use blipless_tests::{ping_counts, wait_until};
+use blipless_tests::{missing_replies, ping_counts, wait_until};
+
+/// Now, as Unix seconds: to place a lost ping among the steps.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
 
 /// Five handoffs, back to back: each waits for the old ingress to exit.
 fn five_handoffs(world: &mut WgWorld) {
@@ -113,6 +121,7 @@ fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() 
     let mut world = WgWorld::new(84);
     let ping = world.net.ping(2500, "0.01");
     std::thread::sleep(Duration::from_secs(1));
+    let mut steps = vec![(now(), "ping started")];
     // The handoff while the new plane warms up.
     let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
     std::thread::sleep(Duration::from_millis(50));
@@ -120,6 +129,7 @@ fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() 
     world.ingress = next;
     old_device.exits_cleanly("device plane (handoff during warm-up)");
     world.node.wait_ready();
+    steps.push((now(), "handoff during warm-up done"));
     // The handoff the moment the new plane is active.
     let before = world.node.active_generation();
     let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
@@ -137,17 +147,25 @@ fn pings_cross_handoffs_and_deploys_overlapping_in_every_order_without_a_loss() 
     world.ingress = next;
     old_device.exits_cleanly("device plane (handoff during its drain)");
     world.node.wait_ready();
+    steps.push((now(), "handoff during a drain done"));
     // A deploy during a handoff.
     let mut old_ingress = std::mem::replace(&mut world.ingress, world.node.spawn_ingress());
     std::thread::sleep(Duration::from_millis(30));
     let mut old_device = std::mem::replace(&mut world.device, world.node.start_device());
     old_ingress.exits_cleanly("ingress (deploy during a handoff)");
     old_device.exits_cleanly("device plane (deploy during a handoff)");
+    steps.push((now(), "deploy during a handoff done"));
     let output = ping.wait_with_output().expect("ping");
     let (sent, received) = ping_counts(&output);
     eprintln!(
         "ping every 10 ms across overlapping handoffs and deploys: {sent} sent, {received} received"
     );
     assert_eq!(sent, 2500, "ping ran to the end");
-    assert_eq!(received, sent, "lost pings\n{}", world.diagnostics());
+    assert_eq!(
+        received,
+        sent,
+        "lost pings (seq, last reply before it): {:?}; steps: {steps:?}\n{}",
+        missing_replies(&output, sent),
+        world.diagnostics()
+    );
 }
