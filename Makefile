@@ -3,7 +3,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
-TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl
+TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze
 RUN_PACKAGES = curl:curl
 
 .PHONY: all build run test deps bench soak lint fuzz clean
