@@ -105,6 +105,19 @@ where
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
+        // WatchdogSec=: a runtime that still schedules timers says so; a
+        // wedged one stops, and systemd restarts the unit.
+        if let Some(every) = crate::notify::watchdog_interval() {
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                loop {
+                    ticks.tick().await;
+                    if let Err(error) = crate::notify::notify("WATCHDOG=1") {
+                        tracing::debug!(%error, "sending WATCHDOG=1 failed");
+                    }
+                }
+            });
+        }
         let signals = shutdown.clone();
         let mut terminate =
             signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

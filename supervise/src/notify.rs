@@ -27,6 +27,34 @@ use nix::sys::socket::{
 /// The environment variable naming the service manager's notification socket.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
 
+/// The watchdog period systemd asks for, in microseconds (`WatchdogSec=`).
+pub const WATCHDOG_USEC: &str = "WATCHDOG_USEC";
+
+/// The process the watchdog period is meant for (unset: this one).
+pub const WATCHDOG_PID: &str = "WATCHDOG_PID";
+
+/// How often to send `WATCHDOG=1`: half the period in `WATCHDOG_USEC`, when
+/// it is set and meant for this process (`WATCHDOG_PID` unset or our pid, as
+/// sd_watchdog_enabled decides); `None` otherwise.
+pub fn watchdog_interval() -> Option<Duration> {
+    watchdog_interval_from(
+        std::env::var(WATCHDOG_USEC).ok().as_deref(),
+        std::env::var(WATCHDOG_PID).ok().as_deref(),
+        std::process::id(),
+    )
+}
+
+/// [`watchdog_interval`] from the two variables' values and our pid.
+pub fn watchdog_interval_from(usec: Option<&str>, pid: Option<&str>, own: u32) -> Option<Duration> {
+    let usec: u64 = usec?.trim().parse().ok().filter(|u| *u > 0)?;
+    if let Some(pid) = pid {
+        if pid.trim().parse::<u32>().ok() != Some(own) {
+            return None;
+        }
+    }
+    Some(Duration::from_micros(usec / 2))
+}
+
 /// The most file descriptors one SCM_RIGHTS message may carry (the kernel's
 /// SCM_MAX_FD).
 pub const MAX_FDS: usize = 253;
@@ -309,6 +337,18 @@ pub(crate) fn receive(socket: &impl AsRawFd, flags: MsgFlags) -> io::Result<Noti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchdog_is_ours_only_when_its_pid_is_unset_or_ours() {
+        let half = Some(Duration::from_millis(15_000));
+        assert_eq!(watchdog_interval_from(Some("30000000"), None, 7), half);
+        assert_eq!(watchdog_interval_from(Some("30000000"), Some("7"), 7), half);
+        assert_eq!(watchdog_interval_from(Some("30000000"), Some("8"), 7), None);
+        assert_eq!(watchdog_interval_from(Some("30000000"), Some("x"), 7), None);
+        assert_eq!(watchdog_interval_from(None, None, 7), None);
+        assert_eq!(watchdog_interval_from(Some("0"), None, 7), None);
+        assert_eq!(watchdog_interval_from(Some("soon"), None, 7), None);
+    }
 
     #[test]
     fn message_formats() {

@@ -142,6 +142,9 @@ async fn supervise(
         .env(crate::notify::NOTIFY_SOCKET, &path)
         .env(crate::listen_fds::SUPERVISED, "1")
         .env_remove(SUPERVISE_ENV)
+        // systemd's WATCHDOG_PID names the stand-in; without it the child
+        // takes WATCHDOG_USEC as its own, and its WATCHDOG=1 is relayed.
+        .env_remove(crate::notify::WATCHDOG_PID)
         .process_group(0)
         .spawn()
         .map_err(|source| SuperviseError::Spawn {

@@ -352,3 +352,34 @@ fn a_device_plane_no_successor_takes_over_from_drains_after_the_grace() {
         "{log}"
     );
 }
+
+#[test]
+fn watchdog_pings_pass_through_the_stand_in_when_systemd_asks_for_them() {
+    let node = Node::new("");
+    let notify = systemd(&node);
+    // As systemd sets them for the main process (the stand-in): a 1 s
+    // period, and WATCHDOG_PID naming the stand-in, which the test cannot
+    // know before it starts, so a pid that is not the daemon's stands in for
+    // it: the stand-in must drop it for its child.
+    let mut ingress = start_supervised(
+        &node,
+        "blipless-ingress",
+        Some(&node.path().join("notify.sock")),
+        &[("WATCHDOG_USEC", "1000000"), ("WATCHDOG_PID", "1")],
+    );
+    expect_line(&notify, "READY=1");
+    // Half the period: two or more within 1.6 s.
+    let started = Instant::now();
+    expect_line(&notify, "WATCHDOG=1");
+    expect_line(&notify, "WATCHDOG=1");
+    assert!(
+        started.elapsed() < Duration::from_millis(1600),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = kill(
+        Pid::from_raw(stand_in_pid(&ingress).expect("pid")),
+        Signal::SIGTERM,
+    );
+    assert_eq!(exit_code(&mut ingress, "the stand-in"), 0);
+}
