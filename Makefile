@@ -5,8 +5,10 @@ SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
 TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze
 RUN_PACKAGES = curl:curl
+# make deb and its test (tests/tests/deb.rs) use this cargo-deb.
+CARGO_DEB_VERSION = 3.8.0
 
-.PHONY: all build run test deps bench soak lint fuzz clean
+.PHONY: all build run test deps bench soak lint fuzz deb clean
 
 all: build
 
@@ -28,8 +30,14 @@ deps:
 ## test: every unit, property and end-to-end test. The workspace build includes
 ## the tests crate, which turns on the daemons' fault-injection feature.
 test: deps
+	@$(CARGO) deb --version >/dev/null 2>&1 || $(CARGO) install cargo-deb --version $(CARGO_DEB_VERSION) --locked
 	$(CARGO) build --workspace --bins
 	@scripts/test.sh
+
+## deb: target/debian/blipless_<version>-1_<arch>.deb (cargo-deb, installed when
+## missing): binaries, units, man pages, completions (docs/INSTALL.md).
+deb:
+	@scripts/deb.sh
 
 ## bench: throughput and latency figures into docs/BENCHMARKS.md (WireGuard
 ## beside wireguard-go too, as root); BENCH_ARGS=--quick for a short check.

@@ -118,6 +118,12 @@ enum ConfigCommand {
     /// Load the configuration (--config, BLIPLESS_* variables, --set) as the
     /// daemons would: exit 0 when it is sound, 64 listing every problem.
     Check,
+    /// Write man pages and shell completions into DIR (packaging).
+    #[command(hide = true)]
+    Docs {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -163,6 +169,13 @@ pub(crate) const EXIT_UNCONFIRMED: u8 = 75;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Command::Config {
+        command: ConfigCommand::Docs { dir },
+    } = &args.command
+    {
+        use clap::CommandFactory;
+        return blipless_supervise::daemon::write_docs(Args::command(), "blipless-ctl", dir);
+    }
     if let Command::Config {
         command: ConfigCommand::Defaults,
     } = &args.command
@@ -255,7 +268,7 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
         }
         // Answered in main before any configuration is read.
         Command::Config {
-            command: ConfigCommand::Defaults,
+            command: ConfigCommand::Defaults | ConfigCommand::Docs { .. },
         } => Ok(()),
         Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Net { command } => net(config, command, args.json),

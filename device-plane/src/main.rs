@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use blipless_supervise::daemon::{self, DaemonArgs};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 /// The deployable plane of a blipless node: attaches to the ingress, serves
 /// SOCKS5 and HTTP proxy customers, connects them out, and sends WireGuard
@@ -27,9 +27,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    daemon::main(
-        env!("CARGO_BIN_NAME"),
-        Args::parse().daemon,
-        blipless_device::run,
-    )
+    let args = Args::parse();
+    if let Some(dir) = &args.daemon.write_docs {
+        return daemon::write_docs(Args::command(), env!("CARGO_BIN_NAME"), dir);
+    }
+    daemon::main(env!("CARGO_BIN_NAME"), args.daemon, blipless_device::run)
 }

@@ -40,6 +40,21 @@ pub struct DaemonArgs {
     /// for its successor. Needs NOTIFY_SOCKET.
     #[arg(long, env = "BLIPLESS_SUPERVISE", value_parser = clap::builder::BoolishValueParser::new())]
     pub supervise: bool,
+    /// Write man pages and shell completions into DIR and exit (packaging).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub write_docs: Option<PathBuf>,
+}
+
+/// `--write-docs DIR`: the binary's man pages and completions, exit 0 (1 on
+/// an I/O error).
+pub fn write_docs(command: clap::Command, name: &str, dir: &std::path::Path) -> ExitCode {
+    match crate::docs::write_docs(command, name, dir) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name}: writing docs into {}: {error}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the daemon `name` (its binary's name, for messages on stderr) from

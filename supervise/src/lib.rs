@@ -10,10 +10,12 @@
 //! - [`daemon`]: what both daemons' `main` shares, from the command line to
 //!   the exit status (the stand-in, the configuration, logging, the runtime,
 //!   SIGTERM/SIGINT and SIGUSR2).
+//! - [`docs`]: man pages and shell completions from a binary's command line.
 //!
 //! Linux only.
 
 pub mod daemon;
+pub mod docs;
 mod fd;
 pub mod listen_fds;
 pub mod notify;
