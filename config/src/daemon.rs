@@ -15,10 +15,38 @@ pub fn init_logging(config: &Config) {
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Human => builder.init(),
+    // journald stamps every line itself: a second timestamp is noise.
+    let journal = stderr_is_journal();
+    match (config.log.format, journal) {
+        // Event fields at the top level beside "message", not under "fields".
+        (LogFormat::Json, false) => builder.json().flatten_event(true).init(),
+        (LogFormat::Json, true) => builder.json().flatten_event(true).without_time().init(),
+        (LogFormat::Human, false) => builder.init(),
+        (LogFormat::Human, true) => builder.without_time().init(),
     }
+}
+
+/// True when stderr is the stream systemd connected to the journal: its
+/// device and inode are the ones `JOURNAL_STREAM` names (`DEV:INODE`), as
+/// sd_journal_stream_fd documents (an inherited variable with a stderr
+/// redirected elsewhere does not count).
+pub fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    let Ok(stream) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(stat) = nix::sys::stat::fstat(std::io::stderr().as_fd()) else {
+        return false;
+    };
+    journal_stream_matches(&stream, stat.st_dev, stat.st_ino)
+}
+
+/// Whether `JOURNAL_STREAM`'s `DEV:INODE` is `device`/`inode`.
+pub fn journal_stream_matches(value: &str, device: u64, inode: u64) -> bool {
+    let Some((dev, ino)) = value.trim().split_once(':') else {
+        return false;
+    };
+    dev.parse() == Ok(device) && ino.parse() == Ok(inode)
 }
 
 /// Open files a node asks for when it may raise its hard limit.
@@ -47,5 +75,20 @@ pub fn raise_fd_limit() {
         if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             tracing::warn!(%error, "could not raise the open-file limit");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_stream_is_matched_by_device_and_inode() {
+        assert!(journal_stream_matches("8:123456", 8, 123_456));
+        assert!(journal_stream_matches("8:123456\n", 8, 123_456));
+        assert!(!journal_stream_matches("8:123457", 8, 123_456));
+        assert!(!journal_stream_matches("9:123456", 8, 123_456));
+        assert!(!journal_stream_matches("8-123456", 8, 123_456));
+        assert!(!journal_stream_matches("", 8, 123_456));
     }
 }

@@ -89,8 +89,9 @@ where
     match run(config, serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!("{error:#}");
-            eprintln!("{name}: {error:#}");
+            // Once: the log goes to stderr too, so a second eprintln would
+            // print the same line twice (in the journal as well).
+            tracing::error!("{name}: {error:#}");
             ExitCode::FAILURE
         }
     }

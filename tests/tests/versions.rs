@@ -82,3 +82,102 @@ fn every_binary_and_the_status_name_the_same_build() {
         "{headers}"
     );
 }
+
+/// Starts `blipless-ingress --config <node's> <args>` with stderr into
+/// `log`, and `JOURNAL_STREAM` naming that file when `journal` is set (as
+/// systemd does for a unit whose stderr is the journal).
+fn ingress_logging_to(
+    node: &Node,
+    log: &std::path::Path,
+    journal: bool,
+    args: &[&str],
+) -> std::process::Child {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::create(log).expect("log file");
+    let meta = file.metadata().expect("log metadata");
+    let mut command = std::process::Command::new(binary("blipless-ingress"));
+    command
+        .arg("--config")
+        .arg(&node.config)
+        .args(args)
+        .env("BLIPLESS_LOG", "info")
+        .env("BLIPLESS_WIREGUARD_UAPI", "false")
+        .env_remove("JOURNAL_STREAM")
+        .stderr(file);
+    if journal {
+        command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+    }
+    command.spawn().expect("starting the ingress")
+}
+
+fn wait_for_line(log: &std::path::Path, needle: &str) -> String {
+    let mut text = String::new();
+    blipless_tests::wait_until(std::time::Duration::from_secs(20), needle, || {
+        text = std::fs::read_to_string(log).unwrap_or_default();
+        text.contains(needle)
+    });
+    text
+}
+
+#[test]
+fn logs_are_flat_json_unstamped_under_journald_and_a_fatal_error_is_printed_once() {
+    let node = Node::new("");
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // JSON: the event's fields beside "message", with a timestamp.
+    let log = dir.path().join("json.log");
+    let mut ingress = ingress_logging_to(&node, &log, false, &["--log-json"]);
+    let text = wait_for_line(&log, "ingress serving");
+    let _ = ingress.kill();
+    let _ = ingress.wait();
+    let serving: serde_json::Value = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("ingress serving"))
+        })
+        .unwrap_or_else(|| panic!("no JSON line for it: {text}"));
+    assert!(serving.get("fields").is_none(), "{serving}");
+    assert_eq!(serving["socks"], node.socks.to_string(), "{serving}");
+    assert!(serving["timestamp"].is_string(), "{serving}");
+
+    // Under journald: no timestamp of our own, in either format.
+    for (name, args) in [("human", &[][..]), ("journal-json", &["--log-json"][..])] {
+        let log = dir.path().join(format!("{name}.log"));
+        let mut ingress = ingress_logging_to(&node, &log, true, args);
+        let text = wait_for_line(&log, "ingress serving");
+        let _ = ingress.kill();
+        let _ = ingress.wait();
+        let line = text
+            .lines()
+            .find(|line| line.contains("ingress serving"))
+            .expect("the line");
+        if args.is_empty() {
+            assert!(
+                line.starts_with(" INFO") || line.starts_with("INFO"),
+                "{line}"
+            );
+        } else {
+            let value: serde_json::Value = serde_json::from_str(line).expect("JSON");
+            assert!(value.get("timestamp").is_none(), "{value}");
+        }
+    }
+
+    // A fatal error (the SOCKS5 port is taken): one line, not two.
+    let taken = std::net::TcpListener::bind(node.socks).expect("taking the port");
+    let log = dir.path().join("fatal.log");
+    let mut ingress = ingress_logging_to(&node, &log, false, &[]);
+    let status = ingress.wait().expect("the ingress exits");
+    drop(taken);
+    assert_eq!(status.code(), Some(1));
+    let text = std::fs::read_to_string(&log).expect("log");
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(
+        text.matches("Address already in use").count(),
+        1,
+        "the error printed once: {text}"
+    );
+}
