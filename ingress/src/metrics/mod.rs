@@ -172,6 +172,14 @@ impl Metrics {
             "Device-plane deploys, by outcome",
             deploys.clone(),
         );
+        // Both outcomes exist from the start, at 0: `increase()` sees the first failure.
+        for outcome in [DeployOutcome::Succeeded, DeployOutcome::Failed] {
+            deploys
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.as_str(),
+                })
+                .inc_by(0);
+        }
         let deploy_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "deploy_duration_seconds",
