@@ -7,6 +7,8 @@ TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguar
 RUN_PACKAGES = curl:curl
 # make deb and its test (tests/tests/deb.rs) use this cargo-deb.
 CARGO_DEB_VERSION = 3.8.0
+# make lint's cargo deny.
+CARGO_DENY_VERSION = 0.20.2
 
 .PHONY: all build run test deps bench soak lint fuzz deb clean
 
@@ -54,10 +56,13 @@ soak: deps
 	$(CARGO) build --release -p blipless-tests -p blipless-bench --bins
 	BLIPLESS_PROFILE=release BLIPLESS_TEST_LOG=info "$${CARGO_TARGET_DIR:-target}/release/blipless-soak" --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
 
-## lint: formatting and clippy with warnings as errors.
+## lint: formatting, clippy with warnings as errors, and cargo deny (licenses,
+## duplicate versions reported, sources; deny.toml says why not advisories).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install cargo-deny --version $(CARGO_DENY_VERSION) --locked
+	$(CARGO) deny --offline check licenses bans sources
 
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
 ## FUZZ_TARGETS=... runs some of them. A crash stops it non-zero (fuzz/README.md).
