@@ -29,6 +29,26 @@ pub struct Seen {
 }
 
 /// Batches of 4 parallel curl transfers of 20 kB through `proxy` until `stop`.
+/// Three nodes (`fleet-a`, `fleet-b`, `fleet-c`) on the store at `url`, each
+/// with its ingress and device plane started and ready; the daemons are
+/// returned so that they live as long as the caller keeps them.
+pub fn three_nodes(url: &str) -> (Vec<Node>, Vec<crate::node::Daemon>) {
+    let store = format!("[store]\nurl = \"{url}\"\n");
+    let mut nodes: Vec<Node> = ["fleet-a", "fleet-b", "fleet-c"]
+        .into_iter()
+        .map(|host| Node::custom(host, "", &store))
+        .collect();
+    let mut daemons = Vec::new();
+    for node in &mut nodes {
+        daemons.push(node.start_ingress());
+        daemons.push(node.start_device());
+    }
+    for node in &nodes {
+        node.wait_ready();
+    }
+    (nodes, daemons)
+}
+
 pub fn curl_load(
     proxy: String,
     tunnel: bool,

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use blipless_store::testing::{RedisCluster, RedisSentinel};
 use blipless_tests::fleet::{failover_under_load, login_once, usable, FailoverReport};
-use blipless_tests::node::Node;
 
 /// What every failover must show: no failed request, usage exact, and (where
 /// `a_flush_fails`) the repeat of a failed flush exercised. On a Cluster the
@@ -80,19 +79,7 @@ fn a_cluster_failover_under_load_fails_no_request_and_loses_no_usage() {
 #[test]
 fn on_a_cluster_a_client_added_on_one_node_is_usable_on_the_others_at_once() {
     let cluster = RedisCluster::start();
-    let store = format!("[store]\nurl = \"{}\"\n", cluster.url());
-    let mut nodes: Vec<Node> = ["fleet-a", "fleet-b", "fleet-c"]
-        .into_iter()
-        .map(|host| Node::custom(host, "", &store))
-        .collect();
-    let mut daemons = Vec::new();
-    for node in &mut nodes {
-        daemons.push(node.start_ingress());
-        daemons.push(node.start_device());
-    }
-    for node in &nodes {
-        node.wait_ready();
-    }
+    let (nodes, _daemons) = blipless_tests::fleet::three_nodes(&cluster.url());
     let mut slowest = Duration::ZERO;
     for n in 0..10 {
         let from = &nodes[n % 3];

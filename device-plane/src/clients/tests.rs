@@ -5,19 +5,12 @@
 use std::sync::Arc;
 
 use blipless_store::testing::{cli, Mode, Node};
-use blipless_store::{ClientRecord, EgressPolicy, Store};
+use blipless_store::{ClientRecord, Store};
 
 use super::Directory;
 
 fn record(name: &str) -> ClientRecord {
-    ClientRecord {
-        name: name.to_owned(),
-        secret_hash: blipless_store::credentials::hash_secret(name),
-        created_at: 1_700_000_000,
-        wg_public_key: None,
-        wg_address: None,
-        egress: EgressPolicy::Any,
-    }
+    blipless_store::testing::client_record(name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

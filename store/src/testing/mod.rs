@@ -39,6 +39,19 @@ const LOG_TAIL_LINES: usize = 30;
 
 /// A loopback port that was free a moment ago (the kernel's pick for 127.0.0.1:0).
 /// Someone may take it before it is used: [`Node::start`] retries with another.
+/// A plain proxy client record named `name` (its secret is its name; no
+/// WireGuard key; egress `any`), for tests and benches that store clients.
+pub fn client_record(name: &str) -> crate::ClientRecord {
+    crate::ClientRecord {
+        name: name.to_owned(),
+        secret_hash: crate::credentials::hash_secret(name),
+        created_at: 1_700_000_000,
+        wg_public_key: None,
+        wg_address: None,
+        egress: crate::EgressPolicy::Any,
+    }
+}
+
 pub fn free_port() -> u16 {
     let mut last_error = None;
     for _ in 0..10 {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blipless_store::{ClientRecord, EgressPolicy, Store, Usage};
+use blipless_store::{ClientRecord, Store, Usage};
 
 use super::topology::{Kind, Topology};
 use super::Plan;
@@ -36,14 +36,7 @@ pub struct Ops {
 }
 
 fn record(name: &str) -> ClientRecord {
-    ClientRecord {
-        name: name.to_owned(),
-        secret_hash: blipless_store::credentials::hash_secret(name),
-        created_at: 1_700_000_000,
-        wg_public_key: None,
-        wg_address: None,
-        egress: EgressPolicy::Any,
-    }
+    blipless_store::testing::client_record(name)
 }
 
 /// Runs `total` calls of `call(i)`, [`CONCURRENCY`] at once; calls per second.

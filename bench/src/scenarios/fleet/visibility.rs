@@ -31,19 +31,7 @@ pub struct Visibility {
 /// Measures one topology, started for it and stopped after.
 pub fn measure(kind: Kind, plan: Plan) -> Visibility {
     let topology = Topology::start(kind);
-    let store = format!("[store]\nurl = \"{}\"\n", topology.url());
-    let mut nodes: Vec<Node> = ["fleet-a", "fleet-b", "fleet-c"]
-        .into_iter()
-        .map(|host| Node::custom(host, "", &store))
-        .collect();
-    let mut daemons = Vec::new();
-    for node in &mut nodes {
-        daemons.push(node.start_ingress());
-        daemons.push(node.start_device());
-    }
-    for node in &nodes {
-        node.wait_ready();
-    }
+    let (nodes, daemons) = blipless_tests::fleet::three_nodes(&topology.url());
     let (mut ctl_add, mut added, mut removed) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0..plan.visibility_adds {
         let from = &nodes[n % nodes.len()];
