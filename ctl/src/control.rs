@@ -45,20 +45,63 @@ pub(crate) fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
 }
 
 /// Checks that what answers on the control socket is the ingress of this
-/// service: the same uid as this command, or root (docs/ARCHITECTURE.md,
-/// "Sockets": every Unix socket checks its peer on both ends). Nothing is
-/// sent to anyone else.
+/// service: the same uid as this command, root, or the user root gave the
+/// socket's directory to (docs/ARCHITECTURE.md, "Sockets": every Unix socket
+/// checks its peer on both ends). Nothing is sent to anyone else.
 fn check_ingress(stream: &UnixStream, path: &std::path::Path) -> anyhow::Result<()> {
     let credentials =
         nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
             .context("reading the control socket peer's credentials")?;
     let (peer, own) = (credentials.uid(), nix::unistd::geteuid().as_raw());
+    let delegated = path.parent().and_then(delegated_to);
     anyhow::ensure!(
-        peer == 0 || peer == own,
-        "the process answering on {} runs as uid {peer}, not as this user (uid {own}) or root: it is not this node's ingress, and nothing was sent to it",
+        peer == 0 || peer == own || delegated == Some(peer),
+        "the process answering on {} runs as uid {peer}, not as this user (uid {own}), root or the owner of a directory root made for it: it is not this node's ingress, and nothing was sent to it",
         path.display()
     );
     Ok(())
+}
+
+/// The user root gave `dir` to: its owner, when only that user and root can
+/// create entries in it. `dir` is writable by its owner alone, and every
+/// directory above it belongs to root and is writable by root alone (so
+/// /run/blipless made by systemd's `RuntimeDirectory=` for the service user
+/// qualifies; a folder someone made under /tmp does not).
+fn delegated_to(dir: &std::path::Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    const GROUP_OR_OTHERS_WRITE: u32 = 0o022;
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let meta = std::fs::metadata(&dir).ok()?;
+    if meta.mode() & GROUP_OR_OTHERS_WRITE != 0 {
+        return None;
+    }
+    let ancestors_root_only = dir.ancestors().skip(1).all(|above| {
+        std::fs::metadata(above)
+            .is_ok_and(|m| m.uid() == 0 && m.mode() & GROUP_OR_OTHERS_WRITE == 0)
+    });
+    ancestors_root_only.then_some(meta.uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::delegated_to;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_directory_under_a_world_writable_one_is_nobody_s_delegation() {
+        // tempdir() is under /tmp (1777): whoever made the folder there,
+        // root did not give it to them.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        assert_eq!(delegated_to(dir.path()), None);
+    }
+
+    #[test]
+    fn a_root_owned_path_is_root_s() {
+        // / and /usr are root's and writable by root alone on any sane host.
+        assert_eq!(delegated_to(std::path::Path::new("/usr")), Some(0));
+    }
 }
 
 /// What the node said about a client change this command made.

@@ -20,6 +20,7 @@ pub mod load;
 pub mod netns;
 pub mod node;
 pub mod origin;
+pub mod package;
 pub mod raw;
 pub mod redis;
 pub mod topology;

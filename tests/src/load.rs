@@ -2,10 +2,36 @@
 //! and steady batches of short requests, shared by the deploy and handoff
 //! tests.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+/// Where the load's curl runs: on this machine, or in another network
+/// namespace (a container's, by its `/proc/PID/ns/net`), through `nsenter`.
+#[derive(Clone, Debug, Default)]
+pub enum CurlAt {
+    /// This machine's network namespace.
+    #[default]
+    Here,
+    /// The network namespace at this path.
+    Netns(PathBuf),
+}
+
+impl CurlAt {
+    /// A `curl` command there: add arguments, then run or spawn it.
+    pub fn command(&self) -> Command {
+        match self {
+            Self::Here => Command::new("curl"),
+            Self::Netns(path) => {
+                let mut command = Command::new("nsenter");
+                command.arg(format!("--net={}", path.display())).arg("curl");
+                command
+            }
+        }
+    }
+}
 
 /// A curl that uploads `file` to the origin's echo endpoint through `proxy`
 /// slowly, so the tunnel streams both ways for many seconds.
@@ -16,7 +42,19 @@ pub fn streaming_echo(
     out: &std::path::Path,
     tunnel: bool,
 ) -> Child {
-    let mut command = Command::new("curl");
+    streaming_echo_at(&CurlAt::Here, proxy, url, file, out, tunnel)
+}
+
+/// [`streaming_echo`], with curl running `at`.
+pub fn streaming_echo_at(
+    at: &CurlAt,
+    proxy: &str,
+    url: &str,
+    file: &std::path::Path,
+    out: &std::path::Path,
+    tunnel: bool,
+) -> Child {
+    let mut command = at.command();
     command.args([
         "-s",
         "-S",
@@ -53,11 +91,22 @@ pub fn steady_load(
     parallel: usize,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<(usize, Vec<String>)> {
+    steady_load_at(CurlAt::Here, proxy, url, parallel, stop)
+}
+
+/// [`steady_load`], with curl running `at`.
+pub fn steady_load_at(
+    at: CurlAt,
+    proxy: String,
+    url: String,
+    parallel: usize,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(usize, Vec<String>)> {
     std::thread::spawn(move || {
         let mut total = 0;
         let mut failures = Vec::new();
         while !stop.load(Ordering::SeqCst) {
-            let mut command = Command::new("curl");
+            let mut command = at.command();
             let parallel_max = parallel.to_string();
             command.args([
                 "-s",

@@ -8,8 +8,9 @@
 //! the service user the install created (Debian's postrm keeps system users).
 //!
 //! This machine runs no systemd, so the maintainer scripts' `systemctl`
-//! steps are skipped by their own `[ -d /run/systemd/system ]` checks; the
-//! units are not started here (docs/INSTALL.md says what was and was not run).
+//! steps are skipped by their own `[ -d /run/systemd/system ]` checks;
+//! tests/tests/systemd.rs installs and runs the package under a systemd it
+//! boots in a container (docs/INSTALL.md says what was and was not run).
 //!
 //! It refuses to run where blipless is already installed or a `blipless`
 //! user exists: it must not touch an operator's installation.
@@ -83,24 +84,7 @@ fn the_package_installs_lays_down_what_it_should_and_purges_cleanly() {
         "blipless is installed or a blipless user exists on this machine: this test installs and purges the package, so it does not run beside an installation"
     );
     let out = tempfile::tempdir().expect("tempdir");
-    let repository = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let built = Command::new(repository.join("scripts/deb.sh"))
-        .args(["--profile", "dev", "--no-build", "--output"])
-        .arg(out.path())
-        .current_dir(&repository)
-        .output()
-        .expect("scripts/deb.sh");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let deb = std::fs::read_dir(out.path())
-        .expect("output")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .expect("a .deb");
+    let deb = blipless_tests::package::build_deb(out.path());
     let name = deb
         .file_name()
         .expect("name")

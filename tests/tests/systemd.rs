@@ -1,0 +1,474 @@
+//! The package under a real systemd. This machine boots no systemd, so the
+//! test boots one: `systemd-nspawn --boot` starts systemd as PID 1 of a
+//! container whose root is an overlay over this machine's own root (lower:
+//! `/`, upper: a folder under /var/tmp the test removes), with a private
+//! network namespace (loopback only) and a target of basic.target and
+//! nothing else. Every write, systemd-tmpfiles' boot clean-up of `/tmp` and
+//! `/var/tmp` included, lands in the overlay's upper folder or the
+//! container's own tmpfs mounts, never on this machine's files.
+//!
+//! In it, as an operator would: `dpkg -i` (postinst creates the user and
+//! starts blipless-net, the ingress and the device plane), `client add`,
+//! then under load (batches of short requests and two long streaming
+//! tunnels, curl run in the container's network namespace) a `systemctl
+//! restart` of the device plane, of the ingress, and of both at once as a
+//! package upgrade does, with zero failed requests and the tunnels' bytes
+//! exact; `wg show blipless`; a crashed ingress (SIGKILL) restarted by
+//! systemd with its listening sockets from the fd store; `systemctl stop`
+//! leaving no process behind. The container is then shut down.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blipless_tests::load::{finish_echoes, steady_load_at, streaming_echo_at, CurlAt};
+use blipless_tests::netns::Background;
+
+const MACHINE: &str = "blipless-systemd-test";
+/// The test origin, in the container's network namespace.
+const ORIGIN: &str = "127.0.0.1:18080";
+/// Where nspawn keeps its own state on this machine; removed afterwards if
+/// this test created it.
+const NSPAWN_RUN: &str = "/run/systemd/nspawn";
+
+/// A container booted with systemd; shut down and removed when dropped.
+struct Machine {
+    dir: tempfile::TempDir,
+    nspawn: Option<Child>,
+    leader: u32,
+    nspawn_run_was_there: bool,
+}
+
+impl Machine {
+    /// Mounts the overlay, puts `deb` in it and boots it; returns once
+    /// `systemctl is-system-running --wait` has answered.
+    fn boot(deb: &Path) -> Self {
+        let nspawn_run_was_there = Path::new(NSPAWN_RUN).exists();
+        let dir = tempfile::Builder::new()
+            .prefix("blipless-systemd-")
+            .tempdir_in("/var/tmp")
+            .expect("a folder under /var/tmp");
+        let root = dir.path().join("root");
+        for folder in ["upper", "work", "root"] {
+            std::fs::create_dir(dir.path().join(folder)).expect("overlay folder");
+        }
+        let options = format!(
+            "lowerdir=/,upperdir={},workdir={}",
+            dir.path().join("upper").display(),
+            dir.path().join("work").display()
+        );
+        must(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &options])
+                .arg(&root),
+        );
+        // From here on, the guard unmounts and removes whatever fails next.
+        let mut machine = Self {
+            dir,
+            nspawn: None,
+            leader: 0,
+            nspawn_run_was_there,
+        };
+        let target = root.join("etc/systemd/system/blipless-test.target");
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("unit folder");
+        std::fs::write(
+            &target,
+            "[Unit]\nDescription=blipless test: basic.target and nothing else\n\
+             Requires=basic.target\nAfter=basic.target\nAllowIsolate=yes\n",
+        )
+        .expect("the test target");
+        std::fs::copy(deb, root.join("root/blipless.deb")).expect("the package into the overlay");
+        // This machine's /dev/net/tun is 0600; a Debian server's (udev) is
+        // 0666, which the device plane, running as the service user, needs.
+        let tun = machine.dir.path().join("tun");
+        must(Command::new("mknod").arg(&tun).args(["c", "10", "200"]));
+        std::fs::set_permissions(&tun, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let log = std::fs::File::create(machine.dir.path().join("console.log")).expect("log");
+        let nspawn = Command::new("systemd-nspawn")
+            .arg("--directory")
+            .arg(&root)
+            .args([
+                "--boot",
+                "--private-network",
+                "--machine",
+                MACHINE,
+                "--register=no",
+                "--keep-unit",
+                "--link-journal=no",
+                "--console=read-only",
+            ])
+            .arg(format!("--bind={}:/dev/net/tun", tun.display()))
+            .args(["--", "systemd.unit=blipless-test.target"])
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("systemd-nspawn (Debian systemd-container)");
+        let nspawn_pid = nspawn.id();
+        machine.nspawn = Some(nspawn);
+        let started = Instant::now();
+        machine.leader = loop {
+            if let Some(leader) = first_child(nspawn_pid) {
+                machine.leader = leader;
+                if machine.run("true").status.success() {
+                    break leader;
+                }
+            }
+            let exited = machine
+                .nspawn
+                .as_mut()
+                .and_then(|n| n.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!("systemd-nspawn exited ({status}): {}", machine.console());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the container did not start: {}",
+                machine.console()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // Until systemd answers on its socket, and then until it has booted.
+        let state = loop {
+            let asked = machine.run("timeout 120 systemctl is-system-running --wait");
+            let state = String::from_utf8_lossy(&asked.stdout).trim().to_owned();
+            if !state.is_empty() || started.elapsed() > Duration::from_secs(120) {
+                break state;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            state == "running" || state == "degraded",
+            "the container's systemd is {state:?}: {}\n{}",
+            machine.console(),
+            String::from_utf8_lossy(&machine.run("systemctl --failed --no-pager").stdout)
+        );
+        machine
+    }
+
+    /// `sh -c script` inside the container (all its namespaces).
+    fn run(&self, script: &str) -> Output {
+        Command::new("nsenter")
+            .args(["-t", &self.leader.to_string(), "-a", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .expect("nsenter")
+    }
+
+    /// [`Machine::run`], which must succeed; its stdout.
+    fn ok(&self, script: &str) -> String {
+        let output = self.run(script);
+        assert!(
+            output.status.success(),
+            "in the container, `{script}` failed ({}): {}{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            self.journal()
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The container's network namespace, for curl and the origin.
+    fn netns(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.leader))
+    }
+
+    /// The blipless units' journal, for failure messages.
+    fn journal(&self) -> String {
+        let output = self.run(
+            "journalctl --no-pager -n 200 -u blipless-net -u blipless-ingress -u blipless-device",
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// What systemd printed on the container's console.
+    fn console(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("console.log")).unwrap_or_default()
+    }
+
+    /// The journal since `cursor` (from [`Machine::cursor`]).
+    fn journal_since(&self, cursor: &str) -> String {
+        self.ok(&format!(
+            "journalctl --no-pager -o cat --after-cursor='{cursor}' -u blipless-ingress -u blipless-device"
+        ))
+    }
+
+    /// The journal's current position.
+    fn cursor(&self) -> String {
+        let out = self.ok("journalctl -n 0 --show-cursor --no-pager");
+        out.lines()
+            .find_map(|line| line.strip_prefix("-- cursor: "))
+            .expect("a cursor")
+            .to_owned()
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        let running = self
+            .nspawn
+            .as_mut()
+            .is_some_and(|n| matches!(n.try_wait(), Ok(None)));
+        if let (true, Some(nspawn)) = (running, self.nspawn.as_mut()) {
+            // SIGTERM to nspawn: it asks the container's systemd to power off.
+            if let Ok(pid) = i32::try_from(nspawn.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while matches!(nspawn.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = nspawn.kill();
+            let _ = nspawn.wait();
+        }
+        let root = self.dir.path().join("root");
+        let unmounted = Command::new("umount").arg(&root).status();
+        if !unmounted.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&root).status();
+        }
+        let _ = std::fs::remove_dir_all(Path::new(NSPAWN_RUN).join("propagate").join(MACHINE));
+        if !self.nspawn_run_was_there {
+            let _ = std::fs::remove_dir_all(NSPAWN_RUN);
+        }
+    }
+}
+
+/// The first child of `pid` (nspawn's child is the container's PID 1).
+fn first_child(pid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.filter_map(Result::ok).find_map(|task| {
+        std::fs::read_to_string(task.path().join("children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+fn must(command: &mut Command) {
+    let output = command.output().expect("running a setup command");
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Waits until `script` succeeds in the container.
+fn eventually(machine: &Machine, script: &str, within: Duration) {
+    let started = Instant::now();
+    while !machine.run(script).status.success() {
+        assert!(
+            started.elapsed() < within,
+            "`{script}` did not succeed within {within:?}\n{}",
+            machine.journal()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The pids of blipless daemons in the container.
+fn daemons(machine: &Machine) -> Vec<String> {
+    let out = machine.run("pgrep -x 'blipless-ingres|blipless-device' || true");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
+    blipless_tests::netns::require_root();
+    let out = tempfile::tempdir().expect("tempdir");
+    let deb = blipless_tests::package::build_deb(out.path());
+    let machine = Machine::boot(&deb);
+
+    // Install: postinst creates the user and starts the three units.
+    machine.ok("dpkg -i /root/blipless.deb");
+    for unit in ["blipless-net", "blipless-ingress", "blipless-device"] {
+        let state = machine.run(&format!("systemctl is-active {unit}"));
+        assert_eq!(
+            String::from_utf8_lossy(&state.stdout).trim(),
+            "active",
+            "{unit} after dpkg -i\n{}",
+            machine.journal()
+        );
+    }
+    assert!(machine.ok("ip tuntap show").contains("blip0"));
+
+    // The origin listens on the container's loopback, which the shipped
+    // config's egress denies like every loopback: allow it, check the
+    // config as the shipped file tells operators to, and deploy it.
+    machine
+        .ok("printf '\\n[egress]\\nallow = [\"127.0.0.1/32\"]\\n' >> /etc/blipless/blipless.toml");
+    assert!(machine
+        .ok("blipless-ctl --config /etc/blipless/blipless.toml config check")
+        .contains("configuration sound"));
+    machine.ok("systemctl restart blipless-device");
+    let _origin = Background::spawn(
+        {
+            let mut command = Command::new("nsenter");
+            command
+                .arg(format!("--net={}", machine.netns().display()))
+                .arg(blipless_tests::binary("blipless-test-origin"))
+                .args(["--listen", ORIGIN]);
+            command
+        },
+        Some("listening on"),
+        Duration::from_secs(10),
+    )
+    .expect("the origin in the container's network namespace");
+
+    let added = machine.ok("blipless-ctl --json client add alice");
+    let client: serde_json::Value = serde_json::from_str(&added).expect("client add --json");
+    let socks = client["socks5_url"]
+        .as_str()
+        .expect("socks5_url")
+        .to_owned();
+    let http = client["http_url"].as_str().expect("http_url").to_owned();
+    let at = CurlAt::Netns(machine.netns());
+    let probe = at
+        .command()
+        .args(["-s", "--max-time", "20", "--proxy", &socks])
+        .arg(format!("http://{ORIGIN}/bytes/5"))
+        .output()
+        .expect("curl");
+    assert_eq!(
+        probe.stdout,
+        blipless_tests::pattern(5),
+        "one request through the packaged node: {}\n{}",
+        String::from_utf8_lossy(&probe.stderr),
+        machine.journal()
+    );
+    assert!(machine
+        .ok("wg show blipless")
+        .contains("listening port: 51820"));
+
+    // Load across restarts: short requests without pause, and one SOCKS5
+    // and one HTTP CONNECT tunnel streaming both ways the whole time.
+    let size = 24 * 1024 * 1024;
+    let upload = out.path().join("upload");
+    std::fs::write(&upload, blipless_tests::pattern(size)).expect("upload file");
+    let echo = format!("http://{ORIGIN}/echo");
+    let socks_out = out.path().join("socks.out");
+    let http_out = out.path().join("http.out");
+    let mut socks_tunnel = streaming_echo_at(&at, &socks, &echo, &upload, &socks_out, false);
+    let mut http_tunnel = streaming_echo_at(&at, &http, &echo, &upload, &http_out, true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = steady_load_at(
+        at.clone(),
+        socks.clone(),
+        format!("http://{ORIGIN}/bytes/1000"),
+        4,
+        stop.clone(),
+    );
+    let before = machine.cursor();
+    std::thread::sleep(Duration::from_secs(1));
+    for restart in [
+        "blipless-device",
+        "blipless-ingress",
+        "blipless-device",
+        "blipless-ingress",
+        // A package upgrade restarts both at once (postinst).
+        "blipless-ingress blipless-device",
+    ] {
+        let restarting = Instant::now();
+        machine.ok(&format!("systemctl restart {restart}"));
+        let restarted = restarting.elapsed();
+        // Until the old daemons have handed over and exited: one of each.
+        eventually(
+            &machine,
+            "[ \"$(pgrep -cf '^/usr/bin/blipless-ingress --config')\" = 1 ] \
+             && [ \"$(pgrep -cf '^/usr/bin/blipless-device --config')\" = 1 ]",
+            Duration::from_secs(60),
+        );
+        eprintln!(
+            "systemctl restart {restart}: {restarted:?}, old daemons gone after {:?}",
+            restarting.elapsed()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (requests, failures) = load.join().expect("load");
+    finish_echoes(
+        [
+            (&mut socks_tunnel, &socks_out, "SOCKS5"),
+            (&mut http_tunnel, &http_out, "HTTP CONNECT"),
+        ],
+        size,
+        "five systemctl restarts",
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {requests} requests failed across the restarts: {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(10)],
+        machine.journal()
+    );
+    assert!(requests >= 20, "only {requests} requests ran");
+    eprintln!("{requests} requests across the restarts, none failed");
+    let during = machine.journal_since(&before);
+    assert!(
+        during
+            .matches("a successor ingress serves; stepping aside")
+            .count()
+            >= 3,
+        "three ingress handoffs: {during}"
+    );
+
+    // A crash: systemd restarts the ingress, which takes its listening
+    // sockets back from the fd store.
+    let before = machine.cursor();
+    machine.ok("systemctl kill --signal=SIGKILL blipless-ingress");
+    eventually(
+        &machine,
+        "systemctl is-active blipless-ingress && [ \"$(systemctl show -P NRestarts blipless-ingress)\" -ge 1 ]",
+        Duration::from_secs(60),
+    );
+    let after_crash = machine.journal_since(&before);
+    assert!(
+        after_crash.contains("using the socket kept by the service manager"),
+        "{after_crash}"
+    );
+    let probe = at
+        .command()
+        .args([
+            "-s",
+            "--max-time",
+            "20",
+            "--retry",
+            "20",
+            "--retry-connrefused",
+        ])
+        .args(["--retry-delay", "1", "--proxy", &http])
+        .arg(format!("http://{ORIGIN}/bytes/7"))
+        .output()
+        .expect("curl");
+    assert_eq!(probe.stdout, blipless_tests::pattern(7), "after the crash");
+
+    // Stop: both units inactive, no daemon left.
+    machine.ok("systemctl stop blipless-device blipless-ingress");
+    for unit in ["blipless-ingress", "blipless-device"] {
+        let state = machine.run(&format!("systemctl is-active {unit}"));
+        assert_eq!(
+            String::from_utf8_lossy(&state.stdout).trim(),
+            "inactive",
+            "{unit}"
+        );
+    }
+    eventually(
+        &machine,
+        "! pgrep -x 'blipless-ingres|blipless-device'",
+        Duration::from_secs(30),
+    );
+    assert!(daemons(&machine).is_empty());
+}
