@@ -3,7 +3,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
-TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze python3-jsonschema:jsonschema systemd-container:systemd-nspawn
+TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze python3-jsonschema:jsonschema systemd-container:systemd-nspawn zbar-tools:zbarimg
 RUN_PACKAGES = curl:curl
 # make deb and its test (tests/tests/deb.rs) use this cargo-deb.
 CARGO_DEB_VERSION = 3.8.0

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 
 use anyhow::Context;
 use blipless_config::wireguard_key::WireguardKey;
@@ -114,6 +115,7 @@ pub(crate) async fn add(
     name: &str,
     egress: EgressPolicy,
     wg: Option<&WgNode>,
+    qr_png: Option<&Path>,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let secret =
@@ -154,9 +156,22 @@ pub(crate) async fn add(
         "http://{name}:{secret}@{}",
         dial_address(config.listen.http, config)
     );
+    // Written before anything is printed, reported after: a file that could
+    // not be written must not cost the operator the secret printed below.
+    let png = match (&wireguard, qr_png) {
+        (Some(wg), Some(path)) => Some(
+            wg_clients::write_qr_png(&wg.config, path)
+                .with_context(|| format!("--qr-png {}", path.display())),
+        ),
+        _ => None,
+    };
+    let png_written = matches!(png, Some(Ok(())));
     if as_json {
         let mut answer =
             json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http });
+        if let (true, Some(path)) = (png_written, qr_png) {
+            answer["qr_png"] = json!(path.display().to_string());
+        }
         if let Some(wg) = &wireguard {
             answer["wireguard"] = json!({
                 "address": wg.address,
@@ -166,6 +181,7 @@ pub(crate) async fn add(
         }
         answer["node"] = confirmation_json(&confirmation);
         say!("{answer}");
+        png.transpose()?;
         return confirmation.map(|_| ());
     }
     say!("client {name} added. Its secret is shown only now; keep it.");
@@ -191,10 +207,111 @@ pub(crate) async fn add(
             }
         }
     }
+    if let (true, Some(path)) = (png_written, qr_png) {
+        say!("QR code of the config written to {}", path.display());
+    }
     if let Ok(confirmation) = &confirmation {
         say!("{}", confirmation_text(confirmation, "can use it now"));
     }
+    png.transpose()?;
     confirmation.map(|_| ())
+}
+
+/// `client show NAME`: what the store keeps of a client, and for a WireGuard
+/// client its config again without the private key, which blipless never
+/// stores (docs/DECISIONS.md, "Client private keys"): so no QR code either.
+pub(crate) async fn show(
+    store: &dyn Store,
+    config: &Config,
+    name: &str,
+    qr_png: Option<&Path>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let Some(client) = store.get_client(name).await? else {
+        anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
+    };
+    let why = "no QR code: a config a WireGuard app can import holds the client's private key, \
+               and blipless keeps none (the config `client add --wg` printed is the only copy). \
+               For a new config, remove the client and add it again with --wg";
+    if qr_png.is_some() {
+        anyhow::bail!("{why}");
+    }
+    let usage = store.usage(name).await.unwrap_or_default();
+    let wireguard = match client.wg_address {
+        Some(address) => {
+            let node = WgNode::prepare(config)?;
+            let public = node.key.public_base64();
+            let config = WgQuickConfig {
+                client_private_key: "",
+                address,
+                node_public_key: &public,
+                endpoint: &node.endpoint,
+            };
+            Some(config.render_without_private_key())
+        }
+        None => None,
+    };
+    let socks = format!(
+        "socks5h://{name}:<secret>@{}",
+        dial_address(config.listen.socks, config)
+    );
+    let http = format!(
+        "http://{name}:<secret>@{}",
+        dial_address(config.listen.http, config)
+    );
+    if as_json {
+        let answer = json!({
+            "name": client.name,
+            "created_at": client.created_at,
+            "egress": client.egress.to_string(),
+            "socks5_url": socks,
+            "http_url": http,
+            "secret_kept": false,
+            "wg_address": client.wg_address,
+            "wg_public_key": client.wg_public_key,
+            "wireguard_config_without_private_key": wireguard,
+            "private_key_kept": false,
+            "usage": usage,
+        });
+        say!("{}", serde_json::to_string_pretty(&answer)?);
+    } else {
+        say!("client {name}");
+        say!("  created:   {}", created_text(client.created_at));
+        say!("  egress:    {}", client.egress);
+        say!(
+            "  usage:     {} bytes up, {} bytes down, {} connections",
+            usage.bytes_up,
+            usage.bytes_down,
+            usage.connections
+        );
+        say!("  SOCKS5:    {socks}");
+        say!("  HTTP:      {http}");
+        say!("  The secret was shown once, by client add; the store keeps only its hash.");
+        if let (Some(address), Some(text)) = (client.wg_address, &wireguard) {
+            say!("");
+            say!(
+                "WireGuard address {address}, public key {}.",
+                client.wg_public_key.as_deref().unwrap_or("(none)")
+            );
+            say!("Its config, without the private key, which blipless does not keep:");
+            say!("");
+            say!("{}", text.trim_end());
+        }
+    }
+    if wireguard.is_some() && !as_json {
+        say!("");
+        say!("{why}.");
+    }
+    Ok(())
+}
+
+/// A unix time as an RFC 3339 date (UTC), or the number when out of range.
+fn created_text(unix_seconds: i64) -> String {
+    u64::try_from(unix_seconds)
+        .ok()
+        .and_then(|s| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(s)))
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+        .unwrap_or_else(|| unix_seconds.to_string())
 }
 
 /// Reads the feed position after this command's write and has the node's

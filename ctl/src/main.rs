@@ -141,6 +141,20 @@ enum ClientCommand {
         /// direct when there is none), direct, upstream:NAME or tags:A,B.
         #[arg(long, default_value = "any")]
         egress: String,
+        /// With --wg: also write the config's QR code to FILE as a PNG (mode 0600:
+        /// it holds the client's private key).
+        #[arg(long, value_name = "FILE", requires = "wg")]
+        qr_png: Option<std::path::PathBuf>,
+    },
+    /// Show what the store keeps of a client: its proxy URLs (without the secret),
+    /// usage, and a WireGuard client's config without its private key, which
+    /// blipless does not keep (so no QR code: it says why).
+    Show {
+        /// The client's name.
+        name: String,
+        /// Refused with the reason: a scannable config needs the private key.
+        #[arg(long, value_name = "FILE")]
+        qr_png: Option<std::path::PathBuf>,
     },
     /// List clients, their WireGuard addresses and their usage.
     List,
@@ -290,9 +304,18 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                     )
                 })?;
                 match command {
-                    ClientCommand::Add { name, egress, .. } => {
+                    ClientCommand::Add {
+                        name,
+                        egress,
+                        qr_png,
+                        ..
+                    } => {
                         let policy = clients::egress_policy(config, egress)?;
-                        add(&*store, config, name, policy, wg.as_ref(), args.json).await
+                        let png = qr_png.as_deref();
+                        add(&*store, config, name, policy, wg.as_ref(), png, args.json).await
+                    }
+                    ClientCommand::Show { name, qr_png } => {
+                        clients::show(&*store, config, name, qr_png.as_deref(), args.json).await
                     }
                     ClientCommand::List => list(&*store, args.json).await,
                     ClientCommand::Remove { name } => {

@@ -112,6 +112,72 @@ pub fn qr_code(text: &str) -> Option<String> {
     )
 }
 
+/// Why a QR code could not be written as a PNG.
+#[derive(Debug, thiserror::Error)]
+pub enum QrPngError {
+    /// The text is longer than the largest QR code holds.
+    #[error("the config does not fit in a QR code")]
+    TooLong,
+    /// Creating or writing the file failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The PNG encoder refused the image (it should not).
+    #[error("encoding the PNG: {0}")]
+    Encode(#[from] png::EncodingError),
+}
+
+/// Pixels per QR module in [`write_qr_png`].
+const PNG_MODULE_PIXELS: usize = 8;
+/// Modules of white border around the code (the QR specification's quiet zone).
+const PNG_QUIET_MODULES: usize = 4;
+
+/// Writes `text` (a config) as a QR code to a PNG file at `path`: black on
+/// white, 8 pixels a module, with the specification's 4-module quiet zone,
+/// 8-bit grayscale. The file is created 0600: the config holds a private key.
+pub fn write_qr_png(text: &str, path: &std::path::Path) -> Result<(), QrPngError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let code = qrcode::QrCode::new(text.as_bytes()).map_err(|_| QrPngError::TooLong)?;
+    let modules = code.width();
+    let colors = code.to_colors();
+    let side = (modules + 2 * PNG_QUIET_MODULES) * PNG_MODULE_PIXELS;
+    let mut pixels = vec![u8::MAX; side * side];
+    for (index, color) in colors.iter().enumerate() {
+        if *color != qrcode::Color::Dark {
+            continue;
+        }
+        let (column, row) = (index % modules, index / modules);
+        let top = (row + PNG_QUIET_MODULES) * PNG_MODULE_PIXELS;
+        let left = (column + PNG_QUIET_MODULES) * PNG_MODULE_PIXELS;
+        for y in top..top + PNG_MODULE_PIXELS {
+            pixels[y * side + left..y * side + left + PNG_MODULE_PIXELS].fill(0);
+        }
+    }
+    let io_error = |source| QrPngError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_error)?;
+    let side = u32::try_from(side).map_err(|_| QrPngError::TooLong)?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), side, side);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(&pixels)?;
+    writer.finish()?;
+    Ok(())
+}
+
 /// The node's own tunnel address: the pool's first host address (`.1`).
 pub fn node_address(pool: &IpNet) -> Result<IpAddr, AllocError> {
     let IpNet::V4(net) = pool else {
@@ -180,6 +246,19 @@ pub struct WgQuickConfig<'a> {
 }
 
 impl WgQuickConfig<'_> {
+    /// The config as `client show` prints it again: everything the node
+    /// keeps, and a comment where the private key was (the node never had
+    /// it stored; docs/DECISIONS.md, "Client private keys").
+    pub fn render_without_private_key(&self) -> String {
+        let text = self.render();
+        let line = format!("PrivateKey = {}\n", self.client_private_key);
+        text.replacen(
+            &line,
+            "# PrivateKey: only in the config `client add` printed; blipless keeps no client private key\n",
+            1,
+        )
+    }
+
     /// The config file's text, ending in a newline.
     pub fn render(&self) -> String {
         let prefix = if self.address.is_ipv4() { 32 } else { 128 };
@@ -414,5 +493,40 @@ mod tests {
         let width = lines[0].chars().count();
         assert!(lines.iter().all(|l| l.chars().count() == width), "square");
         assert!(code.contains('\u{2580}') || code.contains('\u{2584}'));
+    }
+
+    #[test]
+    fn the_png_is_the_code_with_its_quiet_zone_and_the_shown_config_lacks_the_key() {
+        let key = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+        let config = WgQuickConfig {
+            client_private_key: key,
+            address: ip("10.64.0.2"),
+            node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+            endpoint: "vpn.example.com:51820",
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("qr.png");
+        write_qr_png(&config.render(), &path).expect("written");
+        let modules = qrcode::QrCode::new(config.render().as_bytes())
+            .expect("fits")
+            .width();
+        let decoder = png::Decoder::new(std::fs::File::open(&path).expect("open"));
+        let mut reader = decoder.read_info().expect("a PNG");
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut pixels).expect("a frame");
+        let side = (modules + 8) * 8;
+        assert_eq!((info.width as usize, info.height as usize), (side, side));
+        assert_eq!(info.color_type, png::ColorType::Grayscale);
+        // The quiet zone is white; the top-left finder's corner module is black.
+        assert!(pixels[..4 * 8 * side].iter().all(|p| *p == u8::MAX));
+        assert_eq!(pixels[(4 * 8) * side + 4 * 8], 0);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        let shown = config.render_without_private_key();
+        assert!(!shown.contains(key), "{shown}");
+        assert!(shown.contains("Address = 10.64.0.2/32"), "{shown}");
+        assert!(shown.contains("# PrivateKey: "), "{shown}");
     }
 }

@@ -15,6 +15,7 @@ mod fault;
 pub mod identity;
 pub mod link;
 pub mod plane;
+pub mod privileges;
 pub mod wg;
 
 pub use plane::run;

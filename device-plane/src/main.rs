@@ -31,5 +31,10 @@ fn main() -> ExitCode {
     if let Some(dir) = &args.daemon.write_docs {
         return daemon::write_docs(Args::command(), env!("CARGO_BIN_NAME"), dir);
     }
-    daemon::main(env!("CARGO_BIN_NAME"), args.daemon, blipless_device::run)
+    daemon::main_with(
+        env!("CARGO_BIN_NAME"),
+        args.daemon,
+        blipless_device::privileges::drop_net_admin_if_unneeded,
+        blipless_device::run,
+    )
 }

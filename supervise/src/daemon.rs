@@ -70,6 +70,19 @@ where
     F: FnOnce(Config, CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    main_with(name, args, |_| Ok(None), serve)
+}
+
+/// [`main`], with `before_threads(&config)` run once the configuration is
+/// loaded and before any thread is started (logging's included): the place
+/// for what is per thread, such as giving up a capability. What it returns
+/// is logged once logging is up: `Ok(Some)` at info, `Err` as a warning.
+pub fn main_with<B, F, Fut>(name: &str, args: DaemonArgs, before_threads: B, serve: F) -> ExitCode
+where
+    B: FnOnce(&Config) -> Result<Option<String>, String>,
+    F: FnOnce(Config, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
     if args.supervise {
         return supervise(name);
     }
@@ -84,7 +97,13 @@ where
             return ExitCode::from(EXIT_CONFIG_ERROR as u8);
         }
     };
+    let before = before_threads(&config);
     blipless_config::daemon::init_logging(&config);
+    match before {
+        Ok(Some(said)) => tracing::info!("{said}"),
+        Ok(None) => {}
+        Err(error) => tracing::warn!("{error}"),
+    }
     blipless_config::daemon::raise_fd_limit();
     match run(config, serve) {
         Ok(()) => ExitCode::SUCCESS,

@@ -136,7 +136,9 @@ impl Machine {
         let state = loop {
             let asked = machine.run("timeout 120 systemctl is-system-running --wait");
             let state = String::from_utf8_lossy(&asked.stdout).trim().to_owned();
-            if !state.is_empty() || started.elapsed() > Duration::from_secs(120) {
+            // Empty or "offline": systemd is not up far enough to answer yet.
+            let answered = !state.is_empty() && state != "offline";
+            if answered || started.elapsed() > Duration::from_secs(120) {
                 break state;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -454,6 +456,38 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         .output()
         .expect("curl");
     assert_eq!(probe.stdout, blipless_tests::pattern(7), "after the crash");
+
+    // The packaged device plane gave up CAP_NET_ADMIN (its TUN device is the
+    // service user's, there is no WireGuard exit and it manages nothing);
+    // its stand-in, which starts the next plane, keeps it to pass on.
+    let plane = machine.ok("pgrep -f '^/usr/bin/blipless-device --config'");
+    let status = machine.ok(&format!("cat /proc/{}/status", plane.trim()));
+    let permitted = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapPrm:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).expect("hex"))
+        .expect("CapPrm");
+    const CAP_NET_ADMIN: u64 = 1 << 12;
+    let journal = machine.ok("journalctl --no-pager -o cat -u blipless-device");
+    let said: Vec<&str> = journal
+        .lines()
+        .filter(|line| line.contains("CAP_NET_ADMIN"))
+        .collect();
+    assert_eq!(permitted & CAP_NET_ADMIN, 0, "{said:?}\n{status}");
+    assert!(
+        said.iter()
+            .all(|line| line.contains("dropped CAP_NET_ADMIN"))
+            && !said.is_empty(),
+        "{said:?}"
+    );
+    // Without it, the planes still attached the TUN queues (the device is
+    // theirs) and handed them on at every deploy.
+    assert!(
+        journal.contains("TUN queues attached: WireGuard egress ready")
+            && journal.contains("TUN queues inherited from the predecessor")
+            && !journal.contains("WireGuard egress unavailable"),
+        "{journal}"
+    );
 
     // Stop: both units inactive, no daemon left.
     machine.ok("systemctl stop blipless-device blipless-ingress");

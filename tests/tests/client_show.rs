@@ -1,0 +1,110 @@
+//! Clients for humans: `blipless-ctl client add --wg --qr-png FILE` writes the
+//! config's QR code as a PNG that a QR reader no one here wrote (Debian
+//! zbar-tools' `zbarimg`) reads back as the very config printed; `client show
+//! NAME` prints what the store keeps (no secret, no private key, and says
+//! why there is no QR code), and `client show --qr-png` is refused with that
+//! reason rather than writing a code no app can import.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use blipless_tests::node::Node;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_png_scans_as_the_printed_config_and_show_says_why_it_has_no_code() {
+    let node = Node::new("[wireguard]\nendpoint = \"vpn.example.com:51820\"\n");
+    let png = node.path().join("bob.png");
+    let png_arg = png.to_string_lossy().into_owned();
+    let added = node.ctl(&[
+        "--json", "client", "add", "bob", "--wg", "--qr-png", &png_arg,
+    ]);
+    assert!(
+        added.status.success(),
+        "{}{}",
+        text(&added.stdout),
+        text(&added.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&added.stdout).expect("json");
+    let config = answer["wireguard"]["config"].as_str().expect("config");
+    let private_key = config
+        .lines()
+        .find_map(|line| line.strip_prefix("PrivateKey = "))
+        .expect("a private key line")
+        .to_owned();
+    assert_eq!(answer["qr_png"].as_str(), Some(png_arg.as_str()));
+    let mode = std::fs::metadata(&png)
+        .expect("the PNG")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the PNG holds a private key");
+
+    let scanned = Command::new("zbarimg")
+        .args(["--quiet", "--raw", "-Sbinary"])
+        .arg(&png)
+        .output()
+        .expect("zbarimg (Debian zbar-tools)");
+    assert!(scanned.status.success(), "{}", text(&scanned.stderr));
+    assert_eq!(
+        text(&scanned.stdout).trim_end(),
+        config.trim_end(),
+        "the QR code reads back as the config"
+    );
+
+    // Without --wg there is no config to encode.
+    let refused = node.ctl(&["client", "add", "carol", "--qr-png", &png_arg]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("--wg"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    let shown = node.ctl(&["client", "show", "bob"]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    let address = answer["wireguard"]["address"].as_str().expect("address");
+    for expected in [
+        "client bob",
+        "socks5h://bob:<secret>@",
+        &format!("Address = {address}/32"),
+        "Endpoint = vpn.example.com:51820",
+        "# PrivateKey: ",
+        "no QR code",
+    ] {
+        assert!(shown.contains(expected), "{expected:?} missing:\n{shown}");
+    }
+    let secret = answer["secret"].as_str().expect("secret");
+    assert!(
+        !shown.contains(secret) && !shown.contains(&private_key),
+        "{shown}"
+    );
+
+    let json = node.ctl(&["--json", "client", "show", "bob"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("show --json");
+    assert_eq!(json["wg_address"].as_str(), Some(address));
+    assert_eq!(json["private_key_kept"], false);
+
+    let other = node.path().join("again.png");
+    let again = node.ctl(&[
+        "client",
+        "show",
+        "bob",
+        "--qr-png",
+        &other.to_string_lossy(),
+    ]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("keeps none"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(!other.exists(), "no code written");
+
+    let missing = node.ctl(&["client", "show", "nobody"]);
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("no client named nobody"));
+}
