@@ -189,7 +189,7 @@ async fn read_loop(
             }
             ToIngress::Report(report) => {
                 context.metrics.count_reported(&link.report(), &report);
-                link.set_report(report);
+                link.set_report(*report);
             }
             ToIngress::Packets(batch) => context.wireguard.from_plane(&batch, &mut scratch).await,
             ToIngress::Peers(update) => context.wireguard.on_peers(link, update),

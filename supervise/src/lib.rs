@@ -19,6 +19,7 @@ pub mod docs;
 mod fd;
 pub mod listen_fds;
 pub mod notify;
+pub mod process;
 mod stand_in;
 
 pub use stand_in::{child_args, run, SuperviseError, SUPERVISE_ENV, SUPERVISE_FLAG};

@@ -30,7 +30,7 @@ fn every_binary_and_the_status_name_the_same_build() {
 
     let mut node = Node::new("");
     let _ingress = node.start_ingress();
-    let _device = node.start_device();
+    let device = node.start_device();
     node.wait_ready();
 
     let (code, body) = node.status();
@@ -72,6 +72,29 @@ fn every_binary_and_the_status_name_the_same_build() {
         "{metrics_text}"
     );
     assert!(node.metric("process_cpu_seconds_total") >= 0.0);
+    // The device plane's own figures, from its reports (once a second).
+    blipless_tests::wait_until(
+        std::time::Duration::from_secs(10),
+        "a device plane report with its process figures",
+        || node.metric("blipless_device_open_fds") > 0.0,
+    );
+    let plane_fds = std::fs::read_dir(format!("/proc/{}/fd", device.pid()))
+        .expect("the plane's fds")
+        .count() as f64;
+    let reported = node.metric("blipless_device_open_fds");
+    assert!(
+        (reported - plane_fds).abs() <= 8.0,
+        "the plane holds {plane_fds} fds, /metrics says {reported}"
+    );
+    assert!(node.metric("blipless_device_max_fds") >= reported);
+    assert!(node.metric("blipless_device_resident_memory_bytes") > 1e6);
+    assert!(
+        node.metrics()
+            .lines()
+            .any(|line| line.starts_with("blipless_device_cpu_seconds_total ")),
+        "{}",
+        node.metrics()
+    );
     let metrics = node.metrics();
     assert!(metrics.trim_end().ends_with("# EOF"), "one EOF, last");
     assert_eq!(metrics.matches("# EOF").count(), 1, "{metrics}");

@@ -239,6 +239,7 @@ async fn send_report(
 ) -> anyhow::Result<()> {
     let auth = context.auth.counts();
     let auth_here = auth.since(auth_before);
+    let process = blipless_supervise::process::ProcessSample::read_self();
     let figures = DeviceReport {
         connections: context.connections.len() as u64,
         connections_total: context.taken.load(Ordering::Relaxed),
@@ -251,11 +252,14 @@ async fn send_report(
         auth_failures_http: auth_here.http_failures,
         auth_throttled_http: auth_here.http_throttled,
         routes: crate::egress::report::routes(&context.egress.routes, &context.identities),
+        open_fds: process.open_fds.unwrap_or(0),
+        max_fds: process.max_fds.unwrap_or(0),
+        resident_bytes: process.resident_bytes.unwrap_or(0),
         ..refusals_since(refusals(context), before)
     };
     match tokio::time::timeout(
         REPORT_EVERY,
-        link::send(socket, &ToIngress::Report(figures)),
+        link::send(socket, &ToIngress::Report(Box::new(figures))),
     )
     .await
     {
@@ -328,8 +332,14 @@ fn refusals(context: &Context) -> DeviceReport {
         http_body_stalls: load(&http.body_stalls),
         http_userinfo_refused: load(&http.userinfo_refused),
         channel_fds_dropped: blipless_link::fds_dropped(),
+        cpu_micros: cpu_micros(),
         ..DeviceReport::default()
     }
+}
+
+/// The CPU time this process used so far, in microseconds (0 if unreadable).
+fn cpu_micros() -> u64 {
+    blipless_supervise::process::cpu_seconds_self().map_or(0, |seconds| (seconds * 1e6) as u64)
 }
 
 /// What [`refusals`] counted since `before` (this attachment's start).
@@ -344,6 +354,7 @@ fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
         http_body_stalls: less(now.http_body_stalls, before.http_body_stalls),
         http_userinfo_refused: less(now.http_userinfo_refused, before.http_userinfo_refused),
         channel_fds_dropped: less(now.channel_fds_dropped, before.channel_fds_dropped),
+        cpu_micros: less(now.cpu_micros, before.cpu_micros),
         ..DeviceReport::default()
     }
 }

@@ -79,6 +79,8 @@ pub struct Metrics {
     own_fds_dropped_seen: std::sync::atomic::AtomicU64,
     /// `process_*`, outside the `blipless_` prefix.
     process: ProcessMetrics,
+    /// `blipless_device_*`: the planes' process figures.
+    device_process: process::DevicePlaneProcess,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -236,6 +238,7 @@ impl Metrics {
                 .get_or_create(&RefusalLabel { reason })
                 .inc_by(0);
         }
+        let device_process = process::DevicePlaneProcess::register(&mut registry);
         let channel_fds_dropped = Counter::default();
         registry.register(
             "channel_fds_dropped",
@@ -270,6 +273,7 @@ impl Metrics {
             channel_fds_dropped,
             own_fds_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             process: ProcessMetrics::new(),
+            device_process,
             registry,
             migrated,
             deploys,
@@ -459,6 +463,8 @@ impl Metrics {
                 .channel_fds_dropped
                 .saturating_sub(previous.channel_fds_dropped),
         );
+        self.device_process
+            .count_cpu(previous.cpu_micros, report.cpu_micros);
     }
 
     /// Counts one connection handed to a plane.
@@ -478,6 +484,7 @@ impl Metrics {
         let mut draining = 0u64;
         let mut devices = 0u64;
         let mut prewarmed = 0u64;
+        let (mut active_fds, mut active_limit, mut resident) = (0u64, 0u64, 0u64);
         for state in [
             PlaneState::Standby,
             PlaneState::Active,
@@ -502,7 +509,9 @@ impl Metrics {
             if state == PlaneState::Draining {
                 draining += report.connections;
             }
+            resident += report.resident_bytes;
             if state == PlaneState::Active {
+                (active_fds, active_limit) = (report.open_fds, report.max_fds);
                 prewarmed = report.prewarmed;
                 self.set_routes(&report.routes);
             }
@@ -511,6 +520,7 @@ impl Metrics {
         self.devices_live.set(clamp(devices));
         self.prewarmed.set(clamp(prewarmed));
         self.drain_remaining.set(clamp(draining));
+        self.device_process.set(active_fds, active_limit, resident);
         self.process.sample();
         let mut text = String::new();
         // OpenMetrics: both registries, then the one `# EOF`.

@@ -1,8 +1,7 @@
 //! The ingress process's own figures, under the names every Prometheus client
 //! library uses (`process_open_fds`, `process_max_fds`,
 //! `process_resident_memory_bytes`, `process_cpu_seconds_total`), read from
-//! `/proc/self` at each scrape. The parsers are pure functions over the text
-//! of `/proc/self/stat` and `/proc/self/statm`.
+//! `/proc/self` at each scrape ([`blipless_supervise::process`]).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -69,37 +68,18 @@ impl ProcessMetrics {
     /// Reads `/proc/self` into the metrics; a figure that cannot be read
     /// keeps its last value.
     pub fn sample(&self) {
-        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
-            // The directory handle read_dir holds is one of them.
-            let open = entries.count().saturating_sub(1);
-            self.open_fds.set(i64::try_from(open).unwrap_or(i64::MAX));
+        let sample = blipless_supervise::process::ProcessSample::read_self();
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        if let Some(open) = sample.open_fds {
+            self.open_fds.set(gauge(open));
         }
-        if let Ok((soft, _)) =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        {
-            self.max_fds.set(i64::try_from(soft).unwrap_or(i64::MAX));
+        if let Some(limit) = sample.max_fds {
+            self.max_fds.set(gauge(limit));
         }
-        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-            .ok()
-            .flatten()
-            .unwrap_or(4096);
-        if let Some(pages) = std::fs::read_to_string("/proc/self/statm")
-            .ok()
-            .and_then(|text| resident_pages(&text))
-        {
-            self.resident
-                .set(i64::try_from(pages.saturating_mul(page as u64)).unwrap_or(i64::MAX));
+        if let Some(bytes) = sample.resident_bytes {
+            self.resident.set(gauge(bytes));
         }
-        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .filter(|t| *t > 0)
-            .unwrap_or(100);
-        if let Some(used) = std::fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|text| cpu_ticks(&text))
-        {
-            let seconds = used as f64 / ticks as f64;
+        if let Some(seconds) = sample.cpu_seconds {
             let mut seen = self
                 .cpu_seen
                 .lock()
@@ -112,36 +92,67 @@ impl ProcessMetrics {
     }
 }
 
-/// Resident pages: the second field of `/proc/self/statm`.
-fn resident_pages(statm: &str) -> Option<u64> {
-    statm.split_whitespace().nth(1)?.parse().ok()
+/// The device planes' process figures, from their reports, in the
+/// `blipless_` registry: the active plane's open fds and limit (where new
+/// connections land, so where the limit bites), the resident memory of all
+/// attached planes together, and the CPU time they used (a counter that
+/// keeps what a plane used after it exits).
+#[derive(Debug, Default)]
+pub struct DevicePlaneProcess {
+    open_fds: Gauge,
+    max_fds: Gauge,
+    resident: Gauge,
+    cpu: Counter<f64, AtomicU64>,
 }
 
-/// utime + stime in clock ticks from `/proc/self/stat`: fields 14 and 15,
-/// counted after the command name, which is in parentheses and may itself
-/// hold spaces and parentheses (so the last `)` ends it).
-fn cpu_ticks(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace();
-    // After the name: state is field 3, so utime (14) is the 12th here.
-    let utime: u64 = fields.nth(11)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+impl DevicePlaneProcess {
+    /// Registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let figures = Self::default();
+        registry.register(
+            "device_open_fds",
+            "Open file descriptors of the active device plane",
+            figures.open_fds.clone(),
+        );
+        registry.register(
+            "device_max_fds",
+            "The open-file limit (soft) of the active device plane",
+            figures.max_fds.clone(),
+        );
+        registry.register(
+            "device_resident_memory_bytes",
+            "Resident memory of all attached device planes, in bytes",
+            figures.resident.clone(),
+        );
+        registry.register(
+            "device_cpu_seconds",
+            "User and system CPU time the device planes used while attached, in seconds",
+            figures.cpu.clone(),
+        );
+        figures
+    }
+
+    /// Adds the CPU time a plane's `report` counted since its `previous` one.
+    pub fn count_cpu(&self, previous_micros: u64, report_micros: u64) {
+        let added = report_micros.saturating_sub(previous_micros);
+        if added > 0 {
+            self.cpu.inc_by(added as f64 / 1e6);
+        }
+    }
+
+    /// Sets the gauges: the active plane's fds and limit, and `resident`
+    /// summed over the attached planes.
+    pub fn set(&self, active_fds: u64, active_limit: u64, resident: u64) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        self.open_fds.set(gauge(active_fds));
+        self.max_fds.set(gauge(active_limit));
+        self.resident.set(gauge(resident));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_name_even_with_spaces_in_it() {
-        let stat = "1234 (blip less) (x) S 1 1234 1234 0 -1 4194560 500 0 0 0 \
-                    37 12 0 0 20 0 3 0 100 123456 789 18446744073709551615";
-        assert_eq!(cpu_ticks(stat), Some(49));
-        assert_eq!(cpu_ticks("1234 (x"), None);
-        assert_eq!(resident_pages("5000 789 300 1 0 400 0\n"), Some(789));
-        assert_eq!(resident_pages(""), None);
-    }
 
     #[test]
     fn sampling_this_process_gives_plausible_figures() {

@@ -94,8 +94,9 @@ pub enum ToIngress<'a> {
     MigrateDone(u64),
     /// The drain is over; the plane exits.
     Drained(Drained),
-    /// Periodic figures for status and metrics.
-    Report(DeviceReport),
+    /// Periodic figures for status and metrics (boxed: the largest payload
+    /// by far, and sent once a second, so the enum stays small for packets).
+    Report(Box<DeviceReport>),
     /// The answer to [`ToDevice::SyncClients`].
     Synced(Synced),
     /// This (draining) plane's descriptors of one WireGuard exit, for the
@@ -251,7 +252,7 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
         Ok(match message_type {
             T_HELLO => ToIngress::Hello(json("Hello", payload)?),
             T_DRAINED => ToIngress::Drained(json("Drained", payload)?),
-            T_REPORT => ToIngress::Report(json("Report", payload)?),
+            T_REPORT => ToIngress::Report(Box::new(json("Report", payload)?)),
             T_PACKETS => ToIngress::Packets(Packets::decode(payload)?),
             T_PEERS => ToIngress::Peers(peers::decode(payload)?),
             T_TUN_QUEUES => ToIngress::TunQueues(tun_queues(payload)?),

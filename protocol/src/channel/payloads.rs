@@ -146,6 +146,19 @@ pub struct DeviceReport {
     /// The plane's egress routes and their health (docs/EGRESS.md).
     #[serde(default)]
     pub routes: Vec<RouteReport>,
+    /// The plane process's open file descriptors now (0: not read).
+    #[serde(default)]
+    pub open_fds: u64,
+    /// The plane process's soft open-file limit (0: not read).
+    #[serde(default)]
+    pub max_fds: u64,
+    /// The plane process's resident memory in bytes now (0: not read).
+    #[serde(default)]
+    pub resident_bytes: u64,
+    /// CPU time (user and system) the plane process used, in microseconds,
+    /// on this attachment (like the refusal counts: only grows within one).
+    #[serde(default)]
+    pub cpu_micros: u64,
 }
 
 /// One egress route as a device plane sees it.

@@ -167,7 +167,7 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             finished: 2,
             cut: 3,
         }),
-        ToIngress::Report(DeviceReport {
+        ToIngress::Report(Box::new(DeviceReport {
             connections: 5,
             connections_total: 6,
             clients: 7,
@@ -196,7 +196,11 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
                 opened: 40,
                 downs: 1,
             }],
-        }),
+            open_fds: 23,
+            max_fds: 24,
+            resident_bytes: 25,
+            cpu_micros: 26,
+        })),
         ToIngress::Synced(Synced {
             token: 3,
             applied: 17,
