@@ -55,6 +55,7 @@ fn hello(u: &mut Unstructured<'_>) -> Result<Hello> {
 fn refused(u: &mut Unstructured<'_>) -> Result<Refused> {
     Ok(Refused {
         reason: u.arbitrary()?,
+        busy: u.arbitrary()?,
     })
 }
 
@@ -266,7 +267,7 @@ fn to_ingress(u: &mut Unstructured<'_>) -> Result<ToIngress<'static>> {
             finished: u.arbitrary()?,
             cut: u.arbitrary()?,
         }),
-        10 => ToIngress::Report(report(u)?),
+        10 => ToIngress::Report(Box::new(report(u)?)),
         11 => ToIngress::ExitQueues(exit_queues(u)?),
         _ => ToIngress::Synced(Synced {
             token: u.arbitrary()?,

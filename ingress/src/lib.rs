@@ -68,7 +68,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut predecessor = handoff::find_predecessor(&config, socket_kept).await?;
     let metrics = Arc::new(Metrics::new());
     let planes = Arc::new(Planes::new(metrics.clone()));
-    let lineage = Arc::new(Lineage::default());
+    let lineage = Arc::new(Lineage::new(predecessor.as_ref()));
     let (mut listeners, generation) = match predecessor.as_mut() {
         Some(predecessor) => {
             // The predecessor's sockets are the ones the service manager keeps.

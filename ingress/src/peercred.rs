@@ -25,12 +25,20 @@ pub fn refusal(uid: u32) -> String {
 
 /// Tells a device plane no, with a reason an operator can act on (see [`refuse`]).
 pub async fn refuse_plane(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
-    refuse(socket, ToDevice::Refused(Refused { reason })).await;
+    refuse(
+        socket,
+        ToDevice::Refused(Refused {
+            reason,
+            busy: false,
+        }),
+    )
+    .await;
 }
 
-/// Tells a successor ingress no, with a reason an operator can act on (see [`refuse`]).
-pub async fn refuse_ingress(socket: &tokio_seqpacket::UnixSeqpacket, reason: String) {
-    refuse(socket, Handoff::Refused(Refused { reason })).await;
+/// Tells a successor ingress no, with a reason an operator can act on (see
+/// [`refuse`]); `busy`: for now only, it may ask again.
+pub async fn refuse_ingress(socket: &tokio_seqpacket::UnixSeqpacket, reason: String, busy: bool) {
+    refuse(socket, Handoff::Refused(Refused { reason, busy })).await;
 }
 
 /// Tells a peer on a channel socket (device or handoff) no, and gives it a

@@ -60,32 +60,78 @@ fn ten_ingress_handoffs_under_load_fail_no_request_and_break_no_tunnel() {
 }
 
 #[test]
-fn a_third_ingress_is_refused_while_two_serve() {
+fn a_third_ingress_waits_for_its_turn_and_takes_over_from_the_second() {
     let origin = Origin::start();
     let mut node = Node::new("");
     let (mut first, _device, client) = node.start();
-    // Hold the first one beside its successor: a WireGuard-quiet ingress
-    // leaves after a second, so start the third at once.
-    let second = node.spawn_ingress();
+    // Two restarts in a row: the second ingress serves beside the first
+    // (a WireGuard-quiet ingress leaves after a second), and the third
+    // arrives meanwhile. It waits, then takes over from the second.
+    let mut second = node.spawn_ingress();
     wait_until(
         Duration::from_secs(20),
         "the second ingress to serve",
         || second.log_text().contains("ingress serving"),
     );
     let mut third = node.spawn_ingress();
-    let status = third
-        .wait_exit(Duration::from_secs(20))
-        .expect("the third exits");
-    assert!(!status.success(), "the third ingress must not start");
-    assert!(
-        third.log_text().contains("refused"),
-        "it says why: {}",
-        third.log_text()
-    );
     assert!(first
         .wait_exit(Duration::from_secs(30))
         .is_some_and(|s| s.success()));
+    assert!(
+        second
+            .wait_exit(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "the second hands over to the third and exits: {}",
+        second.log_text()
+    );
+    assert!(
+        third.wait_exit(Duration::from_millis(10)).is_none(),
+        "the third serves: {}",
+        third.log_text()
+    );
+    assert!(
+        third.log_text().contains("waiting for its turn"),
+        "it waited, and said so: {}",
+        third.log_text()
+    );
     node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+}
+
+#[test]
+fn a_successor_waits_for_its_turn_no_longer_than_drain_grace_and_a_margin() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\ngrace = \"1s\"\n");
+    let (mut first, _device, client) = node.start();
+    // A successor that stalls after taking the offer keeps the first busy.
+    let mut stalled = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_STALL_HANDOFF_MS", "60000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the successor to take the offer",
+        || stalled.log_text().contains("taking over"),
+    );
+    let started = std::time::Instant::now();
+    let mut patient = node.spawn_ingress();
+    let status = patient
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the waiting ingress gives up: {}", patient.log_text()));
+    assert!(!status.success());
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5),
+        "it waited drain.grace and the margin first: {waited:?}"
+    );
+    assert!(
+        patient.log_text().contains("still busy after"),
+        "it says why: {}",
+        patient.log_text()
+    );
+    stalled.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(first.wait_exit(Duration::from_millis(10)).is_none());
     assert_eq!(
         fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
         100

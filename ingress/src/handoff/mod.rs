@@ -58,6 +58,20 @@ pub struct Lineage {
     handing_off: AtomicBool,
 }
 
+impl Lineage {
+    /// The lineage of an ingress that took an offer from `predecessor`
+    /// (`None`: it started afresh). Taking over counts as being beside the
+    /// predecessor from the moment the offer is taken, not only once this
+    /// ingress serves: the handoff socket it inherited may hand it a third
+    /// ingress before then, which must wait for its turn.
+    pub fn new(predecessor: Option<&Predecessor>) -> Self {
+        Self {
+            beside_predecessor: AtomicBool::new(predecessor.is_some()),
+            handing_off: AtomicBool::new(false),
+        }
+    }
+}
+
 async fn receive(
     socket: &UnixSeqpacket,
     buffer: &mut [u8],

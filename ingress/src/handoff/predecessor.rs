@@ -92,16 +92,25 @@ pub async fn serve(listener: UnixSeqpacketListener, handoffs: Handoffs, stop: Ca
 async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<()> {
     let hello = read_hello(&socket).await?;
     if handoffs.lineage.beside_predecessor.load(Ordering::SeqCst) {
-        let reason = "this ingress is still taking over from its own predecessor (two generations at most): retry once it has exited".to_string();
-        tracing::warn!(pid = hello.pid, "refusing a third ingress");
-        peercred::refuse_ingress(&socket, reason).await;
+        let reason =
+            "this ingress is still taking over from its own predecessor (two generations at most)"
+                .to_string();
+        tracing::info!(
+            pid = hello.pid,
+            "a third ingress asks to take over: it waits for its turn"
+        );
+        peercred::refuse_ingress(&socket, reason, true).await;
         return Ok(());
     }
     if handoffs.lineage.handing_off.swap(true, Ordering::SeqCst) {
-        tracing::warn!(pid = hello.pid, "refusing a second successor");
+        tracing::info!(
+            pid = hello.pid,
+            "another successor is taking over: this one waits for its turn"
+        );
         peercred::refuse_ingress(
             &socket,
             "another successor is taking over this ingress".to_string(),
+            true,
         )
         .await;
         return Ok(());
@@ -157,12 +166,12 @@ async fn read_hello(socket: &UnixSeqpacket) -> anyhow::Result<Hello> {
         (Handoff::Hello(hello), _) => hello,
         (other, _) => {
             let reason = format!("expected HandoffHello, got {}", other.name());
-            peercred::refuse_ingress(socket, reason.clone()).await;
+            peercred::refuse_ingress(socket, reason.clone(), false).await;
             anyhow::bail!(reason);
         }
     };
     if let Err(error) = check_peer(socket) {
-        peercred::refuse_ingress(socket, error.to_string()).await;
+        peercred::refuse_ingress(socket, error.to_string(), false).await;
         return Err(error);
     }
     Ok(hello)

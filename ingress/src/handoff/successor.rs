@@ -38,16 +38,63 @@ pub struct Predecessor {
     pub endpoints: Vec<EndpointEntry>,
 }
 
+/// How often a successor asks again while the running ingress is busy with
+/// another handoff.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
+/// What one try at the handoff socket found.
+enum Found {
+    /// No ingress answers there.
+    Nobody,
+    /// The running ingress's offer.
+    Predecessor(Box<Predecessor>),
+    /// The running ingress is busy with another handoff: ask again.
+    Busy(String),
+}
+
 /// Connects to the handoff socket of a running ingress and takes its offer;
-/// `None` when no ingress answers there (a first start, or after a crash). A
-/// refusal (a third ingress while two serve) is an error that says so.
-/// `socket_kept`: the service manager passed the handoff socket back, so a
-/// connection may succeed with nobody listening; no offer within
-/// `KEPT_SOCKET_ANSWER` (2 s) then means no predecessor.
+/// `None` when no ingress answers there (a first start, or after a crash).
+/// While the running ingress is busy with another handoff (still beside its
+/// own predecessor: two restarts in a row; or another successor taking
+/// over), this one waits for its turn and asks again, for up to
+/// `drain.grace` plus [`TURN_MARGIN`] (the predecessor's own overlap ends
+/// within `drain.grace`); then, or on any other refusal, it is an error
+/// that says why. `socket_kept`: the service manager passed the handoff
+/// socket back, so a connection may succeed with nobody listening; no offer
+/// within `KEPT_SOCKET_ANSWER` (2 s) then means no predecessor.
 pub async fn find_predecessor(
     config: &Config,
     socket_kept: bool,
 ) -> anyhow::Result<Option<Predecessor>> {
+    let started = Instant::now();
+    let patience = config.drain.grace + TURN_MARGIN;
+    let mut said = false;
+    loop {
+        match try_predecessor(config, socket_kept).await? {
+            Found::Nobody => return Ok(None),
+            Found::Predecessor(predecessor) => return Ok(Some(*predecessor)),
+            Found::Busy(reason) if started.elapsed() < patience => {
+                if !said {
+                    tracing::info!(%reason, "the running ingress is busy with another handoff: waiting for its turn");
+                    let _ = blipless_supervise::notify::notify(
+                        "STATUS=waiting for the running ingress to finish its handoff",
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(BUSY_RETRY).await;
+            }
+            Found::Busy(reason) => anyhow::bail!(
+                "the running ingress refused to hand off: {reason}, and was still busy after {patience:?}"
+            ),
+        }
+    }
+}
+
+/// How much longer than `drain.grace` a successor waits for its turn.
+pub const TURN_MARGIN: Duration = Duration::from_secs(5);
+
+/// One try: connect, say hello, and read the offer (or the refusal).
+async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<Found> {
     let path = config.handoff_socket();
     let socket = match UnixSeqpacket::connect(&path).await {
         Ok(socket) => socket,
@@ -57,7 +104,7 @@ pub async fn find_predecessor(
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(None)
+            return Ok(Found::Nobody)
         }
         Err(error) => {
             return Err(error).with_context(|| format!("connecting to {}", path.display()))
@@ -87,7 +134,7 @@ pub async fn find_predecessor(
             Ok(first) => first?,
             Err(_) => {
                 tracing::info!("no ingress answers on the kept handoff socket: starting afresh");
-                return Ok(None);
+                return Ok(Found::Nobody);
             }
         }
     } else {
@@ -95,7 +142,8 @@ pub async fn find_predecessor(
     };
     let (offer, fds) = match first {
         (Handoff::Offer(offer), fds) => (offer, fds),
-        (Handoff::Refused(Refused { reason }), _) => {
+        (Handoff::Refused(Refused { reason, busy: true }), _) => return Ok(Found::Busy(reason)),
+        (Handoff::Refused(Refused { reason, .. }), _) => {
             anyhow::bail!("the running ingress refused to hand off: {reason}")
         }
         (other, _) => anyhow::bail!("expected HandoffOffer, got {}", other.name()),
@@ -124,13 +172,13 @@ pub async fn find_predecessor(
             (other, _) => anyhow::bail!("expected Endpoints, got {}", other.name()),
         }
     }
-    Ok(Some(Predecessor {
+    Ok(Found::Predecessor(Box::new(Predecessor {
         socket,
         offer,
         fds,
         peers,
         endpoints,
-    }))
+    })))
 }
 
 impl Predecessor {

@@ -62,6 +62,12 @@ pub struct Welcome {
 pub struct Refused {
     /// Why, in words an operator can act on.
     pub reason: String,
+    /// The refusal is for now only: the ingress is busy with another
+    /// handoff (it is still beside its own predecessor, or another successor
+    /// is taking over). A successor asks again; one that reads `false` (or
+    /// an older ingress, which never sends it) gives up.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub busy: bool,
 }
 
 /// Payload of [`Drain`] (one byte).

@@ -117,6 +117,7 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
         }),
         ToDevice::Refused(Refused {
             reason: "no".into(),
+            busy: false,
         }),
         ToDevice::Accepted(Accepted {
             listener: ListenerKind::Socks,
@@ -219,6 +220,7 @@ fn handoff_samples() -> Vec<Handoff> {
         }),
         Handoff::Refused(Refused {
             reason: "two generations at most".into(),
+            busy: true,
         }),
         Handoff::Offer(HandoffOffer {
             sockets: vec![OfferedSocket {
