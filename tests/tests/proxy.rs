@@ -121,6 +121,26 @@ fn credentials_policy_and_reachability_get_the_protocols_answers() {
         "403"
     );
 
+    // IPv4 in IPv6 clothing (6to4, NAT64, IPv4-translated forms of the
+    // metadata address and of loopback): refused the same way, by curl's own
+    // SOCKS5 and HTTP CONNECT requests.
+    for dressed in [
+        "[2002:a9fe:a9fe::1]",
+        "[64:ff9b::7f00:2]",
+        "[::ffff:0:7f00:2]",
+    ] {
+        let url = format!("http://{dressed}:{}/", origin.address.port());
+        let socks =
+            blipless_tests::curl::curl(&["-s", "--max-time", "10", "--proxy", &client.socks, &url]);
+        // 97: the SOCKS5 server refused the connection (reply 2, not allowed).
+        assert_eq!(socks.status.code(), Some(97), "{dressed} through SOCKS5");
+        assert_eq!(
+            status_code(&client.http, &url, &["--proxytunnel"]),
+            "403",
+            "{dressed} through HTTP CONNECT"
+        );
+    }
+
     // Unreachable: a closed port on an allowed address.
     let closed_port = blipless_tests::free_port();
     let unreachable = format!("127.0.0.1:{closed_port}");

@@ -259,17 +259,52 @@ fn denied_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn denied_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let s = ip.segments();
+    let first = s[0];
     ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
         || (first & 0xfe00) == 0xfc00                // fc00::/7 unique local (fd00:ec2::254 metadata)
         || (first & 0xffc0) == 0xfe80                // fe80::/10 link-local
         || (first & 0xffc0) == 0xfec0                // fec0::/10 site-local
-        || ip.to_ipv4().is_some_and(|v4| ip.segments()[..6] == [0; 6] && denied_v4(v4)) // ::a.b.c.d
-        || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation
-        || (first == 0x0064 && ip.segments()[1] == 0xff9b && denied_v4(Ipv4Addr::from((u128::from(ip) & 0xffff_ffff) as u32)))
-    // NAT64 of a denied v4
+        || (first == 0x2001 && s[1] == 0x0db8)       // 2001:db8::/32 documentation
+        || (first == 0x0100 && s[1..4] == [0; 3])    // 100::/64 discard-only
+        || (first == 0x2001 && s[1] == 0x0002 && s[2] == 0) // 2001:2::/48 benchmarking
+        || (first == 0x0064 && s[1] == 0xff9b && s[2] == 0x0001) // 64:ff9b:1::/48 local-use NAT64
+        || embedded_v4(ip).into_iter().flatten().any(denied_v4)
+}
+
+/// The IPv4 addresses an IPv6 address carries where a translator or tunnel
+/// would deliver to them, so that one can judge it as those (a denied IPv4
+/// address must not be reachable in IPv6 clothing):
+/// - `::a.b.c.d` (IPv4-compatible, deprecated);
+/// - `::ffff:0:a.b.c.d` (IPv4-translated, RFC 2765);
+/// - `64:ff9b::a.b.c.d` (NAT64 well-known prefix, RFC 6052);
+/// - `2002:AABB:CCDD::/48` (6to4, RFC 3056: the relay's IPv4 in bits 16-48);
+/// - `2001:0::/32` (Teredo, RFC 4380: the server's IPv4 in bits 32-64, the
+///   client's, inverted, in the last 32).
+///
+/// (IPv4-mapped `::ffff:a.b.c.d` is turned into IPv4 before, by [`canonical`].)
+/// No allocation: it runs for every destination.
+fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
+    let s = ip.segments();
+    let low = Ipv4Addr::from((u128::from(ip) & 0xffff_ffff) as u32);
+    let pair = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    let compatible = s[..6] == [0; 6] && !ip.is_unspecified() && !ip.is_loopback();
+    let translated = s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0;
+    let nat64 = s[0] == 0x0064 && s[1] == 0xff9b && s[2..6] == [0; 4];
+    if compatible || translated || nat64 {
+        [Some(low), None]
+    } else if s[0] == 0x2002 {
+        [Some(pair(s[1], s[2])), None]
+    } else if s[0] == 0x2001 && s[1] == 0 {
+        [
+            Some(pair(s[2], s[3])),
+            Some(Ipv4Addr::from(!u32::from(low))),
+        ]
+    } else {
+        [None, None]
+    }
 }
 
 #[cfg(test)]
@@ -337,17 +372,85 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
             "::",
+            // IPv4 in IPv6 clothing: 6to4 of 169.254.169.254 and of 10.0.0.1,
+            // NAT64 and IPv4-translated of loopback, Teredo with a private
+            // server or a private (inverted) client.
+            "2002:a9fe:a9fe::",
+            "2002:a00:1:1::5",
+            "64:ff9b::7f00:1",
+            "::ffff:0:7f00:1",
+            "::ffff:0:a9fe:a9fe",
+            "::10.0.0.1",
+            "2001:0:a00:1::1",
+            "2001:0:808:808::f5ff:fffe",
+            // Local-use NAT64, discard-only, benchmarking, documentation.
+            "64:ff9b:1::1",
+            "100::1",
+            "2001:2::1",
+            "2001:db8::1",
         ] {
             assert!(
                 !e.permits(denied.parse().expect("ip")),
                 "{denied} must be denied"
             );
         }
-        for allowed in ["1.1.1.1", "8.8.8.8", "2606:4700::1111", "100.128.0.1"] {
+        for allowed in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "100.128.0.1",
+            // The same families carrying public IPv4 addresses.
+            "2002:808:808::1",
+            "64:ff9b::808:808",
+            "2001:0:808:808::f7f7:f7f7",
+        ] {
             assert!(
                 e.permits(allowed.parse().expect("ip")),
                 "{allowed} must be allowed"
             );
+        }
+    }
+
+    #[test]
+    fn every_denied_ipv4_address_is_denied_in_each_ipv6_form_that_carries_it() {
+        let e = egress(&[]);
+        let forms = |v4: Ipv4Addr| {
+            let [a, b, c, d] = v4.octets();
+            let hi = u16::from_be_bytes([a, b]);
+            let lo = u16::from_be_bytes([c, d]);
+            let inverted = !u32::from(v4);
+            [
+                Ipv6Addr::new(0x2002, hi, lo, 0, 0, 0, 0, 1),
+                Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+                Ipv6Addr::new(0, 0, 0, 0, 0xffff, 0, hi, lo),
+                Ipv6Addr::new(0x2001, 0, hi, lo, 0, 0, 0, 1),
+                Ipv6Addr::new(
+                    0x2001,
+                    0,
+                    0x0808,
+                    0x0808,
+                    0,
+                    0,
+                    (inverted >> 16) as u16,
+                    inverted as u16,
+                ),
+            ]
+        };
+        for v4 in [
+            "127.0.0.1",
+            "10.20.30.40",
+            "172.31.255.1",
+            "192.168.0.1",
+            "169.254.169.254",
+            "100.100.100.100",
+            "0.1.2.3",
+            "198.18.0.1",
+        ] {
+            let v4: Ipv4Addr = v4.parse().expect("ip");
+            assert!(!e.permits(IpAddr::V4(v4)), "{v4}");
+            for v6 in forms(v4) {
+                assert!(!e.permits(IpAddr::V6(v6)), "{v6} carries {v4}");
+            }
         }
     }
 
