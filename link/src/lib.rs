@@ -140,9 +140,24 @@ enum Raw {
 
 async fn receive_raw(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Raw, LinkError> {
     let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
-    let (info, ancillary) = socket
-        .recv_with_ancillary(buffer, &mut ancillary_buffer)
-        .await?;
+    // A peer that closes with frames of ours still unread makes the kernel
+    // report ECONNRESET once, ahead of the frames it had sent us before
+    // closing (sock_error comes first in the datagram receive path, and is
+    // cleared by being reported). Those frames are the peer's last words
+    // (a draining plane's TUN queues, say): read on, and the queue ends in
+    // an orderly end of file.
+    let mut resets = 0;
+    let (info, ancillary) = loop {
+        match socket
+            .recv_with_ancillary(buffer, &mut ancillary_buffer)
+            .await
+        {
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset && resets == 0 => {
+                resets += 1;
+            }
+            received => break received?,
+        }
+    };
     let fds_truncated = ancillary.is_truncated();
     let mut fds = Vec::new();
     for item in ancillary.into_messages() {
@@ -230,6 +245,35 @@ mod tests {
         size_buffers(&a).expect("size");
         size_buffers(&b).expect("size");
         (a, b)
+    }
+
+    #[tokio::test]
+    async fn frames_sent_before_the_peer_closed_with_unread_input_still_arrive() {
+        // The plane's last frames (its TUN queues) and then its exit, with
+        // the ingress's Goaway still unread in its queue: the kernel reports
+        // ECONNRESET ahead of the queued frames, which must not be lost.
+        let (plane, ingress) = pair();
+        let (_near, far) = std::os::unix::net::UnixStream::pair().expect("pair");
+        send(&ingress, &ToDevice::Goaway, &[])
+            .await
+            .expect("goaway");
+        send(&plane, &ToIngress::TunQueues(1), &[far.as_fd()])
+            .await
+            .expect("the last frame");
+        drop(far);
+        drop(plane);
+        let mut buffer = vec![0u8; MAX_FRAME];
+        let got = receive::<ToIngress>(&ingress, &mut buffer)
+            .await
+            .expect("the queued frame, not ECONNRESET");
+        let (message, fds) = got.expect("a frame before the close");
+        assert_eq!(message, ToIngress::TunQueues(1));
+        assert_eq!(fds.len(), 1, "with its descriptor");
+        let mut buffer = vec![0u8; MAX_FRAME];
+        assert!(matches!(
+            receive::<ToIngress>(&ingress, &mut buffer).await,
+            Ok(None)
+        ));
     }
 
     #[tokio::test]
