@@ -53,6 +53,20 @@ impl WgNode {
     }
 }
 
+/// The client's SOCKS5 and HTTP proxy URLs with `secret` in them.
+fn proxy_urls(config: &Config, name: &str, secret: &str) -> (String, String) {
+    (
+        format!(
+            "socks5h://{name}:{secret}@{}",
+            dial_address(config.listen.socks, config)
+        ),
+        format!(
+            "http://{name}:{secret}@{}",
+            dial_address(config.listen.http, config)
+        ),
+    )
+}
+
 /// Where customers dial a listener: a wildcard listen address is shown as the node's host.
 fn dial_address(listen: SocketAddr, config: &Config) -> String {
     if listen.ip().is_unspecified() {
@@ -148,14 +162,7 @@ pub(crate) async fn add(
         unreplicated,
         &format!("client {name} is stored"),
     );
-    let socks = format!(
-        "socks5h://{name}:{secret}@{}",
-        dial_address(config.listen.socks, config)
-    );
-    let http = format!(
-        "http://{name}:{secret}@{}",
-        dial_address(config.listen.http, config)
-    );
+    let (socks, http) = proxy_urls(config, name, &secret);
     // Written before anything is printed, reported after: a file that could
     // not be written must not cost the operator the secret printed below.
     let png = match (&wireguard, qr_png) {
@@ -251,14 +258,7 @@ pub(crate) async fn show(
         }
         None => None,
     };
-    let socks = format!(
-        "socks5h://{name}:<secret>@{}",
-        dial_address(config.listen.socks, config)
-    );
-    let http = format!(
-        "http://{name}:<secret>@{}",
-        dial_address(config.listen.http, config)
-    );
+    let (socks, http) = proxy_urls(config, name, "<secret>");
     if as_json {
         let answer = json!({
             "name": client.name,
