@@ -7,8 +7,9 @@
 //! - `GET /whoami`: the address the request came from (the proxy's egress source);
 //! - anything else: "hello".
 //!
-//! Every response closes its connection. The origin counts connections and
-//! the most it ever held at once, so tests can tell real concurrency.
+//! Every response closes its connection. The origin counts connections,
+//! the requests whose head it read, and the most connections it ever held
+//! at once, so tests can tell real concurrency.
 //!
 //! The `blipless-test-origin` binary (`src/bin/origin.rs`) serves the same
 //! origin on a given address, for tests that run it inside a network
@@ -34,6 +35,7 @@ pub struct Origin {
 #[derive(Debug, Default)]
 struct Stats {
     connections: AtomicUsize,
+    requests: AtomicUsize,
     open: AtomicUsize,
     peak: AtomicUsize,
 }
@@ -66,7 +68,7 @@ impl Origin {
                     stats.connections.fetch_add(1, Ordering::SeqCst);
                     let open = stats.open.fetch_add(1, Ordering::SeqCst) + 1;
                     stats.peak.fetch_max(open, Ordering::SeqCst);
-                    let _ = serve(stream, peer).await;
+                    let _ = serve(stream, peer, &stats.requests).await;
                     stats.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -88,13 +90,25 @@ impl Origin {
         self.stats.connections.load(Ordering::SeqCst)
     }
 
+    /// Requests whose head arrived so far. Through a proxy's tunnel this
+    /// says the tunnel was established end to end, where
+    /// [`Origin::connections`] only says the proxy (or its upstream)
+    /// connected.
+    pub fn requests(&self) -> usize {
+        self.stats.requests.load(Ordering::SeqCst)
+    }
+
     /// The most connections open at once so far.
     pub fn peak(&self) -> usize {
         self.stats.peak.load(Ordering::SeqCst)
     }
 }
 
-async fn serve(mut stream: tokio::net::TcpStream, peer: String) -> std::io::Result<()> {
+async fn serve(
+    mut stream: tokio::net::TcpStream,
+    peer: String,
+    requests: &AtomicUsize,
+) -> std::io::Result<()> {
     let mut request = Vec::new();
     let mut chunk = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -108,6 +122,7 @@ async fn serve(mut stream: tokio::net::TcpStream, peer: String) -> std::io::Resu
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map_or(request.len(), |p| p + 4);
+    requests.fetch_add(1, Ordering::SeqCst);
     let line = String::from_utf8_lossy(&request[..head_end]).into_owned();
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
     if path == "/echo" {

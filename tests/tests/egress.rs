@@ -168,14 +168,16 @@ fn watch(mut child: Child, timeout: Duration) -> JoinHandle<Ended> {
 
 /// Starts an HTTP CONNECT tunnel through `proxy` to the origin's
 /// `/slow/600000` (no byte for ten minutes) and waits until it reached the
-/// origin.
+/// origin. Its request, not its connection: the upstream connects to the
+/// origin before it answers the proxy, and a freeze in between would see
+/// the proxy fail over to another upstream for this tunnel.
 fn waiting_tunnel(proxy: &str, origin: &Origin, out: &Path) -> Child {
-    let before = origin.connections();
+    let before = origin.requests();
     let child = spawn_curl(proxy, &origin.url("/slow/600000"), out, &["--proxytunnel"]);
     wait_until(
         Duration::from_secs(20),
-        "the waiting tunnel to reach the origin",
-        || origin.connections() > before,
+        "the waiting tunnel's request to reach the origin",
+        || origin.requests() > before,
     );
     child
 }
