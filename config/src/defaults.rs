@@ -104,6 +104,7 @@ pub(crate) fn placeholder() -> Config {
             header_bytes: 0,
             connections: 0,
             tunnels_per_client: 0,
+            client_defaults: crate::client_limits::ClientLimits::default(),
         },
         deploy: crate::DeployConfig {
             ready_budget: Duration::ZERO,

@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
-    IpList, Kind, Name, NetList, OptionalAccount, OptionalHostPort, OptionalPath, Shape, SocketDir,
-    StoreUrl,
+    IpList, Kind, Name, NetList, OptionalAccount, OptionalHostPort, OptionalPath, OptionalQuota,
+    OptionalRate, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -341,6 +341,24 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("0"),
             "Tunnels (SOCKS5 and HTTP CONNECT) one client may have open at once on a device plane (0: no cap); over it SOCKS5 reply 2, HTTP 429.",
             |c| &mut c.limits.tunnels_per_client,
+        ),
+        Key::new::<OptionalRate>(
+            "limits.client_rate_up",
+            Text(""),
+            "Each client's rate from customer to destination when its own record sets none, e.g. 10Mbit (empty: no limit); see docs/LIMITS.md.",
+            |c| &mut c.limits.client_defaults.rate_up,
+        ),
+        Key::new::<OptionalRate>(
+            "limits.client_rate_down",
+            Text(""),
+            "Each client's rate from destination to customer when its own record sets none (empty: no limit).",
+            |c| &mut c.limits.client_defaults.rate_down,
+        ),
+        Key::new::<OptionalQuota>(
+            "limits.client_quota",
+            Text(""),
+            "Each client's byte quota when its own record sets none, e.g. 50GB/month (empty: no quota); counted fleet-wide through the store.",
+            |c| &mut c.limits.client_defaults.quota,
         ),
         Key::new::<Dur>(
             "deploy.ready_budget",

@@ -28,6 +28,7 @@
 //! parser.
 
 pub mod build;
+pub mod client_limits;
 pub mod daemon;
 mod defaults;
 mod error;
@@ -225,7 +226,8 @@ pub struct TimeoutsConfig {
     pub body_idle: Duration,
 }
 
-/// `[limits]`: size limits on what customers send.
+/// `[limits]`: size limits on what customers send, caps, and the node's
+/// default per-client limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitsConfig {
     /// Largest HTTP proxy request head (request line and headers) in bytes;
@@ -236,8 +238,13 @@ pub struct LimitsConfig {
     /// refusal (SOCKS5: no acceptable method; HTTP: 503).
     pub connections: u64,
     /// Tunnels (SOCKS5 CONNECT, HTTP CONNECT) one client has open at once on
-    /// a device plane; 0: no cap. Over it: SOCKS5 reply 2, HTTP 429.
+    /// a device plane; 0: no cap. Over it: SOCKS5 reply 2, HTTP 429. A
+    /// client's own `max_connections` (docs/LIMITS.md) wins over it.
     pub tunnels_per_client: u64,
+    /// Rates and quota for clients whose own record sets none
+    /// (`limits.client_rate_up`, `limits.client_rate_down`,
+    /// `limits.client_quota`; `max_connections` is `tunnels_per_client`).
+    pub client_defaults: client_limits::ClientLimits,
 }
 
 /// `[deploy]`: device-plane rolling deploys.

@@ -337,6 +337,46 @@ impl Kind for OptionalPath {
     }
 }
 
+/// A rate limit (`10Mbit`; empty: none), [`crate::client_limits::Rate`].
+pub(crate) struct OptionalRate;
+impl Kind for OptionalRate {
+    type Out = Option<crate::client_limits::Rate>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "a rate such as 10Mbit or 2MB/s, from 8kbit to 100Gbit (empty: none)";
+    fn parse(input: &Input<'_>) -> Option<Self::Out> {
+        let s = input.text()?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        s.parse().ok().map(Some)
+    }
+    fn why(input: &Input<'_>) -> Option<String> {
+        let error = input.text()?.parse::<crate::client_limits::Rate>().err()?;
+        Some(error.to_string())
+    }
+}
+
+/// A byte quota per period (`50GB/month`; empty: none), [`crate::client_limits::Quota`].
+pub(crate) struct OptionalQuota;
+impl Kind for OptionalQuota {
+    type Out = Option<crate::client_limits::Quota>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "BYTES/PERIOD such as 50GB/month, 1GB/day or 500MiB/12h (empty: none)";
+    fn parse(input: &Input<'_>) -> Option<Self::Out> {
+        let s = input.text()?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        s.parse().ok().map(Some)
+    }
+    fn why(input: &Input<'_>) -> Option<String> {
+        let error = input.text()?.parse::<crate::client_limits::Quota>().err()?;
+        Some(error.to_string())
+    }
+}
+
 /// A duration above zero.
 pub(crate) struct Dur;
 impl Kind for Dur {
