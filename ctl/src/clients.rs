@@ -1,5 +1,6 @@
-//! `blipless-ctl client add|list|remove`: proxy clients in the store, the
-//! proxy URLs and (with `--wg`) the wg-quick config a new client gets.
+//! `blipless-ctl client add|show|list|remove`: proxy clients in the store, the
+//! proxy URLs and (with `--wg`) the wg-quick config a new client gets; their
+//! limits are in [`crate::limits`].
 
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
@@ -123,11 +124,20 @@ pub(crate) fn egress_policy(config: &Config, text: &str) -> anyhow::Result<Egres
     }
 }
 
+/// What `client add` stores besides the secret and the WireGuard side.
+pub(crate) struct NewClient<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// `--egress`.
+    pub egress: EgressPolicy,
+    /// `--rate-up`, `--rate-down`, `--quota`, `--max-connections`.
+    pub limits: blipless_store::ClientLimits,
+}
+
 pub(crate) async fn add(
     store: &dyn Store,
     config: &Config,
-    name: &str,
-    egress: EgressPolicy,
+    new: NewClient<'_>,
     wg: Option<&WgNode>,
     qr_png: Option<&Path>,
     as_json: bool,
@@ -135,7 +145,7 @@ pub(crate) async fn add(
     let secret =
         credentials::try_new_secret().context("the system random number generator failed")?;
     let record = ClientRecord {
-        name: name.to_string(),
+        name: new.name.to_string(),
         secret_hash: credentials::hash_secret(&secret),
         created_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -143,8 +153,11 @@ pub(crate) async fn add(
             .unwrap_or(0),
         wg_public_key: None,
         wg_address: None,
-        egress,
+        egress: new.egress,
+        limits: new.limits,
     };
+    let name = new.name;
+    let record_limits = record.limits;
     // An add no replica confirmed is stored: said below, with exit status 75.
     let (wireguard, unreplicated) = match wg {
         None => match blipless_ctl::patience::add_client(store, &record).await {
@@ -186,12 +199,28 @@ pub(crate) async fn add(
                 "config": wg.config,
             });
         }
+        if !record_limits.is_empty() {
+            answer["limits"] = crate::limits::limits_json(
+                &record_limits,
+                &crate::limits::node_defaults(config),
+                None,
+            );
+        }
         answer["node"] = confirmation_json(&confirmation);
         say!("{answer}");
         png.transpose()?;
         return confirmation.map(|_| ());
     }
     say!("client {name} added. Its secret is shown only now; keep it.");
+    if !record_limits.is_empty() {
+        say!(
+            "  limits: {}",
+            crate::limits::limits_text(
+                &record_limits.or(&crate::limits::node_defaults(config)),
+                None
+            )
+        );
+    }
     say!("  SOCKS5: {socks}");
     say!("  HTTP:   {http}");
     say!("try:");
@@ -244,6 +273,9 @@ pub(crate) async fn show(
         anyhow::bail!("{why}");
     }
     let usage = store.usage(name).await.unwrap_or_default();
+    let defaults = crate::limits::node_defaults(config);
+    let effective = client.limits.or(&defaults);
+    let quota = crate::limits::quota_use(store, name, effective.quota).await;
     let wireguard = match client.wg_address {
         Some(address) => {
             let node = WgNode::prepare(config)?;
@@ -272,6 +304,7 @@ pub(crate) async fn show(
             "wireguard_config_without_private_key": wireguard,
             "private_key_kept": false,
             "usage": usage,
+            "limits": crate::limits::limits_json(&client.limits, &defaults, quota),
         });
         say!("{}", serde_json::to_string_pretty(&answer)?);
     } else {
@@ -283,6 +316,10 @@ pub(crate) async fn show(
             usage.bytes_up,
             usage.bytes_down,
             usage.connections
+        );
+        say!(
+            "  limits:    {}",
+            crate::limits::limits_text(&effective, quota)
         );
         say!("  SOCKS5:    {socks}");
         say!("  HTTP:      {http}");
@@ -316,7 +353,7 @@ fn created_text(unix_seconds: i64) -> String {
 
 /// Reads the feed position after this command's write and has the node's
 /// device planes apply it. The error is [`Unconfirmed`].
-async fn confirm(store: &dyn Store, config: &Config) -> anyhow::Result<Confirmation> {
+pub(crate) async fn confirm(store: &dyn Store, config: &Config) -> anyhow::Result<Confirmation> {
     let through = store.feed_head().await.map_err(|error| {
         Unconfirmed(format!(
             "the change is stored, but reading the change feed failed: {error}"
@@ -338,7 +375,7 @@ async fn confirm(store: &dyn Store, config: &Config) -> anyhow::Result<Confirmat
     })
 }
 
-fn confirmation_json(confirmation: &anyhow::Result<Confirmation>) -> serde_json::Value {
+pub(crate) fn confirmation_json(confirmation: &anyhow::Result<Confirmation>) -> serde_json::Value {
     match confirmation {
         Ok(Confirmation::Applied(planes)) => json!({ "confirmed": true, "device_planes": planes }),
         Ok(Confirmation::NoNode) => json!({ "confirmed": false, "running": false }),
@@ -346,7 +383,7 @@ fn confirmation_json(confirmation: &anyhow::Result<Confirmation>) -> serde_json:
     }
 }
 
-fn confirmation_text(confirmation: &Confirmation, effect: &str) -> String {
+pub(crate) fn confirmation_text(confirmation: &Confirmation, effect: &str) -> String {
     match confirmation {
         Confirmation::Applied(planes) => {
             format!("applied on this node ({planes} device plane(s)): it {effect}.")
@@ -421,17 +458,20 @@ fn add_error(name: &str, error: StoreError) -> anyhow::Error {
     }
 }
 
-pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()> {
+pub(crate) async fn list(store: &dyn Store, config: &Config, as_json: bool) -> anyhow::Result<()> {
     let clients = store.list_clients().await?;
+    let defaults = crate::limits::node_defaults(config);
     let mut rows = Vec::new();
     for client in clients {
         let usage = store.usage(&client.name).await.unwrap_or_default();
-        rows.push((client, usage));
+        let quota =
+            crate::limits::quota_use(store, &client.name, client.limits.or(&defaults).quota).await;
+        rows.push((client, usage, quota));
     }
     if as_json {
         let items: Vec<_> = rows
             .iter()
-            .map(|(c, u)| {
+            .map(|(c, u, quota)| {
                 json!({
                     "name": c.name,
                     "created_at": c.created_at,
@@ -439,6 +479,7 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
                     "wg_public_key": c.wg_public_key,
                     "egress": c.egress.to_string(),
                     "usage": u,
+                    "limits": crate::limits::limits_json(&c.limits, &defaults, *quota),
                 })
             })
             .collect();
@@ -450,25 +491,27 @@ pub(crate) async fn list(store: &dyn Store, as_json: bool) -> anyhow::Result<()>
         return Ok(());
     }
     say!(
-        "{:<24} {:<15} {:>14} {:>14} {:>12}  egress",
+        "{:<24} {:<15} {:>14} {:>14} {:>12}  {:<12} limits",
         "name",
         "wg address",
         "bytes up",
         "bytes down",
-        "connections"
+        "connections",
+        "egress"
     );
-    for (client, usage) in rows {
+    for (client, usage, quota) in rows {
         let address = client
             .wg_address
             .map_or_else(|| "-".to_string(), |a| a.to_string());
         say!(
-            "{:<24} {:<15} {:>14} {:>14} {:>12}  {}",
+            "{:<24} {:<15} {:>14} {:>14} {:>12}  {:<12} {}",
             client.name,
             address,
             usage.bytes_up,
             usage.bytes_down,
             usage.connections,
-            client.egress
+            client.egress.to_string(),
+            crate::limits::limits_text(&client.limits.or(&defaults), quota)
         );
     }
     Ok(())

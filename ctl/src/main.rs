@@ -1,5 +1,5 @@
 //! `blipless-ctl`: the operator's tool. `status` asks the ingress over its
-//! control socket; `client add|list|remove` manage clients in the store and
+//! control socket; `client add|set|show|list|remove` manage clients in the store and
 //! return once this node's device planes applied the change (read-your-writes,
 //! through the ingress's control socket; `client add --wg` also
 //! gives the client a WireGuard address and key pair and prints its wg-quick
@@ -37,6 +37,7 @@ pub(crate) fn print_line(line: std::fmt::Arguments<'_>) {
 mod clients;
 mod control;
 mod host;
+mod limits;
 
 use clients::WgNode;
 use clients::{add, list, remove};
@@ -145,6 +146,19 @@ enum ClientCommand {
         /// it holds the client's private key).
         #[arg(long, value_name = "FILE", requires = "wg")]
         qr_png: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        limits: limits::LimitArgs,
+    },
+    /// Change a client's limits (docs/LIMITS.md); a limit left out stays as it
+    /// is, `none` clears it (the node's [limits] default applies).
+    Set {
+        /// The client's name.
+        name: String,
+        #[command(flatten)]
+        limits: limits::LimitArgs,
+        /// Start the client's quota count of the current period again from zero.
+        #[arg(long)]
+        quota_reset: bool,
     },
     /// Show what the store keeps of a client: its proxy URLs (without the secret),
     /// usage, and a WireGuard client's config without its private key, which
@@ -308,16 +322,27 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                         name,
                         egress,
                         qr_png,
+                        limits,
                         ..
                     } => {
                         let policy = clients::egress_policy(config, egress)?;
+                        let new = clients::NewClient {
+                            name,
+                            egress: policy,
+                            limits: limits.apply(store::ClientLimits::default()),
+                        };
                         let png = qr_png.as_deref();
-                        add(&*store, config, name, policy, wg.as_ref(), png, args.json).await
+                        add(&*store, config, new, wg.as_ref(), png, args.json).await
                     }
+                    ClientCommand::Set {
+                        name,
+                        limits,
+                        quota_reset,
+                    } => limits::set(&*store, config, name, limits, *quota_reset, args.json).await,
                     ClientCommand::Show { name, qr_png } => {
                         clients::show(&*store, config, name, qr_png.as_deref(), args.json).await
                     }
-                    ClientCommand::List => list(&*store, args.json).await,
+                    ClientCommand::List => list(&*store, config, args.json).await,
                     ClientCommand::Remove { name } => {
                         remove(&*store, config, name, args.json).await
                     }

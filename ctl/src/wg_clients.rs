@@ -413,6 +413,7 @@ mod tests {
             wg_public_key: Some(format!("{name}-key=")),
             wg_address: None,
             egress: blipless_store::EgressPolicy::Any,
+            limits: blipless_store::ClientLimits::default(),
         }
     }
 

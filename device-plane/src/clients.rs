@@ -5,6 +5,10 @@
 //! load lists the clients after noting the change feed's head; the
 //! background loop then follows the feed from that head. A removed client's
 //! `revoked` token is cancelled, which closes its open connections.
+//!
+//! Each client has a [`limiter::Limiter`] (docs/LIMITS.md) enforcing its
+//! limits, or the node's `[limits]` defaults where it sets none. A change of
+//! limits alone keeps the client's connections and applies to them at once.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +17,11 @@ use std::sync::{Arc, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use blipless_store::credentials;
-use blipless_store::{Change, ClientRecord, Store, StoreError, Usage};
+use blipless_store::{Change, ClientLimits, ClientRecord, Store, StoreError, Usage};
+
+pub mod limiter;
+
+use self::limiter::Limiter;
 
 /// Bytes and connections a client has used since the last flush.
 #[derive(Debug, Default)]
@@ -53,6 +61,29 @@ pub struct Client {
     pub meter: Arc<Meter>,
     /// Cancelled when the client is removed or replaced.
     pub revoked: CancellationToken,
+    /// Its limits as enforced here, shared by all its connections.
+    pub limiter: Arc<Limiter>,
+}
+
+impl Client {
+    fn new(record: ClientRecord, defaults: &ClientLimits) -> Self {
+        let limiter = Arc::new(Limiter::new(&record.limits.or(defaults)));
+        Client {
+            record,
+            meter: Arc::default(),
+            revoked: CancellationToken::new(),
+            limiter,
+        }
+    }
+}
+
+/// Whether two records differ only in their limits (a change that keeps the
+/// client's connections).
+fn only_limits_differ(old: &ClientRecord, new: &ClientRecord) -> bool {
+    ClientRecord {
+        limits: new.limits,
+        ..old.clone()
+    } == *new
 }
 
 /// Every client this plane knows, by name.
@@ -69,6 +100,8 @@ pub struct Directory {
     removed: std::sync::Mutex<Vec<String>>,
     /// Bumped on every applied change, for those who follow the client list.
     version: tokio::sync::watch::Sender<u64>,
+    /// `[limits]`: what a client's record leaves unset.
+    defaults: ClientLimits,
 }
 
 const FEED_PAGE: usize = 1000;
@@ -83,16 +116,20 @@ impl Directory {
     /// then whatever changed after that head (so nothing between the two
     /// reads is missed; changes already in the list re-apply harmlessly).
     pub async fn load(store: Arc<dyn Store>) -> Result<Arc<Self>, StoreError> {
+        Self::load_with_defaults(store, ClientLimits::default()).await
+    }
+
+    /// [`Directory::load`], with the node's default limits.
+    pub async fn load_with_defaults(
+        store: Arc<dyn Store>,
+        defaults: ClientLimits,
+    ) -> Result<Arc<Self>, StoreError> {
         let head = store.feed_head().await?;
         let records = store.list_clients().await?;
         let clients = records
             .into_iter()
             .map(|record| {
-                let client = Client {
-                    record,
-                    meter: Arc::default(),
-                    revoked: CancellationToken::new(),
-                };
+                let client = Client::new(record, &defaults);
                 (client.record.name.clone(), Arc::new(client))
             })
             .collect();
@@ -105,6 +142,7 @@ impl Directory {
             last_change: std::sync::Mutex::new(None),
             removed: std::sync::Mutex::new(Vec::new()),
             version: tokio::sync::watch::channel(0).0,
+            defaults,
         });
         directory.catch_up().await?;
         Ok(directory)
@@ -143,6 +181,14 @@ impl Directory {
     /// One client by name.
     pub fn get(&self, name: &str) -> Option<Arc<Client>> {
         self.read().get(name).cloned()
+    }
+
+    /// How many clients are over their quota now.
+    pub fn over_quota(&self) -> u64 {
+        self.read()
+            .values()
+            .filter(|client| client.limiter.is_over_quota())
+            .count() as u64
     }
 
     /// Every client now.
@@ -302,18 +348,30 @@ impl Directory {
                 if unchanged {
                     return;
                 }
+                if let Some(old) = clients.get(name) {
+                    if only_limits_differ(&old.record, &record) {
+                        // Same credentials: its connections stay, under the new limits.
+                        old.limiter.set(&record.limits.or(&self.defaults));
+                        let client = Client {
+                            record,
+                            meter: old.meter.clone(),
+                            revoked: old.revoked.clone(),
+                            limiter: old.limiter.clone(),
+                        };
+                        clients.insert(name.to_string(), Arc::new(client));
+                        tracing::info!(client = name, "client's limits changed");
+                        return;
+                    }
+                }
                 let meter = clients
                     .get(name)
                     .map(|c| c.meter.clone())
                     .unwrap_or_default();
-                let replaced = clients.insert(
-                    name.to_string(),
-                    Arc::new(Client {
-                        record,
-                        meter,
-                        revoked: CancellationToken::new(),
-                    }),
-                );
+                let client = Client {
+                    meter,
+                    ..Client::new(record, &self.defaults)
+                };
+                let replaced = clients.insert(name.to_string(), Arc::new(client));
                 if let Some(old) = replaced {
                     // New credentials: connections made with the old ones close.
                     old.revoked.cancel();
@@ -357,9 +415,9 @@ impl Directory {
         use futures_util::StreamExt as _;
         futures_util::stream::iter(self.all())
             .map(|client| async move {
-                self.flush_client(&client)
-                    .await
-                    .then(|| client.record.name.clone())
+                let flushed = self.flush_client(&client).await;
+                self.count_quota(&client, flushed.unwrap_or(0)).await;
+                flushed.map(|_| client.record.name.clone())
             })
             .buffer_unordered(FLUSH_CONCURRENCY)
             .filter_map(std::future::ready)
@@ -367,9 +425,39 @@ impl Directory {
             .await
     }
 
-    /// Flushes one client's held batch, if any, then its new usage; whether it
-    /// had any.
-    async fn flush_client(&self, client: &Client) -> bool {
+    /// Adds `bytes` (just flushed) to the client's quota count in the store,
+    /// when it has a quota, and judges it by the count the store returns:
+    /// that count is fleet-wide. Also looks with nothing to add while the
+    /// count is unknown or the client is over (a new period or a reset
+    /// frees it). A failed add is logged and those bytes are not counted
+    /// (docs/LIMITS.md, "Overshoot").
+    async fn count_quota(&self, client: &Client, bytes: u64) {
+        let Some(quota) = client.limiter.quota() else {
+            return;
+        };
+        if bytes == 0 && !client.limiter.quota_needs_look() {
+            return;
+        }
+        let window = quota.period.window_at(unix_now());
+        let name = &client.record.name;
+        match self.store.add_quota_usage(name, &window.key, bytes).await {
+            Ok(used) => {
+                let was_over = client.limiter.is_over_quota();
+                client.limiter.quota_counted(used);
+                if client.limiter.is_over_quota() != was_over {
+                    tracing::info!(client = %name, used, quota = %quota, over = !was_over, "client's quota state changed");
+                }
+            }
+            Err(StoreError::NotFound(_)) => {}
+            Err(error) => {
+                tracing::warn!(client = %name, %error, "quota count failed; these bytes are not counted")
+            }
+        }
+    }
+
+    /// Flushes one client's held batch, if any, then its new usage: the bytes
+    /// (both ways) it added, or None when it had no usage.
+    async fn flush_client(&self, client: &Client) -> Option<u64> {
         let name = &client.record.name;
         let held = || {
             client
@@ -378,7 +466,7 @@ impl Directory {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
-        let mut had_usage = false;
+        let mut flushed = None;
         loop {
             let retry = held().take();
             let is_retry = retry.is_some();
@@ -387,24 +475,35 @@ impl Directory {
                 None => {
                     let delta = client.meter.take();
                     if delta == Usage::default() {
-                        return had_usage;
+                        return flushed;
                     }
                     (self.next_batch.fetch_add(1, Ordering::Relaxed), delta)
                 }
             };
-            had_usage = true;
+            let bytes = delta.bytes_up.saturating_add(delta.bytes_down);
+            let added = flushed.unwrap_or(0u64);
             match self.store.add_usage(name, delta, batch).await {
                 // Removed meanwhile: its usage went with it.
-                Ok(()) | Err(StoreError::NotFound(_)) if is_retry => continue,
-                Ok(()) | Err(StoreError::NotFound(_)) => return true,
+                Ok(()) | Err(StoreError::NotFound(_)) if is_retry => {
+                    flushed = Some(added.saturating_add(bytes));
+                    continue;
+                }
+                Ok(()) | Err(StoreError::NotFound(_)) => return Some(added.saturating_add(bytes)),
                 Err(error) => {
                     tracing::warn!(client = %name, %error, "usage flush failed; will retry");
                     *held() = Some((batch, delta));
-                    return true;
+                    return Some(added);
                 }
             }
         }
     }
+}
+
+/// Unix seconds now.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ mod contract;
 pub use self::policy::{EgressPolicy, PolicyError};
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
+pub use blipless_config::client_limits::ClientLimits;
 
 /// How often [`Store::wait_for_change`] looks at a store that cannot block
 /// on its feed (the embedded one).
@@ -61,6 +62,11 @@ pub struct ClientRecord {
     /// when absent, as for clients stored before policies existed).
     #[serde(default)]
     pub egress: EgressPolicy,
+    /// The client's own limits (docs/LIMITS.md); a field it leaves unset
+    /// takes the node's `[limits]` default. Empty for clients stored before
+    /// limits existed.
+    #[serde(default, skip_serializing_if = "ClientLimits::is_empty")]
+    pub limits: ClientLimits,
 }
 
 /// What happened to a client in the change feed.
@@ -323,6 +329,29 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `node`'s last WireGuard endpoint snapshot; None if it has none (never saved, or
     /// expired).
     async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError>;
+
+    /// Replaces a client's limits (docs/LIMITS.md) and appends an Upsert
+    /// change, so every node's device plane applies them.
+    /// `StoreError::NotFound` if there is no such client.
+    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError>;
+    /// Adds `bytes` to the client's quota count for `window` (a quota
+    /// period's key, [`blipless_config::client_limits::Window::key`]) and
+    /// returns the count. A count kept for another window is replaced: the
+    /// period rolled over. Every node adds to the one count, so a quota is
+    /// fleet-wide. `StoreError::NotFound` if there is no such client.
+    ///
+    /// Not deduplicated like [`Store::add_usage`]: a caller repeating an add
+    /// whose reply it lost may count those bytes twice (docs/LIMITS.md,
+    /// "Overshoot").
+    async fn add_quota_usage(
+        &self,
+        name: &str,
+        window: &str,
+        bytes: u64,
+    ) -> Result<u64, StoreError>;
+    /// Forgets the client's quota count (`blipless-ctl client set --quota-reset`):
+    /// it starts again from zero.
+    async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError>;
 }
 
 /// Longest identity TTL kept: 100 years (a longer one is cut to this), so an expiry in

@@ -10,7 +10,10 @@
 //!   drain).
 //! - Over the tunnel cap, a CONNECT gets SOCKS5 reply 2 (not allowed by the
 //!   ruleset) or HTTP `429 Too Many Requests`. Tunnels adopted from a
-//!   predecessor always count and are never refused.
+//!   predecessor always count and are never refused. A client's own
+//!   `max_connections` (docs/LIMITS.md) wins over the node's cap.
+//! - A client over its quota gets SOCKS5 reply 2 or HTTP `403 Forbidden`
+//!   with the reason, for every new tunnel or request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +22,16 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::clients::Meter;
+use crate::clients::{Client, Meter};
+
+/// Why a new tunnel of a client is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// It has this many tunnels open already, its cap.
+    TunnelCap(u64),
+    /// It is over its quota.
+    OverQuota,
+}
 
 /// Longest a refused customer is given to send its greeting or request head.
 pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
@@ -33,6 +45,7 @@ pub struct Caps {
     pub tunnels_per_client: u64,
     refused_connections: AtomicU64,
     refused_tunnels: AtomicU64,
+    refused_over_quota: AtomicU64,
 }
 
 impl Caps {
@@ -55,15 +68,45 @@ impl Caps {
         false
     }
 
-    /// Whether a client with this meter may open one more tunnel; counts a refusal.
-    pub fn admits_tunnel(&self, meter: &Meter) -> bool {
-        if self.tunnels_per_client == 0
-            || meter.live_tunnels.load(Ordering::Relaxed) < self.tunnels_per_client
-        {
+    /// Whether a client with this meter may open one more tunnel under
+    /// `own_cap` (its own `max_connections`) or else the node's cap; counts
+    /// a refusal.
+    pub fn admits_tunnel(&self, meter: &Meter, own_cap: Option<u64>) -> bool {
+        let cap = own_cap.unwrap_or(self.tunnels_per_client);
+        if cap == 0 || meter.live_tunnels.load(Ordering::Relaxed) < cap {
             return true;
         }
         self.refused_tunnels.fetch_add(1, Ordering::Relaxed);
         false
+    }
+
+    /// Whether `client` may open one more tunnel (or send one more
+    /// request): under its connection cap and not over its quota. Counts a
+    /// refusal.
+    pub fn check_tunnel(&self, client: &Client) -> Result<(), Refusal> {
+        self.check_quota(client)?;
+        let own_cap = client.limiter.max_connections();
+        if self.admits_tunnel(&client.meter, own_cap) {
+            return Ok(());
+        }
+        Err(Refusal::TunnelCap(
+            own_cap.unwrap_or(self.tunnels_per_client),
+        ))
+    }
+
+    /// Whether `client` is under its quota (a forwarded HTTP request needs
+    /// only that); counts a refusal.
+    pub fn check_quota(&self, client: &Client) -> Result<(), Refusal> {
+        if client.limiter.is_over_quota() {
+            self.refused_over_quota.fetch_add(1, Ordering::Relaxed);
+            return Err(Refusal::OverQuota);
+        }
+        Ok(())
+    }
+
+    /// Tunnels and requests refused because their client was over its quota.
+    pub fn refused_over_quota(&self) -> u64 {
+        self.refused_over_quota.load(Ordering::Relaxed)
     }
 
     /// Connections refused at the connection cap so far.
@@ -145,7 +188,7 @@ mod tests {
         assert!(caps.admits_connection(u64::MAX - 1));
         let meter = Meter::default();
         meter.live_tunnels.store(1_000_000, Ordering::Relaxed);
-        assert!(caps.admits_tunnel(&meter));
+        assert!(caps.admits_tunnel(&meter, None));
         assert_eq!((caps.refused_connections(), caps.refused_tunnels()), (0, 0));
     }
 
@@ -155,11 +198,18 @@ mod tests {
         assert!(caps.admits_connection(1));
         assert!(!caps.admits_connection(2));
         let meter = Arc::new(Meter::default());
-        assert!(caps.admits_tunnel(&meter));
+        assert!(caps.admits_tunnel(&meter, None));
         let held = TunnelCount::new(meter.clone());
-        assert!(!caps.admits_tunnel(&meter));
+        assert!(!caps.admits_tunnel(&meter, None));
         drop(held);
-        assert!(caps.admits_tunnel(&meter));
+        assert!(caps.admits_tunnel(&meter, None));
         assert_eq!((caps.refused_connections(), caps.refused_tunnels()), (1, 1));
+        // A client's own cap wins over the node's, either way.
+        let held = TunnelCount::new(meter.clone());
+        assert!(caps.admits_tunnel(&meter, Some(2)));
+        let _second = TunnelCount::new(meter.clone());
+        assert!(!caps.admits_tunnel(&meter, Some(2)));
+        drop(held);
+        assert!(!Caps::new(0, 0).admits_tunnel(&meter, Some(1)));
     }
 }

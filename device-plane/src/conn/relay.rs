@@ -9,6 +9,11 @@
 //! read but not yet written, and whether the reading side reached EOF. That
 //! account is what [`RelayEnd::Handover`] returns and what a successor
 //! resumes from, byte-exact.
+//!
+//! A client with a rate limit (docs/LIMITS.md) has each read bounded by its
+//! bucket's allowance and waits while the bucket is in debt: the sender is
+//! slowed by TCP's own flow control, nothing is dropped. Waiting for the
+//! bucket is cancel-safe too.
 
 use std::future::Future;
 use std::time::Duration;
@@ -21,6 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::tunnel::Tunnel;
+use crate::clients::limiter::{Bucket, Limiter};
 use crate::clients::Meter;
 
 /// Most bytes one read takes, so at most this many are in flight per direction.
@@ -80,10 +86,13 @@ impl Pump {
     }
 
     /// One read, one write or the half-close; returns the bytes written.
+    /// Reads are bounded by `bucket` and counted against `limiter`'s quota.
     async fn step(
         &mut self,
         read: &ReadHalf<'_>,
         write: &mut WriteHalf<'_>,
+        bucket: &Bucket,
+        limiter: &Limiter,
     ) -> std::io::Result<usize> {
         if self.start < self.pending.len() {
             let written = write.write(&self.pending[self.start..]).await?;
@@ -105,11 +114,19 @@ impl Pump {
             return Ok(0);
         }
         let socket: &TcpStream = read.as_ref();
+        let allowance = if bucket.is_limited() {
+            bucket.allowance().await.unwrap_or(BUFFER).min(BUFFER)
+        } else {
+            BUFFER
+        };
         socket.readable().await?;
-        self.pending.reserve(BUFFER);
-        match socket.try_read_buf(&mut self.pending) {
+        self.pending.reserve(allowance);
+        match socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, allowance)) {
             Ok(0) => self.eof = true,
-            Ok(_) => {}
+            Ok(n) => {
+                bucket.charge(n);
+                limiter.charge_quota(n);
+            }
             // A spurious wake-up: wait for readiness again.
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(error) => return Err(error),
@@ -135,6 +152,7 @@ impl Pump {
 pub async fn relay<H>(
     tunnel: Tunnel,
     meter: &Meter,
+    limiter: &Limiter,
     idle_timeout: Duration,
     cut: &CancellationToken,
     handover: impl Future<Output = H>,
@@ -164,14 +182,14 @@ pub async fn relay<H>(
                 biased;
                 () = cut.cancelled() => break Stop::Cut,
                 slot = &mut handover => break Stop::Handover(slot),
-                moved = up.step(&client_read, &mut egress_write), if !up.done() => match moved {
+                moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter), if !up.done() => match moved {
                     Ok(n) => {
                         meter.up.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
                     }
                     Err(_) => break Stop::Failed,
                 },
-                moved = down.step(&egress_read, &mut client_write), if !down.done() => match moved {
+                moved = down.step(&egress_read, &mut client_write, &limiter.down, limiter), if !down.done() => match moved {
                     Ok(n) => {
                         meter.down.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
@@ -247,10 +265,12 @@ mod tests {
     async fn bytes_cross_both_ways_and_half_close_passes_on() {
         let (tunnel, mut customer, mut destination) = tunnel(b"pre").await;
         let meter = Meter::default();
+        let limiter = Limiter::default();
         let cut = CancellationToken::new();
         let relay = relay(
             tunnel,
             &meter,
+            &limiter,
             Duration::from_secs(5),
             &cut,
             std::future::pending::<()>(),
@@ -280,6 +300,7 @@ mod tests {
         let end = relay(
             tunnel,
             &Meter::default(),
+            &Limiter::default(),
             Duration::from_millis(200),
             &cut,
             std::future::pending::<()>(),
@@ -296,6 +317,7 @@ mod tests {
         let end = relay(
             tunnel,
             &Meter::default(),
+            &Limiter::default(),
             Duration::from_secs(30),
             &cut,
             std::future::pending::<()>(),
@@ -338,7 +360,16 @@ mod tests {
         let mut handovers = 0;
         loop {
             let handover = tokio::time::sleep(Duration::from_millis(3));
-            match relay(tunnel, &meter, Duration::from_secs(10), &cut, handover).await {
+            match relay(
+                tunnel,
+                &meter,
+                &Limiter::default(),
+                Duration::from_secs(10),
+                &cut,
+                handover,
+            )
+            .await
+            {
                 RelayEnd::Handover(state, ()) => {
                     handovers += 1;
                     tunnel = state;

@@ -184,8 +184,8 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
         Ok(Ok(accepted)) => accepted,
     };
     let name = client.record.name.clone();
-    if !context.caps.admits_tunnel(&client.meter) {
-        tracing::debug!(id, client = %name, cap = context.caps.tunnels_per_client, "socks5 connect refused: the client's tunnel cap");
+    if let Err(refusal) = context.caps.check_tunnel(&client) {
+        tracing::debug!(id, client = %name, ?refusal, "socks5 connect refused: the client's limits");
         let _ = stream
             .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
             .await;

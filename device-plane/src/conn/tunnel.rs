@@ -83,9 +83,14 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
+        let over_quota = client.limiter.over_quota_token();
         let end = tokio::select! {
-            end = relay(tunnel, &client.meter, context.idle_timeout, &cut, handover) => end,
+            end = relay(tunnel, &client.meter, &client.limiter, context.idle_timeout, &cut, handover) => end,
             () = client.revoked.cancelled() => RelayEnd::Cut,
+            () = over_quota.cancelled() => {
+                tracing::info!(id, client = %name, "tunnel closed: its client is over its quota");
+                RelayEnd::Cut
+            }
             () = route_down => {
                 tracing::info!(id, client = %name, "tunnel closed: its upstream went down");
                 RelayEnd::Cut

@@ -104,6 +104,20 @@ impl Store for Instrumented {
     ) -> Result<Option<store::EndpointSnapshot>, StoreError> {
         self.inner.get_endpoints(node).await
     }
+    async fn set_limits(&self, name: &str, limits: store::ClientLimits) -> Result<(), StoreError> {
+        self.inner.set_limits(name, limits).await
+    }
+    async fn add_quota_usage(
+        &self,
+        name: &str,
+        window: &str,
+        bytes: u64,
+    ) -> Result<u64, StoreError> {
+        self.inner.add_quota_usage(name, window, bytes).await
+    }
+    async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError> {
+        self.inner.reset_quota_usage(name).await
+    }
 }
 
 fn node() -> NodeId {

@@ -51,7 +51,7 @@ pub(super) async fn warm_up(
             store::display_url(&config.store.url)
         )
     })?;
-    let directory = Directory::load(store.clone())
+    let directory = Directory::load_with_defaults(store.clone(), config.limits.client_defaults)
         .await
         .context("loading clients from the store")?;
     tracing::info!(clients = directory.len(), store = %store::display_url(&config.store.url), "store opened");

@@ -31,7 +31,7 @@ struct StateLabel {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabel {
-    /// `fd_limit`, `connection_cap` or `tunnel_cap`; for HTTP refusals
+    /// `fd_limit`, `connection_cap`, `tunnel_cap` or `over_quota`; for HTTP refusals
     /// `head_too_large`, `response_timeout`, `body_stall` or `userinfo`.
     reason: &'static str,
 }
@@ -59,6 +59,7 @@ pub struct Metrics {
     connections_open: Gauge,
     devices_live: Gauge,
     prewarmed: Gauge,
+    clients_over_quota: Gauge,
     route_up: Family<RouteLabel, Gauge>,
     route_latency: Family<RouteLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     route_clients: Family<RouteLabel, Gauge>,
@@ -136,6 +137,12 @@ impl Metrics {
             "prewarmed_devices",
             "Devices the active device plane opened by pre-warm before it said Ready",
             prewarmed.clone(),
+        );
+        let clients_over_quota = Gauge::default();
+        registry.register(
+            "clients_over_quota",
+            "Clients over their quota now (the active device plane's view; docs/LIMITS.md)",
+            clients_over_quota.clone(),
         );
         let route_up = Family::<RouteLabel, Gauge>::default();
         registry.register(
@@ -219,7 +226,7 @@ impl Metrics {
             "Customer connections or tunnels the device planes refused at once, by reason: near the open-file limit, at limits.connections, at limits.tunnels_per_client",
             refused.clone(),
         );
-        for reason in ["fd_limit", "connection_cap", "tunnel_cap"] {
+        for reason in ["fd_limit", "connection_cap", "tunnel_cap", "over_quota"] {
             refused.get_or_create(&RefusalLabel { reason }).inc_by(0);
         }
         let http_refused = Family::<RefusalLabel, Counter>::default();
@@ -285,6 +292,7 @@ impl Metrics {
             connections_open,
             devices_live,
             prewarmed,
+            clients_over_quota,
             route_up,
             route_latency,
             route_clients,
@@ -427,6 +435,11 @@ impl Metrics {
                 previous.refused_tunnel_cap,
                 report.refused_tunnel_cap,
             ),
+            (
+                "over_quota",
+                previous.refused_over_quota,
+                report.refused_over_quota,
+            ),
         ] {
             self.refused
                 .get_or_create(&RefusalLabel { reason })
@@ -484,6 +497,7 @@ impl Metrics {
         let mut draining = 0u64;
         let mut devices = 0u64;
         let mut prewarmed = 0u64;
+        let mut over_quota = 0u64;
         let (mut active_fds, mut active_limit, mut resident) = (0u64, 0u64, 0u64);
         for state in [
             PlaneState::Standby,
@@ -513,12 +527,14 @@ impl Metrics {
             if state == PlaneState::Active {
                 (active_fds, active_limit) = (report.open_fds, report.max_fds);
                 prewarmed = report.prewarmed;
+                over_quota = report.clients_over_quota;
                 self.set_routes(&report.routes);
             }
         }
         self.connections_open.set(clamp(open));
         self.devices_live.set(clamp(devices));
         self.prewarmed.set(clamp(prewarmed));
+        self.clients_over_quota.set(clamp(over_quota));
         self.drain_remaining.set(clamp(draining));
         self.device_process.set(active_fds, active_limit, resident);
         self.process.sample();

@@ -130,9 +130,17 @@ pub struct DeviceReport {
     /// Connections refused at `limits.connections`, on this attachment.
     #[serde(default)]
     pub refused_connection_cap: u64,
-    /// Tunnels refused at `limits.tunnels_per_client`, on this attachment.
+    /// Tunnels refused at `limits.tunnels_per_client` or a client's own
+    /// `max_connections`, on this attachment.
     #[serde(default)]
     pub refused_tunnel_cap: u64,
+    /// Tunnels and requests refused because their client was over its
+    /// quota, on this attachment.
+    #[serde(default)]
+    pub refused_over_quota: u64,
+    /// Clients over their quota now.
+    #[serde(default)]
+    pub clients_over_quota: u64,
     /// HTTP request heads over `limits.header_bytes` (431), on this attachment.
     #[serde(default)]
     pub http_head_too_large: u64,

@@ -182,6 +182,8 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             refused_fd_limit: 15,
             refused_connection_cap: 17,
             refused_tunnel_cap: 18,
+            refused_over_quota: 4,
+            clients_over_quota: 2,
             http_head_too_large: 19,
             http_response_timeouts: 20,
             http_body_stalls: 21,

@@ -5,6 +5,7 @@
 //! [`wg_addresses`] for the uniqueness of WireGuard addresses,
 //! [`usage`] for counters, [`presence`] for activity sets and egress identities,
 //! [`endpoints`] for WireGuard endpoint snapshots,
+//! [`limits`] for client limits and quota counts,
 //! [`handles`] for several processes on one backend.
 //! `contract_tests!` turns a fixture (a store URL plus whatever keeps the backend alive)
 //! into one `#[tokio::test]` per check; the embedded store runs it below on a temp
@@ -16,6 +17,7 @@
 mod clients;
 mod endpoints;
 mod handles;
+mod limits;
 mod presence;
 pub(crate) mod redis_server;
 mod usage;
@@ -26,6 +28,7 @@ use std::sync::Arc;
 pub(crate) use self::clients::*;
 pub(crate) use self::endpoints::*;
 pub(crate) use self::handles::*;
+pub(crate) use self::limits::*;
 pub(crate) use self::presence::*;
 pub(crate) use self::usage::*;
 pub(crate) use self::wg_addresses::*;
@@ -96,9 +99,11 @@ macro_rules! contract_tests {
             remove_unknown, change_feed, usage_lifecycle, usage_saturates, concurrent_usage,
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
             identity_taken_once, identity_expires, identity_per_node, wg_address_unique, endpoints_round_trip,
-            endpoints_replaced, endpoints_per_node);
+            endpoints_replaced, endpoints_per_node, limits_round_trip_and_reach_the_feed,
+            quota_counts_add_roll_over_and_reset);
         contract_tests!(@two [$($how)*] $fixture; handles_see_each_other, concurrent_handles,
-            identity_race, wg_address_race, feed_wait_wakes_on_a_write);
+            identity_race, wg_address_race, feed_wait_wakes_on_a_write,
+            quota_counts_are_shared_by_handles);
     };
     (@one [each] $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,6 +143,7 @@ pub(crate) fn client(name: &str) -> ClientRecord {
         wg_public_key: Some(format!("{name}-wg-key=")),
         wg_address: Some(address_of(name)),
         egress: crate::EgressPolicy::Tags(vec!["eu".into(), "residential".into()]),
+        limits: blipless_config::client_limits::ClientLimits::default(),
     }
 }
 

@@ -9,6 +9,7 @@
 //! | --- | --- | --- |
 //! | `{pc_<name>}` | string | the client record, as JSON |
 //! | `{pc_<name>}:usage` | hash | `up`, `down`, `conns`: the client's counters |
+//! | `{pc_<name>}:quota` | hash | `window`, `bytes`: the client's quota count in its current window |
 //! | `{pc_<name>}:batch:<writer>` | string | the last usage batch one store handle added for the client, for [`USAGE_BATCH_MEMORY`] |
 //! | `{blipless}:clients` | set | the names of all clients (the index) |
 //! | `{blipless}:feed` | stream | the change feed: entry `<seq>-0` with `name` and `kind` |
@@ -108,6 +109,7 @@
 //! The pool checks each connection (`PING`) before reuse and replaces broken ones,
 //! so the store works again by itself once Redis is back.
 
+mod limits;
 mod ops;
 mod pools;
 mod scripts;
@@ -161,6 +163,10 @@ fn client_key(name: &str) -> String {
 
 fn usage_key(name: &str) -> String {
     format!("{{pc_{name}}}:usage")
+}
+
+fn quota_key(name: &str) -> String {
+    format!("{{pc_{name}}}:quota")
 }
 
 /// The last usage batch that one store handle (`writer`) added for a client.

@@ -15,8 +15,8 @@ use super::{
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
-    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientRecord, EgressIdentity,
-    EndpointSnapshot, NodeId, Store, StoreError, Usage, ACTIVITY_EXPIRY_SECS,
+    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientLimits, ClientRecord,
+    EgressIdentity, EndpointSnapshot, NodeId, Store, StoreError, Usage, ACTIVITY_EXPIRY_SECS,
     ACTIVITY_RETENTION_SECS, ENDPOINTS_EXPIRY_SECS,
 };
 
@@ -157,7 +157,7 @@ impl RedisStore {
         }))
     }
 
-    fn decode_client(&self, key: &str, json: &str) -> Result<ClientRecord, StoreError> {
+    pub(super) fn decode_client(&self, key: &str, json: &str) -> Result<ClientRecord, StoreError> {
         serde_json::from_str(json).map_err(|err| self.corrupt(key, err))
     }
 
@@ -273,15 +273,18 @@ impl Store for RedisStore {
         if !is_valid_name(name) {
             return Ok(false);
         }
-        // Records do not change: the address read now is the one deleted below.
+        // A record's address never changes (only its limits do): the address
+        // read now is the one deleted below.
         let address = self.stored_address(name).await?;
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("DEL")
             .arg(client_key(name))
             .cmd("DEL")
-            .arg(usage_key(name));
-        let (records, _usage): (i64, i64) = self
+            .arg(usage_key(name))
+            .cmd("DEL")
+            .arg(super::quota_key(name));
+        let (records, _usage, _quota): (i64, i64, i64) = self
             .run("removing a client", Retry::Idempotent, &Req::Pipe(pipe))
             .await?;
         // The record is gone: its address may go to another client now.
@@ -531,5 +534,33 @@ impl Store for RedisStore {
             )
             .await?;
         json.map(|json| decode_endpoints(node, &json)).transpose()
+    }
+
+    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError> {
+        if !is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        self.replace_limits(name, limits).await?;
+        self.append_change(name, ChangeKind::Upsert, false).await?;
+        Ok(())
+    }
+
+    async fn add_quota_usage(
+        &self,
+        name: &str,
+        window: &str,
+        bytes: u64,
+    ) -> Result<u64, StoreError> {
+        if !is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        self.add_quota_count(name, window, bytes).await
+    }
+
+    async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError> {
+        if !is_valid_name(name) {
+            return Ok(());
+        }
+        self.reset_quota_count(name).await
     }
 }

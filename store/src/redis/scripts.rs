@@ -114,3 +114,49 @@ return 0
 ",
     )
 });
+
+/// Replaces a client's record if it is still the one read (compare and set).
+/// KEYS: record. ARGV: the record's JSON as read, the new JSON.
+/// Returns 1 if replaced, 0 if the record changed meanwhile, -1 if it is gone.
+pub(super) static REPLACE_CLIENT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local stored = redis.call('GET', KEYS[1])
+if not stored then
+  return -1
+end
+if stored ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+",
+    )
+});
+
+/// Adds bytes to a client's quota count in one window, starting the count at
+/// zero when the one kept is another window's, saturating at `i64::MAX`.
+/// KEYS: record, quota count. ARGV: the window's key, the bytes (decimal,
+/// 0..=i64::MAX). Returns the count, or -1 if there is no such client.
+pub(super) static ADD_QUOTA_USAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+if redis.call('HGET', KEYS[2], 'window') ~= ARGV[1] then
+  redis.call('HSET', KEYS[2], 'window', ARGV[1], 'bytes', 0)
+end
+local reply = redis.pcall('HINCRBY', KEYS[2], 'bytes', ARGV[2])
+if type(reply) == 'table' and reply.err then
+  if string.find(reply.err, 'overflow', 1, true) then
+    redis.call('HSET', KEYS[2], 'bytes', '9223372036854775807')
+    -- As text: a Lua number cannot hold it exactly.
+    return '9223372036854775807'
+  end
+  return reply
+end
+return reply
+",
+    )
+});

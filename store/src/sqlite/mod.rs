@@ -14,6 +14,7 @@
 //! - WireGuard endpoint snapshots (schema version 4), one per node, are rows of the
 //!   `endpoints` table (module `endpoints`) that expire a day after their last write,
 //!   as the Redis key does.
+//! - Client limits and quota counts (schema version 6) are in `limits`.
 //! - A client's WireGuard address is unique (schema version 3: a `UNIQUE` index on
 //!   `clients.wg_address`), so of two adds racing for one address the second is refused
 //!   ([`StoreError::AddressTaken`]); deleting the client's row frees the address.
@@ -24,6 +25,7 @@
 //!   an `Arc<Mutex<_>>`, and a poisoned mutex is an error, not a panic.
 
 mod endpoints;
+mod limits;
 mod presence;
 mod rows;
 mod schema;
@@ -40,8 +42,8 @@ use self::rows::{
 };
 pub use self::schema::{BUSY_TIMEOUT, DIR_MODE, FILE_MODE, SCHEMA_VERSION};
 use super::{
-    validate_name, Change, ChangeKind, ClientRecord, EgressIdentity, EndpointSnapshot, NodeId,
-    Store, StoreError, Usage,
+    validate_name, Change, ChangeKind, ClientLimits, ClientRecord, EgressIdentity,
+    EndpointSnapshot, NodeId, Store, StoreError, Usage,
 };
 
 /// The embedded store on a SQLite file. Open it with [`super::open`] or
@@ -115,7 +117,7 @@ impl Store for SqliteStore {
             let inserted = tx
                 .execute(
                     "INSERT OR IGNORE INTO clients (name, secret_hash, created_at, wg_public_key, \
-                     wg_address, egress) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                     wg_address, egress, limits) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![
                         record.name,
                         record.secret_hash,
@@ -124,6 +126,7 @@ impl Store for SqliteStore {
                         record.wg_address.map(|a| a.to_string()),
                         (record.egress != crate::EgressPolicy::Any)
                             .then(|| record.egress.to_string()),
+                        limits::encode(&record.limits)?,
                     ],
                 )
                 .map_err(db("inserting client"))?;
@@ -219,6 +222,7 @@ impl Store for SqliteStore {
             }
             tx.execute("DELETE FROM usage WHERE name = ?1", params![name])
                 .map_err(db("deleting usage"))?;
+            limits::reset_quota_usage(&tx, &name)?;
             append_change(&tx, &name, ChangeKind::Remove)?;
             tx.commit().map_err(db("committing remove_client"))?;
             Ok(true)
@@ -403,6 +407,35 @@ impl Store for SqliteStore {
     async fn get_endpoints(&self, node: &NodeId) -> Result<Option<EndpointSnapshot>, StoreError> {
         let node = node.clone();
         self.with_conn(move |conn| endpoints::get_endpoints(conn, &node, super::unix_now()))
+            .await
+    }
+
+    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError> {
+        if !super::is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let name = name.to_owned();
+        self.with_conn(move |conn| limits::set_limits(conn, &name, &limits))
+            .await
+    }
+
+    async fn add_quota_usage(
+        &self,
+        name: &str,
+        window: &str,
+        bytes: u64,
+    ) -> Result<u64, StoreError> {
+        if !super::is_valid_name(name) {
+            return Err(StoreError::NotFound(name.to_owned()));
+        }
+        let (name, window) = (name.to_owned(), window.to_owned());
+        self.with_conn(move |conn| limits::add_quota_usage(conn, &name, &window, bytes))
+            .await
+    }
+
+    async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError> {
+        let name = name.to_owned();
+        self.with_conn(move |conn| limits::reset_quota_usage(conn, &name))
             .await
     }
 }

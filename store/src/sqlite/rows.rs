@@ -10,7 +10,7 @@ use crate::{ChangeKind, ClientRecord, StoreError, Usage};
 
 /// The `clients` columns, in the order [`raw_client`] reads them.
 pub(super) const CLIENT_COLUMNS: &str =
-    "name, secret_hash, created_at, wg_public_key, wg_address, egress";
+    "name, secret_hash, created_at, wg_public_key, wg_address, egress, limits";
 
 /// A u64 counter or delta as SQLite's i64, saturating.
 pub(super) fn to_sql_int(n: u64) -> i64 {
@@ -50,6 +50,7 @@ pub(super) type RawClient = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 pub(super) fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient> {
@@ -60,11 +61,13 @@ pub(super) fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient>
         row.get(3)?,
         row.get(4)?,
         row.get(5)?,
+        row.get(6)?,
     ))
 }
 
 pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError> {
-    let (name, secret_hash, created_at, wg_public_key, wg_address, egress) = raw;
+    let (name, secret_hash, created_at, wg_public_key, wg_address, egress, limits) = raw;
+    let limits = super::limits::decode(&name, limits.as_deref())?;
     let wg_address = match wg_address {
         None => None,
         Some(text) => Some(text.parse::<IpAddr>().map_err(|_| {
@@ -86,6 +89,7 @@ pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError
         wg_public_key,
         wg_address,
         egress,
+        limits,
     })
 }
 

@@ -5,7 +5,8 @@
 //! egress identities; 3 makes a client's WireGuard address unique (a `UNIQUE` index on
 //! `clients.wg_address`; clients without one, `NULL`, do not collide); 4 adds the
 //! WireGuard endpoint snapshot per node (`endpoints`); 5 keys egress identities by
-//! node (`node_identities`) and adds each client's egress policy (`clients.egress`).
+//! node (`node_identities`) and adds each client's egress policy (`clients.egress`);
+//! 6 adds each client's limits (`clients.limits`) and quota counts (`quota_usage`).
 //! Each version's statements are `IF NOT EXISTS` where SQLite allows it, and a store is brought from whatever version it has
 //! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
 //! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
@@ -27,7 +28,7 @@ use super::db;
 use crate::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,8 +106,21 @@ CREATE INDEX IF NOT EXISTS node_identities_expires_at ON node_identities (expire
 ALTER TABLE clients ADD COLUMN egress TEXT;
 ";
 
+/// Version 6: each client's limits (JSON, NULL meaning none) and its quota
+/// count in the current window (`limits`).
+const SCHEMA_V6: &str = "
+ALTER TABLE clients ADD COLUMN limits TEXT;
+CREATE TABLE IF NOT EXISTS quota_usage (
+    name   TEXT PRIMARY KEY NOT NULL,
+    window TEXT NOT NULL,
+    bytes  INTEGER NOT NULL
+);
+";
+
 /// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
-const MIGRATIONS: [&str; 5] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
+const MIGRATIONS: [&str; 6] = [
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 /// The mode of the store's files: the database, its WAL and its shared-memory index.

@@ -49,6 +49,7 @@ pub fn client_record(name: &str) -> crate::ClientRecord {
         wg_public_key: None,
         wg_address: None,
         egress: crate::EgressPolicy::Any,
+        limits: crate::ClientLimits::default(),
     }
 }
 

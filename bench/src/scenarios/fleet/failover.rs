@@ -81,6 +81,7 @@ async fn resume_once(kind: Kind) -> Resume {
         wg_public_key: None,
         wg_address: None,
         egress: EgressPolicy::Any,
+        limits: blipless_store::ClientLimits::default(),
     };
     store
         .add_client(record)

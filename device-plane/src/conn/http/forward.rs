@@ -36,6 +36,13 @@ pub(super) async fn forward(
         return plain(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     let target = target::egress_target(&parsed.destination);
+    if context.caps.check_quota(&client).is_err() {
+        tracing::debug!(id, client = %name, "http request refused: the client is over its quota");
+        return plain(
+            StatusCode::FORBIDDEN,
+            "this client is over its quota for the current period\n",
+        );
+    }
     let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
@@ -61,6 +68,7 @@ pub(super) async fn forward(
     // closes it.
     let origin = CancellationToken::new();
     let origin_over = origin.clone();
+    let over_quota = client.limiter.over_quota_token();
     tokio::spawn(async move {
         let route_down = async move {
             match route_down {
@@ -77,6 +85,9 @@ pub(super) async fn forward(
             () = origin_over.cancelled() => {}
             () = route_down => {
                 tracing::info!(id, "http exchange cut: its upstream went down");
+            }
+            () = over_quota.cancelled() => {
+                tracing::info!(id, "http exchange cut: its client is over its quota");
             }
         }
     });

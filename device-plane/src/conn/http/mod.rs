@@ -365,7 +365,21 @@ fn basic_credentials(value: &HeaderValue) -> Option<(Vec<u8>, usize)> {
     Some((decoded, colon))
 }
 
-fn plain(code: StatusCode, text: &'static str) -> Response<Body> {
+/// The answer to a tunnel or request the client's limits refuse.
+fn refused(refusal: super::caps::Refusal) -> Response<Body> {
+    match refusal {
+        super::caps::Refusal::TunnelCap(_) => plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many tunnels open for this client\n",
+        ),
+        super::caps::Refusal::OverQuota => plain(
+            StatusCode::FORBIDDEN,
+            "this client is over its quota for the current period\n",
+        ),
+    }
+}
+
+pub(super) fn plain(code: StatusCode, text: &'static str) -> Response<Body> {
     let body = Full::new(Bytes::from_static(text.as_bytes()))
         .map_err(|never| match never {})
         .boxed();
@@ -413,12 +427,9 @@ async fn connect(
         Ok(destination) => target::egress_target(&destination),
         Err(error) => return target::refuse(&context, id, &name, &target_text, error),
     };
-    if !context.caps.admits_tunnel(&client.meter) {
-        tracing::debug!(id, client = %name, cap = context.caps.tunnels_per_client, "http connect refused: the client's tunnel cap");
-        return plain(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too many tunnels open for this client\n",
-        );
+    if let Err(refusal) = context.caps.check_tunnel(&client) {
+        tracing::debug!(id, client = %name, ?refusal, "http connect refused: the client's limits");
+        return refused(refusal);
     }
     let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,

@@ -1,0 +1,152 @@
+//! Contract checks for client limits and quota counts (docs/LIMITS.md).
+
+use std::sync::Arc;
+
+use blipless_config::client_limits::{ClientLimits, Quota};
+
+use super::{client, feed};
+use crate::{ChangeKind, Store, StoreError};
+
+fn some_limits() -> ClientLimits {
+    ClientLimits {
+        rate_up: Some("2Mbit".parse().expect("rate")),
+        rate_down: Some("10Mbit".parse().expect("rate")),
+        quota: Some("50GB/month".parse::<Quota>().expect("quota")),
+        max_connections: Some(5),
+    }
+}
+
+pub(crate) async fn limits_round_trip_and_reach_the_feed(store: Arc<dyn Store>) {
+    assert!(matches!(
+        store.set_limits("ghost", some_limits()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let record = client("u");
+    store.add_client(record.clone()).await.expect("add");
+    assert!(store
+        .get_client("u")
+        .await
+        .expect("get")
+        .expect("u")
+        .limits
+        .is_empty());
+    store.set_limits("u", some_limits()).await.expect("set");
+    let stored = store.get_client("u").await.expect("get").expect("u");
+    assert_eq!(stored.limits, some_limits());
+    // Everything else is as it was.
+    assert_eq!(
+        crate::ClientRecord {
+            limits: ClientLimits::default(),
+            ..stored
+        },
+        record
+    );
+    assert_eq!(
+        store.list_clients().await.expect("list")[0].limits,
+        some_limits()
+    );
+    assert_eq!(
+        feed(&store).await,
+        vec![
+            ("u".into(), ChangeKind::Upsert),
+            ("u".into(), ChangeKind::Upsert)
+        ]
+    );
+    // Cleared again.
+    store
+        .set_limits("u", ClientLimits::default())
+        .await
+        .expect("clear");
+    assert!(store
+        .get_client("u")
+        .await
+        .expect("get")
+        .expect("u")
+        .limits
+        .is_empty());
+    // A record added with limits keeps them.
+    let with = crate::ClientRecord {
+        limits: some_limits(),
+        ..client("w")
+    };
+    store
+        .add_client(with.clone())
+        .await
+        .expect("add with limits");
+    assert_eq!(store.get_client("w").await.expect("get"), Some(with));
+}
+
+pub(crate) async fn quota_counts_add_roll_over_and_reset(store: Arc<dyn Store>) {
+    assert!(matches!(
+        store.add_quota_usage("ghost", "day:1", 5).await,
+        Err(StoreError::NotFound(_))
+    ));
+    store.add_client(client("u")).await.expect("add");
+    assert_eq!(
+        store.add_quota_usage("u", "day:1", 0).await.expect("read"),
+        0
+    );
+    assert_eq!(
+        store
+            .add_quota_usage("u", "day:1", 1000)
+            .await
+            .expect("add"),
+        1000
+    );
+    assert_eq!(
+        store.add_quota_usage("u", "day:1", 24).await.expect("add"),
+        1024
+    );
+    // Another window: the count starts again.
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 7).await.expect("roll"),
+        7
+    );
+    assert_eq!(
+        store
+            .add_quota_usage("u", "day:2", u64::MAX)
+            .await
+            .expect("saturate"),
+        i64::MAX as u64
+    );
+    store.reset_quota_usage("u").await.expect("reset");
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 0).await.expect("read"),
+        0
+    );
+    store
+        .reset_quota_usage("ghost")
+        .await
+        .expect("reset of nothing");
+    // Removing the client removes its count: a new client of that name starts at zero.
+    store.add_quota_usage("u", "day:2", 99).await.expect("add");
+    assert!(store.remove_client("u").await.expect("remove"));
+    store.add_client(client("u")).await.expect("add again");
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 0).await.expect("read"),
+        0
+    );
+}
+
+pub(crate) async fn quota_counts_are_shared_by_handles(a: Arc<dyn Store>, b: Arc<dyn Store>) {
+    a.add_client(client("u")).await.expect("add");
+    let adds: Vec<_> = (0..50)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { store.add_quota_usage("u", "month:1", 100).await })
+        })
+        .collect();
+    for add in adds {
+        add.await.expect("task").expect("concurrent add");
+    }
+    assert_eq!(
+        a.add_quota_usage("u", "month:1", 0).await.expect("read"),
+        5000
+    );
+    // Limits set through one handle are read through the other.
+    a.set_limits("u", some_limits()).await.expect("set");
+    assert_eq!(
+        b.get_client("u").await.expect("get").expect("u").limits,
+        some_limits()
+    );
+}

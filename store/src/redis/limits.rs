@@ -1,0 +1,85 @@
+//! The Redis store's client limits and quota counts: a client's limits are
+//! part of its record (`{pc_<name>}`, replaced by compare and set so a
+//! concurrent change is never overwritten), its quota count is the hash
+//! `{pc_<name>}:quota` (`window`, `bytes`), in the client's slot.
+
+use deadpool_redis::redis;
+
+use super::{client_key, quota_key, scripts, RedisStore, Req, Retry};
+use crate::{ClientLimits, StoreError};
+
+/// Attempts of a compare-and-set before giving up on a record that keeps
+/// changing under it.
+const REPLACE_ATTEMPTS: usize = 8;
+
+impl RedisStore {
+    /// [`crate::Store::set_limits`]: the record with new limits, replaced if
+    /// unchanged since read; the caller appends the feed entry.
+    pub(super) async fn replace_limits(
+        &self,
+        name: &str,
+        limits: ClientLimits,
+    ) -> Result<(), StoreError> {
+        let key = client_key(name);
+        for _ in 0..REPLACE_ATTEMPTS {
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(&key);
+            let Some(json): Option<String> = self
+                .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
+                .await?
+            else {
+                return Err(StoreError::NotFound(name.to_owned()));
+            };
+            let mut record = self.decode_client(&key, &json)?;
+            record.limits = limits;
+            let new = serde_json::to_string(&record)
+                .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;
+            if new == json {
+                return Ok(());
+            }
+            let mut script = scripts::REPLACE_CLIENT.prepare_invoke();
+            script.key(&key).arg(&json).arg(&new);
+            // A repeat after a lost reply finds `new` stored and stops above.
+            let replaced: i64 = self
+                .run("setting limits", Retry::Idempotent, &Req::Script(script))
+                .await?;
+            match replaced {
+                1 => return Ok(()),
+                -1 => return Err(StoreError::NotFound(name.to_owned())),
+                _ => continue,
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "client {name:?} kept changing while its limits were set; try again"
+        )))
+    }
+
+    /// [`crate::Store::add_quota_usage`].
+    pub(super) async fn add_quota_count(
+        &self,
+        name: &str,
+        window: &str,
+        bytes: u64,
+    ) -> Result<u64, StoreError> {
+        let mut script = scripts::ADD_QUOTA_USAGE.prepare_invoke();
+        script
+            .key(client_key(name))
+            .key(quota_key(name))
+            .arg(window)
+            .arg(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let count: i64 = self
+            .run("adding quota usage", Retry::Once, &Req::Script(script))
+            .await?;
+        u64::try_from(count).map_err(|_| StoreError::NotFound(name.to_owned()))
+    }
+
+    /// [`crate::Store::reset_quota_usage`].
+    pub(super) async fn reset_quota_count(&self, name: &str) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(quota_key(name));
+        let _: i64 = self
+            .run("resetting quota usage", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        Ok(())
+    }
+}
