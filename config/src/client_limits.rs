@@ -1,6 +1,7 @@
 //! A client's limits (docs/LIMITS.md): a rate each way, a byte quota per
 //! period and a cap on open connections, with the units operators write
-//! them in (`10Mbit`, `50GB/month`, `1GB/day`).
+//! them in (`10Mbit`, `50GB/month`, `1GB/day`); and beside them how its
+//! source address is picked (sticky or rotating).
 //!
 //! Parsing is pure and reports why a value is refused; the same texts are
 //! what `blipless-ctl` accepts, what `[limits]` in the config accepts, and
@@ -37,6 +38,45 @@ pub struct ClientLimits {
     /// Connections (tunnels) open at once on one node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// How its direct connections pick a source address from
+    /// `egress.sources` (unset: sticky).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourcePolicy>,
+}
+
+/// How a client's direct connections pick their source address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourcePolicy {
+    /// One address per client, kept across connections and deploys (its
+    /// egress identity).
+    Sticky,
+    /// A new address for each connection, in turn over `egress.sources`;
+    /// never changed during one connection.
+    Rotate,
+}
+
+impl fmt::Display for SourcePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourcePolicy::Sticky => "sticky",
+            SourcePolicy::Rotate => "rotate",
+        })
+    }
+}
+
+impl std::str::FromStr for SourcePolicy {
+    type Err = LimitError;
+    fn from_str(text: &str) -> Result<SourcePolicy, LimitError> {
+        match text.to_ascii_lowercase().as_str() {
+            "sticky" => Ok(SourcePolicy::Sticky),
+            "rotate" => Ok(SourcePolicy::Rotate),
+            _ => Err(LimitError::Unit {
+                text: text.to_owned(),
+                expected: "a source policy: sticky or rotate",
+            }),
+        }
+    }
 }
 
 impl ClientLimits {
@@ -52,6 +92,7 @@ impl ClientLimits {
             rate_down: self.rate_down.or(default.rate_down),
             quota: self.quota.or(default.quota),
             max_connections: self.max_connections.or(default.max_connections),
+            source: self.source.or(default.source),
         }
     }
 }
@@ -236,14 +277,16 @@ impl std::str::FromStr for QuotaPeriod {
             "month" | "monthly" => return Ok(QuotaPeriod::Month),
             _ => {}
         }
-        let (count, unit) = text.split_at(text.len().saturating_sub(1));
+        let lower = text.to_ascii_lowercase();
+        let (count, unit_seconds) = if let Some(days) = lower.strip_suffix('d') {
+            (days, 86_400)
+        } else if let Some(hours) = lower.strip_suffix('h') {
+            (hours, 3600)
+        } else {
+            return Err(bad());
+        };
         let count: u64 = count.parse().map_err(|_| bad())?;
-        let seconds = match unit {
-            "d" => count.checked_mul(86_400),
-            "h" => count.checked_mul(3600),
-            _ => return Err(bad()),
-        }
-        .ok_or_else(bad)?;
+        let seconds = count.checked_mul(unit_seconds).ok_or_else(bad)?;
         if !(3600..=MAX_WINDOW_SECS).contains(&seconds) {
             return Err(LimitError::OutOfRange {
                 what: "a quota window",

@@ -33,7 +33,7 @@ mod contract;
 pub use self::policy::{EgressPolicy, PolicyError};
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
-pub use blipless_config::client_limits::ClientLimits;
+pub use blipless_config::client_limits::{ClientLimits, SourcePolicy};
 
 /// How often [`Store::wait_for_change`] looks at a store that cannot block
 /// on its feed (the embedded one).

@@ -128,3 +128,12 @@ fn a_clients_own_limits_win_over_the_node_default() {
     assert!(ClientLimits::default().is_empty());
     assert!(!effective.is_empty());
 }
+
+#[test]
+fn source_policies_parse_and_default_to_none() {
+    assert_eq!("rotate".parse::<SourcePolicy>(), Ok(SourcePolicy::Rotate));
+    assert_eq!("Sticky".parse::<SourcePolicy>(), Ok(SourcePolicy::Sticky));
+    assert!("random".parse::<SourcePolicy>().is_err());
+    assert_eq!(SourcePolicy::Rotate.to_string(), "rotate");
+    assert_eq!(ClientLimits::default().source, None);
+}

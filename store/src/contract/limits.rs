@@ -13,6 +13,7 @@ fn some_limits() -> ClientLimits {
         rate_down: Some("10Mbit".parse().expect("rate")),
         quota: Some("50GB/month".parse::<Quota>().expect("quota")),
         max_connections: Some(5),
+        source: Some(blipless_config::client_limits::SourcePolicy::Rotate),
     }
 }
 
