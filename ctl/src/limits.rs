@@ -6,7 +6,7 @@
 //! Values are parsed by clap (`value_parser`), so a malformed unit or an
 //! absurd value exits with status 2 and the reason before anything is stored.
 
-use blipless_config::client_limits::{self, ClientLimits, Quota, Rate};
+use blipless_config::client_limits::{self, ClientLimits, Quota, Rate, SourcePolicy};
 use blipless_config::Config;
 use blipless_store::{ClientRecord, Store, StoreError};
 use serde_json::json;
@@ -58,6 +58,11 @@ pub(crate) fn connections_setting(text: &str) -> Result<Setting<u32>, String> {
     setting(text, client_limits::parse_connections)
 }
 
+/// clap's parser for `--source`.
+pub(crate) fn source_setting(text: &str) -> Result<Setting<SourcePolicy>, String> {
+    setting(text, str::parse)
+}
+
 /// The limit flags of `client add` and `client set`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct LimitArgs {
@@ -77,6 +82,11 @@ pub(crate) struct LimitArgs {
     /// clears it: limits.tunnels_per_client applies).
     #[arg(long, value_name = "N", value_parser = connections_setting)]
     pub max_connections: Option<Setting<u32>>,
+    /// How its direct connections pick a source from egress.sources: sticky
+    /// (one per client, the default) or rotate (a new one per connection,
+    /// in turn; `none` clears it).
+    #[arg(long, value_name = "POLICY", value_parser = source_setting)]
+    pub source: Option<Setting<SourcePolicy>>,
 }
 
 impl LimitArgs {
@@ -86,6 +96,7 @@ impl LimitArgs {
             || self.rate_down.is_some()
             || self.quota.is_some()
             || self.max_connections.is_some()
+            || self.source.is_some()
     }
 
     /// `limits` with the flags given applied.
@@ -101,6 +112,9 @@ impl LimitArgs {
         }
         if let Some(cap) = self.max_connections {
             limits.max_connections = cap.value();
+        }
+        if let Some(source) = self.source {
+            limits.source = source.value();
         }
         limits
     }
@@ -149,6 +163,7 @@ pub(crate) fn limits_json(
             "rate_down": limits.rate_down.map(|r| r.to_string()),
             "quota": limits.quota.map(|q| q.to_string()),
             "max_connections": limits.max_connections,
+            "source": limits.source.map(|s| s.to_string()),
         })
     };
     let mut answer = json!({ "own": show(own), "effective": show(&effective) });
@@ -183,6 +198,9 @@ pub(crate) fn limits_text(effective: &ClientLimits, quota: Option<(u64, Quota, i
     if let Some(cap) = effective.max_connections {
         parts.push(format!("max {cap} conns"));
     }
+    if effective.source == Some(SourcePolicy::Rotate) {
+        parts.push("rotating source".to_owned());
+    }
     if parts.is_empty() {
         "-".to_owned()
     } else {
@@ -202,7 +220,7 @@ pub(crate) async fn set(
 ) -> anyhow::Result<()> {
     if !flags.any() && !quota_reset {
         anyhow::bail!(
-            "nothing to set: give --rate-up, --rate-down, --quota, --max-connections or --quota-reset"
+            "nothing to set: give --rate-up, --rate-down, --quota, --max-connections, --source or --quota-reset"
         );
     }
     let Some(record): Option<ClientRecord> = store.get_client(name).await? else {

@@ -42,6 +42,13 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// Bytes (both ways) counted since the last take.
+    pub fn pending_bytes(&self) -> u64 {
+        self.up
+            .load(Ordering::Relaxed)
+            .saturating_add(self.down.load(Ordering::Relaxed))
+    }
+
     /// Takes the counts accumulated since the last take.
     pub fn take(&self) -> Usage {
         Usage {
@@ -91,6 +98,8 @@ fn only_limits_differ(old: &ClientRecord, new: &ClientRecord) -> bool {
 pub struct Directory {
     store: Arc<dyn Store>,
     clients: RwLock<HashMap<String, Arc<Client>>>,
+    /// WireGuard clients by tunnel address, for their packets' accounting.
+    by_address: RwLock<HashMap<std::net::IpAddr, Arc<Client>>>,
     feed_position: AtomicU64,
     catching_up: tokio::sync::Mutex<()>,
     /// The next usage batch number (see [`Directory::flush_usage`]).
@@ -133,9 +142,11 @@ impl Directory {
                 (client.record.name.clone(), Arc::new(client))
             })
             .collect();
+        let by_address = address_index(&clients);
         let directory = Arc::new(Self {
             store,
             clients: RwLock::new(clients),
+            by_address: RwLock::new(by_address),
             feed_position: AtomicU64::new(head),
             catching_up: tokio::sync::Mutex::new(()),
             next_batch: AtomicU64::new(1),
@@ -336,8 +347,34 @@ impl Directory {
     }
 
     fn apply(&self, name: &str, record: Option<ClientRecord>) {
+        let old_address = self.get(name).and_then(|c| c.record.wg_address);
         self.apply_record(name, record);
+        let now = self.get(name);
+        let mut index = self
+            .by_address
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(address) = old_address {
+            if index.get(&address).is_some_and(|c| c.record.name == name) {
+                index.remove(&address);
+            }
+        }
+        if let Some(client) = now {
+            if let Some(address) = client.record.wg_address {
+                index.insert(address, client);
+            }
+        }
+        drop(index);
         self.version.send_modify(|version| *version += 1);
+    }
+
+    /// The WireGuard client whose tunnel address this is.
+    pub fn by_address(&self, address: std::net::IpAddr) -> Option<Arc<Client>> {
+        self.by_address
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&address)
+            .cloned()
     }
 
     fn apply_record(&self, name: &str, record: Option<ClientRecord>) {
@@ -443,7 +480,11 @@ impl Directory {
         match self.store.add_quota_usage(name, &window.key, bytes).await {
             Ok(used) => {
                 let was_over = client.limiter.is_over_quota();
-                client.limiter.quota_counted(used);
+                // What moved since the flush took the meter is in neither count.
+                let since = client.meter.pending_bytes();
+                client
+                    .limiter
+                    .quota_counted(used.saturating_add(since), window.ends_at);
                 if client.limiter.is_over_quota() != was_over {
                     tracing::info!(client = %name, used, quota = %quota, over = !was_over, "client's quota state changed");
                 }
@@ -499,8 +540,16 @@ impl Directory {
     }
 }
 
+/// The clients with a WireGuard address, by that address.
+fn address_index(clients: &HashMap<String, Arc<Client>>) -> HashMap<std::net::IpAddr, Arc<Client>> {
+    clients
+        .values()
+        .filter_map(|client| Some((client.record.wg_address?, client.clone())))
+        .collect()
+}
+
 /// Unix seconds now.
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))

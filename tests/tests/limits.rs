@@ -2,7 +2,9 @@
 //! limit measured over 10 s and shared by two tunnels, kept across
 //! device-plane deploys; a connection cap; a byte quota that cuts a
 //! download and refuses the next connection, shared by two nodes on one
-//! Redis; and malformed values refused by `blipless-ctl` with nothing stored.
+//! Redis; iperf3 through a rate-limited WireGuard client; source rotation
+//! beside sticky sources; and malformed values refused by `blipless-ctl`
+//! with nothing stored.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +14,7 @@ use blipless_tests::curl::status_code;
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::redis::Redis;
+use blipless_tests::topology::WgWorld;
 use blipless_tests::wait_until;
 
 /// 8 Mbit/s in bytes per second.
@@ -440,7 +443,7 @@ fn malformed_limits_exit_2_with_the_reason_and_store_nothing() {
     let value: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
     assert_eq!(
         value["limits"]["own"],
-        serde_json::json!({"rate_up": null, "rate_down": null, "quota": null, "max_connections": null})
+        serde_json::json!({"rate_up": null, "rate_down": null, "quota": null, "max_connections": null, "source": null})
     );
     assert_eq!(node.ctl(&["client", "show", "bob"]).status.code(), Some(1));
     // Nothing to set is an error too, and a sound value is stored.
@@ -453,4 +456,134 @@ fn malformed_limits_exit_2_with_the_reason_and_store_nothing() {
     let value: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
     assert_eq!(value["limits"]["own"]["rate_up"], "2500kbit");
     assert_eq!(value["limits"]["own"]["quota"], "50GB/month");
+}
+
+fn whoami(proxy: &str, origin: &Origin) -> String {
+    String::from_utf8(blipless_tests::curl::fetch(
+        proxy,
+        &origin.url("/whoami"),
+        &[],
+    ))
+    .expect("utf-8")
+}
+
+#[test]
+fn a_rotating_client_takes_a_new_source_per_connection_a_sticky_one_keeps_its_own() {
+    let origin = Origin::start();
+    let mut node = Node::custom(
+        "test",
+        "sources = [\"127.0.0.2\", \"127.0.0.3\", \"127.0.0.4\"]",
+        "",
+    );
+    let (_ingress, _device, alice) = node.start();
+    let bob = node.add_client("bob");
+    set(&node, &["alice", "--source", "rotate"]);
+    let rotating: Vec<String> = (0..6).map(|_| whoami(&alice.socks, &origin)).collect();
+    let distinct: std::collections::BTreeSet<&String> = rotating.iter().collect();
+    assert_eq!(distinct.len(), 3, "alice rotated over {rotating:?}");
+    // In turn: no two connections in a row share a source.
+    assert!(rotating.windows(2).all(|w| w[0] != w[1]), "{rotating:?}");
+    // HTTP too.
+    let over_http: std::collections::BTreeSet<String> =
+        (0..3).map(|_| whoami(&alice.http, &origin)).collect();
+    assert!(over_http.len() >= 2, "alice over HTTP: {over_http:?}");
+    // bob stays on one.
+    let sticky: std::collections::BTreeSet<String> =
+        (0..6).map(|_| whoami(&bob.socks, &origin)).collect();
+    assert_eq!(sticky.len(), 1, "bob: {sticky:?}");
+    // Back to sticky: alice keeps one again.
+    set(&node, &["alice", "--source", "sticky"]);
+    let again: std::collections::BTreeSet<String> =
+        (0..4).map(|_| whoami(&alice.socks, &origin)).collect();
+    assert_eq!(again.len(), 1, "alice sticky again: {again:?}");
+}
+
+/// Runs iperf3 for 10 s from the customer namespace to the internet's
+/// iperf3 server; the receiver's bits per second.
+fn iperf(world: &WgWorld, server: &str, reverse: bool) -> f64 {
+    let mut args = vec!["-c", server, "-t", "10", "-J"];
+    if reverse {
+        args.push("-R");
+    }
+    let output = world
+        .net
+        .customer
+        .command("iperf3")
+        .args(&args)
+        .output()
+        .expect("iperf3 -c");
+    assert!(
+        output.status.success(),
+        "iperf3 failed: {}{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        world.diagnostics()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("iperf3 -J");
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .expect("bits_per_second")
+}
+
+#[test]
+fn iperf3_through_a_wireguard_client_limited_to_20_mbit_stays_within_15_percent() {
+    let world = WgWorld::new(87);
+    let server = world.net.origin.ip().to_string();
+    let mut iperf_server = world
+        .net
+        .internet
+        .command("iperf3")
+        .args(["-s", "-B", &server])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("iperf3 -s");
+    std::thread::sleep(Duration::from_millis(500));
+    set(
+        &world.node,
+        &["alice", "--rate-down", "20Mbit", "--rate-up", "20Mbit"],
+    );
+    let limit = 20_000_000.0;
+    for (reverse, what) in [(true, "down"), (false, "up")] {
+        let measured = iperf(&world, &server, reverse);
+        eprintln!(
+            "iperf3 {what}: {:.2} Mbit/s under 20 Mbit/s",
+            measured / 1e6
+        );
+        assert!(
+            (measured - limit).abs() <= 0.15 * limit,
+            "iperf3 {what} moved {measured:.0} bit/s under a limit of {limit}"
+        );
+    }
+    // Over a quota, its packets are dropped: a fetch times out.
+    set(
+        &world.node,
+        &[
+            "alice",
+            "--rate-down",
+            "none",
+            "--rate-up",
+            "none",
+            "--quota",
+            "1MB/day",
+        ],
+    );
+    let _ = world.net.try_fetch("/bytes/3000000", &["--max-time", "10"]);
+    wait_until(
+        Duration::from_secs(15),
+        "alice to be over her quota",
+        || quota_json(&world.node)["over"] == true,
+    );
+    assert!(
+        world.net.try_fetch("/hello", &["--max-time", "5"]).is_err(),
+        "a fetch through the tunnel worked over the quota"
+    );
+    set(&world.node, &["alice", "--quota", "none"]);
+    wait_until(
+        Duration::from_secs(15),
+        "the tunnel to carry packets again",
+        || world.net.try_fetch("/hello", &["--max-time", "5"]).is_ok(),
+    );
+    let _ = iperf_server.kill();
+    let _ = iperf_server.wait();
 }

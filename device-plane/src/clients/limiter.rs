@@ -4,11 +4,12 @@
 //!
 //! A bucket holds up to [`BURST`] of its rate and starts empty: on a new
 //! plane after a deploy as on the first, so a deploy is never a free burst.
-//! A relay asks the bucket how much it may read ([`Bucket::allowance`]),
-//! waiting while the bucket is in debt, and charges what it moved
-//! ([`Bucket::charge`]), which may take the bucket into debt by at most one
-//! read. Over time the bytes moved are the rate; in any one second, at most
-//! the rate plus the burst.
+//! A relay whose socket is readable takes one read's worth of tokens
+//! ([`Bucket::take`]: 50 ms of the rate, waiting until the bucket holds it),
+//! reads at most that, and gives back what the read did not use
+//! ([`Bucket::refund`]). Tokens are taken before the bytes move, so however
+//! many tunnels share the bucket, in any window of time *t* at most
+//! *rate × t* + the burst passes.
 //!
 //! An unlimited direction costs one atomic load per read.
 
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use blipless_config::client_limits::{ClientLimits, Quota};
+use blipless_config::client_limits::{ClientLimits, Quota, SourcePolicy};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -27,9 +28,17 @@ pub const BURST: Duration = Duration::from_millis(250);
 /// Smallest read a limited relay makes (one full-size packet's worth).
 pub const MIN_CHUNK: usize = 1500;
 
-/// How much a limited read takes at most: 50 ms of the rate, so shaping is
-/// smooth at any rate.
+/// How much a limited read takes: 50 ms of the rate, so shaping is smooth
+/// at any rate...
 const CHUNK_TIME_DIVISOR: u64 = 20;
+
+/// ...but never more than the relay reads at once (its 256 KiB buffer).
+pub const MAX_CHUNK: u64 = 256 * 1024;
+
+/// One read's worth of tokens at `rate` bytes per second.
+fn chunk(rate: u64) -> f64 {
+    (rate / CHUNK_TIME_DIVISOR).clamp(MIN_CHUNK as u64, MAX_CHUNK) as f64
+}
 
 /// A token bucket in bytes.
 #[derive(Debug, Default)]
@@ -58,7 +67,8 @@ impl Bucket {
     }
 
     fn capacity(rate: u64) -> f64 {
-        (rate as f64 * BURST.as_secs_f64()).max(MIN_CHUNK as f64)
+        // Never below one read's worth, or a take could wait forever.
+        (rate as f64 * BURST.as_secs_f64()).max(chunk(rate))
     }
 
     /// The tokens now, refilled for the time since last counted.
@@ -70,38 +80,42 @@ impl Bucket {
         *tokens
     }
 
-    /// How many bytes the next read may take: waits while the bucket is in
-    /// debt (cancel-safe: waiting takes nothing). `None`: unlimited.
-    pub async fn allowance(&self) -> Option<usize> {
+    /// One read's worth of tokens (50 ms of the rate, from [`MIN_CHUNK`] to
+    /// [`MAX_CHUNK`]), taken from the bucket: waits until the bucket holds
+    /// them (cancel-safe: nothing is taken until the wait is over). `None`:
+    /// unlimited.
+    pub async fn take(&self) -> Option<usize> {
         loop {
             let rate = self.rate();
             if rate == 0 {
                 return None;
             }
+            let chunk = chunk(rate);
             let wait = {
                 let mut state = self.lock();
                 let tokens = Self::refill(&mut state, rate, Instant::now());
-                if tokens >= 0.0 {
-                    let chunk = (rate / CHUNK_TIME_DIVISOR).max(MIN_CHUNK as u64);
-                    let chunk = usize::try_from(chunk).unwrap_or(usize::MAX);
-                    return Some(chunk);
+                if tokens >= chunk {
+                    if let Some((tokens, _)) = state.as_mut() {
+                        *tokens -= chunk;
+                    }
+                    // A whole number of bytes below the buffer's size.
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    return Some(chunk as usize);
                 }
-                Duration::from_secs_f64(-tokens / rate as f64)
+                Duration::from_secs_f64((chunk - tokens) / rate as f64)
             };
             tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
         }
     }
 
-    /// Takes `bytes` moved (a read the allowance permitted).
-    pub fn charge(&self, bytes: usize) {
-        let rate = self.rate();
-        if rate == 0 || bytes == 0 {
+    /// Gives back tokens [`Bucket::take`] took and a read did not use.
+    pub fn refund(&self, unused: usize) {
+        if unused == 0 || self.rate() == 0 {
             return;
         }
         let mut state = self.lock();
-        Self::refill(&mut state, rate, Instant::now());
         if let Some((tokens, _)) = state.as_mut() {
-            *tokens -= bytes as f64;
+            *tokens += unused as f64;
         }
     }
 
@@ -144,14 +158,18 @@ pub struct Limiter {
     has_quota: AtomicBool,
     quota: Mutex<Option<Quota>>,
     /// Quota bytes the store had counted at the last look, plus what this
-    /// plane moved since.
+    /// plane moved since, in the period ending at `quota_ends_at`.
     quota_used: AtomicU64,
+    /// When the period `quota_used` counts ends, unix seconds (0: unknown).
+    quota_ends_at: std::sync::atomic::AtomicI64,
     /// Whether the store's count has been read once.
     quota_known: AtomicBool,
     over_quota: AtomicBool,
     /// Cancelled when the client goes over its quota; replaced when it is
     /// under again.
     over_token: Mutex<CancellationToken>,
+    /// Whether its direct connections rotate their source.
+    rotates: AtomicBool,
 }
 
 impl Limiter {
@@ -172,20 +190,41 @@ impl Limiter {
             limits.max_connections.map_or(0, u64::from),
             Ordering::Relaxed,
         );
+        self.rotates.store(
+            limits.source == Some(SourcePolicy::Rotate),
+            Ordering::Relaxed,
+        );
         let mut quota = self
             .quota
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if *quota != limits.quota {
+            let same_period = quota.map(|q| q.period) == limits.quota.map(|q| q.period);
             *quota = limits.quota;
+            drop(quota);
             self.has_quota
                 .store(limits.quota.is_some(), Ordering::Relaxed);
-            // A new quota is judged afresh at the next look at the store.
+            // A new quota is judged afresh at the next look at the store; a
+            // new period counts from nothing here until then.
             self.quota_known.store(false, Ordering::Relaxed);
-            if limits.quota.is_none() {
-                self.under_quota();
+            if !same_period {
+                self.quota_used.store(0, Ordering::Relaxed);
+                self.quota_ends_at.store(0, Ordering::Relaxed);
+            }
+            match limits.quota {
+                Some(quota) if self.quota_used.load(Ordering::Relaxed) >= quota.bytes => {
+                    self.over_quota();
+                }
+                _ => self.under_quota(),
             }
         }
+    }
+
+    /// How its direct connections pick a source (None: sticky).
+    pub fn source_policy(&self) -> Option<SourcePolicy> {
+        self.rotates
+            .load(Ordering::Relaxed)
+            .then_some(SourcePolicy::Rotate)
     }
 
     /// The client's own connection cap, if it has one.
@@ -238,6 +277,13 @@ impl Limiter {
         let Some(quota) = self.quota() else {
             return;
         };
+        let ends_at = self.quota_ends_at.load(Ordering::Relaxed);
+        if ends_at > 0 && crate::clients::unix_now() >= ends_at {
+            // The period is over: what was counted belongs to the last one.
+            self.quota_used.store(0, Ordering::Relaxed);
+            self.quota_ends_at.store(0, Ordering::Relaxed);
+            self.quota_known.store(false, Ordering::Relaxed);
+        }
         let used = self
             .quota_used
             .fetch_add(bytes as u64, Ordering::Relaxed)
@@ -249,12 +295,15 @@ impl Limiter {
         }
     }
 
-    /// The store's count after this plane's flush: the truth, fleet-wide.
-    pub fn quota_counted(&self, used: u64) {
+    /// The store's count after this plane's flush (the truth, fleet-wide)
+    /// plus what this plane moved since the flush took its usage, in the
+    /// period ending at `ends_at`.
+    pub fn quota_counted(&self, used: u64, ends_at: i64) {
         let Some(quota) = self.quota() else {
             return;
         };
         self.quota_used.store(used, Ordering::Relaxed);
+        self.quota_ends_at.store(ends_at, Ordering::Relaxed);
         self.quota_known.store(true, Ordering::Relaxed);
         if used >= quota.bytes {
             self.over_quota();
@@ -263,21 +312,25 @@ impl Limiter {
         }
     }
 
+    /// Marks the client over. The flag changes under the token's lock, so
+    /// the flag and the token always agree (over: cancelled).
     fn over_quota(&self) {
+        let token = self
+            .over_token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !self.over_quota.swap(true, Ordering::Relaxed) {
-            self.over_token
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .cancel();
+            token.cancel();
         }
     }
 
     fn under_quota(&self) {
+        let mut token = self
+            .over_token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.over_quota.swap(false, Ordering::Relaxed) {
-            *self
-                .over_token
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = CancellationToken::new();
+            *token = CancellationToken::new();
         }
     }
 }
@@ -286,47 +339,74 @@ impl Limiter {
 mod tests {
     use super::*;
 
+    /// Takes and moves `chunk` bytes of each take until `seconds` are over;
+    /// the bytes moved.
+    async fn move_for(bucket: &Bucket, seconds: u64, tunnels: usize) -> usize {
+        let started = Instant::now();
+        let moved = std::sync::atomic::AtomicUsize::new(0);
+        let one = || async {
+            loop {
+                let chunk = bucket.take().await.expect("limited");
+                if started.elapsed() > Duration::from_secs(seconds) {
+                    // Taken after the window: not moved within it.
+                    bucket.refund(chunk);
+                    break;
+                }
+                // Half the reads use only part of what they took.
+                let used = if moved.load(Ordering::Relaxed).is_multiple_of(2) {
+                    chunk
+                } else {
+                    chunk / 3
+                };
+                bucket.refund(chunk - used);
+                moved.fetch_add(used, Ordering::Relaxed);
+            }
+        };
+        let all: Vec<_> = (0..tunnels).map(|_| one()).collect();
+        futures_util::future::join_all(all).await;
+        moved.load(Ordering::Relaxed)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_bucket_passes_its_rate_and_starts_empty() {
         let bucket = Bucket::default();
-        assert_eq!(bucket.allowance().await, None, "unlimited");
+        assert_eq!(bucket.take().await, None, "unlimited");
         bucket.set_rate(1_000_000);
-        let started = Instant::now();
-        let mut moved = 0usize;
-        while started.elapsed() < Duration::from_secs(10) {
-            let chunk = bucket.allowance().await.expect("limited");
-            assert!(chunk <= 50_000);
-            bucket.charge(chunk);
-            moved += chunk;
-        }
-        // 10 s at 1 MB/s, give or take one chunk, and no burst at the start.
-        let expected = 10_000_000f64;
+        let moved = move_for(&bucket, 10, 1).await;
+        // 10 s at 1 MB/s, give or take one read, and no burst at the start.
         assert!(
-            (moved as f64 - expected).abs() <= 100_000.0,
+            (moved as f64 - 10_000_000.0).abs() <= 100_000.0,
             "moved {moved} in 10 s"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_tunnels_share_one_rate_and_never_overdraw_it() {
+        let bucket = Bucket::default();
+        bucket.set_rate(1_000_000);
+        let moved = move_for(&bucket, 10, 50).await;
+        assert!(
+            moved <= 10_000_000 + 50_000,
+            "50 tunnels moved {moved} in 10 s"
+        );
+        assert!(moved >= 9_500_000, "50 tunnels moved only {moved} in 10 s");
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_bucket_saves_up_one_burst_at_most() {
         let bucket = Bucket::default();
         bucket.set_rate(1_000_000);
-        let _ = bucket.allowance().await;
+        bucket.refund(0);
+        let _ = bucket.take().await;
         tokio::time::sleep(Duration::from_secs(60)).await;
-        let started = Instant::now();
-        let mut moved = 0usize;
-        while started.elapsed() < Duration::from_secs(1) {
-            let chunk = bucket.allowance().await.expect("limited");
-            bucket.charge(chunk);
-            moved += chunk;
-        }
-        // One second's rate plus the burst (250 ms), plus one chunk.
+        let moved = move_for(&bucket, 1, 4).await;
+        // One second's rate plus the burst (250 ms), plus one read.
         assert!(
             moved <= 1_250_000 + 50_000,
             "moved {moved} in the first second"
         );
         assert!(
-            moved >= 1_200_000,
+            moved >= 1_150_000,
             "moved {moved}: the saved burst was not used"
         );
     }
@@ -354,10 +434,10 @@ mod tests {
         assert!(!limiter.is_over_quota());
         limiter.charge_quota(5_000_000);
         assert!(limiter.is_over_quota() && token.is_cancelled());
-        limiter.quota_counted(7_000_000);
+        limiter.quota_counted(7_000_000, i64::MAX);
         let token = limiter.over_quota_token();
         assert!(!limiter.is_over_quota() && !limiter.quota_needs_look());
-        limiter.quota_counted(9_000_000);
+        limiter.quota_counted(9_000_000, i64::MAX);
         assert!(
             !limiter.is_over_quota() && limiter.quota_needs_look(),
             "near it"
@@ -369,13 +449,30 @@ mod tests {
         assert!(limiter.is_over_quota() && token.is_cancelled());
         assert!(limiter.quota_needs_look());
         // A reset (or a new period) frees it.
-        limiter.quota_counted(0);
+        limiter.quota_counted(0, i64::MAX);
         assert!(!limiter.is_over_quota());
         assert!(!limiter.over_quota_token().is_cancelled());
         // Clearing the quota frees it too.
-        limiter.quota_counted(10_000_000);
+        limiter.quota_counted(10_000_000, i64::MAX);
         assert!(limiter.is_over_quota());
         limiter.set(&ClientLimits::default());
         assert!(!limiter.is_over_quota() && limiter.quota().is_none());
+        // A quota of another period counts from nothing: the old count does
+        // not cut anyone.
+        limiter.set(&limits);
+        limiter.quota_counted(9_999_999, i64::MAX);
+        limiter.set(&ClientLimits {
+            quota: Some("1GB/week".parse().expect("quota")),
+            ..ClientLimits::default()
+        });
+        limiter.charge_quota(1);
+        assert!(!limiter.is_over_quota());
+        // A period that ended: the next charge starts a new count.
+        limiter.quota_counted(999_999_999, 1);
+        limiter.charge_quota(10);
+        assert!(
+            !limiter.is_over_quota(),
+            "a count from an ended period cut the client"
+        );
     }
 }

@@ -206,6 +206,17 @@ impl Context {
         held: &crate::identity::ClientIdentity,
         target: &Target,
     ) -> Result<TcpStream, EgressError> {
+        let rotates = self.directory.get(client).is_some_and(|known| {
+            known.limiter.source_policy() == Some(blipless_store::SourcePolicy::Rotate)
+        });
+        if rotates {
+            // A new source for this connection; its identity keeps the
+            // sticky one for when the policy changes back.
+            return self
+                .egress
+                .connect(self.identities.rotating_source(), target)
+                .await;
+        }
         match self.egress.connect(held.identity.source, target).await {
             Err(EgressError::SourceUnusable(source, error)) => {
                 tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");

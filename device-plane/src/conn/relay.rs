@@ -10,10 +10,12 @@
 //! account is what [`RelayEnd::Handover`] returns and what a successor
 //! resumes from, byte-exact.
 //!
-//! A client with a rate limit (docs/LIMITS.md) has each read bounded by its
-//! bucket's allowance and waits while the bucket is in debt: the sender is
-//! slowed by TCP's own flow control, nothing is dropped. Waiting for the
-//! bucket is cancel-safe too.
+//! A client with a rate limit (docs/LIMITS.md) takes tokens from its bucket
+//! before each read, reads at most that and gives back the rest: the sender
+//! is slowed by TCP's own flow control, nothing is dropped. Waiting for the
+//! bucket is cancel-safe too (nothing is taken until the wait is over, and
+//! no await lies between the take and the read). Bytes written count
+//! against the client's quota, as they count in its usage.
 
 use std::future::Future;
 use std::time::Duration;
@@ -99,6 +101,7 @@ impl Pump {
             if written == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
+            limiter.charge_quota(written);
             self.start += written;
             if self.start == self.pending.len() {
                 // Drained: give the buffer back until the next read.
@@ -114,19 +117,22 @@ impl Pump {
             return Ok(0);
         }
         let socket: &TcpStream = read.as_ref();
-        let allowance = if bucket.is_limited() {
-            bucket.allowance().await.unwrap_or(BUFFER).min(BUFFER)
-        } else {
-            BUFFER
-        };
         socket.readable().await?;
+        let taken = if bucket.is_limited() {
+            bucket.take().await
+        } else {
+            None
+        };
+        let allowance = taken.unwrap_or(BUFFER).min(BUFFER);
         self.pending.reserve(allowance);
-        match socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, allowance)) {
+        let read = socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, allowance));
+        if let Some(taken) = taken {
+            let used = read.as_ref().map_or(0, |n| *n);
+            bucket.refund(taken.saturating_sub(used));
+        }
+        match read {
             Ok(0) => self.eof = true,
-            Ok(n) => {
-                bucket.charge(n);
-                limiter.charge_quota(n);
-            }
+            Ok(_) => {}
             // A spurious wake-up: wait for readiness again.
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(error) => return Err(error),

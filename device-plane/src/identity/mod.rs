@@ -61,6 +61,8 @@ pub struct Identities {
     windows: Mutex<HashMap<String, Vec<String>>>,
     activity: Mutex<HashMap<String, i64>>,
     prewarmed: AtomicU64,
+    /// The next source a rotating client's connection takes.
+    next_rotation: std::sync::atomic::AtomicUsize,
 }
 
 /// A new sticky session for upstream usernames: 16 lowercase hex digits,
@@ -98,7 +100,19 @@ impl Identities {
             windows: Mutex::new(HashMap::new()),
             activity: Mutex::new(HashMap::new()),
             prewarmed: AtomicU64::new(0),
+            next_rotation: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// The source for one connection of a rotating client (docs/LIMITS.md,
+    /// "Source rotation"): each call the next address of `egress.sources`,
+    /// in turn across the plane's rotating clients; None without sources.
+    pub fn rotating_source(&self) -> Option<IpAddr> {
+        if self.sources.is_empty() {
+            return None;
+        }
+        let turn = self.next_rotation.fetch_add(1, Ordering::Relaxed);
+        self.sources.get(turn % self.sources.len()).copied()
     }
 
     /// Identities open now.

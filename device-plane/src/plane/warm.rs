@@ -117,6 +117,7 @@ pub(super) async fn warm_up(
         &config.egress.tun.name,
         config.egress.tun.queues,
         egress.clone(),
+        directory.clone(),
         successor,
     ));
     // Failed logins are logged from one task, at most once a second per source.

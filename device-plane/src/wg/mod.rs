@@ -9,6 +9,7 @@
 //! - [`exit`] and [`exits`]: WireGuard exits the node egresses through, and
 //!   steering WireGuard clients to them.
 
+pub mod accounting;
 pub mod endpoints;
 pub mod exit;
 pub mod exits;

@@ -9,7 +9,8 @@
 //! plane stops reading them and sends their fds (SCM_RIGHTS, through the
 //! ingress) to the successor, which reads on. A queue is never detached or
 //! closed in between, so nothing the kernel queued on it is dropped (closing or
-//! detaching a TUN queue purges it).
+//! detaching a TUN queue purges it). Each packet is metered to its client and
+//! held to the client's limits ([`super::accounting`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,9 @@ use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::accounting::{admit, Way};
 use super::tun::TunQueue;
+use crate::clients::Directory;
 use crate::egress::Egress;
 
 /// Largest inner packet read from the TUN device.
@@ -41,6 +44,8 @@ pub struct PacketCounters {
     pub denied: AtomicU64,
     /// Inner packets lost: no TUN device, no channel, or a write error.
     pub lost: AtomicU64,
+    /// Inner packets dropped by their client's rate limit or quota.
+    pub limited: AtomicU64,
 }
 
 /// Inner packets from the ingress held while this plane has no TUN queue yet
@@ -58,6 +63,7 @@ impl PacketCounters {
             from_tun = self.from_tun.load(Ordering::Relaxed),
             denied = self.denied.load(Ordering::Relaxed),
             lost = self.lost.load(Ordering::Relaxed),
+            limited = self.limited.load(Ordering::Relaxed),
             "WireGuard packets so far"
         );
     }
@@ -74,6 +80,8 @@ pub struct PacketPath {
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
     pending: Mutex<Vec<Vec<u8>>>,
     egress: Egress,
+    /// The clients, for each packet's accounting.
+    directory: Arc<Directory>,
     /// The WireGuard exits, run by whichever plane holds the queues.
     exits: Mutex<Option<Arc<super::exits::Exits>>>,
     /// What happened to packets so far.
@@ -97,8 +105,15 @@ impl PacketPath {
     /// only if none arrive ([`PacketPath::expect_inherited`]). When the device
     /// cannot be used (not set up, no CAP_NET_ADMIN) the plane still serves the
     /// proxies: the reason is logged and WireGuard packets are counted as lost.
-    pub fn new(device: &str, queues: usize, egress: Egress, inherit: bool) -> Self {
+    pub fn new(
+        device: &str,
+        queues: usize,
+        egress: Egress,
+        directory: Arc<Directory>,
+        inherit: bool,
+    ) -> Self {
         let path = Self {
+            directory,
             device: device.to_owned(),
             inherit,
             queue_count: queues,
@@ -192,6 +207,7 @@ impl PacketPath {
                 queue.clone(),
                 self.channel.clone(),
                 self.counters.clone(),
+                self.directory.clone(),
                 stop.clone(),
             ));
         }
@@ -269,12 +285,25 @@ impl PacketPath {
                 Some(queues[batch.peer() as usize % queues.len()].clone())
             }
         };
+        // One batch is one peer's: the ingress checked every packet's source
+        // is that peer's tunnel address.
+        let client = batch
+            .iter()
+            .next()
+            .and_then(blipless_protocol::ip::source)
+            .and_then(|source| self.directory.by_address(source));
         for packet in batch.iter() {
             let permitted = blipless_protocol::ip::destination(packet)
                 .is_some_and(|destination| self.egress.permits(destination));
             if !permitted {
                 self.counters.denied.fetch_add(1, Ordering::Relaxed);
                 continue;
+            }
+            if let Some(client) = &client {
+                if !admit(client, Way::Up, packet.len()) {
+                    self.counters.limited.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             }
             match &queue {
                 Some(queue) => write_packet(queue, packet, &self.counters).await,
@@ -377,8 +406,21 @@ async fn read_queue(
     queue: Arc<TunQueue>,
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
     counters: Arc<PacketCounters>,
+    directory: Arc<Directory>,
     stop: CancellationToken,
 ) {
+    // A packet to a WireGuard client passes its client's limits, or is dropped.
+    let admitted = |packet: &[u8]| {
+        let client = blipless_protocol::ip::destination(packet)
+            .and_then(|destination| directory.by_address(destination));
+        match client {
+            Some(client) if !admit(&client, Way::Down, packet.len()) => {
+                counters.limited.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            _ => true,
+        }
+    };
     let mut buffer = vec![0u8; MAX_PACKET];
     loop {
         let first = tokio::select! {
@@ -394,10 +436,13 @@ async fn read_queue(
             }
         };
         let mut batch = Packets::new(0);
-        let _ = batch.try_push(&buffer[..length]);
+        if admitted(&buffer[..length]) {
+            let _ = batch.try_push(&buffer[..length]);
+        }
         let mut batches = Vec::new();
         for _ in 1..BATCH_PACKETS {
             match queue.try_recv(&mut buffer) {
+                Ok(Some(length)) if !admitted(&buffer[..length]) => {}
                 Ok(Some(length)) => {
                     if !batch.try_push(&buffer[..length]) {
                         batches.push(std::mem::replace(&mut batch, Packets::new(0)));
@@ -407,8 +452,12 @@ async fn read_queue(
                 Ok(None) | Err(_) => break,
             }
         }
-        batches.push(batch);
-        send_batches(&channel, &counters, batches).await;
+        if !batch.is_empty() {
+            batches.push(batch);
+        }
+        if !batches.is_empty() {
+            send_batches(&channel, &counters, batches).await;
+        }
     }
 }
 
