@@ -12,7 +12,9 @@
 # between <!-- egress:begin --> and <!-- egress:end --> (--quick and --out too).
 # blipless-bench-fleet (the store on one Redis, Sentinel and Cluster; no root)
 # runs right after blipless-bench and rewrites its section between
-# <!-- fleet:begin --> and <!-- fleet:end --> (--quick and --out too).
+# <!-- fleet:begin --> and <!-- fleet:end --> (--quick and --out too), then
+# blipless-bench-limits (per-client limits; no root) its section between
+# <!-- limits:begin --> and <!-- limits:end -->.
 # `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
@@ -22,7 +24,8 @@ bench_wg="$target/release/blipless-bench-wg"
 bench_handoff="$target/release/blipless-bench-handoff"
 bench_egress="$target/release/blipless-bench-egress"
 bench_fleet="$target/release/blipless-bench-fleet"
-for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet"; do
+bench_limits="$target/release/blipless-bench-limits"
+for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet" "$bench_limits"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -49,12 +52,14 @@ saved="$(mktemp)"
 saved_handoff="$(mktemp)"
 saved_egress="$(mktemp)"
 saved_fleet="$(mktemp)"
-trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet"' EXIT
+saved_limits="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet" "$saved_limits"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
     sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
     sed -n '/<!-- egress:begin -->/,/<!-- egress:end -->/p' "$out" >"$saved_egress"
     sed -n '/<!-- fleet:begin -->/,/<!-- fleet:end -->/p' "$out" >"$saved_fleet"
+    sed -n '/<!-- limits:begin -->/,/<!-- limits:end -->/p' "$out" >"$saved_limits"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -84,6 +89,15 @@ if ! "$bench_fleet" --out "$out" $wg_args; then
         printf '\n' >>"$out"
         cat "$saved_fleet" >>"$out"
         echo "bench.sh: kept the previous fleet section of $out" >&2
+    fi
+    exit 1
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_limits" --out "$out" $wg_args; then
+    if [ -s "$saved_limits" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_limits" >>"$out"
+        echo "bench.sh: kept the previous limits section of $out" >&2
     fi
     exit 1
 fi

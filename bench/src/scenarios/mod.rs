@@ -4,7 +4,7 @@
 //! `blipless-bench` (sections 1–5, on loopback): [`rate`], [`bulk`],
 //! [`memory`], [`deploy`], [`prewarm`]. `blipless-bench-wg`: [`wireguard`].
 //! `blipless-bench-handoff`: [`handoff`]. `blipless-bench-egress`: [`egress`].
-//! `blipless-bench-fleet`: [`fleet`]. `blipless-soak` (the chaos soak,
+//! `blipless-bench-fleet`: [`fleet`]. `blipless-bench-limits`: [`limits`]. `blipless-soak` (the chaos soak,
 //! docs/RELIABILITY.md): [`soak`].
 
 pub mod bulk;
@@ -12,6 +12,7 @@ pub mod deploy;
 pub mod egress;
 pub mod fleet;
 pub mod handoff;
+pub mod limits;
 pub mod memory;
 pub mod prewarm;
 pub mod rate;
