@@ -352,6 +352,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Forgets the client's quota count (`blipless-ctl client set --quota-reset`):
     /// it starts again from zero.
     async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError>;
+
+    /// Records that `client` has `count` tunnels open on `node` now, for
+    /// `ttl` (0 forgets the entry): how a fleet shares a client's
+    /// connection cap (docs/LIMITS.md, "Connection caps").
+    async fn put_live_tunnels(
+        &self,
+        node: &NodeId,
+        client: &str,
+        count: u64,
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError>;
+    /// The tunnels `client` has open on every node but `except`, as each
+    /// last recorded them; entries whose `ttl` ran out (a node that died)
+    /// do not count.
+    async fn live_tunnels(&self, client: &str, except: &NodeId) -> Result<u64, StoreError>;
 }
 
 /// Longest identity TTL kept: 100 years (a longer one is cut to this), so an expiry in

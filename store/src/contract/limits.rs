@@ -151,3 +151,57 @@ pub(crate) async fn quota_counts_are_shared_by_handles(a: Arc<dyn Store>, b: Arc
         some_limits()
     );
 }
+
+pub(crate) async fn live_tunnels_are_summed_per_node_and_expire(store: Arc<dyn Store>) {
+    let node = |host: &str| crate::NodeId {
+        host: host.into(),
+        block: "0".into(),
+    };
+    let long = std::time::Duration::from_secs(60);
+    store.add_client(client("u")).await.expect("add");
+    assert_eq!(
+        store.live_tunnels("u", &node("a")).await.expect("none yet"),
+        0
+    );
+    store
+        .put_live_tunnels(&node("a"), "u", 3, long)
+        .await
+        .expect("a");
+    store
+        .put_live_tunnels(&node("b"), "u", 2, long)
+        .await
+        .expect("b");
+    assert_eq!(store.live_tunnels("u", &node("a")).await.expect("but a"), 2);
+    assert_eq!(store.live_tunnels("u", &node("c")).await.expect("all"), 5);
+    // Replaced, and forgotten at 0.
+    store
+        .put_live_tunnels(&node("a"), "u", 4, long)
+        .await
+        .expect("a again");
+    store
+        .put_live_tunnels(&node("b"), "u", 0, long)
+        .await
+        .expect("b gone");
+    assert_eq!(store.live_tunnels("u", &node("c")).await.expect("all"), 4);
+    // An entry not refreshed within its ttl does not count.
+    store
+        .put_live_tunnels(&node("d"), "u", 7, std::time::Duration::from_millis(50))
+        .await
+        .expect("d");
+    assert_eq!(
+        store.live_tunnels("u", &node("c")).await.expect("with d"),
+        11
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    assert_eq!(
+        store
+            .live_tunnels("u", &node("c"))
+            .await
+            .expect("d expired"),
+        4
+    );
+    // Removing the client removes its entries.
+    assert!(store.remove_client("u").await.expect("remove"));
+    store.add_client(client("u")).await.expect("add again");
+    assert_eq!(store.live_tunnels("u", &node("c")).await.expect("fresh"), 0);
+}

@@ -100,7 +100,7 @@ macro_rules! contract_tests {
             activity_order_and_since, activity_trims_after_an_hour, activity_per_node,
             identity_taken_once, identity_expires, identity_per_node, wg_address_unique, endpoints_round_trip,
             endpoints_replaced, endpoints_per_node, limits_round_trip_and_reach_the_feed,
-            quota_counts_add_roll_over_and_reset);
+            quota_counts_add_roll_over_and_reset, live_tunnels_are_summed_per_node_and_expire);
         contract_tests!(@two [$($how)*] $fixture; handles_see_each_other, concurrent_handles,
             identity_race, wg_address_race, feed_wait_wakes_on_a_write,
             quota_counts_are_shared_by_handles);

@@ -1,12 +1,19 @@
 //! The Redis store's client limits and quota counts: a client's limits are
 //! part of its record (`{pc_<name>}`, replaced by compare and set so a
 //! concurrent change is never overwritten), its quota count is the hash
-//! `{pc_<name>}:quota` (`window`, `bytes`), in the client's slot.
+//! `{pc_<name>}:quota` (`window`, `bytes`), in the client's slot; its open
+//! tunnels per node the hash `{pc_<name>}:live` (field `<host>_<block>`,
+//! value `<count>:<expires unix ms>`), whose key expires with its newest
+//! entry.
 
 use deadpool_redis::redis;
 
-use super::{client_key, quota_key, scripts, RedisStore, Req, Retry};
-use crate::{ClientLimits, StoreError};
+use super::{client_key, live_key, quota_key, scripts, RedisStore, Req, Retry};
+use crate::{ClientLimits, NodeId, StoreError};
+
+fn node_field(node: &NodeId) -> String {
+    format!("{}_{}", node.host, node.block)
+}
 
 /// Attempts of a compare-and-set before giving up on a record that keeps
 /// changing under it.
@@ -81,5 +88,78 @@ impl RedisStore {
             .run("resetting quota usage", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         Ok(())
+    }
+
+    /// [`crate::Store::put_live_tunnels`].
+    pub(super) async fn put_live_count(
+        &self,
+        node: &NodeId,
+        client: &str,
+        count: u64,
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let key = live_key(client);
+        let field = node_field(node);
+        if count == 0 {
+            let mut cmd = redis::cmd("HDEL");
+            cmd.arg(&key).arg(&field);
+            let _: i64 = self
+                .run("forgetting live tunnels", Retry::Idempotent, &Req::Cmd(cmd))
+                .await?;
+            return Ok(());
+        }
+        let ttl_ms = crate::ttl_millis(ttl).max(1);
+        let expires_at = crate::unix_now_ms().saturating_add(ttl_ms);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(&field)
+            .arg(format!("{count}:{expires_at}"))
+            .ignore()
+            // The key lives as long as its longest-lived entry: set when it
+            // has no expiry, raised but never lowered (Redis 7).
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl_ms)
+            .arg("NX")
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl_ms)
+            .arg("GT")
+            .ignore();
+        let () = self
+            .run(
+                "recording live tunnels",
+                Retry::Idempotent,
+                &Req::Pipe(pipe),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// [`crate::Store::live_tunnels`]: a malformed entry counts nothing.
+    pub(super) async fn live_count(
+        &self,
+        client: &str,
+        except: &NodeId,
+    ) -> Result<u64, StoreError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(live_key(client));
+        let entries: std::collections::HashMap<String, String> = self
+            .run("reading live tunnels", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        let now = crate::unix_now_ms();
+        let skip = node_field(except);
+        Ok(entries
+            .iter()
+            .filter(|(field, _)| **field != skip)
+            .filter_map(|(_, value)| {
+                let (count, expires_at) = value.split_once(':')?;
+                let expires_at: i64 = expires_at.parse().ok()?;
+                (expires_at > now).then(|| count.parse::<u64>().ok())?
+            })
+            .fold(0u64, u64::saturating_add))
     }
 }

@@ -9,6 +9,7 @@
 //! | --- | --- | --- |
 //! | `{pc_<name>}` | string | the client record, as JSON |
 //! | `{pc_<name>}:usage` | hash | `up`, `down`, `conns`: the client's counters |
+//! | `{pc_<name>}:live` | hash | `<host>_<block>` → `<count>:<expires unix ms>`: the client's open tunnels per node |
 //! | `{pc_<name>}:quota` | hash | `window`, `bytes`: the client's quota count in its current window |
 //! | `{pc_<name>}:batch:<writer>` | string | the last usage batch one store handle added for the client, for [`USAGE_BATCH_MEMORY`] |
 //! | `{blipless}:clients` | set | the names of all clients (the index) |
@@ -167,6 +168,10 @@ fn usage_key(name: &str) -> String {
 
 fn quota_key(name: &str) -> String {
     format!("{{pc_{name}}}:quota")
+}
+
+fn live_key(name: &str) -> String {
+    format!("{{pc_{name}}}:live")
 }
 
 /// The last usage batch that one store handle (`writer`) added for a client.

@@ -283,8 +283,10 @@ impl Store for RedisStore {
             .cmd("DEL")
             .arg(usage_key(name))
             .cmd("DEL")
-            .arg(super::quota_key(name));
-        let (records, _usage, _quota): (i64, i64, i64) = self
+            .arg(super::quota_key(name))
+            .cmd("DEL")
+            .arg(super::live_key(name));
+        let (records, _usage, _quota, _live): (i64, i64, i64, i64) = self
             .run("removing a client", Retry::Idempotent, &Req::Pipe(pipe))
             .await?;
         // The record is gone: its address may go to another client now.
@@ -562,5 +564,25 @@ impl Store for RedisStore {
             return Ok(());
         }
         self.reset_quota_count(name).await
+    }
+
+    async fn put_live_tunnels(
+        &self,
+        node: &NodeId,
+        client: &str,
+        count: u64,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        if !is_valid_name(client) {
+            return Ok(());
+        }
+        self.put_live_count(node, client, count, ttl).await
+    }
+
+    async fn live_tunnels(&self, client: &str, except: &NodeId) -> Result<u64, StoreError> {
+        if !is_valid_name(client) {
+            return Ok(0);
+        }
+        self.live_count(client, except).await
     }
 }

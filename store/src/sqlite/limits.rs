@@ -4,12 +4,14 @@
 //! `quota_usage (name, window, bytes)` holds one count per client: the bytes
 //! counted in the quota window named `window`; an add for another window
 //! replaces it (the period rolled over), so old windows leave nothing behind.
+//! `live_tunnels (client, host, block, count, expires_at)` holds what each
+//! node last said of a client's open tunnels (schema version 7).
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::db;
 use super::rows::{append_change, from_sql_int, to_sql_int};
-use crate::{ChangeKind, ClientLimits, StoreError};
+use crate::{ChangeKind, ClientLimits, NodeId, StoreError};
 
 /// Encodes limits for `clients.limits`: NULL when there are none.
 pub(super) fn encode(limits: &ClientLimits) -> Result<Option<String>, StoreError> {
@@ -100,4 +102,49 @@ pub(super) fn reset_quota_usage(conn: &Connection, name: &str) -> Result<(), Sto
     conn.execute("DELETE FROM quota_usage WHERE name = ?1", params![name])
         .map_err(db("resetting quota usage"))?;
     Ok(())
+}
+
+/// Records `client`'s tunnels on `node` until `expires_at` (unix ms); 0
+/// deletes the entry.
+pub(super) fn put_live_tunnels(
+    conn: &Connection,
+    node: &NodeId,
+    client: &str,
+    count: u64,
+    expires_at: i64,
+) -> Result<(), StoreError> {
+    if count == 0 {
+        conn.execute(
+            "DELETE FROM live_tunnels WHERE client = ?1 AND host = ?2 AND block = ?3",
+            params![client, node.host, node.block],
+        )
+        .map_err(db("forgetting live tunnels"))?;
+        return Ok(());
+    }
+    conn.execute(
+        "INSERT INTO live_tunnels (client, host, block, count, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (client, host, block) DO UPDATE SET \
+         count = excluded.count, expires_at = excluded.expires_at",
+        params![client, node.host, node.block, to_sql_int(count), expires_at],
+    )
+    .map_err(db("recording live tunnels"))?;
+    Ok(())
+}
+
+/// `client`'s tunnels on every node but `except`, unexpired at `now` (unix ms).
+pub(super) fn live_tunnels(
+    conn: &Connection,
+    client: &str,
+    except: &NodeId,
+    now: i64,
+) -> Result<u64, StoreError> {
+    let sum: Option<i64> = conn
+        .query_row(
+            "SELECT SUM(count) FROM live_tunnels WHERE client = ?1 AND expires_at > ?2 \
+             AND NOT (host = ?3 AND block = ?4)",
+            params![client, now, except.host, except.block],
+            |row| row.get(0),
+        )
+        .map_err(db("reading live tunnels"))?;
+    from_sql_int(sum.unwrap_or(0), "live tunnels")
 }

@@ -223,6 +223,8 @@ impl Store for SqliteStore {
             tx.execute("DELETE FROM usage WHERE name = ?1", params![name])
                 .map_err(db("deleting usage"))?;
             limits::reset_quota_usage(&tx, &name)?;
+            tx.execute("DELETE FROM live_tunnels WHERE client = ?1", params![name])
+                .map_err(db("deleting live tunnels"))?;
             append_change(&tx, &name, ChangeKind::Remove)?;
             tx.commit().map_err(db("committing remove_client"))?;
             Ok(true)
@@ -437,6 +439,29 @@ impl Store for SqliteStore {
         let name = name.to_owned();
         self.with_conn(move |conn| limits::reset_quota_usage(conn, &name))
             .await
+    }
+
+    async fn put_live_tunnels(
+        &self,
+        node: &NodeId,
+        client: &str,
+        count: u64,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (node, client) = (node.clone(), client.to_owned());
+        let expires_at = super::unix_now_ms().saturating_add(super::ttl_millis(ttl));
+        self.with_conn(move |conn| {
+            limits::put_live_tunnels(conn, &node, &client, count, expires_at)
+        })
+        .await
+    }
+
+    async fn live_tunnels(&self, client: &str, except: &NodeId) -> Result<u64, StoreError> {
+        let (client, except) = (client.to_owned(), except.clone());
+        self.with_conn(move |conn| {
+            limits::live_tunnels(conn, &client, &except, super::unix_now_ms())
+        })
+        .await
     }
 }
 

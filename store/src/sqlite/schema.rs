@@ -6,7 +6,8 @@
 //! `clients.wg_address`; clients without one, `NULL`, do not collide); 4 adds the
 //! WireGuard endpoint snapshot per node (`endpoints`); 5 keys egress identities by
 //! node (`node_identities`) and adds each client's egress policy (`clients.egress`);
-//! 6 adds each client's limits (`clients.limits`) and quota counts (`quota_usage`).
+//! 6 adds each client's limits (`clients.limits`) and quota counts (`quota_usage`);
+//! 7 adds the tunnels each node has open per client (`live_tunnels`).
 //! Each version's statements are `IF NOT EXISTS` where SQLite allows it, and a store is brought from whatever version it has
 //! to [`SCHEMA_VERSION`] by running the ones above it, under the write lock. Before
 //! version 3, `blipless-ctl` never set `wg_address`, so older stores upgrade cleanly; one
@@ -28,7 +29,7 @@ use super::db;
 use crate::StoreError;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// How long a write waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -117,9 +118,22 @@ CREATE TABLE IF NOT EXISTS quota_usage (
 );
 ";
 
+/// Version 7: the tunnels each node has open per client, until `expires_at`
+/// (unix ms), for fleet-wide connection caps (`limits`).
+const SCHEMA_V7: &str = "
+CREATE TABLE IF NOT EXISTS live_tunnels (
+    client     TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    block      TEXT NOT NULL,
+    count      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (client, host, block)
+);
+";
+
 /// Each version's schema statements, oldest first: index `i` brings version `i` to `i + 1`.
-const MIGRATIONS: [&str; 6] = [
-    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+const MIGRATIONS: [&str; 7] = [
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
 ];
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
