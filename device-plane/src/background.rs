@@ -1,6 +1,7 @@
 //! The device plane's background duties: follow the change feed (a blocking
 //! wait on it, so a change made anywhere in the fleet applies at once),
-//! flush usage, flush activity, evict removed clients' egress identities.
+//! flush usage (and share capped clients' tunnel counts with the fleet),
+//! flush activity, evict removed clients' egress identities.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clients::Directory;
 use crate::identity::{Identities, ACTIVITY_FLUSH};
+
+/// How long a node's record of a client's open tunnels counts: three usage
+/// flushes, at least 30 s (a node that died stops counting after it).
+fn live_ttl(usage_flush: Duration) -> Duration {
+    (usage_flush * 3).max(Duration::from_secs(30))
+}
 
 /// Longest single wait on the change feed (then it is waited on again).
 pub const FEED_WAIT: Duration = Duration::from_secs(1);
@@ -31,7 +38,10 @@ pub async fn maintain(
     activity.tick().await;
     loop {
         tokio::select! {
-            _ = usage.tick() => flush_usage(&directory, &identities).await,
+            _ = usage.tick() => {
+                flush_usage(&directory, &identities).await;
+                directory.share_tunnel_counts(identities.node(), live_ttl(usage_flush)).await;
+            }
             _ = activity.tick() => identities.flush().await,
             () = stop.cancelled() => break,
         }

@@ -462,6 +462,47 @@ impl Directory {
             .await
     }
 
+    /// Shares the open tunnels of every client with a connection cap with
+    /// the fleet through the store (docs/LIMITS.md, "Connection caps"):
+    /// records this node's count (for `ttl`) and reads the other nodes'.
+    /// A client whose cap was lifted has its last entry cleared. Failures
+    /// are logged at debug: the cap then holds on the counts last read.
+    pub async fn share_tunnel_counts(
+        &self,
+        node: &blipless_store::NodeId,
+        ttl: std::time::Duration,
+    ) {
+        use futures_util::StreamExt as _;
+        futures_util::stream::iter(self.all())
+            .for_each_concurrent(FLUSH_CONCURRENCY, |client| async move {
+                let capped = client.limiter.max_connections().is_some();
+                let live = if capped {
+                    client.meter.live_tunnels.load(Ordering::Relaxed)
+                } else {
+                    0
+                };
+                let reported = client.limiter.swap_reported_live(live);
+                let name = &client.record.name;
+                if live > 0 || reported > 0 {
+                    if let Err(error) = self.store.put_live_tunnels(node, name, live, ttl).await {
+                        tracing::debug!(client = %name, %error, "recording live tunnels failed");
+                        client.limiter.swap_reported_live(reported.max(live));
+                    }
+                }
+                if capped {
+                    match self.store.live_tunnels(name, node).await {
+                        Ok(others) => client.limiter.set_fleet_others(others),
+                        Err(error) => {
+                            tracing::debug!(client = %name, %error, "reading live tunnels failed")
+                        }
+                    }
+                } else {
+                    client.limiter.set_fleet_others(0);
+                }
+            })
+            .await;
+    }
+
     /// Adds `bytes` (just flushed) to the client's quota count in the store,
     /// when it has a quota, and judges it by the count the store returns:
     /// that count is fleet-wide. Also looks with nothing to add while the

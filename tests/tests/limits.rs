@@ -587,3 +587,97 @@ fn iperf3_through_a_wireguard_client_limited_to_20_mbit_stays_within_15_percent(
     let _ = iperf_server.kill();
     let _ = iperf_server.wait();
 }
+
+#[test]
+fn a_connection_cap_holds_across_two_nodes_on_one_redis() {
+    let origin = Origin::start();
+    let redis = Redis::start(false);
+    let store = format!("[store]\nurl = \"{}\"\nusage_flush = \"1s\"\n", redis.url());
+    let mut a = Node::custom("node-a", "", &store);
+    let mut b = Node::custom("node-b", "", &store);
+    let _ia = a.start_ingress();
+    let _da = a.start_device();
+    a.wait_ready();
+    let _ib = b.start_ingress();
+    let _db = b.start_device();
+    b.wait_ready();
+    let alice = a.add_client("alice");
+    set(&a, &["alice", "--max-connections", "5"]);
+    wait_until(Duration::from_secs(10), "alice to reach node b", || {
+        b.status_json()["device_planes"][0]["clients"] == 1
+    });
+    let via = |node: &Node| format!("socks5h://alice:{}@{}", alice.secret, node.socks);
+    let hold = |node: &Node, i: usize| {
+        let out = node.path().join(format!("held-{i}.out"));
+        (
+            download(&via(node), &origin.url("/slow/15000"), &out, &[]),
+            out,
+        )
+    };
+    let before = origin.requests();
+    let mut held: Vec<(Child, std::path::PathBuf)> = (0..3).map(|i| hold(&a, i)).collect();
+    wait_until(
+        Duration::from_secs(10),
+        "three tunnels through node a",
+        || origin.requests() >= before + 3,
+    );
+    // Node a records its 3 at its next flush, node b reads them at its own.
+    std::thread::sleep(Duration::from_secs(3));
+    held.extend((3..5).map(|i| hold(&b, i)));
+    wait_until(Duration::from_secs(10), "two more through node b", || {
+        origin.requests() >= before + 5
+    });
+    let refused = |node: &Node| {
+        blipless_tests::curl::curl(&[
+            "--max-time",
+            "10",
+            "--proxy",
+            &via(node),
+            &origin.url("/hello"),
+        ])
+        .status
+        .code()
+            == Some(97)
+    };
+    assert!(refused(&b), "node b let a sixth tunnel through");
+    wait_until(
+        Duration::from_secs(10),
+        "node a to refuse a sixth too",
+        || refused(&a),
+    );
+    for (child, out) in held {
+        let (ok, stderr) = finish(child);
+        assert!(ok, "a held tunnel failed: {stderr}");
+        assert_eq!(std::fs::read(&out).expect("body"), b"ok");
+    }
+}
+
+#[test]
+fn a_forwarded_http_request_is_held_to_the_rate_too() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, alice) = node.start();
+    set(&node, &["alice", "--rate-down", "8Mbit"]);
+    // Absolute-form through the HTTP proxy (no tunnel): 5 MB, 5 s at the limit.
+    let out = node.path().join("forward.out");
+    let started = Instant::now();
+    let (ok, stderr) = finish(download(
+        &alice.http,
+        &origin.url("/bytes/5000000"),
+        &out,
+        &[],
+    ));
+    let took = started.elapsed().as_secs_f64();
+    assert!(ok, "{stderr}");
+    assert_eq!(len(&out), 5_000_000);
+    assert!(std::fs::read(&out).expect("read") == blipless_tests::pattern(5_000_000));
+    let rate = 5_000_000.0 / took;
+    eprintln!(
+        "forwarded: 5 MB in {took:.2} s = {:.2} Mbit/s",
+        rate * 8.0 / 1e6
+    );
+    assert!(
+        (rate - RATE).abs() <= 0.15 * RATE,
+        "the forwarded request moved {rate:.0} B/s under a limit of {RATE} B/s"
+    );
+}

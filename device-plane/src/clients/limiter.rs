@@ -86,26 +86,33 @@ impl Bucket {
     /// unlimited.
     pub async fn take(&self) -> Option<usize> {
         loop {
-            let rate = self.rate();
-            if rate == 0 {
-                return None;
+            match self.try_take()? {
+                Ok(taken) => return Some(taken),
+                Err(wait) => tokio::time::sleep(wait).await,
             }
-            let chunk = chunk(rate);
-            let wait = {
-                let mut state = self.lock();
-                let tokens = Self::refill(&mut state, rate, Instant::now());
-                if tokens >= chunk {
-                    if let Some((tokens, _)) = state.as_mut() {
-                        *tokens -= chunk;
-                    }
-                    // A whole number of bytes below the buffer's size.
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                    return Some(chunk as usize);
-                }
-                Duration::from_secs_f64((chunk - tokens) / rate as f64)
-            };
-            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
         }
+    }
+
+    /// [`Bucket::take`] without waiting: `Ok(tokens taken)`, or `Err(how
+    /// long until they are there)`; `None`: unlimited.
+    pub fn try_take(&self) -> Option<Result<usize, Duration>> {
+        let rate = self.rate();
+        if rate == 0 {
+            return None;
+        }
+        let chunk = chunk(rate);
+        let mut state = self.lock();
+        let tokens = Self::refill(&mut state, rate, Instant::now());
+        if tokens >= chunk {
+            if let Some((tokens, _)) = state.as_mut() {
+                *tokens -= chunk;
+            }
+            // A whole number of bytes below the buffer's size.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            return Some(Ok(chunk as usize));
+        }
+        let wait = Duration::from_secs_f64((chunk - tokens) / rate as f64);
+        Some(Err(wait.max(Duration::from_millis(1))))
     }
 
     /// Gives back tokens [`Bucket::take`] took and a read did not use.
@@ -170,6 +177,11 @@ pub struct Limiter {
     over_token: Mutex<CancellationToken>,
     /// Whether its direct connections rotate their source.
     rotates: AtomicBool,
+    /// Its tunnels open on the fleet's other nodes, as last read from the
+    /// store (with a cap only).
+    fleet_others: AtomicU64,
+    /// What this plane last recorded in the store of its own tunnels.
+    reported_live: AtomicU64,
 }
 
 impl Limiter {
@@ -225,6 +237,21 @@ impl Limiter {
         self.rotates
             .load(Ordering::Relaxed)
             .then_some(SourcePolicy::Rotate)
+    }
+
+    /// Its tunnels on the fleet's other nodes, as last read.
+    pub fn fleet_others(&self) -> u64 {
+        self.fleet_others.load(Ordering::Relaxed)
+    }
+
+    /// Notes what the store said of the other nodes' tunnels.
+    pub fn set_fleet_others(&self, others: u64) {
+        self.fleet_others.store(others, Ordering::Relaxed);
+    }
+
+    /// What this plane last recorded of its own tunnels; swaps in `now`.
+    pub fn swap_reported_live(&self, now: u64) -> u64 {
+        self.reported_live.swap(now, Ordering::Relaxed)
     }
 
     /// The client's own connection cap, if it has one.

@@ -11,7 +11,9 @@
 //! - Over the tunnel cap, a CONNECT gets SOCKS5 reply 2 (not allowed by the
 //!   ruleset) or HTTP `429 Too Many Requests`. Tunnels adopted from a
 //!   predecessor always count and are never refused. A client's own
-//!   `max_connections` (docs/LIMITS.md) wins over the node's cap.
+//!   `max_connections` (docs/LIMITS.md) wins over the node's cap, and
+//!   counts its tunnels on the fleet's other nodes too, as they last
+//!   recorded them in the store.
 //! - A client over its quota gets SOCKS5 reply 2 or HTTP `403 Forbidden`
 //!   with the reason, for every new tunnel or request.
 
@@ -72,8 +74,19 @@ impl Caps {
     /// `own_cap` (its own `max_connections`) or else the node's cap; counts
     /// a refusal.
     pub fn admits_tunnel(&self, meter: &Meter, own_cap: Option<u64>) -> bool {
-        let cap = own_cap.unwrap_or(self.tunnels_per_client);
-        if cap == 0 || meter.live_tunnels.load(Ordering::Relaxed) < cap {
+        self.admits_tunnel_in_fleet(meter, own_cap, 0)
+    }
+
+    /// [`Caps::admits_tunnel`], with `others` tunnels of the client open on
+    /// the fleet's other nodes counted against its own cap (never against
+    /// the node's `limits.tunnels_per_client`).
+    pub fn admits_tunnel_in_fleet(&self, meter: &Meter, own_cap: Option<u64>, others: u64) -> bool {
+        let (cap, elsewhere) = match own_cap {
+            Some(cap) => (cap, others),
+            None => (self.tunnels_per_client, 0),
+        };
+        let here = meter.live_tunnels.load(Ordering::Relaxed);
+        if cap == 0 || here.saturating_add(elsewhere) < cap {
             return true;
         }
         self.refused_tunnels.fetch_add(1, Ordering::Relaxed);
@@ -86,7 +99,8 @@ impl Caps {
     pub fn check_tunnel(&self, client: &Client) -> Result<(), Refusal> {
         self.check_quota(client)?;
         let own_cap = client.limiter.max_connections();
-        if self.admits_tunnel(&client.meter, own_cap) {
+        let others = client.limiter.fleet_others();
+        if self.admits_tunnel_in_fleet(&client.meter, own_cap, others) {
             return Ok(());
         }
         Err(Refusal::TunnelCap(
@@ -211,5 +225,10 @@ mod tests {
         assert!(!caps.admits_tunnel(&meter, Some(2)));
         drop(held);
         assert!(!Caps::new(0, 0).admits_tunnel(&meter, Some(1)));
+        // Tunnels elsewhere in the fleet count against the client's own cap
+        // only.
+        assert!(!caps.admits_tunnel_in_fleet(&meter, Some(3), 2));
+        assert!(caps.admits_tunnel_in_fleet(&meter, Some(4), 2));
+        assert!(!caps.admits_tunnel_in_fleet(&meter, None, 0));
     }
 }

@@ -115,6 +115,11 @@ impl Identities {
         self.sources.get(turn % self.sources.len()).copied()
     }
 
+    /// The node this plane serves.
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+
     /// Identities open now.
     pub fn live(&self) -> u64 {
         lock(&self.open)

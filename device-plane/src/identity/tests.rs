@@ -118,6 +118,18 @@ impl Store for Instrumented {
     async fn reset_quota_usage(&self, name: &str) -> Result<(), StoreError> {
         self.inner.reset_quota_usage(name).await
     }
+    async fn put_live_tunnels(
+        &self,
+        node: &NodeId,
+        client: &str,
+        count: u64,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.put_live_tunnels(node, client, count, ttl).await
+    }
+    async fn live_tunnels(&self, client: &str, except: &NodeId) -> Result<u64, StoreError> {
+        self.inner.live_tunnels(client, except).await
+    }
 }
 
 fn node() -> NodeId {

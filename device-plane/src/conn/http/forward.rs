@@ -58,11 +58,14 @@ pub(super) async fn forward(
         .routes
         .route_of(egress.local_addr().ok(), egress.peer_addr().ok())
         .map(|route| route.down_token());
-    let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake(TokioIo::new(egress)).await {
-            Ok(pair) => pair,
-            Err(_) => return plain(StatusCode::BAD_GATEWAY, "destination unreachable\n"),
-        };
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
+        super::throttled::Throttled::new(egress, client.limiter.clone()),
+    ))
+    .await
+    {
+        Ok(pair) => pair,
+        Err(_) => return plain(StatusCode::BAD_GATEWAY, "destination unreachable\n"),
+    };
     // The origin connection lives as long as the exchange: dropping the
     // guard (an early answer here, or the response body done or dropped)
     // closes it.

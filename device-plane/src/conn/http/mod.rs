@@ -50,6 +50,7 @@ mod forward;
 mod io;
 mod limits;
 mod target;
+mod throttled;
 
 use exchange::Watch;
 use forward::forward;
