@@ -400,14 +400,15 @@ impl Directory {
                         return;
                     }
                 }
-                let meter = clients
-                    .get(name)
-                    .map(|c| c.meter.clone())
-                    .unwrap_or_default();
-                let client = Client {
-                    meter,
-                    ..Client::new(record, &self.defaults)
-                };
+                let old = clients.get(name).cloned();
+                let mut client = Client::new(record, &self.defaults);
+                if let Some(old) = old {
+                    // New credentials, same client: its usage, buckets, quota
+                    // state and fleet tunnel counts go on.
+                    old.limiter.set(&client.record.limits.or(&self.defaults));
+                    client.meter = old.meter.clone();
+                    client.limiter = old.limiter.clone();
+                }
                 let replaced = clients.insert(name.to_string(), Arc::new(client));
                 if let Some(old) = replaced {
                     // New credentials: connections made with the old ones close.
@@ -464,7 +465,8 @@ impl Directory {
 
     /// Shares the open tunnels of every client with a connection cap with
     /// the fleet through the store (docs/LIMITS.md, "Connection caps"):
-    /// records this node's count (for `ttl`) and reads the other nodes'.
+    /// records this plane's count under `node` ([`tunnel_instance`]), for
+    /// `ttl`, and reads every other entry's.
     /// A client whose cap was lifted has its last entry cleared. Failures
     /// are logged at debug: the cap then holds on the counts last read.
     pub async fn share_tunnel_counts(
@@ -498,6 +500,25 @@ impl Directory {
                     }
                 } else {
                     client.limiter.set_fleet_others(0);
+                }
+            })
+            .await;
+    }
+
+    /// Clears what this plane recorded of its clients' tunnels (at its exit:
+    /// its successor records its own, and the others need not wait for the
+    /// entries to expire).
+    pub async fn clear_tunnel_counts(&self, instance: &blipless_store::NodeId) {
+        use futures_util::StreamExt as _;
+        futures_util::stream::iter(self.all())
+            .for_each_concurrent(FLUSH_CONCURRENCY, |client| async move {
+                let reported = client.limiter.swap_reported_live(0);
+                if reported > 0 {
+                    let name = &client.record.name;
+                    let ttl = std::time::Duration::from_secs(1);
+                    if let Err(error) = self.store.put_live_tunnels(instance, name, 0, ttl).await {
+                        tracing::debug!(client = %name, %error, "clearing live tunnels failed");
+                    }
                 }
             })
             .await;
@@ -578,6 +599,16 @@ impl Directory {
                 }
             }
         }
+    }
+}
+
+/// How this plane names itself in the fleet's tunnel counts: its node, and
+/// its process, so that the two planes of a deploy keep separate entries
+/// (each counts the other's as elsewhere).
+pub fn tunnel_instance(node: &blipless_store::NodeId) -> blipless_store::NodeId {
+    blipless_store::NodeId {
+        host: node.host.clone(),
+        block: format!("{}.p{}", node.block, std::process::id()),
     }
 }
 

@@ -96,16 +96,25 @@ impl Caps {
     /// Whether `client` may open one more tunnel (or send one more
     /// request): under its connection cap and not over its quota. Counts a
     /// refusal.
-    pub fn check_tunnel(&self, client: &Client) -> Result<(), Refusal> {
+    /// The tunnel is counted before it is judged (and uncounted when
+    /// refused), so CONNECTs arriving at once cannot all slip under the cap:
+    /// the count it returns is the tunnel's, held until it ends.
+    pub fn check_tunnel(&self, client: &Client) -> Result<TunnelCount, Refusal> {
         self.check_quota(client)?;
         let own_cap = client.limiter.max_connections();
-        let others = client.limiter.fleet_others();
-        if self.admits_tunnel_in_fleet(&client.meter, own_cap, others) {
-            return Ok(());
+        let (cap, elsewhere) = match own_cap {
+            Some(cap) => (cap, client.limiter.fleet_others()),
+            None => (self.tunnels_per_client, 0),
+        };
+        let counted = TunnelCount::new(client.meter.clone());
+        // Ours included: at most `cap`.
+        let here = client.meter.live_tunnels.load(Ordering::Relaxed);
+        if cap == 0 || here.saturating_add(elsewhere) <= cap {
+            return Ok(counted);
         }
-        Err(Refusal::TunnelCap(
-            own_cap.unwrap_or(self.tunnels_per_client),
-        ))
+        drop(counted);
+        self.refused_tunnels.fetch_add(1, Ordering::Relaxed);
+        Err(Refusal::TunnelCap(cap))
     }
 
     /// Whether `client` is under its quota (a forwarded HTTP request needs

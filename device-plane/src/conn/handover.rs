@@ -245,7 +245,16 @@ pub async fn adopt(
                 up: migrate.up,
                 down: migrate.down,
             };
-            tunnel::run(context, migrate.kind, id, client, tunnel, may_hand_over).await;
+            tunnel::run(
+                context,
+                migrate.kind,
+                id,
+                client,
+                tunnel,
+                may_hand_over,
+                None,
+            )
+            .await;
         }
     }
 }

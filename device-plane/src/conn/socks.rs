@@ -184,14 +184,17 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
         Ok(Ok(accepted)) => accepted,
     };
     let name = client.record.name.clone();
-    if let Err(refusal) = context.caps.check_tunnel(&client) {
-        tracing::debug!(id, client = %name, ?refusal, "socks5 connect refused: the client's limits");
-        let _ = stream
-            .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
-            .await;
-        let _ = stream.shutdown().await;
-        return;
-    }
+    let counted = match context.caps.check_tunnel(&client) {
+        Ok(counted) => counted,
+        Err(refusal) => {
+            tracing::debug!(id, client = %name, ?refusal, "socks5 connect refused: the client's limits");
+            let _ = stream
+                .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
+                .await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
     let egress = tokio::select! {
         result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => return,
@@ -217,5 +220,14 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
     }
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
     let tunnel = Tunnel::established(stream, egress, pending);
-    crate::conn::tunnel::run(context, MigrateKind::SocksTunnel, id, client, tunnel, true).await;
+    crate::conn::tunnel::run(
+        context,
+        MigrateKind::SocksTunnel,
+        id,
+        client,
+        tunnel,
+        true,
+        Some(counted),
+    )
+    .await;
 }

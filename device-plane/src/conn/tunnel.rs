@@ -46,6 +46,8 @@ impl Tunnel {
 
 /// Runs `tunnel` to its end, or until it has been handed over (only if
 /// `may_hand_over`: a tunnel that came back from a failed handover stays).
+/// `counted`: the count its admission took ([`super::caps::Caps::check_tunnel`]);
+/// None for an adopted tunnel, counted here.
 pub async fn run(
     context: Arc<Context>,
     kind: MigrateKind,
@@ -53,10 +55,11 @@ pub async fn run(
     client: Arc<Client>,
     mut tunnel: Tunnel,
     mut may_hand_over: bool,
+    counted: Option<super::caps::TunnelCount>,
 ) {
     let name = client.record.name.clone();
     // Counted while it runs here (also when adopted: it exists already).
-    let _counted = super::caps::TunnelCount::new(client.meter.clone());
+    let _counted = counted.unwrap_or_else(|| super::caps::TunnelCount::new(client.meter.clone()));
     loop {
         let handover = context.handover_slot();
         let handover = async move {

@@ -241,6 +241,9 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
     packets.hand_over().await;
     background.cancel();
     background::flush_usage(&directory, &identities).await;
+    directory
+        .clear_tunnel_counts(&crate::clients::tunnel_instance(identities.node()))
+        .await;
     identities.keep_all().await;
     tracing::info!(
         migrated = context.migrated.load(Ordering::Relaxed),

@@ -110,30 +110,17 @@ impl RedisStore {
         }
         let ttl_ms = crate::ttl_millis(ttl).max(1);
         let expires_at = crate::unix_now_ms().saturating_add(ttl_ms);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HSET")
-            .arg(&key)
+        let mut script = scripts::PUT_LIVE_TUNNELS.prepare_invoke();
+        script
+            .key(&key)
             .arg(&field)
             .arg(format!("{count}:{expires_at}"))
-            .ignore()
-            // The key lives as long as its longest-lived entry: set when it
-            // has no expiry, raised but never lowered (Redis 7).
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ttl_ms)
-            .arg("NX")
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ttl_ms)
-            .arg("GT")
-            .ignore();
-        let () = self
+            .arg(ttl_ms);
+        let _: i64 = self
             .run(
                 "recording live tunnels",
                 Retry::Idempotent,
-                &Req::Pipe(pipe),
+                &Req::Script(script),
             )
             .await?;
         Ok(())

@@ -160,3 +160,19 @@ return reply
 ",
     )
 });
+
+/// Records one node's open tunnels of a client and keeps the hash alive as
+/// long as its longest-lived entry (raising its expiry, never lowering it;
+/// Redis 6 has no `PEXPIRE GT`). KEYS: the client's live hash. ARGV: the
+/// node's field, `<count>:<expires unix ms>`, the ttl in ms.
+pub(super) static PUT_LIVE_TUNNELS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+",
+    )
+});

@@ -76,6 +76,8 @@ const HOP_BY_HOP: [&str; 8] = [
 struct AcceptedConnect {
     egress: TcpStream,
     client: Arc<Client>,
+    /// The tunnel's count, taken when it was admitted.
+    counted: super::caps::TunnelCount,
 }
 
 type ConnectSlot = Arc<Mutex<Option<AcceptedConnect>>>;
@@ -214,7 +216,12 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take();
-    if let Some(AcceptedConnect { egress, client }) = accepted {
+    if let Some(AcceptedConnect {
+        egress,
+        client,
+        counted,
+    }) = accepted
+    {
         let tunnel = Tunnel::established(stream, egress, pending);
         crate::conn::tunnel::run(
             context,
@@ -223,6 +230,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
             client,
             tunnel,
             may_hand_over,
+            Some(counted),
         )
         .await;
         return;
@@ -428,10 +436,13 @@ async fn connect(
         Ok(destination) => target::egress_target(&destination),
         Err(error) => return target::refuse(&context, id, &name, &target_text, error),
     };
-    if let Err(refusal) = context.caps.check_tunnel(&client) {
-        tracing::debug!(id, client = %name, ?refusal, "http connect refused: the client's limits");
-        return refused(refusal);
-    }
+    let counted = match context.caps.check_tunnel(&client) {
+        Ok(counted) => counted,
+        Err(refusal) => {
+            tracing::debug!(id, client = %name, ?refusal, "http connect refused: the client's limits");
+            return refused(refusal);
+        }
+    };
     let egress = match context.connect_for(&name, &target).await {
         Ok(egress) => egress,
         Err(error) => {
@@ -443,8 +454,11 @@ async fn connect(
     // hyper answers 200, then `serve` takes the socket back and relays.
     *connect_slot
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-        Some(AcceptedConnect { egress, client });
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(AcceptedConnect {
+        egress,
+        client,
+        counted,
+    });
     Response::new(
         Full::new(Bytes::new())
             .map_err(|never| match never {})
