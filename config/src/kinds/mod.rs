@@ -337,6 +337,21 @@ impl Kind for OptionalPath {
     }
 }
 
+/// A text value of type `T` where empty means none: the value, `Some(None)`
+/// for empty, `None` when it does not parse.
+fn parse_optional<T: std::str::FromStr>(input: &Input<'_>) -> Option<Option<T>> {
+    let s = input.text()?;
+    if s.is_empty() {
+        return Some(None);
+    }
+    s.parse().ok().map(Some)
+}
+
+/// Why a text value of type `T` did not parse, in its parser's words.
+fn why_unparsed<T: std::str::FromStr<Err: std::fmt::Display>>(input: &Input<'_>) -> Option<String> {
+    Some(input.text()?.parse::<T>().err()?.to_string())
+}
+
 /// A rate limit (`10Mbit`; empty: none), [`crate::client_limits::Rate`].
 pub(crate) struct OptionalRate;
 impl Kind for OptionalRate {
@@ -345,15 +360,10 @@ impl Kind for OptionalRate {
     const EXPECTED: &'static str =
         "a rate such as 10Mbit or 2MB/s, from 8kbit to 100Gbit (empty: none)";
     fn parse(input: &Input<'_>) -> Option<Self::Out> {
-        let s = input.text()?;
-        if s.is_empty() {
-            return Some(None);
-        }
-        s.parse().ok().map(Some)
+        parse_optional(input)
     }
     fn why(input: &Input<'_>) -> Option<String> {
-        let error = input.text()?.parse::<crate::client_limits::Rate>().err()?;
-        Some(error.to_string())
+        why_unparsed::<crate::client_limits::Rate>(input)
     }
 }
 
@@ -365,15 +375,10 @@ impl Kind for OptionalQuota {
     const EXPECTED: &'static str =
         "BYTES/PERIOD such as 50GB/month, 1GB/day or 500MiB/12h (empty: none)";
     fn parse(input: &Input<'_>) -> Option<Self::Out> {
-        let s = input.text()?;
-        if s.is_empty() {
-            return Some(None);
-        }
-        s.parse().ok().map(Some)
+        parse_optional(input)
     }
     fn why(input: &Input<'_>) -> Option<String> {
-        let error = input.text()?.parse::<crate::client_limits::Quota>().err()?;
-        Some(error.to_string())
+        why_unparsed::<crate::client_limits::Quota>(input)
     }
 }
 
