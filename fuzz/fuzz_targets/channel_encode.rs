@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use blipless_protocol::channel::{
     self, Accepted, DecodeError, DeviceReport, Direction, DrainOrder, Drained, EndpointEntry, ExitQueues,
-    EndpointPart, Handoff, HandoffCounters, HandoffOffer, Hello, ListenerKind, Migrate,
+    EndpointPart, Handoff, HandoffCounters, HandoffOffer, HandoffProgress, Hello, ListenerKind, Migrate,
     MigrateKind, OfferedSocket, Packets, PeerEntry, PeerUpdate, Refused, Rejoin, SocketName,
     SyncClients, Synced, ToDevice, ToIngress, Welcome, MAX_FDS_PER_FRAME, MAX_FRAME,
 };
@@ -276,13 +276,23 @@ fn to_ingress(u: &mut Unstructured<'_>) -> Result<ToIngress<'static>> {
     })
 }
 
+/// A progress report that fits one frame, as `HandoffProgress::split` makes them.
+fn progress(u: &mut Unstructured<'_>) -> Result<HandoffProgress> {
+    let mut moved: Vec<[u8; 32]> = u.arbitrary()?;
+    moved.truncate(1_000);
+    let mut planes: Vec<u32> = u.arbitrary()?;
+    planes.truncate(1_000);
+    Ok(HandoffProgress { moved, planes })
+}
+
 fn handoff(u: &mut Unstructured<'_>) -> Result<Handoff> {
-    Ok(match u.int_in_range(0..=5)? {
+    Ok(match u.int_in_range(0..=6)? {
         0 => Handoff::Hello(hello(u)?),
         1 => Handoff::Refused(refused(u)?),
         2 => Handoff::Offer(offer(u)?),
         3 => Handoff::Peers(peers(u)?),
         4 => Handoff::Endpoints(endpoints(u)?),
+        5 => Handoff::Progress(progress(u)?),
         _ => Handoff::Serving,
     })
 }

@@ -17,6 +17,22 @@ pub const STALL_HANDOFF: &str = "BLIPLESS_FAULT_STALL_HANDOFF_MS";
 #[cfg(feature = "fault-injection")]
 pub const DIE_AFTER_SERVING: &str = "BLIPLESS_FAULT_DIE_AFTER_SERVING_MS";
 
+/// A successor sends its predecessor no progress reports, as one built
+/// before they existed: the predecessor then waits on the quiet rule.
+#[cfg(feature = "fault-injection")]
+pub const SILENT_SUCCESSOR: &str = "BLIPLESS_FAULT_SILENT_SUCCESSOR";
+
+/// False when `BLIPLESS_FAULT_SILENT_SUCCESSOR` is set: this successor
+/// reports no progress to its predecessor.
+pub fn reports_progress() -> bool {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os(SILENT_SUCCESSOR).is_some() {
+        tracing::warn!("fault injection: {SILENT_SUCCESSOR}");
+        return false;
+    }
+    true
+}
+
 /// `BLIPLESS_FAULT_STALL_HANDOFF_MS`: waits that long, if it is set.
 pub async fn stall_handoff() {
     #[cfg(feature = "fault-injection")]

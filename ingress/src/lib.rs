@@ -137,7 +137,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut running = serving.spawn()?;
     if let Some(predecessor) = predecessor {
         predecessor
-            .serve_beside(&metrics, &lineage, started)
+            .serve_beside(
+                &metrics,
+                &lineage,
+                started,
+                wireguard.clone(),
+                planes.clone(),
+            )
             .await?;
     }
     tracing::info!(

@@ -64,10 +64,12 @@ fn a_third_ingress_waits_for_its_turn_and_takes_over_from_the_second() {
     let origin = Origin::start();
     let mut node = Node::new("");
     let (mut first, _device, client) = node.start();
-    // Two restarts in a row: the second ingress serves beside the first
-    // (a WireGuard-quiet ingress leaves after a second), and the third
-    // arrives meanwhile. It waits, then takes over from the second.
-    let mut second = node.spawn_ingress();
+    // Two restarts in a row: the second ingress serves beside the first,
+    // and the third arrives meanwhile. It waits, then takes over from the
+    // second. The second reports no progress, so the first stays its 3 s
+    // (the rule for a successor that sends no reports) and the third
+    // surely finds it there.
+    let mut second = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_SILENT_SUCCESSOR", "1")]);
     wait_until(
         Duration::from_secs(20),
         "the second ingress to serve",
@@ -172,11 +174,18 @@ fn a_successor_killed_mid_handoff_leaves_the_old_one_serving() {
 #[test]
 fn a_successor_that_dies_after_serving_gives_the_node_back_to_the_old_one() {
     let origin = Origin::start();
-    // Keep the old ingress around long enough to see the successor die.
-    let mut node = Node::new("[wireguard]\nendpoint = \"127.0.0.1:51820\"\n");
+    // Keep the old ingress around long enough to see the successor die: a
+    // successor that reports no progress keeps it 3 s (its device plane
+    // may still depend on it).
+    let mut node = Node::new("");
     let (mut first, _device, client) = node.start();
-    let mut second =
-        node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_DIE_AFTER_SERVING_MS", "300")]);
+    let mut second = node.spawn_ingress_with(
+        &[],
+        &[
+            ("BLIPLESS_FAULT_DIE_AFTER_SERVING_MS", "300"),
+            ("BLIPLESS_FAULT_SILENT_SUCCESSOR", "1"),
+        ],
+    );
     let status = second
         .wait_exit(Duration::from_secs(20))
         .expect("the successor dies");

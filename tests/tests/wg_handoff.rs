@@ -20,6 +20,20 @@ fn five_handoffs(world: &mut WgWorld) {
     let started = Instant::now();
     for round in 1..=5 {
         let (next, took) = world.node.hand_off(&mut world.ingress);
+        // The old ingress left because its peer had moved and its device
+        // plane had rejoined the successor (not on a timer, not at the
+        // grace): the successor reported the peer moved.
+        let old_log = world.ingress.log_text();
+        let left = old_log
+            .lines()
+            .find(|line| line.contains("nothing depends on this ingress"))
+            .unwrap_or_else(|| {
+                panic!("handoff {round}: the old ingress did not say why it left:\n{old_log}")
+            });
+        assert!(
+            left.contains("moved=1"),
+            "handoff {round}: the successor reported the peer moved: {left}"
+        );
         world.ingress = next;
         eprintln!("ingress handoff {round}: the old one left after {took:?}");
     }

@@ -12,7 +12,9 @@
 //!               ◀─────────────────   Peers (full set), Endpoints (snapshot)
 //!   serves on the sockets
 //!   HandoffServing ───────────────▶   stops accepting, Goaway to device planes,
-//!                                     decrypts its sessions until they go quiet
+//!                                     decrypts its sessions until nothing
+//!   HandoffProgress (peers moved, ─▶   depends on it ([`departure`])
+//!     planes attached), repeated
 //!   (connection held open)           exits: the connection closes
 //! ```
 //!
@@ -20,6 +22,7 @@
 //!   [`Predecessor`]).
 //! - [`predecessor`]: the running ingress giving them away ([`serve`] on the
 //!   handoff socket, [`step_aside`] once a successor serves).
+//! - [`departure`]: when the predecessor may exit (no I/O).
 //!
 //! The socket is SOCK_SEQPACKET and the frames are the device channel's (the
 //! same codec, the same fd passing), so a snapshot too large for one frame
@@ -29,6 +32,7 @@
 //! that goes away after it makes the predecessor take everything back (the
 //! connection closing is how each side learns the other is gone).
 
+pub mod departure;
 pub mod predecessor;
 pub mod successor;
 
@@ -100,16 +104,4 @@ fn check_peer(socket: &UnixSeqpacket) -> anyhow::Result<()> {
         peercred::refusal(credentials.uid())
     );
     Ok(())
-}
-
-/// Completes when the other end of a handoff connection has closed (its
-/// process exited or gave up).
-async fn closed(socket: &UnixSeqpacket) {
-    let mut buffer = [0u8; 64];
-    loop {
-        match socket.recv(&mut buffer).await {
-            Ok(info) if info.bytes_read() > 0 => {}
-            _ => return,
-        }
-    }
 }

@@ -2,8 +2,8 @@
 //! successors on `handoff.sock`, offers one of them every listening socket,
 //! its peers and their endpoints, and once that one serves, steps aside: it
 //! stops accepting, sends its device planes Goaway, and goes on decrypting its
-//! own WireGuard sessions until they go quiet, or takes everything back if the
-//! successor dies.
+//! own WireGuard sessions until nothing depends on it any more
+//! ([`super::departure`]), or takes everything back if the successor dies.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
-use super::{check_peer, closed, receive, Lineage};
+use super::departure::{Departure, Look, Verdict};
+use super::{check_peer, receive, Lineage};
 use crate::listeners::Listeners;
 use crate::node::Node;
 use crate::peercred;
@@ -29,12 +30,8 @@ use crate::wg::Wireguard;
 
 /// How long a predecessor waits for its successor to start serving.
 const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
-/// An ingress that handed off exits once no session of its own has carried a
-/// packet for this long (its peers have moved to the successor).
-const QUIET_BEFORE_EXIT: Duration = Duration::from_secs(3);
-/// ... but not before this long after the successor started serving, so device
-/// planes and peers have time to move.
-const MIN_OVERLAP: Duration = Duration::from_secs(1);
+/// How often a predecessor that stepped aside checks whether it may leave.
+const CHECK_EVERY: Duration = Duration::from_millis(10);
 
 /// What the handoff listener offers, and whom it tells when a successor
 /// serves.
@@ -224,8 +221,10 @@ pub enum SteppedAside {
 
 /// A successor serves (`successor` is its handoff connection): stops every
 /// listener task of `running`, sends every device plane Goaway, and keeps
-/// decrypting this ingress's own WireGuard sessions until they go quiet, the
-/// successor dies, `grace` passes or `shutdown` is cancelled.
+/// decrypting this ingress's own WireGuard sessions until nothing depends on
+/// this ingress any more ([`Departure`]: peers moved or idle, planes rejoined,
+/// its socket drained), the successor dies, `grace` passes or `shutdown` is
+/// cancelled.
 pub async fn step_aside(
     successor: &UnixSeqpacket,
     running: Running,
@@ -248,37 +247,48 @@ pub async fn step_aside(
             .collect(),
     )
     .await;
-    let successor_died = tokio::select! {
-        () = closed(successor) => true,
-        () = quiet(wireguard, overlap, grace) => false,
-        () = shutdown.cancelled() => false,
-    };
-    if !successor_died {
-        tracing::info!(overlap = ?overlap.elapsed(), idle = ?wireguard.idle_for(), "sessions quiet; the successor has them all: exiting");
-        return SteppedAside::Exit;
+    let mut departure = Departure::new(grace);
+    let mut buffer = vec![0u8; MAX_FRAME];
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            received = blipless_link::receive::<Handoff>(successor, &mut buffer) => match received {
+                Ok(Some((Handoff::Progress(progress), _))) => departure.on_progress(progress),
+                Ok(Some((other, _))) => {
+                    tracing::debug!("the successor sent {} during the overlap; ignored", other.name());
+                }
+                Err(LinkError::Io(_)) | Ok(None) => break,
+                Err(error) => tracing::warn!(%error, "a bad message from the successor; ignored"),
+            },
+            _ = check.tick() => {
+                let peers = wireguard.activity();
+                let traffic = planes.carrying_traffic();
+                let look = Look {
+                    elapsed: overlap.elapsed(),
+                    now_ms: wireguard.now_ms(),
+                    peers: &peers,
+                    planes: &traffic,
+                    migrations: planes.migrations_in_flight(),
+                };
+                match departure.check(&look) {
+                    Verdict::Stay(_) => continue,
+                    Verdict::Settled => {
+                        tracing::info!(overlap = ?overlap.elapsed(), moved = departure.moved(), idle = ?wireguard.idle_for(), "nothing depends on this ingress any more (peers moved or idle, device planes rejoined): exiting");
+                    }
+                    Verdict::GraceOver(waiting) => {
+                        tracing::warn!(overlap = ?overlap.elapsed(), peers = waiting.peers, planes = waiting.planes, migrations = waiting.migrations, "drain grace over while peers, device planes or migrations still depended on this ingress: exiting");
+                    }
+                }
+                return SteppedAside::Exit;
+            }
+            () = shutdown.cancelled() => {
+                tracing::info!(overlap = ?overlap.elapsed(), "asked to stop during the overlap: exiting");
+                return SteppedAside::Exit;
+            }
+        }
     }
     tracing::warn!("the successor ingress died after taking over; serving again");
     lineage.handing_off.store(false, Ordering::SeqCst);
     SteppedAside::ServeAgain
-}
-
-/// Completes once no session of this ingress has carried a packet for
-/// [`QUIET_BEFORE_EXIT`] (and at least [`MIN_OVERLAP`] has passed since
-/// `since`), or at `grace`.
-async fn quiet(wireguard: &Wireguard, since: Instant, grace: Duration) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if since.elapsed() >= grace {
-            tracing::warn!("drain grace over while sessions still carried packets");
-            return;
-        }
-        if since.elapsed() < MIN_OVERLAP {
-            continue;
-        }
-        match wireguard.idle_for() {
-            None => return,
-            Some(idle) if idle >= QUIET_BEFORE_EXIT => return,
-            Some(_) => {}
-        }
-    }
 }

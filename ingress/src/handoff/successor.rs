@@ -2,6 +2,7 @@
 //! `handoff.sock`, takes its offer (sockets, peers, endpoints), serves on the
 //! same sockets, and says so.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,14 +11,17 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    EndpointEntry, Handoff, HandoffOffer, Hello, PeerEntry, Refused, Rejoin, MAX_FRAME,
+    EndpointEntry, Handoff, HandoffOffer, HandoffProgress, Hello, PeerEntry, Refused, Rejoin,
+    MAX_FRAME,
 };
 use tokio_seqpacket::UnixSeqpacket;
 
-use super::{check_peer, closed, receive, Lineage};
+use super::{check_peer, receive, Lineage};
 use crate::fault;
 use crate::listeners::Listeners;
 use crate::metrics::Metrics;
+use crate::planes::Planes;
+use crate::wg::Wireguard;
 
 /// How long a predecessor may take to answer when the handoff socket itself
 /// came back from the service manager's fd store: then the socket accepts
@@ -200,14 +204,17 @@ impl Predecessor {
     }
 
     /// This ingress serves on the sockets: carries on the predecessor's
-    /// counters, tells it so (it steps aside), and watches the connection,
-    /// which closes when the predecessor exits; until then `lineage` refuses
+    /// counters, tells it so (it steps aside), then reports its progress
+    /// (peers moved, device planes attached) until the connection closes,
+    /// which it does when the predecessor exits; until then `lineage` refuses
     /// a third ingress. `started`: when this ingress started.
     pub async fn serve_beside(
         self,
         metrics: &Metrics,
         lineage: &Arc<Lineage>,
         started: Instant,
+        wireguard: Arc<Wireguard>,
+        planes: Arc<Planes>,
     ) -> anyhow::Result<()> {
         fault::stall_handoff().await;
         metrics.carry_on(&self.offer.counters, started.elapsed());
@@ -218,11 +225,55 @@ impl Predecessor {
         lineage.beside_predecessor.store(true, Ordering::SeqCst);
         let lineage = lineage.clone();
         tokio::spawn(async move {
-            closed(&connection).await;
+            report_progress(&connection, &wireguard, &planes).await;
             lineage.beside_predecessor.store(false, Ordering::SeqCst);
             tracing::info!("the predecessor ingress has exited");
         });
         fault::die_after_serving();
         Ok(())
+    }
+}
+
+/// How often a successor tells its predecessor what moved.
+const PROGRESS_EVERY: Duration = Duration::from_millis(10);
+
+/// Tells the predecessor, every [`PROGRESS_EVERY`] while there is news, which
+/// peers have sent this ingress data and which device planes have attached
+/// here ([`HandoffProgress`]); returns when the predecessor's connection
+/// closes (it exited).
+async fn report_progress(connection: &UnixSeqpacket, wireguard: &Wireguard, planes: &Planes) {
+    let reports = fault::reports_progress();
+    let mut moved = HashSet::new();
+    let mut attached = HashSet::new();
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut scratch = [0u8; 64];
+    loop {
+        tokio::select! {
+            received = connection.recv(&mut scratch) => match received {
+                Ok(info) if info.bytes_read() > 0 => continue,
+                _ => return,
+            },
+            _ = tick.tick() => {}
+        }
+        if !reports {
+            continue;
+        }
+        let progress = HandoffProgress {
+            moved: wireguard.newly_sending(&mut moved),
+            planes: planes
+                .all()
+                .iter()
+                .map(|plane| plane.pid)
+                .filter(|pid| attached.insert(*pid))
+                .collect(),
+        };
+        for part in progress.split() {
+            if let Err(error) = blipless_link::send(connection, &Handoff::Progress(part), &[]).await
+            {
+                tracing::debug!(%error, "could not tell the predecessor our progress");
+                return;
+            }
+        }
     }
 }

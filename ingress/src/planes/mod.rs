@@ -113,6 +113,21 @@ impl Planes {
         }
     }
 
+    /// How many connections passed between planes await their confirmation.
+    pub fn migrations_in_flight(&self) -> usize {
+        lock(&self.migrations).len()
+    }
+
+    /// Process ids of the attached planes that carry traffic (active or
+    /// draining; a plane on standby is still warming up).
+    pub fn carrying_traffic(&self) -> Vec<u32> {
+        lock(&self.attached)
+            .iter()
+            .filter(|plane| plane.state() != PlaneState::Standby)
+            .map(|plane| plane.pid)
+            .collect()
+    }
+
     /// The plane connection `id` came from, if it is still attached.
     pub fn migration_done(&self, id: u64) -> Option<Arc<PlaneLink>> {
         lock(&self.migrations).remove(&id)?.from.upgrade()

@@ -315,6 +315,7 @@ impl Wireguard {
             packet,
             Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
         );
+        let data = matches!(packet, Packet::PacketData(_));
         let peer = {
             let table = self.read_peers();
             let found = match &packet {
@@ -364,13 +365,21 @@ impl Wireguard {
             }
             TunnResult::WriteToTunnelV4(inner, source) => {
                 peer.heard_from(from, self.now_ms());
+                peer.sent_data(self.now_ms());
                 self.accept_inner(&peer, IpAddr::V4(source), inner, &mut work.inner);
             }
             TunnResult::WriteToTunnelV6(inner, source) => {
                 peer.heard_from(from, self.now_ms());
+                peer.sent_data(self.now_ms());
                 self.accept_inner(&peer, IpAddr::V6(source), inner, &mut work.inner);
             }
-            TunnResult::Done => peer.heard_from(from, self.now_ms()),
+            TunnResult::Done => {
+                peer.heard_from(from, self.now_ms());
+                if data {
+                    // A keepalive: data on a session of ours all the same.
+                    peer.sent_data(self.now_ms());
+                }
+            }
             TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
         }
     }

@@ -50,6 +50,9 @@ pub struct Peer {
     last_received_ms: AtomicU64,
     /// Milliseconds since the Unix epoch of the last session made, 0 if none.
     session_ms: AtomicU64,
+    /// Milliseconds since the Unix epoch of the last authenticated data
+    /// message (type 4, keepalives included), 0 if none.
+    data_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for Peer {
@@ -121,6 +124,18 @@ impl Peer {
     /// Milliseconds since the epoch of the last authenticated packet (0: never).
     pub fn last_received_ms(&self) -> u64 {
         self.last_received_ms.load(Ordering::Relaxed)
+    }
+
+    /// Records an authenticated data message (a keepalive counts): the peer
+    /// sends on a session of this ingress.
+    pub fn sent_data(&self, now_ms: u64) {
+        self.data_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the epoch of the last authenticated data message
+    /// (0: never).
+    pub fn data_ms(&self) -> u64 {
+        self.data_ms.load(Ordering::Relaxed)
     }
 }
 
@@ -203,6 +218,7 @@ impl PeerTable {
                 endpoint: Mutex::new(existing.endpoint()),
                 last_received_ms: AtomicU64::new(existing.last_received_ms()),
                 session_ms: AtomicU64::new(existing.session_made_ms()),
+                data_ms: AtomicU64::new(existing.data_ms()),
             });
             self.insert(moved);
             return true;
@@ -219,6 +235,7 @@ impl PeerTable {
             endpoint: Mutex::new(None),
             last_received_ms: AtomicU64::new(0),
             session_ms: AtomicU64::new(0),
+            data_ms: AtomicU64::new(0),
         });
         self.insert(peer);
         true

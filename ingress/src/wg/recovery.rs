@@ -13,7 +13,7 @@
 //!   retry 15-30 s later; with a predecessor still decrypting the old sessions,
 //!   no packet is lost meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +40,27 @@ impl Wireguard {
     /// given an endpoint snapshot yet: device planes are asked for one.
     pub fn wants_endpoints(&self) -> bool {
         !self.seeded.load(Ordering::SeqCst)
+    }
+
+    /// Each peer heard from, with its last authenticated packet (ms since the
+    /// epoch), for a predecessor deciding whether it may leave.
+    pub fn activity(&self) -> Vec<([u8; 32], u64)> {
+        self.read_peers()
+            .iter()
+            .map(|peer| (peer.public_key, peer.last_received_ms()))
+            .filter(|(_, last)| *last > 0)
+            .collect()
+    }
+
+    /// Peers that have sent this ingress data and are not in `reported`
+    /// (which they join): for a successor's progress report.
+    pub fn newly_sending(&self, reported: &mut HashSet<[u8; 32]>) -> Vec<[u8; 32]> {
+        self.read_peers()
+            .iter()
+            .filter(|peer| peer.data_ms() > 0)
+            .map(|peer| peer.public_key)
+            .filter(|key| reported.insert(*key))
+            .collect()
     }
 
     /// The peer set and endpoints now, for a successor.

@@ -13,6 +13,7 @@ use super::migrate::{self, Migrate};
 use super::packets::Packets;
 use super::payloads::{self as p, *};
 use super::peers::{self, PeerUpdate};
+use super::progress::{self, HandoffProgress};
 use super::sync::{self, SyncClients, Synced};
 use super::DecodeError;
 
@@ -121,6 +122,9 @@ pub enum Handoff {
     /// Successor to predecessor: serving on the sockets now; stop accepting,
     /// send device planes Goaway, and exit once your sessions are idle.
     Serving,
+    /// Successor to predecessor, while both serve: peers that moved and
+    /// device planes that attached since the last one.
+    Progress(HandoffProgress),
 }
 
 impl<'a> Conversation<'a> for ToDevice<'a> {
@@ -285,6 +289,7 @@ impl<'a> Conversation<'a> for Handoff {
             Handoff::Peers(_) => T_PEERS,
             Handoff::Endpoints(_) => T_ENDPOINTS,
             Handoff::Serving => T_HANDOFF_SERVING,
+            Handoff::Progress(_) => T_HANDOFF_PROGRESS,
         }
     }
 
@@ -303,6 +308,7 @@ impl<'a> Conversation<'a> for Handoff {
             Handoff::Peers(update) => peers::encode(update, out),
             Handoff::Endpoints(part) => endpoints::encode(part, out),
             Handoff::Serving => {}
+            Handoff::Progress(body) => progress::encode(body, out),
         }
     }
 
@@ -317,6 +323,7 @@ impl<'a> Conversation<'a> for Handoff {
                 empty(message_type, payload)?;
                 Handoff::Serving
             }
+            T_HANDOFF_PROGRESS => Handoff::Progress(progress::decode(payload)?),
             other => return Err(not_carried(other, Self::NAME)),
         })
     }

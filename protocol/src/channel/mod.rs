@@ -38,6 +38,7 @@ mod migrate;
 mod packets;
 mod payloads;
 mod peers;
+mod progress;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -53,6 +54,7 @@ pub use payloads::{
     Welcome,
 };
 pub use peers::{PeerEntry, PeerUpdate};
+pub use progress::HandoffProgress;
 pub use sync::{SyncClients, Synced};
 
 use cursor::Truncated;

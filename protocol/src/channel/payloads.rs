@@ -258,6 +258,7 @@ pub(crate) const T_HANDOFF_SERVING: u8 = 19;
 pub(crate) const T_SYNC_CLIENTS: u8 = 20;
 pub(crate) const T_SYNCED: u8 = 21;
 pub(crate) const T_EXIT_QUEUES: u8 = 22;
+pub(crate) const T_HANDOFF_PROGRESS: u8 = 23;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -284,6 +285,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_SYNC_CLIENTS => "SyncClients",
         T_SYNCED => "Synced",
         T_EXIT_QUEUES => "ExitQueues",
+        T_HANDOFF_PROGRESS => "HandoffProgress",
         _ => return None,
     })
 }

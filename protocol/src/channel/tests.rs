@@ -235,6 +235,11 @@ fn handoff_samples() -> Vec<Handoff> {
         Handoff::Peers(sample_peers()),
         Handoff::Endpoints(endpoints_sample()),
         Handoff::Serving,
+        Handoff::Progress(HandoffProgress {
+            moved: vec![[7; 32], [9; 32]],
+            planes: vec![4242],
+        }),
+        Handoff::Progress(HandoffProgress::default()),
     ]
 }
 

@@ -311,7 +311,7 @@ pub(super) fn hand_off(
         first_after(&new_log, spawned_at, "ingress serving").map(|(at, _)| since(*at));
     handoff.device_moved =
         first_after(&new_log, spawned_at, "device plane ready").map(|(at, _)| since(*at));
-    if let Some((at, line)) = first_after(&old_log, spawned_at, "sessions quiet") {
+    if let Some((at, line)) = first_after(&old_log, spawned_at, "nothing depends on this ingress") {
         handoff.quiet = field(line, "idle").and_then(debug_duration);
         handoff.last_old_packet = handoff.quiet.map(|quiet| since(*at) - quiet);
     }
