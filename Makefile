@@ -62,6 +62,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install cargo-deny --version $(CARGO_DENY_VERSION) --locked
+	$(CARGO) fetch --locked >/dev/null
 	$(CARGO) deny --offline check licenses bans sources
 
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
