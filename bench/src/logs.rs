@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn log_times_and_fields_parse() {
-        let line = "2026-11-30T12:47:18.565739Z  INFO blipless_ingress: sessions quiet; the successor has them all: exiting overlap=4.1s idle=Some(3.012s)";
+        let line = "2026-11-30T12:47:18.565739Z  INFO blipless_ingress::handoff::predecessor: nothing depends on this ingress any more (peers moved or idle, device planes rejoined): exiting overlap=4.1s moved=1000 idle=Some(3.012s)";
         let unix = log_time(line).expect("a time");
         assert!((unix - 1_796_042_838.565_739).abs() < 1e-3, "{unix}");
         assert_eq!(field(line, "idle").and_then(debug_duration), Some(3.012));

@@ -50,8 +50,8 @@ use crate::serving::Serving;
 /// then drains: `/status` answers 503 `draining`, the listeners close after the
 /// lame-duck period, every device plane is told to drain, and this returns once
 /// no plane is attached or the drain grace has passed. When a successor takes
-/// over by handoff instead, this returns once its own WireGuard sessions have
-/// gone quiet (or at the drain grace).
+/// over by handoff instead, this returns once nothing depends on this ingress
+/// any more (`handoff::departure`), or at the drain grace.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let started = Instant::now();
     // Sockets the service manager kept for us (after a crash), by name.
@@ -171,7 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             },
         };
         // A successor serves: step aside, keep decrypting our own sessions
-        // until they go quiet, or take everything back if it dies.
+        // until nothing depends on us, or take everything back if it dies.
         let grace = config.drain.grace;
         match handoff::step_aside(
             &successor, running, &planes, &wireguard, &lineage, grace, &shutdown,

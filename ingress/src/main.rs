@@ -12,7 +12,8 @@ use clap::{CommandFactory, Parser};
 /// WireGuard and trades inner packets with the device plane; serves /status
 /// and /metrics and the control socket for blipless-ctl. Starting a second one
 /// beside a running one restarts the ingress by handoff: the new one takes the
-/// sockets and WireGuard peers, the old one exits once its sessions are quiet.
+/// sockets and WireGuard peers, the old one exits once its peers and device
+/// planes have moved.
 /// SIGTERM or `blipless-ctl drain`: drain the node and exit.
 #[derive(Debug, Parser)]
 #[command(

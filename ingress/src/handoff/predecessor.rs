@@ -211,8 +211,8 @@ async fn send_offer(socket: &UnixSeqpacket, offering: Offering<'_>) -> Result<bo
 /// How stepping aside for a successor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SteppedAside {
-    /// This ingress's sessions went quiet (or the drain grace passed, or a
-    /// drain was asked for): the successor has everything; exit.
+    /// Nothing depends on this ingress any more (or the drain grace passed,
+    /// or a stop was asked for): the successor has everything; exit.
     Exit,
     /// The successor died: serve again (steer WireGuard back, restart the
     /// listener tasks). Another successor may take over from then on.

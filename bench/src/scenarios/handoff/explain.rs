@@ -53,10 +53,11 @@ pub(super) fn explain(
     );
     let _ = writeln!(
         s,
-        "- **The old ingress exits** {} after the spawn. It waits until none of its sessions has carried a packet \
-           for 3 s (`QUIET_BEFORE_EXIT` in `ingress/src/handoff/predecessor.rs`, checked every 200 ms, and at least 1 s after the \
-           successor serves): the quiet it logged at exit was {}. **That fixed wait is most of the handoff time**; \
-           the work itself (successor serving, peers moved) takes the rest.",
+        "- **The old ingress exits** {} after the spawn. It leaves once nothing depends on it \
+           (`ingress/src/handoff/departure.rs`, checked every 10 ms): every peer has sent the successor data (the \
+           successor reports it in `HandoffProgress`) or has sent the old ingress nothing for 3 s, every device plane \
+           has attached to the successor, and the old socket has carried nothing for 100 ms. The time since its last \
+           packet, logged at exit, was {}.",
         values(&|h| Some(h.exit)),
         values(&|h| h.quiet)
     );

@@ -118,7 +118,7 @@ pub fn render(machine: &Machine, plan: Plan<'_>, knobs: &Knobs, results: &[SizeR
     s.push_str(
         "- **A handoff** is what `Node::hand_off` does: spawn a second `blipless-ingress` with the same config; it \
            takes the old one's sockets and WireGuard peers over `handoff.sock`, serves, calls recently active peers \
-           back; the old one exits once its own sessions have been quiet for 3 s. The old one must exit with \
+           back and reports each peer that moved; the old one exits once nothing depends on it. The old one must exit with \
            status 0. Traffic runs 2 s before the first handoff, 3 s between one old ingress's exit and the next \
            spawn, and 2 s after the last.\n",
     );
