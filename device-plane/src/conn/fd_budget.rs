@@ -10,6 +10,15 @@
 //! retry), counted, and logged at most once a second with how many. What is
 //! left stays for migrations, the store and the channel. It recovers by
 //! itself as connections close.
+//!
+//! Counting the open descriptors lists `/proc/self/fd`, which costs in
+//! proportion to what is open: near the limit, with ten thousand tunnels,
+//! doing it for every new connection made each one cost milliseconds. So a
+//! count is reused for [`RECOUNT_EVERY`], with two descriptors added for
+//! every connection opened since (what a tunnel holds: the customer's socket
+//! and the egress socket; a second connect attempt in flight is what the
+//! reserve is for), and none taken off for those closed: a count that errs,
+//! errs toward refusing, and only until the next count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -18,6 +27,17 @@ use std::time::{Duration, Instant};
 /// Descriptors kept back from new connections, at most (a quarter of the
 /// limit when the limit is small).
 pub const RESERVE: u64 = 64;
+
+/// How long a count of the open descriptors is reused.
+pub const RECOUNT_EVERY: Duration = Duration::from_millis(100);
+
+/// A count of the open descriptors, and the connections open at the time.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    at: Instant,
+    open: u64,
+    connections: u64,
+}
 
 /// The open-file limit, what is kept back from new connections, and what
 /// was refused.
@@ -31,6 +51,7 @@ pub struct FdBudget {
     baseline: u64,
     refused: AtomicU64,
     logged: Mutex<Option<(Instant, u64)>>,
+    counted: Mutex<Option<Counted>>,
 }
 
 impl FdBudget {
@@ -55,6 +76,7 @@ impl FdBudget {
             baseline,
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
+            counted: Mutex::new(None),
         }
     }
 
@@ -67,13 +89,14 @@ impl FdBudget {
     /// Cheap while far from the limit (each connection holds about two
     /// descriptors, counted as three, on top of the baseline and a margin of
     /// [`RESERVE`] for what opened since); near it, the process's open
-    /// descriptors are counted.
+    /// descriptors are counted, at most once per [`RECOUNT_EVERY`].
     pub fn admits(&self, connections: u64) -> bool {
-        self.admits_counting(connections, open_descriptors)
+        self.admits_counting(connections, Instant::now(), open_descriptors)
     }
 
-    /// [`Self::admits`], counting open descriptors with `open` when near.
-    fn admits_counting(&self, connections: u64, open: impl FnOnce() -> u64) -> bool {
+    /// [`Self::admits`] at `now`, counting open descriptors with `open` when
+    /// near the limit and the last count is stale.
+    fn admits_counting(&self, connections: u64, now: Instant, open: impl FnOnce() -> u64) -> bool {
         let room = self.limit.saturating_sub(self.reserve);
         let estimate = connections
             .saturating_mul(3)
@@ -82,7 +105,26 @@ impl FdBudget {
         if estimate < room {
             return true;
         }
-        open() < room
+        let mut counted = self
+            .counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh = counted.filter(|c| now.saturating_duration_since(c.at) < RECOUNT_EVERY);
+        let open_now = match fresh {
+            Some(c) => c
+                .open
+                .saturating_add(connections.saturating_sub(c.connections).saturating_mul(2)),
+            None => {
+                let open = open();
+                *counted = Some(Counted {
+                    at: now,
+                    open,
+                    connections,
+                });
+                open
+            }
+        };
+        open_now < room
     }
 
     /// Counts a refused connection; logs at most once a second.
@@ -127,7 +169,7 @@ mod tests {
     #[test]
     fn far_from_the_limit_everything_is_admitted_without_counting() {
         let budget = FdBudget::with_baseline(1_000_000, 20);
-        assert!(budget.admits_counting(1000, || unreachable!("counted")));
+        assert!(budget.admits_counting(1000, Instant::now(), || unreachable!("counted")));
         assert_eq!(budget.reserve(), RESERVE);
     }
 
@@ -136,8 +178,10 @@ mod tests {
         // 20 open at the start, a limit of 400: the reserve is 64, so up to
         // 335 open descriptors admit a connection and 336 do not.
         let budget = FdBudget::with_baseline(400, 20);
-        assert!(budget.admits_counting(100, || 335));
-        assert!(!budget.admits_counting(100, || 336));
+        let start = Instant::now();
+        assert!(budget.admits_counting(100, start, || 335));
+        let later = start + RECOUNT_EVERY;
+        assert!(!budget.admits_counting(100, later, || 336));
         budget.refuse(7);
         budget.refuse(8);
         assert_eq!(budget.refused(), 2);
@@ -149,7 +193,25 @@ mod tests {
         // descriptors: with 300 open at the start and a limit of 302, one
         // connection is not waved through; the count decides.
         let budget = FdBudget::with_baseline(302, 300);
-        assert!(!budget.admits_counting(1, || 300));
+        assert!(!budget.admits_counting(1, Instant::now(), || 300));
+    }
+
+    #[test]
+    fn near_the_limit_a_count_is_reused_with_what_opened_since() {
+        // A limit of 1000 (reserve 64): room below 936 descriptors.
+        let budget = FdBudget::with_baseline(1000, 20);
+        let start = Instant::now();
+        assert!(budget.admits_counting(300, start, || 900));
+        // Within RECOUNT_EVERY nothing is listed again: 900 + 2 × 17 new
+        // connections is still under 936, 900 + 2 × 18 is not.
+        let soon = start + RECOUNT_EVERY / 2;
+        assert!(budget.admits_counting(317, soon, || unreachable!("recounted")));
+        assert!(!budget.admits_counting(318, soon, || unreachable!("recounted")));
+        // Fewer connections than at the count: the count stands.
+        assert!(budget.admits_counting(200, soon, || unreachable!("recounted")));
+        // Stale: counted again, and connections that closed meanwhile show.
+        let later = start + RECOUNT_EVERY;
+        assert!(budget.admits_counting(318, later, || 700));
     }
 
     #[test]
