@@ -66,6 +66,7 @@ impl Plan {
                 tail: Duration::from_secs(1),
                 section_bound: Duration::from_secs(100),
                 force_sizes: false,
+                busy_runs: 5,
             },
             prewarm: prewarm::Plan {
                 clients: 50,
@@ -100,6 +101,7 @@ impl Plan {
                 tail: Duration::from_millis(500),
                 section_bound: Duration::from_secs(30),
                 force_sizes: false,
+                busy_runs: 1,
             },
             prewarm: prewarm::Plan {
                 clients: 10,

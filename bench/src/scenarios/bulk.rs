@@ -21,8 +21,8 @@ use crate::stats::upper_median;
 /// The target: one tunnel's throughput as a share of direct.
 pub const THROUGHPUT_TARGET: f64 = 0.70;
 
-/// The streaming origin's write size.
-const CHUNK: usize = 64 * 1024;
+/// The streaming origin's write size (its body repeats every this many bytes).
+pub const CHUNK: usize = 64 * 1024;
 /// The client's read buffer.
 const READ_BUFFER: usize = 256 * 1024;
 

@@ -14,10 +14,14 @@
 //! Every wait is bounded; the daemons' logs are copied out of the node's
 //! temporary folder at the end so a slow or failed deploy can be read.
 //!
+//! Then, on the same node, deploys under one busy tunnel: a download in
+//! full flow across the deploy (`busy.rs`).
+//!
 //! This file runs the section and each deploy; `tunnels.rs` opens, checks and
 //! ping-pongs the tunnels, `watch.rs` times the deploy itself, `report.rs`
 //! writes the section.
 
+mod busy;
 mod report;
 mod tunnels;
 mod watch;
@@ -37,6 +41,7 @@ use crate::format::millis as ms;
 use crate::metrics;
 use crate::procfs::rss_kib;
 
+pub use busy::BusyRun;
 pub use report::render;
 pub use tunnels::IN_FLIGHT;
 
@@ -70,6 +75,8 @@ pub struct Plan {
     pub section_bound: Duration,
     /// Use the sizes as given even where the open-file limit cannot hold them.
     pub force_sizes: bool,
+    /// Deploys under one busy tunnel (a download across each).
+    pub busy_runs: usize,
 }
 
 /// Gaps between consecutive completed round trips in one window.
@@ -162,6 +169,8 @@ pub struct Section {
     pub capped: Option<(usize, usize)>,
     /// One entry per deploy.
     pub runs: Vec<Run>,
+    /// One entry per deploy under a busy tunnel.
+    pub busy: Vec<BusyRun>,
     /// Why the section stopped early, if it did.
     pub aborted: Option<String>,
     /// Where the daemons' logs were copied.
@@ -170,9 +179,11 @@ pub struct Section {
     pub daemon_warnings: usize,
 }
 
-/// A device plane holds two sockets per tunnel, besides a dozen fds of its
-/// own (store, device channel, runtime); this much is left for those.
-const FD_HEADROOM: u64 = 64;
+/// A device plane holds two sockets per tunnel, besides a few dozen fds of
+/// its own (store, device channel, runtime) and the 64 its fd budget keeps
+/// back from new connections (`device-plane/src/conn/fd_budget.rs`,
+/// `RESERVE`); this much is left for those.
+const FD_HEADROOM: u64 = 160;
 
 /// The most tunnels one device plane can hold under the hard open-file
 /// limit (what the daemons raise their soft limit to without
@@ -275,6 +286,15 @@ pub fn run(plan: Plan) -> Section {
             }
         }
     }
+    // Run even when the sizes stopped at the section's time bound.
+    section.busy = busy::run(
+        &runtime,
+        &mut node,
+        &ingress,
+        &mut devices,
+        &proxies,
+        plan.busy_runs,
+    );
     section.daemon_warnings = crate::logs::warning_count(std::iter::once(&ingress).chain(&devices));
     section.logs = keep_logs(node.path());
     if let Some(logs) = &section.logs {

@@ -48,8 +48,9 @@ pub fn render(out: &mut String, section: &Section) {
             out,
             "**{} tunnels could not be held on this machine**: the hard open-file limit is {} and the bench, \
              though root, may not raise it (no `CAP_SYS_RESOURCE` here), so the daemons run with {} too; a device plane \
-             holds two sockets per tunnel plus about a dozen fds of its own, so {} tunnels need more than \
-             {}. The largest size below is {}, the most (in tens) that leaves a device plane {} fds for its own.\n",
+             holds two sockets per tunnel plus a few dozen fds of its own, and keeps 64 back from new connections (its fd budget, \
+             which refuses a connection rather than run out), so {} tunnels need more than \
+             {}. The largest size below is {}, the most (in tens) that leaves a device plane {} fds for its own and that reserve.\n",
             count(wanted),
             count(section.fd_limit.unwrap_or(0) as usize),
             count(section.fd_limit.unwrap_or(0) as usize),
@@ -119,6 +120,7 @@ pub fn render(out: &mut String, section: &Section) {
             run.first_error.as_deref().unwrap_or("")
         );
     }
+    super::busy::render(out, &section.busy);
     if let Some(aborted) = &section.aborted {
         let _ = writeln!(out, "\nThe section stopped early: {aborted}.");
     }
@@ -193,6 +195,7 @@ pub fn render(out: &mut String, section: &Section) {
         count(checked),
         verdict(failed == 0 && differing == 0 && checked > 0),
     );
+    super::busy::target_row(out, &section.busy);
     let bad_exits = section.runs.iter().filter(|r| !r.old_exit_ok).count();
     let _ = writeln!(
         out,

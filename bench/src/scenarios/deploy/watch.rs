@@ -40,9 +40,27 @@ pub(super) fn deploy(
     status: SocketAddr,
     migrated_before: f64,
 ) -> (Daemon, Timing) {
+    deploy_with(node, old, status, migrated_before, &|| {})
+}
+
+/// [`deploy`], calling `on_active` (on the watching thread) the moment the
+/// new plane is seen active.
+pub(super) fn deploy_with(
+    node: &mut Node,
+    old: &mut Daemon,
+    status: SocketAddr,
+    migrated_before: f64,
+    on_active: &(dyn Fn() + Sync),
+) -> (Daemon, Timing) {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| watch_activation(status, migrated_before, &stop));
+        let watcher = scope.spawn(|| {
+            let active = watch_activation(status, migrated_before, &stop);
+            if active.is_some() {
+                on_active();
+            }
+            active
+        });
         let started = Instant::now();
         let new = node.start_device();
         let deadline = started + DEPLOY_BOUND;

@@ -77,6 +77,8 @@ const WINDOW_AFTER_EXIT: f64 = 1.0;
 const BEFORE: f64 = 2.0;
 /// The target: no customer-visible stall over this long.
 const STALL_TARGET: f64 = 1.0;
+/// The target (issue 13): spawn → old exit under this long with 1,000 peers.
+const HANDOFF_TARGET: f64 = 0.5;
 /// The wireguard-go client's ping interval.
 const PING_INTERVAL: f64 = 0.01;
 /// Peers one driving thread serves at most.

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use super::analysis::Handoff;
 use super::{
-    Knobs, Plan, SizeResult, BEFORE, LOST_AFTER, MARKERS, PEERS_PER_THREAD, PING_INTERVAL, POOL,
-    STALL_TARGET, SUBNET, WINDOW_AFTER_EXIT,
+    Knobs, Plan, SizeResult, BEFORE, HANDOFF_TARGET, LOST_AFTER, MARKERS, PEERS_PER_THREAD,
+    PING_INTERVAL, POOL, STALL_TARGET, SUBNET, WINDOW_AFTER_EXIT,
 };
 use crate::format::{count as thousands, short_seconds as ms, verdict};
 use crate::report::Machine;
@@ -302,6 +302,27 @@ pub fn render(machine: &Machine, plan: Plan<'_>, knobs: &Knobs, results: &[SizeR
         thousands(stalled),
         met(worst_gap <= STALL_TARGET)
     );
+    // Issue 13: the handoff over within half a second with 1,000 peers.
+    let most = handoffs.iter().map(|h| h.peers).max().unwrap_or(0);
+    let slowest = handoffs
+        .iter()
+        .filter(|h| h.peers == most)
+        .map(|h| h.exit)
+        .fold(0.0, f64::max);
+    if most > 0 {
+        let _ = writeln!(
+            s,
+            "| handoff time (spawn → old exit) under {} with {} peers | {} | {} |",
+            ms(HANDOFF_TARGET),
+            peers_count(most),
+            ms(slowest),
+            if most >= 1000 {
+                met(slowest < HANDOFF_TARGET)
+            } else {
+                "— (fewer peers than the target's)"
+            }
+        );
+    }
     let failures: usize = results.iter().map(|r| r.send_failures).sum();
     if failures > 0 {
         let _ = writeln!(
