@@ -312,7 +312,7 @@ pub fn render(machine: &Machine, plan: Plan<'_>, knobs: &Knobs, results: &[SizeR
     if most > 0 {
         let _ = writeln!(
             s,
-            "| handoff time (spawn → old exit) under {} with {} peers | {} | {} |",
+            "| handoff time (spawn → old exit) under {} with {} | {} | {} |",
             ms(HANDOFF_TARGET),
             peers_count(most),
             ms(slowest),
