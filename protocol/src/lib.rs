@@ -4,6 +4,8 @@
 //!   (one frame per SOCK_SEQPACKET message, file descriptors beside it).
 //! - [`control`]: the JSON-lines messages of the ingress control socket.
 //! - [`ip`]: the addresses in an inner IP packet's header.
+//! - [`udp`]: a UDP datagram in an inner IPv4 packet, read and built (the
+//!   device plane's DNS gateway).
 //! - [`wg_uapi`]: the read-only half of WireGuard's userspace API (`wg show`).
 //!
 //! Every decoder here is a pure function over a byte slice that tells
@@ -35,4 +37,5 @@ pub mod control;
 pub mod http_target;
 pub mod ip;
 pub mod socks5;
+pub mod udp;
 pub mod wg_uapi;
