@@ -80,6 +80,9 @@ pub(crate) fn placeholder() -> Config {
         wireguard: crate::WireguardConfig {
             endpoint: None,
             pool: ipnet::IpNet::from(std::net::IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+            dns: false,
+            dns_upstreams: Vec::new(),
+            client_dns: Vec::new(),
             private_key_file: None,
             handshake_limit: 0,
             queue: 0,

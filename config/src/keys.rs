@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
     IpList, Kind, Name, NetList, OptionalAccount, OptionalHostPort, OptionalPath, OptionalQuota,
-    OptionalRate, Shape, SocketDir, StoreUrl,
+    OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -243,6 +243,24 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("10.64.0.0/16"),
             "Network client tunnel addresses are taken from; its first host address is the node's own.",
             |c| &mut c.wireguard.pool,
+        ),
+        Key::new::<Flag>(
+            "wireguard.dns",
+            Text("true"),
+            "The device plane answers WireGuard clients' DNS queries (UDP 53) to the node's tunnel address, and client configs name it in `DNS =`.",
+            |c| &mut c.wireguard.dns,
+        ),
+        Key::new::<ResolverList>(
+            "wireguard.dns_upstreams",
+            Text(""),
+            "DNS servers that gateway resolves through (empty: the host's, from /etc/resolv.conf).",
+            |c| &mut c.wireguard.dns_upstreams,
+        ),
+        Key::new::<IpList>(
+            "wireguard.client_dns",
+            Text(""),
+            "Resolvers client configs name in `DNS =` instead of the node's tunnel address (empty: the node's, when wireguard.dns is on).",
+            |c| &mut c.wireguard.client_dns,
         ),
         Key::new::<OptionalPath>(
             "wireguard.private_key_file",

@@ -179,6 +179,13 @@ pub struct WireguardConfig {
     /// The network client tunnel addresses are taken from; its first host address
     /// is the node's own (on the TUN device).
     pub pool: ipnet::IpNet,
+    /// Whether the device plane answers clients' DNS queries to the node's
+    /// tunnel address (and client configs name it in `DNS =`).
+    pub dns: bool,
+    /// The DNS servers that gateway resolves through; empty: the host's.
+    pub dns_upstreams: Vec<std::net::SocketAddr>,
+    /// Resolvers client configs name instead of the node's address.
+    pub client_dns: Vec<std::net::IpAddr>,
     /// The node's WireGuard private key file; `None`: `<state_dir>/wireguard.key`.
     pub private_key_file: Option<PathBuf>,
     /// Handshake initiations per second the ingress answers before it asks for

@@ -237,6 +237,27 @@ impl Kind for IpList {
     }
 }
 
+/// A list of DNS servers: `192.0.2.53` (port 53), `192.0.2.53:5353`,
+/// `2001:db8::53` or `[2001:db8::53]:5353`.
+pub(crate) struct ResolverList;
+impl Kind for ResolverList {
+    type Out = Vec<std::net::SocketAddr>;
+    const SHAPE: Shape = Shape::List;
+    const EXPECTED: &'static str =
+        "a list of DNS servers like 192.0.2.53, 192.0.2.53:5353 or [2001:db8::53]:53";
+    fn parse(input: &Input<'_>) -> Option<Vec<std::net::SocketAddr>> {
+        input
+            .list()?
+            .iter()
+            .map(|s| {
+                s.parse::<std::net::SocketAddr>()
+                    .ok()
+                    .or_else(|| s.parse::<IpAddr>().ok().map(|ip| (ip, 53).into()))
+            })
+            .collect()
+    }
+}
+
 /// A network interface name, by the kernel's rules (`dev_valid_name`).
 pub(crate) struct Interface;
 impl Kind for Interface {

@@ -68,6 +68,17 @@ fn lists_from_text_and_toml() {
         ])
     );
     assert_eq!(text::<IpList>("192.0.2.1,nope"), None);
+    assert_eq!(
+        text::<ResolverList>("192.0.2.53, 192.0.2.54:5353, 2001:db8::53, [2001:db8::54]:54"),
+        Some(vec![
+            "192.0.2.53:53".parse().expect("addr"),
+            "192.0.2.54:5353".parse().expect("addr"),
+            "[2001:db8::53]:53".parse().expect("addr"),
+            "[2001:db8::54]:54".parse().expect("addr"),
+        ])
+    );
+    assert_eq!(text::<ResolverList>("dns.example"), None);
+    assert_eq!(text::<ResolverList>("192.0.2.53:99999"), None);
     let nets = toml::<NetList>(toml::Value::Array(vec![
         "10.0.0.0/8".into(),
         "192.0.2.7".into(),
