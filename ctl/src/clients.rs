@@ -24,6 +24,8 @@ pub(crate) struct WgNode {
     pool: ipnet::IpNet,
     /// The node's key pair (its public half goes into client configs).
     key: WireguardKey,
+    /// What client configs name in `DNS =`.
+    dns: Vec<std::net::IpAddr>,
 }
 
 impl WgNode {
@@ -41,15 +43,18 @@ impl WgNode {
             .into());
         };
         let pool = config.wireguard.pool;
-        if let Err(error) = wg_clients::node_address(&pool) {
-            return Err(ConfigProblem(error.to_string()).into());
-        }
+        let node_address = match wg_clients::node_address(&pool) {
+            Ok(address) => address,
+            Err(error) => return Err(ConfigProblem(error.to_string()).into()),
+        };
+        let dns = wg_clients::client_dns(&config.wireguard, node_address);
         let key = WireguardKey::load_or_create(&config.wireguard_key_file())
             .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
         Ok(Self {
             endpoint,
             pool,
             key,
+            dns,
         })
     }
 }
@@ -285,6 +290,7 @@ pub(crate) async fn show(
                 address,
                 node_public_key: &public,
                 endpoint: &node.endpoint,
+                dns: &node.dns,
             };
             Some(config.render_without_private_key())
         }
@@ -433,6 +439,7 @@ async fn add_wg(
         address,
         node_public_key: &node_public_key,
         endpoint: &node.endpoint,
+        dns: &node.dns,
     }
     .render();
     Ok((

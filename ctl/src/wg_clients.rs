@@ -18,9 +18,10 @@
 //! [`WgQuickConfig`] renders what `wg-quick` (and the WireGuard apps) import: the
 //! client's private key and `/32` address, and the node as the one peer, routing
 //! everything (`AllowedIPs = 0.0.0.0/0`) with a 25 s keepalive so that NAT
-//! mappings stay open. It has no `DNS =` line: the node runs no resolver. An
-//! operator who wants the client's DNS queries to use a particular resolver
-//! adds `DNS = <address>` under `[Interface]` before handing the config out.
+//! mappings stay open. Its `DNS =` line names the node's tunnel address,
+//! where the device plane answers queries (`wireguard.dns`, on by default),
+//! or the resolvers in `wireguard.client_dns`; none when both are off
+//! ([`client_dns`]).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -243,6 +244,24 @@ pub struct WgQuickConfig<'a> {
     pub node_public_key: &'a str,
     /// `wireguard.endpoint`: the `host:port` the client dials.
     pub endpoint: &'a str,
+    /// What `DNS =` names (no line when empty; [`client_dns`]).
+    pub dns: &'a [IpAddr],
+}
+
+/// What client configs name in `DNS =`: `wireguard.client_dns` when set, else
+/// the node's tunnel address when the device plane answers there
+/// (`wireguard.dns`), else nothing.
+pub fn client_dns(
+    wireguard: &blipless_config::WireguardConfig,
+    node_address: IpAddr,
+) -> Vec<IpAddr> {
+    if !wireguard.client_dns.is_empty() {
+        wireguard.client_dns.clone()
+    } else if wireguard.dns {
+        vec![node_address]
+    } else {
+        Vec::new()
+    }
 }
 
 impl WgQuickConfig<'_> {
@@ -262,10 +281,17 @@ impl WgQuickConfig<'_> {
     /// The config file's text, ending in a newline.
     pub fn render(&self) -> String {
         let prefix = if self.address.is_ipv4() { 32 } else { 128 };
+        let dns = if self.dns.is_empty() {
+            String::new()
+        } else {
+            let servers: Vec<String> = self.dns.iter().map(ToString::to_string).collect();
+            format!("DNS = {}\n", servers.join(", "))
+        };
         format!(
             "[Interface]\n\
              PrivateKey = {private}\n\
              Address = {address}/{prefix}\n\
+             {dns}\
              \n\
              [Peer]\n\
              PublicKey = {public}\n\
@@ -383,12 +409,13 @@ mod tests {
     }
 
     #[test]
-    fn the_config_has_every_field_and_no_dns() {
+    fn the_config_has_every_field_and_dns_only_when_named() {
         let config = WgQuickConfig {
             client_private_key: "cPriv=",
             address: ip("10.64.0.2"),
             node_public_key: "nPub=",
             endpoint: "vpn.example.com:51820",
+            dns: &[],
         };
         assert_eq!(
             config.render(),
@@ -403,6 +430,34 @@ mod tests {
              PersistentKeepalive = 25\n"
         );
         assert!(!config.render().contains("DNS"));
+        let servers = [ip("10.64.0.1"), ip("2001:db8::53")];
+        let with_dns = WgQuickConfig {
+            dns: &servers,
+            ..config
+        };
+        assert!(
+            with_dns
+                .render()
+                .contains("Address = 10.64.0.2/32\nDNS = 10.64.0.1, 2001:db8::53\n\n[Peer]"),
+            "{}",
+            with_dns.render()
+        );
+    }
+
+    #[test]
+    fn dns_names_the_explicit_resolvers_or_the_node_or_nothing() {
+        let mut wireguard =
+            blipless_config::Config::from_toml_str("", "test.toml", std::iter::empty(), &[])
+                .expect("the defaults load")
+                .wireguard;
+        let node = ip("10.64.0.1");
+        assert!(wireguard.dns, "the gateway is on by default");
+        assert_eq!(client_dns(&wireguard, node), [node]);
+        wireguard.client_dns = vec![ip("192.0.2.53")];
+        assert_eq!(client_dns(&wireguard, node), [ip("192.0.2.53")]);
+        wireguard.client_dns.clear();
+        wireguard.dns = false;
+        assert!(client_dns(&wireguard, node).is_empty());
     }
 
     fn record(name: &str) -> ClientRecord {
@@ -487,6 +542,7 @@ mod tests {
             address: ip("10.64.255.254"),
             node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
             endpoint: "a-rather-long-host-name.vpn.example.com:51820",
+            dns: &[ip("10.64.0.1")],
         };
         let code = qr_code(&config.render()).expect("fits");
         let lines: Vec<&str> = code.lines().collect();
@@ -504,6 +560,7 @@ mod tests {
             address: ip("10.64.0.2"),
             node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
             endpoint: "vpn.example.com:51820",
+            dns: &[],
         };
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("qr.png");

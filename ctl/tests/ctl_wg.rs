@@ -158,15 +158,19 @@ fn check_config(
         keys,
         [
             "Interface.Address",
+            "Interface.DNS",
             "Interface.PrivateKey",
             "Peer.AllowedIPs",
             "Peer.Endpoint",
             "Peer.PersistentKeepalive",
             "Peer.PublicKey",
         ],
-        "exactly these fields (no DNS):\n{config}"
+        "exactly these fields:\n{config}"
     );
     assert_eq!(fields["Interface.Address"], format!("{address}/32"));
+    // The node's tunnel address (the default pool's first host), where the
+    // device plane answers DNS (wireguard.dns, on by default).
+    assert_eq!(fields["Interface.DNS"], "10.64.0.1");
     assert_eq!(fields["Peer.Endpoint"], ENDPOINT);
     assert_eq!(fields["Peer.AllowedIPs"], "0.0.0.0/0");
     assert_eq!(fields["Peer.PersistentKeepalive"], "25");

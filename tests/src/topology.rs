@@ -179,19 +179,27 @@ pub struct WgWorld {
     pub node: Node,
     /// The namespaces and the origin.
     pub net: Topology,
+    /// The wg-quick config `client add --wg` printed for the client.
+    pub client_config: String,
 }
 
 impl WgWorld {
     /// Builds the topology on subnets 10.`s`.1.0/24 and 10.`s`.2.0/24 with a
     /// blipless node (client "alice" added with `--wg`) and its client up.
     pub fn new(s: u8) -> WgWorld {
+        Self::with(s, "", &[])
+    }
+
+    /// [`WgWorld::new`] with `wireguard` appended to the node's `[wireguard]`
+    /// table and the client routing `routes` through the tunnel too.
+    pub fn with(s: u8, wireguard: &str, routes: &[&str]) -> WgWorld {
         let net = Topology::new(s);
         let mut node = Node::in_netns(
             net.node_ns.name(),
             &format!("allow = [\"{}\"]", net.internet_net),
             &format!(
                 "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
-                 [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\n",
+                 [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\n{wireguard}",
                 net.uplink,
                 net.endpoint()
             ),
@@ -200,7 +208,9 @@ impl WgWorld {
         let config = add_wg_client(&node, "alice");
         let device = node.start_device();
         node.wait_ready();
-        let peer = WireguardGoPeer::start(&net.customer, &config, &[net.internet_net.as_str()])
+        let mut all_routes = vec![net.internet_net.as_str()];
+        all_routes.extend_from_slice(routes);
+        let peer = WireguardGoPeer::start(&net.customer, &config, &all_routes)
             .expect("wireguard-go client");
         WgWorld {
             peer,
@@ -208,6 +218,7 @@ impl WgWorld {
             ingress,
             node,
             net,
+            client_config: config,
         }
     }
 

@@ -239,6 +239,7 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
         }
     }
     packets.hand_over().await;
+    packets.finish_dns().await;
     background.cancel();
     background::flush_usage(&directory, &identities).await;
     directory

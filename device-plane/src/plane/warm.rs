@@ -113,13 +113,16 @@ pub(super) async fn warm_up(
         .with_routes(routes.clone());
     // A successor inherits its predecessor's TUN queues at handover; the
     // first plane attaches its own now, before Ready.
-    let packets = Arc::new(PacketPath::new(
-        &config.egress.tun.name,
-        config.egress.tun.queues,
-        egress.clone(),
-        directory.clone(),
-        successor,
-    ));
+    let packets = Arc::new(
+        PacketPath::new(
+            &config.egress.tun.name,
+            config.egress.tun.queues,
+            egress.clone(),
+            directory.clone(),
+            successor,
+        )
+        .with_dns(dns_gateway(config)),
+    );
     // Failed logins are logged from one task, at most once a second per source.
     let auth = Arc::new(AuthGuard::new());
     tokio::spawn(auth_guard::log_every_second(
@@ -162,4 +165,19 @@ pub(super) async fn warm_up(
         background,
         endpoints,
     })
+}
+
+/// The DNS gateway on the node's tunnel address, when `wireguard.dns` is on
+/// and the pool is IPv4 (the only kind client addresses come from yet).
+fn dns_gateway(config: &Config) -> Option<Arc<crate::wg::dns::DnsGateway>> {
+    if !config.wireguard.dns {
+        return None;
+    }
+    match blipless_ctl::wg_clients::node_address(&config.wireguard.pool) {
+        Ok(std::net::IpAddr::V4(address)) => Some(Arc::new(crate::wg::dns::DnsGateway::new(
+            address,
+            &config.wireguard.dns_upstreams,
+        ))),
+        Ok(std::net::IpAddr::V6(_)) | Err(_) => None,
+    }
 }

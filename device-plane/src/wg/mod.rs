@@ -7,9 +7,12 @@
 //! - [`endpoints`]: the ingress's endpoint snapshots, kept in the store for an
 //!   ingress that restarts after a crash;
 //! - [`exit`] and [`exits`]: WireGuard exits the node egresses through, and
-//!   steering WireGuard clients to them.
+//!   steering WireGuard clients to them;
+//! - [`dns`]: the DNS gateway answering clients' queries to the node's
+//!   tunnel address.
 
 pub mod accounting;
+pub mod dns;
 pub mod endpoints;
 pub mod exit;
 pub mod exits;

@@ -84,6 +84,8 @@ pub struct PacketPath {
     directory: Arc<Directory>,
     /// The WireGuard exits, run by whichever plane holds the queues.
     exits: Mutex<Option<Arc<super::exits::Exits>>>,
+    /// Answers clients' DNS queries to the node's tunnel address.
+    dns: Option<Arc<super::dns::DnsGateway>>,
     /// What happened to packets so far.
     pub counters: Arc<PacketCounters>,
 }
@@ -123,6 +125,7 @@ impl PacketPath {
             pending: Mutex::new(Vec::new()),
             egress,
             exits: Mutex::new(None),
+            dns: None,
             counters: Arc::default(),
         };
         if !inherit {
@@ -293,6 +296,21 @@ impl PacketPath {
             .and_then(blipless_protocol::ip::source)
             .and_then(|source| self.directory.by_address(source));
         for packet in batch.iter() {
+            if let Some((dns, query)) = self
+                .dns
+                .as_ref()
+                .and_then(|dns| Some((dns, dns.query(packet)?)))
+            {
+                if client
+                    .as_ref()
+                    .is_some_and(|client| !admit(client, Way::Up, packet.len()))
+                {
+                    self.counters.limited.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    dns.answer(&query, self.channel.clone());
+                }
+                continue;
+            }
             let permitted = blipless_protocol::ip::destination(packet)
                 .is_some_and(|destination| self.egress.permits(destination));
             if !permitted {
@@ -376,6 +394,20 @@ impl PacketPath {
             Err(error) => {
                 tracing::warn!(%error, "could not hand the TUN queues over; closing them")
             }
+        }
+    }
+
+    /// Answers clients' DNS queries to `gateway`'s address from now on.
+    pub fn with_dns(mut self, gateway: Option<Arc<super::dns::DnsGateway>>) -> Self {
+        self.dns = gateway;
+        self
+    }
+
+    /// Waits (bounded) for the DNS queries being resolved to be answered:
+    /// a draining plane's last work before it exits.
+    pub async fn finish_dns(&self) {
+        if let Some(dns) = &self.dns {
+            dns.drain(super::dns::DRAIN_WAIT).await;
         }
     }
 

@@ -1,0 +1,122 @@
+//! DNS for WireGuard clients (docs/WIREGUARD.md, "DNS"): the config
+//! `client add --wg` prints names the node's tunnel address in `DNS =`, and a
+//! query a real client (`dig`, in the customer namespace, through
+//! wireguard-go) sends there is answered by the device plane, which resolves
+//! through a real DNS server (dnsmasq, in the internet namespace) named in
+//! `wireguard.dns_upstreams` — before and after a device-plane deploy.
+//! A name the server does not know comes back NXDOMAIN, not a timeout.
+//! As root, in namespaces the test creates and removes.
+
+use std::time::{Duration, Instant};
+
+use blipless_tests::netns::Background;
+use blipless_tests::topology::WgWorld;
+
+/// The subnet number of this test's namespaces (10.88.1.0/24, 10.88.2.0/24).
+const SUBNET: u8 = 88;
+/// The node's tunnel address: the first host of the harness's pool.
+const GATEWAY: &str = "10.64.0.1";
+
+/// `dig @GATEWAY NAME` in the customer namespace: dig's whole answer.
+fn dig(world: &WgWorld, name: &str) -> String {
+    world
+        .net
+        .customer
+        .exec(
+            "dig",
+            &[&format!("@{GATEWAY}"), name, "A", "+time=3", "+tries=2"],
+        )
+        .unwrap_or_else(|error| panic!("dig {name}: {error}\n{}", world.diagnostics()))
+}
+
+#[test]
+fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
+    let upstream = format!("10.{SUBNET}.2.2");
+    let mut world = WgWorld::with(
+        SUBNET,
+        &format!("dns_upstreams = [\"{upstream}:53\"]\n"),
+        &[&format!("{GATEWAY}/32")],
+    );
+    assert!(
+        world
+            .client_config
+            .contains(&format!("\nDNS = {GATEWAY}\n")),
+        "the client's config names the gateway:\n{}",
+        world.client_config
+    );
+    let mut command = world.net.internet.command("dnsmasq");
+    command.args([
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        &format!("--listen-address={upstream}"),
+        "--port=53",
+        "--user=root",
+        "--pid-file=",
+        "--log-queries",
+        "--log-facility=-",
+        "--address=/shop.example/192.0.2.77",
+        "--address=/gone.example/",
+    ]);
+    let dnsmasq = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
+    // dnsmasq serves once it answers in its own namespace.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = world.net.internet.exec(
+            "dig",
+            &[
+                &format!("@{upstream}"),
+                "shop.example",
+                "+short",
+                "+time=1",
+                "+tries=1",
+            ],
+        );
+        if answer.is_ok_and(|a| a.contains("192.0.2.77")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dnsmasq did not answer: {}",
+            dnsmasq.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    world
+        .peer
+        .wait_handshake(Duration::from_secs(20))
+        .unwrap_or_else(|error| panic!("handshake: {error}\n{}", world.diagnostics()));
+
+    for round in ["before the deploy", "after the deploy"] {
+        let answer = dig(&world, "shop.example");
+        assert!(
+            answer.contains("status: NOERROR") && answer.contains("192.0.2.77"),
+            "{round}: shop.example through the gateway:\n{answer}\n--- dnsmasq:\n{}\n{}",
+            dnsmasq.output(),
+            world.diagnostics()
+        );
+        assert!(
+            answer.contains(&format!("SERVER: {GATEWAY}#53")),
+            "{round}: answered by the gateway:\n{answer}"
+        );
+        let missing = dig(&world, "www.gone.example");
+        assert!(
+            missing.contains("status: NXDOMAIN"),
+            "{round}: an unknown name is NXDOMAIN:\n{missing}"
+        );
+        if round == "before the deploy" {
+            let (new, _) = world.node.deploy(&mut world.device);
+            world.device = new;
+        }
+    }
+    // Every query dig sent reached dnsmasq from the node (the device plane's
+    // resolver), none from the client's own address.
+    let log = dnsmasq.output();
+    assert!(
+        log.contains(&format!("from 10.{SUBNET}.2.1")),
+        "the node queried dnsmasq:\n{log}"
+    );
+    assert!(!log.contains("from 10.64.0.2"), "{log}");
+}
