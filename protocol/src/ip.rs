@@ -1,7 +1,8 @@
 //! Just enough of an inner IP packet's header to route it: its version, source
 //! and destination. WireGuard carries whole IP packets; the ingress checks the
 //! source of what a peer sends (cryptokey routing) and routes what comes back by
-//! destination, and the device plane applies the egress policy to destinations.
+//! destination, and the device plane applies the egress policy to destinations
+//! (and lets TCP to the node's DNS port through: [`tcp_destination_port_v4`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -40,6 +41,26 @@ pub fn source(packet: &[u8]) -> Option<IpAddr> {
     addresses(packet).map(|(source, _)| source)
 }
 
+/// The destination port of a TCP segment in an unfragmented IPv4 packet
+/// (the first fragment carries the port too); `None` for anything else.
+pub fn tcp_destination_port_v4(packet: &[u8]) -> Option<u16> {
+    let first = *packet.first()?;
+    if first >> 4 != 4 || packet.get(9) != Some(&6) {
+        return None;
+    }
+    // A later fragment holds no TCP header.
+    let offset = u16::from_be_bytes([*packet.get(6)?, *packet.get(7)?]) & 0x1fff;
+    if offset != 0 {
+        return None;
+    }
+    let header = usize::from(first & 0x0f) * 4;
+    if header < 20 {
+        return None;
+    }
+    let port = packet.get(header + 2..header + 4)?;
+    Some(u16::from_be_bytes([port[0], port[1]]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +80,26 @@ mod tests {
         v6[39] = 2;
         assert_eq!(source(&v6), Some(IpAddr::V6(Ipv6Addr::from(1))));
         assert_eq!(destination(&v6), Some(IpAddr::V6(Ipv6Addr::from(2))));
+    }
+
+    #[test]
+    fn a_tcp_segments_destination_port() {
+        let mut segment = [0u8; 40];
+        segment[0] = 0x45;
+        segment[9] = 6;
+        segment[22..24].copy_from_slice(&53u16.to_be_bytes());
+        assert_eq!(tcp_destination_port_v4(&segment), Some(53));
+        assert_eq!(tcp_destination_port_v4(&segment[..23]), None, "cut");
+        let mut udp = segment;
+        udp[9] = 17;
+        assert_eq!(tcp_destination_port_v4(&udp), None);
+        let mut later = segment;
+        later[7] = 1;
+        assert_eq!(tcp_destination_port_v4(&later), None, "a later fragment");
+        let mut bad = segment;
+        bad[0] = 0x44;
+        assert_eq!(tcp_destination_port_v4(&bad), None);
+        assert_eq!(tcp_destination_port_v4(&[]), None);
     }
 
     #[test]

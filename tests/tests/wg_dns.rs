@@ -4,7 +4,8 @@
 //! wireguard-go) sends there is answered by the device plane, which resolves
 //! through a real DNS server (dnsmasq, in the internet namespace) named in
 //! `wireguard.dns_upstreams` — before and after a device-plane deploy.
-//! A name the server does not know comes back NXDOMAIN, not a timeout.
+//! A name the server does not know comes back NXDOMAIN, not a timeout; the
+//! same query over TCP is answered too.
 //! As root, in namespaces the test creates and removes.
 
 use std::time::{Duration, Instant};
@@ -17,15 +18,16 @@ const SUBNET: u8 = 88;
 /// The node's tunnel address: the first host of the harness's pool.
 const GATEWAY: &str = "10.64.0.1";
 
-/// `dig @GATEWAY NAME` in the customer namespace: dig's whole answer.
-fn dig(world: &WgWorld, name: &str) -> String {
+/// `dig @GATEWAY NAME` (with `extra` options) in the customer namespace:
+/// dig's whole answer.
+fn dig(world: &WgWorld, name: &str, extra: &[&str]) -> String {
+    let server = format!("@{GATEWAY}");
+    let mut args = vec![server.as_str(), name, "A", "+time=3", "+tries=2"];
+    args.extend_from_slice(extra);
     world
         .net
         .customer
-        .exec(
-            "dig",
-            &[&format!("@{GATEWAY}"), name, "A", "+time=3", "+tries=2"],
-        )
+        .exec("dig", &args)
         .unwrap_or_else(|error| panic!("dig {name}: {error}\n{}", world.diagnostics()))
 }
 
@@ -90,7 +92,7 @@ fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
         .unwrap_or_else(|error| panic!("handshake: {error}\n{}", world.diagnostics()));
 
     for round in ["before the deploy", "after the deploy"] {
-        let answer = dig(&world, "shop.example");
+        let answer = dig(&world, "shop.example", &[]);
         assert!(
             answer.contains("status: NOERROR") && answer.contains("192.0.2.77"),
             "{round}: shop.example through the gateway:\n{answer}\n--- dnsmasq:\n{}\n{}",
@@ -101,10 +103,20 @@ fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
             answer.contains(&format!("SERVER: {GATEWAY}#53")),
             "{round}: answered by the gateway:\n{answer}"
         );
-        let missing = dig(&world, "www.gone.example");
+        let missing = dig(&world, "www.gone.example", &[]);
         assert!(
             missing.contains("status: NXDOMAIN"),
             "{round}: an unknown name is NXDOMAIN:\n{missing}"
+        );
+        // The same over TCP: redirected by the node's nftables table to the
+        // device plane's listener.
+        let over_tcp = dig(&world, "shop.example", &["+tcp"]);
+        assert!(
+            over_tcp.contains("status: NOERROR")
+                && over_tcp.contains("192.0.2.77")
+                && over_tcp.contains("(TCP)"),
+            "{round}: shop.example over TCP:\n{over_tcp}\n{}",
+            world.diagnostics()
         );
         if round == "before the deploy" {
             let (new, _) = world.node.deploy(&mut world.device);

@@ -45,6 +45,11 @@ use ipnet::{IpNet, Ipv4Net};
 /// Where IPv4 forwarding is switched on.
 pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
+/// The port the device plane takes WireGuard clients' DNS over TCP on: the
+/// nftables table redirects TCP to the node's tunnel address, port 53, here
+/// (a port above 1024 needs no capability to bind; docs/WIREGUARD.md, "DNS").
+pub const DNS_TCP_PORT: u16 = 10053;
+
 /// How long one `ip` or `nft` command may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -166,6 +171,10 @@ pub struct Plan {
     pub allow: Vec<IpNet>,
     /// The WireGuard exits (`[[egress.upstream]]` of kind `wireguard`).
     pub exits: Vec<ExitPlan>,
+    /// Whether the device plane answers DNS at the node's address
+    /// (`wireguard.dns`): TCP to port 53 there is redirected to
+    /// [`DNS_TCP_PORT`] and let in.
+    pub dns: bool,
 }
 
 /// One command line: a program and its arguments, and optionally what to
@@ -266,6 +275,7 @@ impl Plan {
             owner: TunOwner::from_config(tun.user.as_deref(), tun.group.as_deref())?,
             allow: config.egress.allow.clone(),
             exits: ExitPlan::from_config(config),
+            dns: config.wireguard.dns,
         })
     }
 

@@ -89,6 +89,20 @@ impl Plan {
         } else {
             format!("\t\tiifname \"{tun}\" ip daddr {} accept\n", set(&in_pool))
         };
+        // DNS over TCP to the node's address: redirected to the device
+        // plane's listener and let in (UDP never reaches the kernel).
+        let node = self.address.addr();
+        let (dns_input, dns_prerouting) = if self.dns {
+            let port = super::DNS_TCP_PORT;
+            (
+                format!("\t\tiifname \"{tun}\" ip daddr {node} tcp dport {port} accept\n"),
+                format!(
+                    "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname \"{tun}\" ip daddr {node} tcp dport 53 redirect to :{port}\n\t}}\n"
+                ),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         let exits = self.nft_exit_parts();
         let (exit_input, exit_forward, exit_postrouting) =
             (exits.input, exits.forward, exits.postrouting);
@@ -99,7 +113,7 @@ table {NFT_TABLE} {{
 	chain input {{
 		type filter hook input priority filter; policy accept;
 		iifname \"{tun}\" ct state established,related accept
-{input}		iifname \"{tun}\" drop
+{dns_input}{input}		iifname \"{tun}\" drop
 {exit_input}	}}
 	chain forward {{
 		type filter hook forward priority filter; policy accept;
@@ -107,7 +121,7 @@ table {NFT_TABLE} {{
 		iifname \"{tun}\" ct state invalid drop
 {pool_allowed}		iifname \"{tun}\" ip daddr {pool} drop
 {exit_forward}	}}
-	chain postrouting {{
+{dns_prerouting}	chain postrouting {{
 		type nat hook postrouting priority srcnat; policy accept;
 		ip saddr {pool} oifname \"{out_interface}\" masquerade
 {exit_postrouting}	}}

@@ -476,3 +476,36 @@ fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
         .nft_teardown_script()
         .contains("delete table inet blipless_steer"));
 }
+
+#[test]
+fn nft_script_redirects_dns_over_tcp_to_the_device_plane_only_when_on() {
+    let script = plan(&["egress.tun.name=wg-out", "wireguard.pool=10.99.0.0/20"]).nft_script();
+    let lines: Vec<&str> = script.lines().map(str::trim).collect();
+    let position = |wanted: &str| {
+        lines
+            .iter()
+            .position(|line| *line == wanted)
+            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
+    };
+    let port = super::DNS_TCP_PORT;
+    let redirect = position(&format!(
+        "iifname \"wg-out\" ip daddr 10.99.0.1 tcp dport 53 redirect to :{port}"
+    ));
+    assert!(position("type nat hook prerouting priority dstnat; policy accept;") < redirect);
+    // Let in before the drop of everything else from the clients.
+    let accept = position(&format!(
+        "iifname \"wg-out\" ip daddr 10.99.0.1 tcp dport {port} accept"
+    ));
+    assert!(accept < position("iifname \"wg-out\" drop"));
+
+    let off = plan(&[
+        "egress.tun.name=wg-out",
+        "wireguard.pool=10.99.0.0/20",
+        "wireguard.dns=false",
+    ])
+    .nft_script();
+    assert!(
+        !off.contains("prerouting") && !off.contains("dport"),
+        "{off}"
+    );
+}

@@ -174,10 +174,14 @@ fn dns_gateway(config: &Config) -> Option<Arc<crate::wg::dns::DnsGateway>> {
         return None;
     }
     match blipless_ctl::wg_clients::node_address(&config.wireguard.pool) {
-        Ok(std::net::IpAddr::V4(address)) => Some(Arc::new(crate::wg::dns::DnsGateway::new(
-            address,
-            &config.wireguard.dns_upstreams,
-        ))),
+        Ok(std::net::IpAddr::V4(address)) => {
+            let gateway = Arc::new(crate::wg::dns::DnsGateway::new(
+                address,
+                &config.wireguard.dns_upstreams,
+            ));
+            gateway.serve_tcp();
+            Some(gateway)
+        }
         Ok(std::net::IpAddr::V6(_)) | Err(_) => None,
     }
 }

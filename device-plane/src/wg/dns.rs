@@ -11,8 +11,15 @@
 //! carrier one, a private address the default deny refuses: "connected,
 //! nothing loads".
 //!
-//! [`respond`] and [`refuse`] are pure (bytes in, bytes out); the resolver is
-//! the only I/O.
+//! DNS over TCP (a client's fallback after a truncated answer) goes the
+//! kernel's way: the packet path lets TCP to the node's address, port 53,
+//! through the egress policy, `net setup`'s nftables table redirects it to
+//! [`DNS_TCP_PORT`], and [`DnsGateway::serve_tcp`] answers there (RFC 7766
+//! framing: a two-byte length before each message). Both planes of a deploy
+//! listen with SO_REUSEPORT; the old one stops at its exit.
+//!
+//! [`respond`] and [`refuse`] are pure (bytes in, bytes out); the resolver and
+//! the TCP listener are the only I/O.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,9 +33,13 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_resolver::TokioResolver;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+pub use blipless_ctl::net::DNS_TCP_PORT;
 
 /// The port queries are answered on.
 pub const DNS_PORT: u16 = 53;
@@ -41,6 +52,18 @@ const CLASSIC_UDP: usize = 512;
 const EDNS_PAYLOAD: u16 = 1232;
 /// How long a draining plane waits for the queries it is resolving.
 pub const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// A TCP connection with no query for this long is closed (RFC 7766 §6.2.3
+/// suggests seconds).
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Queries answered on one TCP connection before it is closed.
+const TCP_QUERIES: usize = 100;
+
+/// How an answer travels, which bounds its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
 
 /// What the gateway did so far.
 #[derive(Debug, Default)]
@@ -58,6 +81,8 @@ pub struct DnsGateway {
     resolver: Option<TokioResolver>,
     slots: Arc<Semaphore>,
     tasks: TaskTracker,
+    /// Stops the TCP listener.
+    stop: CancellationToken,
     /// What the gateway did so far.
     pub counters: DnsCounters,
 }
@@ -116,7 +141,90 @@ impl DnsGateway {
             resolver,
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
             tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
             counters: DnsCounters::default(),
+        }
+    }
+
+    /// Whether `packet` is TCP to this gateway's DNS port: the packet path
+    /// writes it to the TUN device whatever the egress policy says.
+    pub fn carries_tcp_query(&self, packet: &[u8]) -> bool {
+        blipless_protocol::ip::destination(packet) == Some(self.address.into())
+            && blipless_protocol::ip::tcp_destination_port_v4(packet) == Some(DNS_PORT)
+    }
+
+    /// Listens on the node's address, [`DNS_TCP_PORT`] (where `net setup`
+    /// redirects TCP port 53), until [`Self::drain`]. Without the address
+    /// (no TUN device set up) it says why and serves only UDP.
+    pub fn serve_tcp(self: &Arc<Self>) {
+        let listener = tokio::net::TcpSocket::new_v4().and_then(|socket| {
+            socket.set_reuseaddr(true)?;
+            socket.set_reuseport(true)?;
+            socket.bind(SocketAddr::from((self.address, DNS_TCP_PORT)))?;
+            socket.listen(64)
+        });
+        let listener = match listener {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::info!(%error, address = %self.address, port = DNS_TCP_PORT, "DNS gateway: not answering over TCP (is the TUN device set up?)");
+                return;
+            }
+        };
+        let gateway = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = gateway.stop.cancelled() => break,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        let connection = gateway.clone();
+                        gateway
+                            .tasks
+                            .spawn(async move { connection.serve_connection(stream).await });
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "DNS gateway: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Answers the queries of one TCP connection, in order.
+    async fn serve_connection(&self, mut stream: tokio::net::TcpStream) {
+        for _ in 0..TCP_QUERIES {
+            let mut length = [0u8; 2];
+            let read = tokio::select! {
+                read = tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut length)) => read,
+                () = self.stop.cancelled() => return,
+            };
+            if !matches!(read, Ok(Ok(_))) {
+                return;
+            }
+            let mut query = vec![0u8; usize::from(u16::from_be_bytes(length))];
+            if !matches!(
+                tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query)).await,
+                Ok(Ok(_))
+            ) {
+                return;
+            }
+            let Some(answer) = self.resolve(&query, Transport::Tcp).await else {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let Ok(size) = u16::try_from(answer.len()) else {
+                return;
+            };
+            let mut framed = Vec::with_capacity(answer.len() + 2);
+            framed.extend_from_slice(&size.to_be_bytes());
+            framed.extend_from_slice(&answer);
+            if stream.write_all(&framed).await.is_err() {
+                return;
+            }
+            self.counters.answered.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -142,7 +250,7 @@ impl DnsGateway {
         let gateway = self.clone();
         self.tasks.spawn(async move {
             let _slot = slot;
-            let Some(answer) = gateway.resolve(&payload).await else {
+            let Some(answer) = gateway.resolve(&payload, Transport::Udp).await else {
                 gateway.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             };
@@ -182,7 +290,7 @@ impl DnsGateway {
 
     /// The answer to the query bytes `payload`, or `None` when nothing is
     /// to be sent back.
-    async fn resolve(&self, payload: &[u8]) -> Option<Vec<u8>> {
+    async fn resolve(&self, payload: &[u8], transport: Transport) -> Option<Vec<u8>> {
         let request = match Message::from_vec(payload) {
             Ok(request) => request,
             Err(_) => return refuse(payload, ResponseCode::FormErr),
@@ -192,13 +300,13 @@ impl DnsGateway {
             return None;
         }
         if request.metadata.op_code != OpCode::Query {
-            return respond(&request, Outcome::Code(ResponseCode::NotImp));
+            return respond(&request, Outcome::Code(ResponseCode::NotImp), transport);
         }
         let [question] = request.queries.as_slice() else {
-            return respond(&request, Outcome::Code(ResponseCode::FormErr));
+            return respond(&request, Outcome::Code(ResponseCode::FormErr), transport);
         };
         let Some(resolver) = &self.resolver else {
-            return respond(&request, Outcome::Code(ResponseCode::ServFail));
+            return respond(&request, Outcome::Code(ResponseCode::ServFail), transport);
         };
         let outcome = match resolver
             .lookup(question.name().clone(), question.query_type())
@@ -211,11 +319,13 @@ impl DnsGateway {
                 Outcome::Code(ResponseCode::ServFail)
             }
         };
-        respond(&request, outcome)
+        respond(&request, outcome, transport)
     }
 
-    /// Waits (at most `wait`) for the queries being resolved to be answered.
+    /// Stops listening on TCP and waits (at most `wait`) for the queries
+    /// being resolved to be answered.
     pub async fn drain(&self, wait: Duration) {
+        self.stop.cancel();
         self.tasks.close();
         let _ = tokio::time::timeout(wait, self.tasks.wait()).await;
     }
@@ -231,9 +341,9 @@ enum Outcome {
 }
 
 /// The response to `request`: its question, the outcome, EDNS when the
-/// query had it; truncated (TC set, no records) when it would not fit the
-/// size the client can take over UDP.
-fn respond(request: &Message, outcome: Outcome) -> Option<Vec<u8>> {
+/// query had it; over UDP truncated (TC set, no records) when it would not
+/// fit the size the client can take.
+fn respond(request: &Message, outcome: Outcome, transport: Transport) -> Option<Vec<u8>> {
     let mut response = Message::response(request.metadata.id, request.metadata.op_code);
     response.metadata.recursion_desired = request.metadata.recursion_desired;
     response.metadata.recursion_available = true;
@@ -252,6 +362,10 @@ fn respond(request: &Message, outcome: Outcome) -> Option<Vec<u8>> {
             usize::from(edns.max_payload().clamp(512, EDNS_PAYLOAD))
         }
         None => CLASSIC_UDP,
+    };
+    let limit = match transport {
+        Transport::Udp => limit,
+        Transport::Tcp => usize::from(u16::MAX),
     };
     let bytes = response.to_vec().ok()?;
     if bytes.len() <= limit {
@@ -312,6 +426,7 @@ mod tests {
         let bytes = respond(
             &request,
             Outcome::Records(vec![a("shop.example.", [192, 0, 2, 7])]),
+            Transport::Udp,
         )
         .expect("an answer");
         let answer = Message::from_vec(&bytes).expect("parses");
@@ -329,6 +444,7 @@ mod tests {
         let bytes = respond(
             &query("nope.example.", Some(4096)),
             Outcome::Code(ResponseCode::NXDomain),
+            Transport::Udp,
         )
         .expect("an answer");
         let answer = Message::from_vec(&bytes).expect("parses");
@@ -348,6 +464,7 @@ mod tests {
         let small = respond(
             &query("many.example.", None),
             Outcome::Records(records.clone()),
+            Transport::Udp,
         )
         .expect("an answer");
         assert!(small.len() <= CLASSIC_UDP);
@@ -356,12 +473,23 @@ mod tests {
         // With EDNS 1232 the same answer fits whole.
         let big = respond(
             &query("many.example.", Some(4096)),
-            Outcome::Records(records),
+            Outcome::Records(records.clone()),
+            Transport::Udp,
         )
         .expect("an answer");
         let big = Message::from_vec(&big).expect("parses");
         assert!(!big.metadata.truncation);
         assert_eq!(big.answers.len(), 60);
+        // Over TCP nothing is truncated, EDNS or not.
+        let tcp = respond(
+            &query("many.example.", None),
+            Outcome::Records(records),
+            Transport::Tcp,
+        )
+        .expect("an answer");
+        let tcp = Message::from_vec(&tcp).expect("parses");
+        assert!(!tcp.metadata.truncation);
+        assert_eq!(tcp.answers.len(), 60);
     }
 
     #[test]
@@ -387,7 +515,7 @@ mod tests {
         let mut not_query = query("x.example.", None);
         not_query.metadata.op_code = OpCode::Status;
         let answer = gateway
-            .resolve(&not_query.to_vec().expect("encodes"))
+            .resolve(&not_query.to_vec().expect("encodes"), Transport::Udp)
             .await
             .expect("an answer");
         assert_eq!(
@@ -403,7 +531,7 @@ mod tests {
             RecordType::A,
         ));
         let answer = gateway
-            .resolve(&two.to_vec().expect("encodes"))
+            .resolve(&two.to_vec().expect("encodes"), Transport::Udp)
             .await
             .expect("an answer");
         assert_eq!(
@@ -416,7 +544,9 @@ mod tests {
         let mut reply = query("x.example.", None);
         reply.metadata.message_type = MessageType::Response;
         assert_eq!(
-            gateway.resolve(&reply.to_vec().expect("encodes")).await,
+            gateway
+                .resolve(&reply.to_vec().expect("encodes"), Transport::Udp)
+                .await,
             None
         );
     }

@@ -311,8 +311,13 @@ impl PacketPath {
                 }
                 continue;
             }
-            let permitted = blipless_protocol::ip::destination(packet)
-                .is_some_and(|destination| self.egress.permits(destination));
+            let to_dns_over_tcp = self
+                .dns
+                .as_ref()
+                .is_some_and(|dns| dns.carries_tcp_query(packet));
+            let permitted = to_dns_over_tcp
+                || blipless_protocol::ip::destination(packet)
+                    .is_some_and(|destination| self.egress.permits(destination));
             if !permitted {
                 self.counters.denied.fetch_add(1, Ordering::Relaxed);
                 continue;
