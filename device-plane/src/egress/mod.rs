@@ -10,7 +10,8 @@
 //! public address. The check is on every *resolved* address, so a name that
 //! resolves to a private (or the host's own) address is refused too. The
 //! WireGuard packet path applies the same [`Egress::permits`] to every inner
-//! destination.
+//! destination. A destination with both IPv6 and IPv4 addresses is
+//! connected by Happy Eyeballs ([`eyeballs`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tokio::net::{TcpSocket, TcpStream};
 
+pub mod eyeballs;
 pub mod host_addresses;
 pub mod report;
 pub mod routes;
@@ -138,7 +140,8 @@ impl Egress {
     }
 
     /// Resolves `target`, keeps the permitted addresses, and connects to the
-    /// first that answers, from `source` when it is of the same family.
+    /// first that answers (IPv6 and IPv4 raced, [`eyeballs`]), from `source`
+    /// when it is of the same family.
     pub async fn connect(
         &self,
         source: Option<IpAddr>,
@@ -181,16 +184,17 @@ impl Egress {
         if permitted.is_empty() {
             return Err(EgressError::Denied(target.to_string()));
         }
-        let mut last_error = EgressError::TimedOut(target.to_string());
-        for address in permitted {
-            let attempt = connect_one(source.filter(|s| s.is_ipv4() == address.is_ipv4()), address);
-            match tokio::time::timeout_at(deadline, attempt).await {
-                Err(_) => return Err(EgressError::TimedOut(target.to_string())),
-                Ok(Ok(stream)) => return Ok(stream),
-                Ok(Err(error)) => last_error = error,
-            }
+        // Both families, interleaved and staggered (RFC 8305): whichever the
+        // destination offers and answers first.
+        let ordered = eyeballs::interleave(permitted);
+        let attempts = eyeballs::race(&ordered, eyeballs::ATTEMPT_DELAY, |address| {
+            connect_one(source.filter(|s| s.is_ipv4() == address.is_ipv4()), address)
+        });
+        match tokio::time::timeout_at(deadline, attempts).await {
+            Err(_) | Ok(Err(None)) => Err(EgressError::TimedOut(target.to_string())),
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(Some(error))) => Err(error),
         }
-        Err(last_error)
     }
 }
 
