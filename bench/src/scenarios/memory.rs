@@ -1,10 +1,13 @@
 //! Section 3: resident memory of the ingress and the device plane, idle and
 //! while holding many open, idle tunnels.
 //!
-//! The tunnels go to a holding origin: the client sends a 4-byte length and
-//! that many bytes, the origin echoes them (so each tunnel has carried
-//! traffic both ways) and then keeps the connection open without a word
-//! until the client closes it.
+//! The tunnels go to a holding origin: the client sends two 4-byte lengths
+//! (what to echo, what to flood) and the first many bytes, the origin echoes
+//! them (so each tunnel has carried traffic both ways), then writes the
+//! flood, which the client never reads (a customer that stopped reading:
+//! the relay holds what it read and could not write, the rest waits in the
+//! kernel's socket buffers), and keeps the connection open until the client
+//! closes it.
 //!
 //! Each batch runs on a freshly deployed device plane (the caller deploys
 //! one between batches): memory one batch freed stays with the allocator
@@ -54,24 +57,43 @@ pub struct Batch {
     pub mode: Mode,
     /// Bytes each tunnel carries each way before it idles.
     pub carried: usize,
+    /// Bytes the origin then sends that the customer never reads.
+    pub flood: usize,
 }
 
+/// What the flood batch's origin sends each stalled customer.
+pub const FLOOD: usize = 4 << 20;
+
+/// The relay's buffer per direction (`BUFFER` in
+/// device-plane/src/conn/relay.rs): what a stalled tunnel may hold in the
+/// plane beyond its sockets.
+pub const RELAY_BUFFER: usize = 256 * 1024;
+
 /// The batches, each on a fresh device plane.
-pub const BATCHES: [Batch; 3] = [
+pub const BATCHES: [Batch; 4] = [
     Batch {
         label: "SOCKS5, 4 bytes each way",
         mode: Mode::Socks5,
         carried: 4,
+        flood: 0,
     },
     Batch {
         label: "HTTP CONNECT, 4 bytes each way",
         mode: Mode::HttpConnect,
         carried: 4,
+        flood: 0,
     },
     Batch {
         label: "SOCKS5, 128 KiB each way",
         mode: Mode::Socks5,
         carried: 128 * 1024,
+        flood: 0,
+    },
+    Batch {
+        label: "SOCKS5, customer stops reading (4 MiB sent)",
+        mode: Mode::Socks5,
+        carried: 4,
+        flood: FLOOD,
     },
 ];
 
@@ -136,9 +158,10 @@ impl HoldOrigin {
 }
 
 async fn hold(mut stream: TcpStream) -> std::io::Result<()> {
-    let mut length = [0u8; 4];
-    stream.read_exact(&mut length).await?;
-    let mut left = u32::from_be_bytes(length) as usize;
+    let mut lengths = [0u8; 8];
+    stream.read_exact(&mut lengths).await?;
+    let mut left = u32::from_be_bytes([lengths[0], lengths[1], lengths[2], lengths[3]]) as usize;
+    let mut flood = u32::from_be_bytes([lengths[4], lengths[5], lengths[6], lengths[7]]) as usize;
     let mut buffer = vec![0u8; 16 * 1024];
     while left > 0 {
         let n = stream.read(&mut buffer[..left.min(16 * 1024)]).await?;
@@ -147,6 +170,14 @@ async fn hold(mut stream: TcpStream) -> std::io::Result<()> {
         }
         stream.write_all(&buffer[..n]).await?;
         left -= n;
+    }
+    // The flood blocks once every buffer on the way is full; it ends (with
+    // an error) when the client closes.
+    let chunk = [0x5au8; 16 * 1024];
+    while flood > 0 {
+        let n = flood.min(chunk.len());
+        stream.write_all(&chunk[..n]).await?;
+        flood -= n;
     }
     while stream.read(&mut buffer).await? > 0 {}
     Ok(())
@@ -159,13 +190,14 @@ async fn one_tunnel(
 ) -> std::io::Result<TcpStream> {
     let mut stream = client::open(proxies, batch.mode, origin).await?.stream;
     let mut payload = (batch.carried as u32).to_be_bytes().to_vec();
+    payload.extend_from_slice(&(batch.flood as u32).to_be_bytes());
     payload.extend((0..batch.carried).map(|i| (i % 251) as u8));
     let mut echo = vec![0u8; batch.carried];
     {
         let (mut read, mut write) = stream.split();
         tokio::try_join!(write.write_all(&payload), read.read_exact(&mut echo))?;
     }
-    if echo[..] != payload[4..] {
+    if echo[..] != payload[8..] {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "bad echo",
@@ -314,9 +346,14 @@ pub fn render(out: &mut String, memory: &[Held]) {
          make the next batch look cheaper or dearer than it is. *Idle*: the fresh plane after two warm-up tunnels. \
          The batch then opens its tunnels (32 at a time) to a holding origin that echoes what the tunnel carries once \
          and then stays silent; RSS is read while holding them and 1.5 s after closing them. \
-         Per tunnel = (holding − idle) / tunnels open. The ingress is the same process throughout. No target was set \
-         for memory.\n\n\
+         Per tunnel = (holding − idle) / tunnels open. The ingress is the same process throughout. \
+         In the last batch the origin then sends {} MiB down each tunnel and the customer never reads it: the \
+         relay holds at most one read per direction ({} KiB, `BUFFER` in `device-plane/src/conn/relay.rs`) that it could \
+         not write, and the rest waits in the kernel's socket buffers (kernel memory, not in RSS) while TCP holds the \
+         origin back.\n\n\
          Idle: device plane **{}**, ingress **{}**.\n",
+        FLOOD >> 20,
+        RELAY_BUFFER >> 10,
         mib(first.idle.device),
         mib(first.idle.ingress)
     );
@@ -338,6 +375,21 @@ pub fn render(out: &mut String, memory: &[Held]) {
             mib(held.holding.ingress),
             mib(held.after.ingress),
             ingress / 1024.0,
+        );
+    }
+    if let Some(stalled) = memory.iter().find(|h| h.batch.flood > 0 && h.open > 0) {
+        let (_, device) = stalled.per_tunnel();
+        let bound = (RELAY_BUFFER + 16 * 1024) as f64;
+        let _ = writeln!(
+            out,
+            "\nTunnels whose customer stopped reading: **{} per 1,000** in the device plane. \
+             Target (issue 13) \"a tunnel whose customer stops reading holds at most its two socket buffers plus a bounded \
+             relay buffer\", judged as at most one relay buffer ({} KiB) and 16 KiB of bookkeeping per tunnel in the plane: \
+             {:.1} KiB per tunnel, {}.",
+            mib((device * 1000.0 / 1024.0) as u64),
+            RELAY_BUFFER >> 10,
+            device / 1024.0,
+            crate::format::verdict(device <= bound && stalled.open == stalled.wanted),
         );
     }
     for held in memory.iter().filter(|h| h.error.is_some()) {
