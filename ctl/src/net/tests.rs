@@ -9,6 +9,16 @@ fn config(sets: &[&str]) -> Config {
     }
 }
 
+/// The index of the line of `script` that, trimmed, is `wanted` (panics
+/// with the script when there is none).
+fn line_at(script: &str, wanted: &str) -> usize {
+    script
+        .lines()
+        .map(str::trim)
+        .position(|line| line == wanted)
+        .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
+}
+
 fn plan(sets: &[&str]) -> Plan {
     match Plan::from_config(&config(sets)) {
         Ok(plan) => plan,
@@ -155,12 +165,7 @@ fn nft_script_replaces_the_table_with_masquerade_and_reset() {
     assert_eq!(lines[0], "add table inet blipless");
     assert_eq!(lines[1], "delete table inet blipless");
     assert_eq!(lines[2], "table inet blipless {");
-    let position = |wanted: &str| {
-        lines
-            .iter()
-            .position(|line| *line == wanted)
-            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
-    };
+    let position = |wanted: &str| line_at(&script, wanted);
     let reset =
         position("iifname \"wg-out\" ct state invalid meta l4proto tcp reject with tcp reset");
     let drop = position("iifname \"wg-out\" ct state invalid drop");
@@ -174,13 +179,7 @@ fn nft_script_replaces_the_table_with_masquerade_and_reset() {
 #[test]
 fn nft_script_keeps_clients_off_the_host_and_each_other() {
     let script = plan(&["egress.tun.name=wg-out", "wireguard.pool=10.99.0.0/20"]).nft_script();
-    let lines: Vec<&str> = script.lines().map(str::trim).collect();
-    let position = |wanted: &str| {
-        lines
-            .iter()
-            .position(|line| *line == wanted)
-            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
-    };
+    let position = |wanted: &str| line_at(&script, wanted);
     // Input from the TUN device: replies only.
     let input = position("chain input {");
     let hook = position("type filter hook input priority filter; policy accept;");
@@ -206,13 +205,7 @@ fn nft_script_lets_egress_allow_through() {
         "egress.allow=10.99.0.1/32,10.0.0.0/8,10.1.0.0/16,192.0.2.7,fd00::/8,8.8.8.8/32",
     ])
     .nft_script();
-    let lines: Vec<&str> = script.lines().map(str::trim).collect();
-    let position = |wanted: &str| {
-        lines
-            .iter()
-            .position(|line| *line == wanted)
-            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
-    };
+    let position = |wanted: &str| line_at(&script, wanted);
     // To the host: every allowed network (merged, as an interval set must
     // be), before the drop.
     let v4 = position("iifname \"blip0\" ip daddr { 8.8.8.8/32, 10.0.0.0/8, 192.0.2.7/32 } accept");
@@ -480,13 +473,7 @@ fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
 #[test]
 fn nft_script_redirects_dns_over_tcp_to_the_device_plane_only_when_on() {
     let script = plan(&["egress.tun.name=wg-out", "wireguard.pool=10.99.0.0/20"]).nft_script();
-    let lines: Vec<&str> = script.lines().map(str::trim).collect();
-    let position = |wanted: &str| {
-        lines
-            .iter()
-            .position(|line| *line == wanted)
-            .unwrap_or_else(|| panic!("no line {wanted:?} in:\n{script}"))
-    };
+    let position = |wanted: &str| line_at(&script, wanted);
     let port = super::DNS_TCP_PORT;
     let redirect = position(&format!(
         "iifname \"wg-out\" ip daddr 10.99.0.1 tcp dport 53 redirect to :{port}"
