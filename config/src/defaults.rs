@@ -53,6 +53,11 @@ pub(crate) fn placeholder() -> Config {
             http: nowhere,
             wg: nowhere,
             status: nowhere,
+            https: None,
+        },
+        tls: crate::TlsConfig {
+            certificate: None,
+            key: None,
         },
         store: crate::StoreConfig {
             url: String::new(),

@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
-    IpList, Kind, Name, NetList, OptionalAccount, OptionalHostPort, OptionalPath, OptionalQuota,
-    OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
+    IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalHostPort, OptionalPath,
+    OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -145,6 +145,28 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("127.0.0.1:9180"),
             "HTTP listener for /status and /metrics (TCP).",
             |c| &mut c.listen.status,
+        ),
+        Key::new::<OptionalAddr>(
+            "listen.https",
+            Text(""),
+            "HTTPS proxy listener (TCP; TLS 1.2 and 1.3 terminated by the ingress, needs tls.certificate and tls.key; empty: off).",
+            |c| &mut c.listen.https,
+        ),
+        Key::new::<OptionalPath>(
+            "tls.certificate",
+            Unset {
+                example: "/etc/blipless/proxy.crt",
+            },
+            "PEM certificate chain (leaf first) of the HTTPS proxy listener; re-read on SIGHUP and blipless-ctl tls reload.",
+            |c| &mut c.tls.certificate,
+        ),
+        Key::new::<OptionalPath>(
+            "tls.key",
+            Unset {
+                example: "/etc/blipless/proxy.key",
+            },
+            "PEM private key (PKCS#8, PKCS#1 or SEC1) of the HTTPS proxy listener; re-read with tls.certificate.",
+            |c| &mut c.tls.key,
         ),
         Key::new::<StoreUrl>(
             "store.url",
@@ -321,7 +343,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Dur>(
             "proxy.handshake_timeout",
             Text("10s"),
-            "Limit on a client's SOCKS5 or HTTP handshake.",
+            "Limit on a client's SOCKS5 or HTTP handshake (and on the TLS handshake of the HTTPS listener).",
             |c| &mut c.proxy.handshake_timeout,
         ),
         Key::new::<Dur>(

@@ -57,6 +57,8 @@ pub struct Config {
     pub node: NodeConfig,
     /// The customer-facing and status listeners.
     pub listen: ListenConfig,
+    /// The HTTPS proxy listener's certificate (ingress only).
+    pub tls: TlsConfig,
     /// The state store (device plane only).
     pub store: StoreConfig,
     /// Where proxied traffic may go and how it leaves the node.
@@ -103,6 +105,17 @@ pub struct ListenConfig {
     pub wg: SocketAddr,
     /// `/status` and `/metrics` (TCP, HTTP).
     pub status: SocketAddr,
+    /// HTTPS proxy (TCP, TLS terminated by the ingress); `None`: off.
+    pub https: Option<SocketAddr>,
+}
+
+/// `[tls]`: the HTTPS proxy listener's certificate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    /// PEM file with the certificate chain, leaf first.
+    pub certificate: Option<PathBuf>,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
 }
 
 /// `[store]`: the state store.

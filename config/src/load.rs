@@ -208,6 +208,7 @@ impl Loader {
             self.config.store.url = defaults::store_in(&self.config.node.state_dir);
         }
         self.check_listeners();
+        self.check_tls();
         if self.errors.is_empty() {
             Ok(self.config)
         } else {
@@ -219,11 +220,12 @@ impl Loader {
     /// listener is UDP and may share a port with any of them.)
     fn check_listeners(&mut self) {
         let listen = &self.config.listen;
-        let tcp = [
+        let mut tcp = vec![
             ("listen.socks", listen.socks),
             ("listen.http", listen.http),
             ("listen.status", listen.status),
         ];
+        tcp.extend(listen.https.map(|https| ("listen.https", https)));
         for (i, &(a, addr_a)) in tcp.iter().enumerate() {
             for &(b, addr_b) in &tcp[i + 1..] {
                 if self.invalid.contains(a) || self.invalid.contains(b) {
@@ -238,6 +240,28 @@ impl Loader {
                     );
                     self.errors.push(ConfigError::Conflict { message });
                 }
+            }
+        }
+    }
+
+    /// An HTTPS listener needs a certificate and its key. (Whether the files
+    /// load is checked by the ingress at start-up: they may be written after
+    /// the configuration is.)
+    fn check_tls(&mut self) {
+        if self.config.listen.https.is_none() || self.invalid.contains("listen.https") {
+            return;
+        }
+        for (key, path) in [
+            ("tls.certificate", &self.config.tls.certificate),
+            ("tls.key", &self.config.tls.key),
+        ] {
+            if path.is_none() && !self.invalid.contains(key) {
+                let message = format!(
+                    "listen.https = \"{}\" ({}) needs {key}: the HTTPS proxy listener serves a certificate",
+                    self.config.listen.https.map_or_else(String::new, |a| a.to_string()),
+                    self.origin("listen.https"),
+                );
+                self.errors.push(ConfigError::Conflict { message });
             }
         }
     }
@@ -354,6 +378,29 @@ mod tests {
             let config = Config::load(None, Vec::new(), &sets).expect(good);
             assert_eq!(config.store.url, good);
         }
+    }
+
+    #[test]
+    fn an_https_listener_needs_a_certificate_and_key_and_its_own_address() {
+        let sets = [
+            "listen.https=127.0.0.1:8080".to_owned(),
+            "tls.key=/etc/blipless/proxy.key".to_owned(),
+        ];
+        let errors = Config::load(None, Vec::new(), &sets).expect_err("two problems");
+        let text = errors.to_string();
+        assert_eq!(errors.0.len(), 2, "{text}");
+        assert!(text.contains("listen.http = \"127.0.0.1:8080\""), "{text}");
+        assert!(text.contains("needs tls.certificate"), "{text}");
+        let sets = [
+            "listen.https=127.0.0.1:8443".to_owned(),
+            "tls.certificate=/c.pem".to_owned(),
+            "tls.key=/k.pem".to_owned(),
+        ];
+        let config = Config::load(None, Vec::new(), &sets).expect("sound");
+        assert_eq!(config.listen.https, Some(addr("127.0.0.1:8443")));
+        // Off by default, and a certificate alone is no listener.
+        let config = Config::load(None, Vec::new(), &sets[1..]).expect("sound");
+        assert_eq!(config.listen.https, None);
     }
 
     #[test]

@@ -170,6 +170,17 @@ impl Kind for Addr {
     }
 }
 
+/// An optional socket address; the empty string means off.
+pub(crate) struct OptionalAddr;
+impl Kind for OptionalAddr {
+    type Out = Option<SocketAddr>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "an address like 127.0.0.1:8443 or [::1]:8443 (empty: off)";
+    fn parse(input: &Input<'_>) -> Option<Option<SocketAddr>> {
+        parse_optional(input)
+    }
+}
+
 /// A store URL (the grammar is [`crate::store_url`]).
 pub(crate) struct StoreUrl;
 impl Kind for StoreUrl {
