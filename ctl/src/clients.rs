@@ -59,18 +59,40 @@ impl WgNode {
     }
 }
 
-/// The client's SOCKS5 and HTTP proxy URLs with `secret` in them.
-fn proxy_urls(config: &Config, name: &str, secret: &str) -> (String, String) {
-    (
-        format!(
-            "socks5h://{name}:{secret}@{}",
-            dial_address(config.listen.socks, config)
-        ),
-        format!(
-            "http://{name}:{secret}@{}",
-            dial_address(config.listen.http, config)
-        ),
-    )
+/// A client's proxy URLs, with its secret (or a placeholder) in them.
+struct ProxyUrls {
+    socks: String,
+    http: String,
+    /// When `listen.https` is on.
+    https: Option<String>,
+}
+
+impl ProxyUrls {
+    fn new(config: &Config, name: &str, secret: &str) -> Self {
+        Self {
+            socks: format!(
+                "socks5h://{name}:{secret}@{}",
+                dial_address(config.listen.socks, config)
+            ),
+            http: format!(
+                "http://{name}:{secret}@{}",
+                dial_address(config.listen.http, config)
+            ),
+            https: config
+                .listen
+                .https
+                .map(|https| format!("https://{name}:{secret}@{}", dial_address(https, config))),
+        }
+    }
+
+    /// Adds them to a JSON answer (`https_url` only when there is one).
+    fn add_to(&self, answer: &mut serde_json::Value) {
+        answer["socks5_url"] = json!(self.socks);
+        answer["http_url"] = json!(self.http);
+        if let Some(https) = &self.https {
+            answer["https_url"] = json!(https);
+        }
+    }
 }
 
 /// Where customers dial a listener: a wildcard listen address is shown as the node's host.
@@ -180,7 +202,7 @@ pub(crate) async fn add(
         unreplicated,
         &format!("client {name} is stored"),
     );
-    let (socks, http) = proxy_urls(config, name, &secret);
+    let urls = ProxyUrls::new(config, name, &secret);
     // Written before anything is printed, reported after: a file that could
     // not be written must not cost the operator the secret printed below.
     let png = match (&wireguard, qr_png) {
@@ -192,8 +214,8 @@ pub(crate) async fn add(
     };
     let png_written = matches!(png, Some(Ok(())));
     if as_json {
-        let mut answer =
-            json!({ "name": name, "secret": secret, "socks5_url": socks, "http_url": http });
+        let mut answer = json!({ "name": name, "secret": secret });
+        urls.add_to(&mut answer);
         if let (true, Some(path)) = (png_written, qr_png) {
             answer["qr_png"] = json!(path.display().to_string());
         }
@@ -226,11 +248,17 @@ pub(crate) async fn add(
             )
         );
     }
-    say!("  SOCKS5: {socks}");
-    say!("  HTTP:   {http}");
+    say!("  SOCKS5: {}", urls.socks);
+    say!("  HTTP:   {}", urls.http);
+    if let Some(https) = &urls.https {
+        say!("  HTTPS:  {https}");
+    }
     say!("try:");
-    say!("  curl --proxy '{socks}' https://example.com/");
-    say!("  curl --proxy '{http}' https://example.com/");
+    say!("  curl --proxy '{}' https://example.com/", urls.socks);
+    say!("  curl --proxy '{}' https://example.com/", urls.http);
+    if let Some(https) = &urls.https {
+        say!("  curl --proxy '{https}' https://example.com/  (add --proxy-cacert FILE for a private CA)");
+    }
     if let Some(wg) = &wireguard {
         say!("");
         say!(
@@ -296,14 +324,12 @@ pub(crate) async fn show(
         }
         None => None,
     };
-    let (socks, http) = proxy_urls(config, name, "<secret>");
+    let urls = ProxyUrls::new(config, name, "<secret>");
     if as_json {
-        let answer = json!({
+        let mut answer = json!({
             "name": client.name,
             "created_at": client.created_at,
             "egress": client.egress.to_string(),
-            "socks5_url": socks,
-            "http_url": http,
             "secret_kept": false,
             "wg_address": client.wg_address,
             "wg_public_key": client.wg_public_key,
@@ -312,6 +338,7 @@ pub(crate) async fn show(
             "usage": usage,
             "limits": crate::limits::limits_json(&client.limits, &defaults, quota),
         });
+        urls.add_to(&mut answer);
         say!("{}", serde_json::to_string_pretty(&answer)?);
     } else {
         say!("client {name}");
@@ -327,8 +354,11 @@ pub(crate) async fn show(
             "  limits:    {}",
             crate::limits::limits_text(&effective, quota)
         );
-        say!("  SOCKS5:    {socks}");
-        say!("  HTTP:      {http}");
+        say!("  SOCKS5:    {}", urls.socks);
+        say!("  HTTP:      {}", urls.http);
+        if let Some(https) = &urls.https {
+            say!("  HTTPS:     {https}");
+        }
         say!("  The secret was shown once, by client add; the store keeps only its hash.");
         if let (Some(address), Some(text)) = (client.wg_address, &wireguard) {
             say!("");

@@ -37,7 +37,7 @@ fn request(config: &Config, request: &ControlRequest) -> anyhow::Result<ControlR
 
 pub(crate) fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
     match request(config, &ControlRequest::Status)? {
-        ControlResponse::Status(report) => Ok(report),
+        ControlResponse::Status(report) => Ok(*report),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
         ControlResponse::Ok { message } => anyhow::bail!("unexpected answer: {message}"),
         ControlResponse::Synced { .. } => anyhow::bail!("unexpected answer to status"),
@@ -133,6 +133,21 @@ pub(crate) fn sync_clients(config: &Config, through: u64) -> anyhow::Result<Conf
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
         _ => anyhow::bail!("unexpected answer to sync_clients"),
     }
+}
+
+/// `blipless-ctl tls reload`.
+pub(crate) fn tls_reload(config: &Config, as_json: bool) -> anyhow::Result<()> {
+    match request(config, &ControlRequest::TlsReload)? {
+        ControlResponse::Ok { message } if as_json => {
+            say!("{}", json!({ "reloaded": true, "message": message }));
+        }
+        ControlResponse::Ok { message } => say!("{message}"),
+        ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
+        ControlResponse::Status(_) | ControlResponse::Synced { .. } => {
+            anyhow::bail!("unexpected answer to tls_reload")
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Result<()> {
@@ -242,6 +257,14 @@ pub(crate) fn print_status(report: &StatusReport) {
     );
     for listener in &report.listeners {
         say!("  {:<7} {}", listener.name, listener.address);
+    }
+    if let Some(tls) = &report.tls {
+        say!(
+            "tls: {} expires {} (in {} days)",
+            tls.certificate,
+            tls.not_after,
+            tls.expires_in_seconds.div_euclid(86_400)
+        );
     }
     if report.device_planes.is_empty() {
         say!("device planes: none attached (new connections wait in the listen backlog)");

@@ -83,6 +83,11 @@ enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
+    /// The HTTPS proxy listener's certificate (asks the ingress).
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
     /// Egress routes (direct and upstreams) as the active device plane sees
     /// them: up or down, latency, clients, tunnels (asks the ingress).
     Egress,
@@ -96,6 +101,15 @@ enum Command {
         #[command(subcommand)]
         command: NetCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum TlsCommand {
+    /// Read tls.certificate and tls.key again (as SIGHUP does): new
+    /// handshakes use the new certificate, open connections keep theirs. A
+    /// file that does not load keeps the certificate in use; the answer
+    /// says why and the exit status is 1.
+    Reload,
 }
 
 #[derive(Debug, Subcommand)]
@@ -275,6 +289,9 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Drain { watch } => drain(config, *watch, args.json),
+        Command::Tls {
+            command: TlsCommand::Reload,
+        } => control::tls_reload(config, args.json),
         Command::Egress => {
             let report = status_report(config)?;
             print_egress(&report, args.json)

@@ -226,7 +226,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
         }),
         1 => ToDevice::Refused(refused(u)?),
         2 => ToDevice::Accepted(Accepted {
-            listener: *u.choose(&[ListenerKind::Socks, ListenerKind::Http])?,
+            listener: *u.choose(&[ListenerKind::Socks, ListenerKind::Http, ListenerKind::Https])?,
             connection_id: u.arbitrary()?,
             peer: socket_addr(u)?,
             local: socket_addr(u)?,

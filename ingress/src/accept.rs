@@ -5,13 +5,13 @@
 //! connections wait in the kernel's listen backlog (the client sees a
 //! completed TCP handshake and simply waits) until a plane attaches.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use blipless_protocol::channel::{Accepted, ListenerKind, ToDevice};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{self, Wait};
@@ -37,6 +37,8 @@ pub struct AcceptContext {
     pub metrics: Arc<Metrics>,
     /// Shared connection numbering.
     pub ids: Arc<ConnectionIds>,
+    /// The HTTPS listener's TLS edge, when `listen.https` is on.
+    pub tls: Option<Arc<crate::tls::TlsEdge>>,
 }
 
 /// Accepts on `listener` until `shutdown`, then returns (dropping the
@@ -81,7 +83,16 @@ pub async fn serve(
             peer,
             local,
         };
-        hand_over(stream, accepted, &context, &shutdown).await;
+        match (&context.tls, kind) {
+            // The handshake runs in its own task: a slow client never holds
+            // up the accept loop.
+            (Some(edge), ListenerKind::Https) => {
+                crate::tls::relay::spawn(edge, stream, accepted, context.clone());
+            }
+            _ => {
+                hand_over(stream.as_fd(), accepted, &context, &shutdown).await;
+            }
+        }
     }
 }
 
@@ -102,27 +113,28 @@ async fn wait_for_plane(
     }
 }
 
-/// Sends the connection to the active plane, waiting for one as long as it
-/// takes (the customer has a TCP connection and waits): it is only dropped
-/// at shutdown.
-async fn hand_over(
-    stream: TcpStream,
+/// Sends the connection (`fd`: the accepted socket, or for HTTPS the device
+/// plane's end of the socket pair) to the active plane, waiting for one as
+/// long as it takes (the customer has a TCP connection and waits): it is
+/// only dropped at shutdown. Whether a plane took it.
+pub(crate) async fn hand_over(
+    fd: BorrowedFd<'_>,
     accepted: Accepted,
     context: &AcceptContext,
     shutdown: &CancellationToken,
-) {
+) -> bool {
     let message = ToDevice::Accepted(accepted);
     let taken = dispatch::to_active(
         &context.planes,
         &message,
-        &[stream.as_fd()],
+        &[fd],
         None,
         Wait::Forever(shutdown),
     )
     .await;
-    if let Some(plane) = taken {
-        plane.count_handed();
-        context.metrics.count_handed();
-        tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
-    }
+    let Some(plane) = taken else { return false };
+    plane.count_handed();
+    context.metrics.count_handed();
+    tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
+    true
 }

@@ -61,7 +61,7 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
             return write_line(&mut write, &ControlResponse::Error { message }).await;
         }
         let response = match serde_json::from_str::<ControlRequest>(line.trim_end()) {
-            Ok(ControlRequest::Status) => ControlResponse::Status(node.status_report()),
+            Ok(ControlRequest::Status) => ControlResponse::Status(Box::new(node.status_report())),
             Ok(ControlRequest::Drain) => {
                 tracing::info!("drain requested on the control socket");
                 node.shutdown.cancel();
@@ -72,9 +72,25 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
             Ok(ControlRequest::SyncClients { through }) => {
                 node.planes.syncs.sync(&node.planes, through).await
             }
+            Ok(ControlRequest::TlsReload) => match &node.tls {
+                Some(edge) => match edge.reload() {
+                    Ok(info) => ControlResponse::Ok {
+                        message: format!(
+                            "reloaded {}: expires {} (new handshakes use it; open connections keep theirs)",
+                            info.certificate, info.not_after
+                        ),
+                    },
+                    Err(error) => ControlResponse::Error {
+                        message: format!("{error}; the certificate in use stays"),
+                    },
+                },
+                None => ControlResponse::Error {
+                    message: "this ingress has no HTTPS listener (listen.https is off)".into(),
+                },
+            },
             Err(error) => ControlResponse::Error {
                 message: format!(
-                    "not a control request ({error}); this ingress understands: status, drain, sync_clients"
+                    "not a control request ({error}); this ingress understands: status, drain, sync_clients, tls_reload"
                 ),
             },
         };

@@ -26,6 +26,7 @@ pub mod planes;
 pub mod serving;
 pub mod sockets;
 pub mod status;
+pub mod tls;
 pub mod wg;
 
 use std::sync::Arc;
@@ -67,6 +68,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     sockets::prepare_runtime_dir(&config.node.runtime_dir)?;
     let mut predecessor = handoff::find_predecessor(&config, socket_kept).await?;
     let metrics = Arc::new(Metrics::new());
+    // Before any socket is taken: a certificate that does not load stops
+    // the start with the reason, and a predecessor keeps serving.
+    let tls = tls::TlsEdge::from_config(&config, metrics.tls.clone())?;
     let planes = Arc::new(Planes::new(metrics.clone()));
     let lineage = Arc::new(Lineage::new(predecessor.as_ref()));
     let (mut listeners, generation) = match predecessor.as_mut() {
@@ -98,12 +102,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         wireguard.clone(),
         metrics.clone(),
         listeners.infos(),
+        tls.clone(),
         shutdown.clone(),
     ));
     let context = AcceptContext {
         planes: planes.clone(),
         metrics: metrics.clone(),
         ids: Arc::new(ConnectionIds::default()),
+        tls: tls.clone(),
     };
     let device_context = device_link::DeviceContext {
         planes: planes.clone(),
@@ -115,6 +121,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // WireGuard runs for the whole life of the process, handoff or not.
     let stop_wireguard = CancellationToken::new();
     let wireguard_task = tokio::spawn(wireguard.clone().serve(stop_wireguard.clone()));
+    // SIGHUP (systemctl reload): the certificate again, for as long as we run.
+    tokio::spawn(tls::TlsEdge::reload_on_hangup(
+        tls.clone(),
+        stop_wireguard.clone(),
+    ));
     // `wg show`: this ingress's peers, from now until it exits (or a
     // successor's socket replaces it).
     let uapi_path = config.wireguard_uapi_socket();
@@ -149,6 +160,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(
         socks = %config.listen.socks,
         http = %config.listen.http,
+        https = ?config.listen.https,
         status = %config.listen.status,
         wg = %config.listen.wg,
         wg_generation = generation,
@@ -173,12 +185,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // A successor serves: step aside, keep decrypting our own sessions
         // until nothing depends on us, or take everything back if it dies.
         let grace = config.drain.grace;
+        let handoff_started = tokio::time::Instant::now();
         match handoff::step_aside(
             &successor, running, &planes, &wireguard, &lineage, grace, &shutdown,
         )
         .await
         {
             SteppedAside::Exit => {
+                // The TLS connections we relay are ours to the end (or the
+                // grace, from the handoff's start).
+                if let Some(tls) = &tls {
+                    tls.finish(handoff_started + grace).await;
+                }
                 stop_wireguard.cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
                 return Ok(());
@@ -196,7 +214,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     node.start_draining();
     tokio::time::sleep(config.drain.lame_duck).await;
     running.stop_accepting();
-    listeners.close(&[SocketName::Socks, SocketName::Http]);
+    listeners.close(&[SocketName::Socks, SocketName::Http, SocketName::Https]);
     Planes::send_orders(planes.drain_all()).await;
     let deadline = tokio::time::Instant::now() + config.drain.grace;
     while !planes.all().is_empty() && tokio::time::Instant::now() < deadline {
@@ -208,6 +226,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             planes = left,
             "drain grace over with device planes still attached"
         );
+    }
+    // A drained plane closed its ends of the HTTPS pairs; a relay left is
+    // one the grace cut short.
+    if let Some(tls) = &tls {
+        tls.finish(deadline).await;
     }
     running.stop_serving();
     stop_wireguard.cancel();

@@ -38,11 +38,25 @@ pub struct Listeners {
     sockets: Vec<(SocketName, String, OwnedFd)>,
 }
 
+/// The single sockets `config` asks for: [`SINGLES`], and the HTTPS
+/// listener when `listen.https` is on.
+fn singles(config: &Config) -> Vec<SocketName> {
+    let mut names = SINGLES.to_vec();
+    if config.listen.https.is_some() {
+        names.insert(2, SocketName::Https);
+    }
+    names
+}
+
 /// What each socket should be bound to under `config`.
 fn configured(config: &Config, name: SocketName) -> String {
     match name {
         SocketName::Socks => config.listen.socks.to_string(),
         SocketName::Http => config.listen.http.to_string(),
+        SocketName::Https => config
+            .listen
+            .https
+            .map_or_else(String::new, |https| https.to_string()),
         SocketName::Status => config.listen.status.to_string(),
         SocketName::Device => config.device_socket().display().to_string(),
         SocketName::Control => config.control_socket().display().to_string(),
@@ -75,7 +89,7 @@ impl Listeners {
             sockets: Vec::new(),
         };
         let mut fresh = Vec::new();
-        for name in SINGLES {
+        for name in singles(config) {
             let fd = match take(name).filter(|_| path_still_there(config, name)) {
                 Some(fd) => {
                     tracing::info!(
@@ -147,7 +161,7 @@ impl Listeners {
             sockets: Vec::new(),
         };
         let mut rebound = Vec::new();
-        for name in SINGLES {
+        for name in singles(config) {
             let fd = match take(name) {
                 Some(fd) => fd,
                 None => {
@@ -213,14 +227,19 @@ impl Listeners {
         (sockets, fds)
     }
 
-    /// A TCP listener (`socks`, `http` or `status`) for an accept loop.
+    /// Whether there is a socket called `name` (the HTTPS listener is optional).
+    pub fn has(&self, name: SocketName) -> bool {
+        self.fd(name).is_ok()
+    }
+
+    /// A TCP listener (`socks`, `http`, `https` or `status`) for an accept loop.
     pub fn tcp(&self, name: SocketName) -> anyhow::Result<TcpListener> {
         let listener = std::net::TcpListener::from(self.dup(name)?);
         listener.set_nonblocking(true)?;
         Ok(TcpListener::from_std(listener)?)
     }
 
-    /// Where an IP socket (`socks`, `http`, `status`, `wg0`, `wg1`) is bound.
+    /// Where an IP socket (`socks`, `http`, `https`, `status`, `wg0`, `wg1`) is bound.
     pub fn address(&self, name: SocketName) -> Option<SocketAddr> {
         use nix::sys::socket::{getsockname, SockaddrLike, SockaddrStorage};
         use std::os::fd::AsRawFd;
@@ -242,10 +261,12 @@ impl Listeners {
         [
             ("socks", SocketName::Socks),
             ("http", SocketName::Http),
+            ("https", SocketName::Https),
             ("status", SocketName::Status),
             ("wg", SocketName::Wg0),
         ]
         .into_iter()
+        .filter(|(_, name)| self.has(*name))
         .map(|(shown, name)| ListenerInfo {
             name: shown.to_string(),
             address: self
@@ -322,6 +343,10 @@ fn bind_one(config: &Config, name: SocketName) -> anyhow::Result<OwnedFd> {
     Ok(match name {
         SocketName::Socks => tcp(config.listen.socks)?,
         SocketName::Http => tcp(config.listen.http)?,
+        SocketName::Https => match config.listen.https {
+            Some(https) => tcp(https)?,
+            None => anyhow::bail!("listen.https is off"),
+        },
         SocketName::Status => tcp(config.listen.status)?,
         SocketName::Device => OwnedFd::from(sockets::bind_device_socket(&config.device_socket())?),
         SocketName::Control => {

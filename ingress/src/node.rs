@@ -43,6 +43,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// Listening sockets, for status.
     pub listeners: Vec<ListenerInfo>,
+    /// The HTTPS listener's TLS edge (certificate reloads), when it is on.
+    pub tls: Option<Arc<crate::tls::TlsEdge>>,
     started: Instant,
     draining: AtomicBool,
     /// Cancelled to drain the node (SIGTERM, or `blipless-ctl drain`).
@@ -56,6 +58,7 @@ impl Node {
         wireguard: Arc<Wireguard>,
         metrics: Arc<Metrics>,
         listeners: Vec<ListenerInfo>,
+        tls: Option<Arc<crate::tls::TlsEdge>>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
         Self {
@@ -63,6 +66,7 @@ impl Node {
             wireguard,
             metrics,
             listeners,
+            tls,
             started: Instant::now(),
             draining: AtomicBool::new(false),
             shutdown,
@@ -114,6 +118,7 @@ impl Node {
                 detail: d.detail,
                 seconds: d.duration.map(|d| d.as_secs_f64()),
             }),
+            tls: self.tls.as_ref().map(|edge| edge.info()),
         }
     }
 

@@ -67,6 +67,14 @@ impl Serving<'_> {
             self.context.clone(),
             stop_accepting.clone(),
         ));
+        if self.listeners.has(SocketName::Https) {
+            tasks.spawn(accept::serve(
+                ListenerKind::Https,
+                self.listeners.tcp(SocketName::Https)?,
+                self.context.clone(),
+                stop_accepting.clone(),
+            ));
+        }
         tasks.spawn(status::serve(
             self.listeners.tcp(SocketName::Status)?,
             self.node.clone(),
@@ -103,7 +111,8 @@ impl Serving<'_> {
 }
 
 impl Running {
-    /// Stops the customer accept loops (SOCKS5 and HTTP).
+    /// Stops the customer accept loops (SOCKS5, HTTP and HTTPS; the TLS
+    /// connections already accepted are relayed on).
     pub fn stop_accepting(&self) {
         self.stop_accepting.cancel();
     }

@@ -78,7 +78,15 @@ fn respond(node: &Node, request: &Request<Incoming>) -> Response<Full<Bytes>> {
             // Which builds run, so the old and the new plane of a deploy
             // can be told apart.
             body.push_str(&format!("ingress {}\n", blipless_config::build::VERSION));
-            for plane in node.status_report().device_planes {
+            let report = node.status_report();
+            if let Some(tls) = report.tls {
+                body.push_str(&format!(
+                    "tls certificate expires {} (in {} days)\n",
+                    tls.not_after,
+                    tls.expires_in_seconds.div_euclid(86_400)
+                ));
+            }
+            for plane in report.device_planes {
                 body.push_str(&format!(
                     "device plane {} {}: {}\n",
                     plane.generation, plane.state, plane.software

@@ -27,6 +27,10 @@ pub enum ControlRequest {
         /// The feed position after the change.
         through: u64,
     },
+    /// Read the HTTPS listener's certificate chain and key again from the
+    /// files `tls.certificate` and `tls.key` name (as SIGHUP does); a file
+    /// that does not load leaves the certificate in use unchanged.
+    TlsReload,
 }
 
 /// The ingress's answer.
@@ -34,7 +38,7 @@ pub enum ControlRequest {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum ControlResponse {
     /// Answer to [`ControlRequest::Status`].
-    Status(StatusReport),
+    Status(Box<StatusReport>),
     /// Done, with a word on what happens next.
     Ok {
         /// What was done.
@@ -73,6 +77,22 @@ pub struct StatusReport {
     /// The latest device-plane deploy, if any.
     #[serde(default)]
     pub last_deploy: Option<DeployInfo>,
+    /// The HTTPS proxy listener's certificate, when `listen.https` is on.
+    #[serde(default)]
+    pub tls: Option<TlsInfo>,
+}
+
+/// The certificate the HTTPS proxy listener serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsInfo {
+    /// The certificate chain's file.
+    pub certificate: String,
+    /// The leaf's `notAfter`, RFC 3339 (UTC).
+    pub not_after: String,
+    /// The same as seconds since the Unix epoch.
+    pub not_after_unix: u64,
+    /// Seconds left until then (negative once expired).
+    pub expires_in_seconds: i64,
 }
 
 /// The latest device-plane deploy as the ingress saw it.

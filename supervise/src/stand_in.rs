@@ -14,6 +14,8 @@
 //! handoff drop-in):
 //! - SIGTERM, SIGINT: passed to the child; the stand-in waits for it and
 //!   exits with its status (a stop drains as it would without the stand-in).
+//! - SIGHUP (`systemctl reload`): passed to the child (the ingress reloads
+//!   its TLS certificate); the stand-in carries on.
 //! - SIGUSR2 (a restart): once the child has said READY=1, the stand-in
 //!   passes SIGUSR2 to it and exits 0 at once, leaving it running outside
 //!   the restarted unit's main process; the child waits for its successor to
@@ -125,6 +127,7 @@ async fn supervise(
     let mut sigterm = signal(SignalKind::terminate()).map_err(setup("handling SIGTERM"))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(setup("handling SIGINT"))?;
     let mut sigusr2 = signal(SignalKind::user_defined2()).map_err(setup("handling SIGUSR2"))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(setup("handling SIGHUP"))?;
 
     let dir = private_dir()?;
     let path = dir.path().join("notify.sock");
@@ -183,6 +186,7 @@ async fn supervise(
             },
             _ = sigterm.recv() => pass(prefix, pid, Signal::SIGTERM),
             _ = sigint.recv() => pass(prefix, pid, Signal::SIGINT),
+            _ = sighup.recv() => pass(prefix, pid, Signal::SIGHUP),
             _ = sigusr2.recv() => {
                 if ready {
                     pass(prefix, pid, Signal::SIGUSR2);

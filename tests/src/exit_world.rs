@@ -287,14 +287,8 @@ pub fn add_client(node: &Node, spec: &ClientSpec) -> Added {
     );
     let value: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("client add --json");
-    let field = |key: &str| value[key].as_str().unwrap_or_default().to_string();
     Added {
-        urls: ClientUrls {
-            name: field("name"),
-            secret: field("secret"),
-            socks: field("socks5_url"),
-            http: field("http_url"),
-        },
+        urls: ClientUrls::from_json(&value),
         wg_config: value["wireguard"]["config"].as_str().map(str::to_string),
     }
 }

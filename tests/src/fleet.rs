@@ -136,15 +136,8 @@ pub fn add_until_stored(config: &std::path::Path, name: &str) -> (ClientUrls, us
             .output()
             .expect("running blipless-ctl");
         let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
-        if let Some(secret) = answer["secret"].as_str() {
-            let field = |key: &str| answer[key].as_str().unwrap_or_default().to_owned();
-            let urls = ClientUrls {
-                name: name.to_owned(),
-                secret: secret.to_owned(),
-                socks: field("socks5_url"),
-                http: field("http_url"),
-            };
-            return (urls, tries);
+        if answer["secret"].is_string() {
+            return (ClientUrls::from_json(&answer), tries);
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),

@@ -23,6 +23,7 @@ pub mod origin;
 pub mod package;
 pub mod raw;
 pub mod redis;
+pub mod tls;
 pub mod topology;
 pub mod wg_peer;
 pub mod wireguard;

@@ -17,6 +17,9 @@ pub enum CurlAt {
     Here,
     /// The network namespace at this path.
     Netns(PathBuf),
+    /// This machine's, with curl trusting the CA certificate at this path
+    /// for an HTTPS proxy (`--proxy-cacert`).
+    HereTrustingProxyCa(PathBuf),
 }
 
 impl CurlAt {
@@ -27,6 +30,11 @@ impl CurlAt {
             Self::Netns(path) => {
                 let mut command = Command::new("nsenter");
                 command.arg(format!("--net={}", path.display())).arg("curl");
+                command
+            }
+            Self::HereTrustingProxyCa(ca) => {
+                let mut command = Command::new("curl");
+                command.arg("--proxy-cacert").arg(ca);
                 command
             }
         }

@@ -85,6 +85,22 @@ pub struct ClientUrls {
     pub socks: String,
     /// http://name:secret@host:port
     pub http: String,
+    /// https://name:secret@host:port, when the node has an HTTPS listener.
+    pub https: Option<String>,
+}
+
+impl ClientUrls {
+    /// From `blipless-ctl --json client add`'s answer (missing fields empty).
+    pub fn from_json(answer: &serde_json::Value) -> Self {
+        let field = |key: &str| answer[key].as_str().unwrap_or_default().to_owned();
+        Self {
+            name: field("name"),
+            secret: field("secret"),
+            socks: field("socks5_url"),
+            http: field("http_url"),
+            https: answer["https_url"].as_str().map(str::to_owned),
+        }
+    }
 }
 
 /// A node's files and addresses.
@@ -173,6 +189,25 @@ impl Node {
             netns: Some(netns.to_owned()),
             daemons: 0,
         }
+    }
+
+    /// Turns the HTTPS proxy listener on (a free port on 127.0.0.1) with the
+    /// certificate chain and key at these paths; call before starting the
+    /// ingress. Returns its address.
+    pub fn enable_https(&mut self, certificate: &Path, key: &Path) -> SocketAddr {
+        let port = free_port();
+        let text = std::fs::read_to_string(&self.config).expect("reading the config");
+        let text = text.replacen(
+            "[listen]\n",
+            &format!("[listen]\nhttps = \"127.0.0.1:{port}\"\n"),
+            1,
+        ) + &format!(
+            "\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n",
+            certificate.display(),
+            key.display()
+        );
+        std::fs::write(&self.config, text).expect("writing the config");
+        SocketAddr::from(([127, 0, 0, 1], port))
     }
 
     /// A command for `program`, inside the node's namespace if it has one.
@@ -409,13 +444,12 @@ impl Node {
         );
         let value: serde_json::Value =
             serde_json::from_slice(&output.stdout).expect("client add --json");
-        let field = |key: &str| value[key].as_str().expect("field").to_string();
-        ClientUrls {
-            name: field("name"),
-            secret: field("secret"),
-            socks: field("socks5_url"),
-            http: field("http_url"),
-        }
+        let urls = ClientUrls::from_json(&value);
+        assert!(
+            !urls.secret.is_empty(),
+            "client add --json without a secret: {value}"
+        );
+        urls
     }
 
     /// Starts an ingress and a device plane, waits until ready, adds a client.

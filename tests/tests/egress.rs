@@ -74,13 +74,7 @@ fn add_client_with(node: &Node, name: &str, policy: &str) -> ClientUrls {
     );
     let value: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("client add --json");
-    let field = |key: &str| value[key].as_str().expect("field").to_string();
-    ClientUrls {
-        name: field("name"),
-        secret: field("secret"),
-        socks: field("socks5_url"),
-        http: field("http_url"),
-    }
+    ClientUrls::from_json(&value)
 }
 
 /// The origin's `/whoami` through `proxy` (curl's options `extra` added).

@@ -227,6 +227,7 @@ pub async fn adopt(
                 prefix: migrate.up.pending,
                 client: known,
                 may_hand_over,
+                source: None,
             };
             http::serve(client_socket, adopted, context, id).await;
         }

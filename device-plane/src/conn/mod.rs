@@ -1,5 +1,7 @@
 //! Customer connections in the device plane: each fd the ingress hands over
-//! (`Accepted`) is served here as SOCKS5 ([`socks`]) or HTTP proxy ([`http`]);
+//! (`Accepted`) is served here as SOCKS5 ([`socks`]) or HTTP proxy ([`http`];
+//! an HTTPS listener's connection arrives as the plaintext end of a Unix
+//! socket pair the ingress relays TLS for, and is served as HTTP);
 //! an established tunnel ([`tunnel`]) moves bytes with [`relay`] until it ends
 //! or is handed to a successor plane ([`handover`], with long pending runs in
 //! a pipe: [`piped`]). [`context::Context`] is what they all share.
@@ -54,7 +56,7 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
         // Answered by a small task outside the tracker: it never holds a drain.
         match accepted.listener {
             ListenerKind::Socks => tokio::spawn(caps::refuse_socks(stream)),
-            ListenerKind::Http => tokio::spawn(caps::refuse_http(stream)),
+            ListenerKind::Http | ListenerKind::Https => tokio::spawn(caps::refuse_http(stream)),
         };
         return;
     }
@@ -67,10 +69,10 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
                 .connections
                 .spawn(socks::serve(stream, context.clone(), id));
         }
-        ListenerKind::Http => {
+        ListenerKind::Http | ListenerKind::Https => {
             context.connections.spawn(http::serve(
                 stream,
-                http::Adopted::fresh(),
+                http::Adopted::fresh(accepted.peer.ip()),
                 context.clone(),
                 id,
             ));
@@ -78,7 +80,10 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
     }
 }
 
-/// Turns a received fd into a tokio socket.
+/// Turns a received fd into a tokio socket. The fd may be a Unix stream
+/// socket (an HTTPS connection's plaintext end): only stream operations
+/// (read, write, shutdown, readiness) are used on a customer socket, and
+/// the TCP-only ones (`set_nodelay`, `peer_addr`) are allowed to fail.
 pub fn stream_from_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
     let stream = std::net::TcpStream::from(fd);
     stream.set_nonblocking(true)?;

@@ -14,9 +14,11 @@ use prometheus_client::registry::Registry;
 use crate::planes::{PlaneState, Planes};
 
 mod process;
+mod tls;
 mod wg;
 
 pub use process::ProcessMetrics;
+pub use tls::TlsMetrics;
 pub use wg::WgMetrics;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +71,8 @@ pub struct Metrics {
     deploy_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The WireGuard metrics, registered in the same registry.
     pub wg: WgMetrics,
+    /// The HTTPS proxy listener's, registered in the same registry.
+    pub tls: TlsMetrics,
     handoffs: Counter,
     handoff_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     auth_failures: Family<ProtocolLabel, Counter>,
@@ -196,6 +200,7 @@ impl Metrics {
             deploy_seconds.clone(),
         );
         let wg = WgMetrics::register(&mut registry);
+        let tls = TlsMetrics::register(&mut registry);
         let handoffs = Counter::default();
         registry.register(
             "ingress_handoffs",
@@ -271,6 +276,7 @@ impl Metrics {
         }
         Self {
             wg,
+            tls,
             handoffs,
             handoff_seconds,
             auth_failures,
@@ -305,6 +311,7 @@ impl Metrics {
         let listener = match kind {
             ListenerKind::Socks => "socks",
             ListenerKind::Http => "http",
+            ListenerKind::Https => "https",
         };
         self.accepted
             .get_or_create(&ListenerLabel {
@@ -315,7 +322,7 @@ impl Metrics {
 
     /// Connections accepted on every listener since start.
     pub fn accepted_total(&self) -> u64 {
-        ["socks", "http"]
+        ["socks", "http", "https"]
             .iter()
             .map(|listener| {
                 self.accepted
@@ -354,6 +361,7 @@ impl Metrics {
         blipless_protocol::channel::HandoffCounters {
             accepted_socks: accepted("socks"),
             accepted_http: accepted("http"),
+            accepted_https: accepted("https"),
             handed: self.handed.get(),
             migrated: self.migrated.get(),
             handoffs: self.handoffs.get(),
@@ -369,6 +377,7 @@ impl Metrics {
         for (listener, count) in [
             ("socks", counters.accepted_socks),
             ("http", counters.accepted_http),
+            ("https", counters.accepted_https),
         ] {
             self.accepted
                 .get_or_create(&ListenerLabel {

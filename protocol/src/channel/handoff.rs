@@ -14,6 +14,9 @@ pub enum SocketName {
     Socks,
     /// The HTTP proxy listener (TCP).
     Http,
+    /// The HTTPS proxy listener (TCP; TLS terminated by the ingress), when
+    /// `listen.https` is set.
+    Https,
     /// The `/status` and `/metrics` listener (TCP).
     Status,
     /// `device.sock`, where device planes attach (SOCK_SEQPACKET).
@@ -30,9 +33,10 @@ pub enum SocketName {
 
 impl SocketName {
     /// Every socket, in the order an ingress offers them.
-    pub const ALL: [SocketName; 8] = [
+    pub const ALL: [SocketName; 9] = [
         SocketName::Socks,
         SocketName::Http,
+        SocketName::Https,
         SocketName::Status,
         SocketName::Device,
         SocketName::Control,
@@ -46,6 +50,7 @@ impl SocketName {
         match self {
             SocketName::Socks => "socks",
             SocketName::Http => "http",
+            SocketName::Https => "https",
             SocketName::Status => "status",
             SocketName::Device => "device",
             SocketName::Control => "control",
@@ -106,6 +111,10 @@ pub struct HandoffCounters {
     pub accepted_socks: u64,
     /// Connections accepted on the HTTP listener.
     pub accepted_http: u64,
+    /// Connections accepted on the HTTPS listener (absent from a
+    /// predecessor that had none).
+    #[serde(default)]
+    pub accepted_https: u64,
     /// Connections handed to device planes.
     pub handed: u64,
     /// Tunnels migrated between device planes.

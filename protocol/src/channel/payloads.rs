@@ -204,6 +204,10 @@ pub enum ListenerKind {
     Socks,
     /// The HTTP proxy listener.
     Http,
+    /// The HTTPS proxy listener: the ingress terminated TLS and hands over
+    /// one end of a Unix stream socket pair carrying the plaintext
+    /// (docs/ARCHITECTURE.md, "HTTPS proxy"). Served as [`ListenerKind::Http`].
+    Https,
 }
 
 impl ListenerKind {
@@ -211,6 +215,7 @@ impl ListenerKind {
         match self {
             ListenerKind::Socks => 1,
             ListenerKind::Http => 2,
+            ListenerKind::Https => 3,
         }
     }
 
@@ -218,6 +223,7 @@ impl ListenerKind {
         match byte {
             1 => Some(ListenerKind::Socks),
             2 => Some(ListenerKind::Http),
+            3 => Some(ListenerKind::Https),
             _ => None,
         }
     }

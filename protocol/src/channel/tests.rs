@@ -125,6 +125,12 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
             peer: addr("127.0.0.1:5555"),
             local: addr("[::1]:1080"),
         }),
+        ToDevice::Accepted(Accepted {
+            listener: ListenerKind::Https,
+            connection_id: 7,
+            peer: addr("[2001:db8::7]:40000"),
+            local: addr("127.0.0.1:8443"),
+        }),
         ToDevice::Packets(packets_sample()),
         ToDevice::Packets(Packets::new(1)),
         ToDevice::TunQueues(2),
@@ -742,11 +748,12 @@ fn handoff_offers_name_their_sockets_in_lowercase_json() {
         payload,
         concat!(
             r#"{"sockets":[{"name":"socks","address":"at-socks"},"#,
-            r#"{"name":"http","address":"at-http"},{"name":"status","address":"at-status"},"#,
+            r#"{"name":"http","address":"at-http"},{"name":"https","address":"at-https"},"#,
+            r#"{"name":"status","address":"at-status"},"#,
             r#"{"name":"device","address":"at-device"},{"name":"control","address":"at-control"},"#,
             r#"{"name":"handoff","address":"at-handoff"},{"name":"wg0","address":"at-wg0"},"#,
             r#"{"name":"wg1","address":"at-wg1"}],"wg_generation":0,"#,
-            r#""counters":{"accepted_socks":0,"accepted_http":0,"handed":0,"migrated":0,"handoffs":0}}"#
+            r#""counters":{"accepted_socks":0,"accepted_http":0,"accepted_https":0,"handed":0,"migrated":0,"handoffs":0}}"#
         )
     );
     for name in SocketName::ALL {

@@ -97,15 +97,20 @@ pub struct Adopted {
     pub client: Option<Arc<Client>>,
     /// False when it came back from a handover that found no successor.
     pub may_hand_over: bool,
+    /// The customer's address as the ingress accepted it, for the auth
+    /// throttle: an HTTPS connection's socket is one end of a Unix socket
+    /// pair and has no IP peer of its own. `None`: the socket's peer.
+    pub source: Option<IpAddr>,
 }
 
 impl Adopted {
-    /// A connection nobody else has served.
-    pub fn fresh() -> Self {
+    /// A connection nobody else has served, from `source`.
+    pub fn fresh(source: IpAddr) -> Self {
         Self {
             prefix: Vec::new(),
             client: None,
             may_hand_over: true,
+            source: Some(source),
         }
     }
 }
@@ -116,6 +121,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         prefix,
         client: known,
         may_hand_over,
+        source,
     } = adopted;
     // Usage is counted on the client socket once a request authenticates
     // (the first client to authenticate on a connection is the one billed).
@@ -126,9 +132,11 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     let connect_slot: ConnectSlot = Arc::new(Mutex::new(None));
     let watch = Arc::new(Watch::default());
     // For the auth throttle (unspecified only if the customer is already gone).
-    let source = stream
-        .peer_addr()
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip());
+    let source = source.unwrap_or_else(|| {
+        stream
+            .peer_addr()
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip())
+    });
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,

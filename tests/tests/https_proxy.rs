@@ -1,0 +1,287 @@
+//! The HTTPS proxy listener (issue 12 §1): curl with `--proxy https://…`
+//! and `--proxy-cacert` through the ingress's TLS edge to the device plane's
+//! HTTP proxy, CONNECT and absolute-form, byte-exact, across device-plane
+//! deploys, ingress handoffs and certificate reloads; and bad input on the
+//! TLS port costing only its own connection.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use blipless_tests::curl::{curl, fetch, status_code};
+use blipless_tests::load::{steady_load_at, streaming_echo_at, CurlAt};
+use blipless_tests::node::Node;
+use blipless_tests::origin::Origin;
+use blipless_tests::tls::TestCa;
+use blipless_tests::{pattern, sha256, wait_until};
+
+/// One absolute-form GET and one CONNECT through `proxy`, each checked byte
+/// for byte.
+fn fetch_both_ways(proxy: &str, ca: &str, origin: &Origin, size: usize) {
+    let url = origin.url(&format!("/bytes/{size}"));
+    let expected = sha256(&pattern(size));
+    let plain = fetch(proxy, &url, &["--proxy-cacert", ca]);
+    assert_eq!(plain.len(), size, "absolute-form length");
+    assert_eq!(sha256(&plain), expected, "absolute-form body differs");
+    let tunnelled = fetch(proxy, &url, &["--proxy-cacert", ca, "--proxytunnel"]);
+    assert_eq!(tunnelled.len(), size, "CONNECT length");
+    assert_eq!(sha256(&tunnelled), expected, "CONNECT body differs");
+}
+
+/// When `/status` says the certificate expires (its `tls certificate
+/// expires <time> (in N days)` line, without the days).
+fn expiry_line(node: &Node) -> String {
+    let (_, body) = node.status();
+    let line = body
+        .lines()
+        .find(|line| line.starts_with("tls certificate expires"))
+        .unwrap_or_else(|| panic!("no tls line in /status: {body}"));
+    line.split(" (in ").next().unwrap_or(line).to_owned()
+}
+
+#[test]
+fn curl_through_the_https_proxy_across_deploys_handoffs_and_reloads() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let first = ca.leaf("first", 30);
+    let served_cert = node.path().join("proxy.pem");
+    let served_key = node.path().join("proxy.key");
+    std::fs::copy(&first.certificate, &served_cert).expect("copy");
+    std::fs::copy(&first.key, &served_key).expect("copy");
+    node.enable_https(&served_cert, &served_key);
+    let (mut ingress, mut device, client) = node.start();
+    let https = client
+        .https
+        .clone()
+        .expect("client add prints the https:// URL");
+    assert!(https.starts_with("https://alice:"), "{https}");
+    let ca_path = ca.certificate.to_str().expect("path").to_owned();
+    fetch_both_ways(&https, &ca_path, &origin, 1 << 20);
+    let first_expiry = expiry_line(&node);
+    let expiry = node.metric("blipless_tls_certificate_expiry_timestamp_seconds");
+    assert!(expiry > 1.7e9, "expiry metric: {expiry}");
+
+    // A tunnel that streams both ways (1 MB/s) for longer than the deploys
+    // take, and short requests meanwhile: nothing may fail.
+    let size = 24 * 1024 * 1024;
+    let upload = node.path().join("upload.bin");
+    std::fs::write(&upload, pattern(size)).expect("write upload");
+    let echo_out = node.path().join("echo.out");
+    let at = CurlAt::HereTrustingProxyCa(ca.certificate.clone());
+    let mut echo = streaming_echo_at(&at, &https, &origin.url("/echo"), &upload, &echo_out, true);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = steady_load_at(
+        at,
+        https.clone(),
+        origin.url("/bytes/2000"),
+        2,
+        stop.clone(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Five deploys: the plaintext end of each HTTPS connection migrates.
+    for round in 1..=5 {
+        let (next, took) = node.deploy(&mut device);
+        device = next;
+        eprintln!("deploy {round} took {took:?}");
+        fetch_both_ways(&https, &ca_path, &origin, 300_000);
+        if round == 2 {
+            // A reload that cannot load keeps the certificate in use.
+            std::fs::write(&served_key, "not a key\n").expect("write");
+            let output = node.ctl(&["tls", "reload"]);
+            let said = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "a broken key reloaded: {said}");
+            assert!(
+                said.contains("proxy.key holds no PEM private key"),
+                "{said}"
+            );
+            assert_eq!(expiry_line(&node), first_expiry);
+            fetch_both_ways(&https, &ca_path, &origin, 300_000);
+            // A new certificate (60 days), by blipless-ctl.
+            let second = ca.leaf("second", 60);
+            std::fs::copy(&second.certificate, &served_cert).expect("copy");
+            std::fs::copy(&second.key, &served_key).expect("copy");
+            let output = node.ctl(&["tls", "reload"]);
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert_ne!(expiry_line(&node), first_expiry);
+            fetch_both_ways(&https, &ca_path, &origin, 300_000);
+        }
+        if round == 4 {
+            // Another, by SIGHUP.
+            let before = expiry_line(&node);
+            let third = ca.leaf("third", 90);
+            std::fs::copy(&third.certificate, &served_cert).expect("copy");
+            std::fs::copy(&third.key, &served_key).expect("copy");
+            ingress.signal(nix::sys::signal::Signal::SIGHUP);
+            wait_until(Duration::from_secs(20), "the SIGHUP reload", || {
+                expiry_line(&node) != before
+            });
+            fetch_both_ways(&https, &ca_path, &origin, 300_000);
+        }
+    }
+    assert_eq!(
+        node.metric("blipless_tls_certificate_reloads_total{result=\"ok\"}"),
+        2.0
+    );
+    assert!(
+        echo.try_wait().expect("poll").is_none(),
+        "the tunnel ended before the deploys did"
+    );
+
+    // A handoff: the successor takes new connections at once, and the old
+    // ingress relays the TLS connection it holds until it ends.
+    let successor = node.spawn_ingress();
+    wait_until(Duration::from_secs(30), "the successor to serve", || {
+        successor.log_text().contains("ingress serving")
+    });
+    fetch_both_ways(&https, &ca_path, &origin, 300_000);
+    assert!(
+        ingress.child.try_wait().expect("poll").is_none(),
+        "the old ingress left while it still relayed the tunnel"
+    );
+    let status = echo.wait().expect("curl");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = echo.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(status.success(), "the streaming tunnel failed: {stderr}");
+    let echoed = std::fs::read(&echo_out).expect("echo output");
+    assert_eq!(echoed.len(), size, "echo length");
+    assert_eq!(sha256(&echoed), sha256(&pattern(size)), "echo differs");
+    ingress.exits_cleanly("the old ingress, once its TLS connection ended");
+    ingress = successor;
+    // Two more, with nothing long-lived held: quick.
+    for round in 2..=3 {
+        let (next, took) = node.hand_off(&mut ingress);
+        ingress = next;
+        eprintln!("handoff {round}: the old ingress left after {took:?}");
+        fetch_both_ways(&https, &ca_path, &origin, 300_000);
+    }
+    node.wait_ready();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (total, failures) = load.join().expect("load thread");
+    assert!(total > 0, "the load ran");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} requests failed: {failures:?}",
+        failures.len()
+    );
+    // The last ingress loaded the certificate on disk (the third) at start.
+    assert!(ingress.log_text().contains("ingress serving"));
+}
+
+#[test]
+fn bad_input_on_the_tls_port_costs_only_its_own_connection() {
+    let origin = Origin::start();
+    let mut node = Node::new("[proxy]\nhandshake_timeout = \"1s\"\n");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, client) = node.start();
+    let https = client.https.clone().expect("https URL");
+    let ca_path = ca.certificate.to_str().expect("path").to_owned();
+    // Held open across all of it: a good client mid-conversation.
+    let url = origin.url("/bytes/1000");
+    fetch_both_ways(&https, &ca_path, &origin, 1000);
+
+    // Plaintext HTTP on the TLS port: no HTTP answer, a close.
+    let mut plain = TcpStream::connect(address).expect("connect");
+    plain
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    plain
+        .write_all(format!("GET {url} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .expect("write");
+    let mut reply = Vec::new();
+    let _ = plain.read_to_end(&mut reply);
+    assert!(
+        !String::from_utf8_lossy(&reply).contains("HTTP/"),
+        "plaintext got an HTTP answer: {reply:?}"
+    );
+
+    // A handshake naming a host the certificate does not cover.
+    let output = std::process::Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &address.to_string(),
+            "-servername",
+            "evil.example",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    assert!(
+        !output.status.success(),
+        "a handshake for evil.example succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    // curl naming it too is refused before any request is sent.
+    let wrong_name = https.replace("127.0.0.1", "evil.example");
+    let output = curl(&[
+        "--max-time",
+        "20",
+        "--proxy-cacert",
+        &ca_path,
+        "--resolve",
+        &format!("evil.example:{}:127.0.0.1", address.port()),
+        "--proxy",
+        &wrong_name,
+        &url,
+    ]);
+    assert!(
+        !output.status.success(),
+        "curl via the wrong name succeeded"
+    );
+
+    // A client that connects and never speaks is closed at the handshake
+    // timeout (1 s here).
+    let mut silent = TcpStream::connect(address).expect("connect");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    let read = silent.read(&mut byte);
+    assert!(
+        matches!(read, Ok(0)) || read.is_err(),
+        "the silent client was answered: {read:?}"
+    );
+    assert!(
+        read.as_ref()
+            .err()
+            .is_none_or(|e| e.kind() != std::io::ErrorKind::WouldBlock),
+        "the silent client was not closed within 20 s"
+    );
+
+    // A wrong password gets the proxy's 407, over TLS.
+    let wrong = https.replacen(&client.secret, "wrong", 1);
+    assert_eq!(
+        status_code(&wrong, &url, &["--proxy-cacert", &ca_path]),
+        "407"
+    );
+    // And the good client is unharmed.
+    fetch_both_ways(&https, &ca_path, &origin, 1000);
+    let failed = node.metric("blipless_tls_handshakes_total{result=\"failed\"}");
+    assert!(failed >= 4.0, "failed handshakes counted: {failed}");
+}
+
+#[test]
+fn a_certificate_that_does_not_load_stops_the_start_with_the_reason() {
+    let mut node = Node::new("");
+    let key = node.path().join("broken.key");
+    let certificate = node.path().join("missing.pem");
+    std::fs::write(&key, "not a key\n").expect("write");
+    node.enable_https(&certificate, &key);
+    let mut ingress = node.spawn_ingress();
+    let status = ingress
+        .wait_exit(Duration::from_secs(30))
+        .expect("the ingress exits");
+    assert!(!status.success());
+    let log = ingress.log_text();
+    assert!(log.contains("missing.pem"), "{log}");
+}
