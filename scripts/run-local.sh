@@ -10,6 +10,9 @@
 #                      repository's path is too long for Unix sockets)
 #   ingress.log device.log
 #   demo-client.json   the demo client's name and secret (mode 600)
+#   tls/               when openssl is installed: a private CA made for the
+#                      demo (ca.pem) and the HTTPS proxy listener's
+#                      certificate for 127.0.0.1 and localhost (mode 700)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -98,9 +101,41 @@ pick_port() { # NAME PREFERRED: prints the port to use
 socks_port=$(pick_port socks 1080); taken+="$socks_port "
 http_port=$(pick_port http 8080); taken+="$http_port "
 status_port=$(pick_port status 9180); taken+="$status_port "
+https_port=""
+if command -v openssl >/dev/null 2>&1; then
+  https_port=$(pick_port https 8443); taken+="$https_port "
+fi
 socks_addr="127.0.0.1:$socks_port"
 http_addr="127.0.0.1:$http_port"
 status_url="http://127.0.0.1:$status_port/status"
+
+# --- The HTTPS proxy listener's certificate (when openssl is installed) -------
+# A CA of the demo's own, made once, and a certificate it signs for
+# 127.0.0.1 and localhost; both made again when the certificate is missing
+# or expires within a day. Customers' curl trusts it with --proxy-cacert.
+tls_dir="$run_dir/tls"
+demo_certificate() {
+  local dir=$1
+  (
+    cd "$dir" &&
+    umask 077 &&
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+      -subj "/CN=blipless make run demo CA" -keyout ca.key -out ca.pem &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -subj "/CN=localhost" -keyout proxy.key -out proxy.csr &&
+    printf 'subjectAltName = DNS:localhost, IP:127.0.0.1\nextendedKeyUsage = serverAuth\n' >proxy.ext &&
+    openssl x509 -req -in proxy.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+      -days 825 -extfile proxy.ext -out proxy.pem &&
+    rm -f proxy.csr proxy.ext ca.srl
+  ) >/dev/null 2>&1
+}
+if [ -n "$https_port" ]; then
+  private_dir "$tls_dir"
+  if ! openssl x509 -checkend 86400 -noout -in "$tls_dir/proxy.pem" >/dev/null 2>&1; then
+    demo_certificate "$tls_dir" || fail "openssl could not make the demo certificate in $tls_dir"
+    say "made a demo CA and the HTTPS proxy's certificate in .run/tls/"
+  fi
+fi
 
 # --- The config ---------------------------------------------------------------
 toml_string() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
@@ -116,6 +151,10 @@ state_dir = $(toml_string "$run_dir/state")
 socks = "$socks_addr"
 http = "$http_addr"
 status = "127.0.0.1:$status_port"
+$(if [ -n "$https_port" ]; then
+printf 'https = "127.0.0.1:%s"\n\n[tls]\ncertificate = %s\nkey = %s\n' \
+  "$https_port" "$(toml_string "$tls_dir/proxy.pem")" "$(toml_string "$tls_dir/proxy.key")"
+fi)
 
 [egress]
 # Loopback is denied by default; this lets the demo reach the node's own
@@ -224,18 +263,29 @@ else
 fi
 socks_url="socks5h://demo:$secret@$socks_addr"
 http_url="http://demo:$secret@$http_addr"
+https_lines=""
+if [ -n "$https_port" ]; then
+  https_url="https://demo:$secret@127.0.0.1:$https_port"
+  https_lines="  HTTPS proxy:   $https_url   (TLS to the proxy; its CA is .run/tls/ca.pem)"
+  https_try="  curl -x '$https_url' --proxy-cacert .run/tls/ca.pem $status_url"
+else
+  https_lines="  (no HTTPS proxy: install openssl and run make run again for one)"
+  https_try=""
+fi
 
 cat <<EOF
 
-blipless is running: SOCKS5 on $socks_addr, HTTP proxy on $http_addr.
+blipless is running: SOCKS5 on $socks_addr, HTTP proxy on $http_addr${https_port:+, HTTPS proxy on 127.0.0.1:$https_port}.
 
   SOCKS5 proxy:  $socks_url
   HTTP proxy:    $http_url
+$https_lines
 
 Try it (the status page works offline; example.com needs internet):
   curl -x '$socks_url' $status_url
   curl -x '$http_url' $status_url
-  curl -x '$socks_url' https://example.com/
+${https_try:+$https_try
+}  curl -x '$socks_url' https://example.com/
   curl -x '$http_url' https://example.com/
 
 The node (run from $repo):
