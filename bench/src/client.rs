@@ -1,15 +1,22 @@
-//! The load client of the proxy benches, for the four ways to reach an
-//! origin: SOCKS5 (username/password), HTTP CONNECT, HTTP absolute-form, and
-//! straight to the origin; and reading HTTP/1.1 response heads. Every step
-//! is timed from the start of the TCP connect, and every wait is bounded by
-//! the caller's timeout.
+//! The load client of the proxy benches, for the ways to reach an origin:
+//! SOCKS5 (username/password), HTTP CONNECT, HTTP absolute-form, the same
+//! two over TLS to the HTTPS proxy listener, and straight to the origin;
+//! and reading HTTP/1.1 response heads. Every step is timed from the start
+//! of the TCP connect, and every wait is bounded by the caller's timeout.
 
 use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls;
+use tokio_rustls::TlsConnector;
 
 /// How a connection reaches the origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,15 +29,22 @@ pub enum Mode {
     HttpConnect,
     /// An absolute-form HTTP request to the proxy (no tunnel).
     HttpAbsolute,
+    /// HTTP CONNECT over TLS to the HTTPS proxy listener.
+    HttpsConnect,
+    /// An absolute-form request over TLS to the HTTPS proxy listener.
+    HttpsAbsolute,
 }
 
 impl Mode {
-    /// Every mode, the baseline first.
-    pub const ALL: [Mode; 4] = [
+    /// Every mode, the baseline first (the HTTPS ones need
+    /// [`Proxies::https`]).
+    pub const ALL: [Mode; 6] = [
         Mode::Direct,
         Mode::Socks5,
         Mode::HttpConnect,
         Mode::HttpAbsolute,
+        Mode::HttpsConnect,
+        Mode::HttpsAbsolute,
     ];
 
     /// The name in tables.
@@ -40,12 +54,134 @@ impl Mode {
             Mode::Socks5 => "SOCKS5",
             Mode::HttpConnect => "HTTP CONNECT",
             Mode::HttpAbsolute => "HTTP absolute-form",
+            Mode::HttpsConnect => "HTTPS CONNECT",
+            Mode::HttpsAbsolute => "HTTPS absolute-form",
         }
     }
 
     /// True when the mode opens a byte tunnel (so "tunnel usable" means something).
     pub fn is_tunnel(self) -> bool {
-        !matches!(self, Mode::HttpAbsolute)
+        !matches!(self, Mode::HttpAbsolute | Mode::HttpsAbsolute)
+    }
+
+    /// True when the mode speaks TLS to the proxy.
+    pub fn is_tls(self) -> bool {
+        matches!(self, Mode::HttpsConnect | Mode::HttpsAbsolute)
+    }
+
+    /// The modes `proxies` can run: all but the HTTPS ones when the node
+    /// has no HTTPS listener.
+    pub fn available(proxies: &Proxies) -> Vec<Mode> {
+        Mode::ALL
+            .into_iter()
+            .filter(|mode| !mode.is_tls() || proxies.https.is_some())
+            .collect()
+    }
+}
+
+/// The HTTPS proxy listener and a TLS client that trusts its CA.
+#[derive(Clone)]
+pub struct Https {
+    /// Where it listens.
+    pub address: SocketAddr,
+    connector: TlsConnector,
+}
+
+impl std::fmt::Debug for Https {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Https")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Https {
+    /// A client for the listener at `address` trusting the PEM CA
+    /// certificate at `ca`.
+    pub fn new(address: SocketAddr, ca: &Path) -> std::io::Result<Self> {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in rustls::pki_types::CertificateDer::pem_file_iter(ca)
+            .map_err(|e| protocol_error(format!("reading {}: {e}", ca.display())))?
+        {
+            let certificate =
+                certificate.map_err(|e| protocol_error(format!("{}: {e}", ca.display())))?;
+            roots
+                .add(certificate)
+                .map_err(|e| protocol_error(format!("{}: {e}", ca.display())))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| protocol_error(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        Ok(Self {
+            address,
+            connector: TlsConnector::from(Arc::new(config)),
+        })
+    }
+}
+
+/// A connection to the origin or a proxy: plain TCP, or TLS to the HTTPS
+/// proxy listener.
+#[derive(Debug)]
+pub enum ProxyStream {
+    /// TCP.
+    Plain(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl ProxyStream {
+    /// The TCP socket, for the benches that need one (they use the plain
+    /// modes only).
+    pub fn into_tcp(self) -> std::io::Result<TcpStream> {
+        match self {
+            ProxyStream::Plain(stream) => Ok(stream),
+            ProxyStream::Tls(_) => Err(protocol_error("a TLS connection is no TCP socket")),
+        }
+    }
+}
+
+impl AsyncRead for ProxyStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ProxyStream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            ProxyStream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ProxyStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ProxyStream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            ProxyStream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ProxyStream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            ProxyStream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ProxyStream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            ProxyStream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 
@@ -56,6 +192,8 @@ pub struct Proxies {
     pub socks: SocketAddr,
     /// The ingress's HTTP proxy listener.
     pub http: SocketAddr,
+    /// The HTTPS proxy listener, when the node has one.
+    pub https: Option<Https>,
     /// Client name.
     pub user: String,
     /// Client secret.
@@ -71,6 +209,7 @@ impl Proxies {
         Self {
             socks: node.socks,
             http: node.http,
+            https: None,
             user: client.name.clone(),
             secret: client.secret.clone(),
         }
@@ -101,7 +240,7 @@ pub struct Setup {
 pub struct Opened {
     /// The connection (a tunnel to the origin, or a connection to the proxy
     /// for absolute-form).
-    pub stream: TcpStream,
+    pub stream: ProxyStream,
     /// When the connect started.
     pub started: Instant,
     /// Step times.
@@ -114,14 +253,21 @@ fn protocol_error(what: impl Into<String>) -> std::io::Error {
 
 /// Opens a connection toward `origin` by `mode`.
 pub async fn open(proxies: &Proxies, mode: Mode, origin: SocketAddr) -> std::io::Result<Opened> {
+    let https = || {
+        proxies
+            .https
+            .as_ref()
+            .ok_or_else(|| protocol_error("the node has no HTTPS proxy listener"))
+    };
     let entry = match mode {
         Mode::Direct => origin,
         Mode::Socks5 => proxies.socks,
         Mode::HttpConnect | Mode::HttpAbsolute => proxies.http,
+        Mode::HttpsConnect | Mode::HttpsAbsolute => https()?.address,
     };
     let started = Instant::now();
-    let mut stream = TcpStream::connect(entry).await?;
-    stream.set_nodelay(true)?;
+    let tcp = TcpStream::connect(entry).await?;
+    tcp.set_nodelay(true)?;
     let connected = started.elapsed();
     let mut setup = Setup {
         connected,
@@ -129,10 +275,18 @@ pub async fn open(proxies: &Proxies, mode: Mode, origin: SocketAddr) -> std::io:
         authenticated: None,
         usable: connected,
     };
+    let mut stream = if mode.is_tls() {
+        let name = rustls::pki_types::ServerName::IpAddress(entry.ip().into());
+        let tls = https()?.connector.connect(name, tcp).await?;
+        setup.usable = started.elapsed();
+        ProxyStream::Tls(Box::new(tls))
+    } else {
+        ProxyStream::Plain(tcp)
+    };
     match mode {
-        Mode::Direct | Mode::HttpAbsolute => {}
+        Mode::Direct | Mode::HttpAbsolute | Mode::HttpsAbsolute => {}
         Mode::Socks5 => socks5_handshake(&mut stream, proxies, origin, started, &mut setup).await?,
-        Mode::HttpConnect => {
+        Mode::HttpConnect | Mode::HttpsConnect => {
             http_connect(&mut stream, proxies, origin).await?;
             setup.usable = started.elapsed();
         }
@@ -147,7 +301,7 @@ pub async fn open(proxies: &Proxies, mode: Mode, origin: SocketAddr) -> std::io:
 /// Greeting [5,1,2], RFC 1929 user/pass, CONNECT to an IPv4 address: one
 /// round trip each, as curl and most clients do it.
 async fn socks5_handshake(
-    stream: &mut TcpStream,
+    stream: &mut ProxyStream,
     proxies: &Proxies,
     origin: SocketAddr,
     started: Instant,
@@ -203,7 +357,7 @@ async fn socks5_handshake(
 }
 
 async fn http_connect(
-    stream: &mut TcpStream,
+    stream: &mut ProxyStream,
     proxies: &Proxies,
     origin: SocketAddr,
 ) -> std::io::Result<()> {
@@ -235,7 +389,7 @@ async fn http_connect(
 /// needs (absolute-form with credentials for the HTTP proxy).
 pub fn request(proxies: &Proxies, mode: Mode, origin: SocketAddr, path: &str) -> String {
     match mode {
-        Mode::HttpAbsolute => format!(
+        Mode::HttpAbsolute | Mode::HttpsAbsolute => format!(
             "GET http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nProxy-Authorization: Basic {}\r\nConnection: close\r\n\r\n",
             proxies.basic()
         ),
@@ -261,7 +415,10 @@ pub fn content_length(head: &str) -> Option<u64> {
 }
 
 /// Reads into `buffer` until a whole response head is there; checks for 200.
-pub async fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Result<Head> {
+pub async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buffer: &mut Vec<u8>,
+) -> std::io::Result<Head> {
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use blipless_bench::client::{Mode, Proxies};
+use blipless_bench::client::{Https, Mode, Proxies};
 use blipless_bench::document::{self, Results};
 use blipless_bench::echo;
 use blipless_bench::logs::warning_count;
@@ -26,6 +26,7 @@ use blipless_bench::scenarios::rate::Bounds;
 use blipless_bench::scenarios::{bulk, deploy, memory, prewarm, rate};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
+use blipless_tests::tls::TestCa;
 
 /// How much work each section does.
 #[derive(Debug, Clone, Copy)]
@@ -184,8 +185,19 @@ fn main() -> ExitCode {
     // them outside the benchmark's runtime.
     let origin = Origin::start();
     let mut node = Node::new("");
+    // The HTTPS proxy listener too, with a CA of the bench's own (openssl).
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let https = node.enable_https(&leaf.certificate, &leaf.key);
     let (ingress, device, client) = node.start();
-    let proxies = Proxies::of(&node, &client);
+    let mut proxies = Proxies::of(&node, &client);
+    proxies.https = match Https::new(https, &ca.certificate) {
+        Ok(https) => Some(https),
+        Err(error) => {
+            eprintln!("blipless-bench: the HTTPS client: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut pids = Pids {
         ingress: ingress.pid().as_raw(),
         device: device.pid().as_raw(),
@@ -221,7 +233,7 @@ fn main() -> ExitCode {
             &proxies,
             pids,
             streaming.address,
-            &Mode::ALL,
+            &Mode::available(&proxies),
             plan.bulk_size,
             plan.bulk_runs,
             plan.bulk_bound,

@@ -280,7 +280,7 @@ pub fn render(out: &mut String, bulk: &[Measured], size: u64, bound_s: u64) {
         let ratio = direct.filter(|d| *d > 0.0).map(|d| measured.median() / d);
         let (target, met) = match measured.mode {
             Mode::Direct => ("—".to_string(), "—"),
-            Mode::HttpAbsolute => ("none (not a tunnel)".to_string(), "—"),
+            Mode::HttpAbsolute | Mode::HttpsAbsolute => ("none (not a tunnel)".to_string(), "—"),
             _ => (
                 format!("≥ {:.0}%", THROUGHPUT_TARGET * 100.0),
                 ratio

@@ -188,7 +188,10 @@ async fn one_tunnel(
     batch: Batch,
     origin: SocketAddr,
 ) -> std::io::Result<TcpStream> {
-    let mut stream = client::open(proxies, batch.mode, origin).await?.stream;
+    let mut stream = client::open(proxies, batch.mode, origin)
+        .await?
+        .stream
+        .into_tcp()?;
     let mut payload = (batch.carried as u32).to_be_bytes().to_vec();
     payload.extend_from_slice(&(batch.flood as u32).to_be_bytes());
     payload.extend((0..batch.carried).map(|i| (i % 251) as u8));

@@ -187,7 +187,7 @@ pub async fn run(
         concurrent: Vec::new(),
     };
     for bounds in [sequential, concurrent] {
-        for mode in Mode::ALL {
+        for mode in Mode::available(proxies) {
             // A short warm-up: first connections pay for lazy allocations.
             let warm = Bounds {
                 workers: bounds.workers,
@@ -297,7 +297,7 @@ pub fn render(out: &mut String, rate: &Section) {
                   round trips + the proxy's own connect to the origin) with a bare TCP connect, so it is an upper \
                   bound on what the hand-off itself costs; the SOCKS5 step breakdown below isolates the hand-off.\n\n");
     out.push_str("| path | added p50, tunnel usable | added p50, round trip | target | met |\n|---|---:|---:|---:|---|\n");
-    for mode in [Mode::Socks5, Mode::HttpConnect, Mode::HttpAbsolute] {
+    for mode in Mode::ALL.into_iter().filter(|m| *m != Mode::Direct) {
         let Some(phase) = rate.sequential(mode) else {
             continue;
         };

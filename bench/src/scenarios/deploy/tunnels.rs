@@ -61,7 +61,10 @@ async fn echo_once(stream: &mut TcpStream, slot: usize, seq: u64) -> std::io::Re
 }
 
 async fn open_one(proxies: &Proxies, echo: SocketAddr, slot: usize) -> std::io::Result<TcpStream> {
-    let mut stream = client::open(proxies, Mode::Socks5, echo).await?.stream;
+    let mut stream = client::open(proxies, Mode::Socks5, echo)
+        .await?
+        .stream
+        .into_tcp()?;
     echo_once(&mut stream, slot, 0).await?;
     Ok(stream)
 }

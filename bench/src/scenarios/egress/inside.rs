@@ -120,6 +120,7 @@ impl Options {
         Ok(Proxies {
             socks,
             http: socks,
+            https: None,
             user: self.get("user")?.to_string(),
             secret: self.get("secret")?.to_string(),
         })
@@ -199,7 +200,7 @@ async fn open_no_auth(proxies: &Proxies, origin: SocketAddr) -> std::io::Result<
     let mut bound = vec![0u8; rest];
     stream.read_exact(&mut bound).await?;
     Ok(client::Opened {
-        stream,
+        stream: client::ProxyStream::Plain(stream),
         started,
         setup: client::Setup {
             connected,

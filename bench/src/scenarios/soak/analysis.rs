@@ -8,7 +8,10 @@
 //! closed), and the killed process held it: a device plane holds every
 //! connection and tunnel once accepted; an ingress only connections it is
 //! accepting, so a tunnel that had its first answer from the proxy before
-//! the ingress died is the device plane's, and breaking it is a failure. A
+//! the ingress died is the device plane's, and breaking it is a failure;
+//! but an HTTPS proxy connection is the ingress's for its whole life (the
+//! ingress holds its TLS session and relays it), so a kill of the ingress
+//! owns every HTTPS stream it broke. A
 //! lost WireGuard ping is owned by a device-plane kill in the same window;
 //! by an ingress kill (WireGuard sessions live in the ingress) in a window
 //! 5 s longer, the documented bound of the crash recovery's call-back. A
@@ -97,7 +100,9 @@ pub fn stream_owner(stream: &StreamRecord, windows: &[Window]) -> Option<usize> 
         .find(|w| {
             overlaps(stream.start, stream.end, w)
                 && match w.kind {
-                    Kind::KillIngress => stream.established.is_none_or(|at| at >= w.from),
+                    Kind::KillIngress => {
+                        stream.mode.is_tls() || stream.established.is_none_or(|at| at >= w.from)
+                    }
                     _ => true,
                 }
         })
@@ -320,6 +325,12 @@ mod tests {
             None
         );
         assert_eq!(stream_owner(&stream(30.0, None, 30.1), &windows), Some(1));
+        // An HTTPS tunnel's TLS lives in the ingress: its kill owns it.
+        let https = StreamRecord {
+            mode: Mode::HttpsConnect,
+            ..stream(20.0, Some(20.1), 30.0)
+        };
+        assert_eq!(stream_owner(&https, &windows), Some(1));
         // WireGuard sessions are the ingress's: a longer window.
         assert_eq!(ping_owner(35.0, &windows), Some(1));
         assert_eq!(ping_owner(29.95, &windows), Some(1));

@@ -4,7 +4,6 @@
 use super::analysis::{near, Check, Summary, OK_WITHIN};
 use super::faults::Kind;
 use super::Outcome;
-use crate::client::Mode;
 use crate::format::{count, mib, short_seconds};
 
 fn check(what: impl Into<String>, seen: impl Into<String>, pass: bool) -> Check {
@@ -148,7 +147,7 @@ pub fn checks(outcome: &Outcome, summary: &Summary) -> Vec<Check> {
         ));
     }
     let mut idle = Vec::new();
-    for mode in [Mode::Socks5, Mode::HttpAbsolute] {
+    for mode in super::load::REQUEST_MODES {
         let served = outcome
             .records
             .requests
@@ -159,7 +158,7 @@ pub fn checks(outcome: &Outcome, summary: &Summary) -> Vec<Check> {
             idle.push(format!("no {} request served", mode.label()));
         }
     }
-    for mode in [Mode::Socks5, Mode::HttpConnect] {
+    for mode in super::load::STREAM_MODES {
         if !streams.iter().any(|s| s.mode == mode && s.survived()) {
             idle.push(format!("no {} stream survived", mode.label()));
         }

@@ -45,7 +45,7 @@ pub fn churn(stage: &mut Stage<'_>, fault: &mut Fault) {
         ..stage.world.proxies()
     };
     let origin = stage.world.origin;
-    for mode in [Mode::Socks5, Mode::HttpAbsolute] {
+    for mode in super::load::REQUEST_MODES {
         if let Err(error) = stage.runtime.block_on(request(&proxies, mode, origin)) {
             fault.problems.push(format!(
                 "{} right after `client add` returned: {error}",

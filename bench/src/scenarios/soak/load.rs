@@ -1,8 +1,8 @@
 //! The soak's load, all on the tokio runtime and bounded: steady short
-//! requests over SOCKS5 and HTTP (absolute-form), each failure recorded
-//! with its start and end; long byte-checked echo tunnels over SOCKS5 and
-//! HTTP CONNECT ([`super::stream`]), each replaced by a new one when it
-//! ends; and a `/status` watcher. [`Load::finish`] stops it and hands back
+//! requests over SOCKS5, HTTP and HTTPS (absolute-form), each failure
+//! recorded with its start and end; long byte-checked echo tunnels over
+//! SOCKS5, HTTP CONNECT and HTTPS CONNECT ([`super::stream`]), each replaced
+//! by a new one when it ends; and a `/status` watcher. [`Load::finish`] stops it and hands back
 //! what happened.
 
 use std::net::SocketAddr;
@@ -19,6 +19,11 @@ use super::stream::{self, StreamRecord};
 use super::Clock;
 use crate::client::{self, Mode, Proxies};
 
+/// The paths of the short requests.
+pub const REQUEST_MODES: [Mode; 3] = [Mode::Socks5, Mode::HttpAbsolute, Mode::HttpsAbsolute];
+/// The paths of the long tunnels.
+pub const STREAM_MODES: [Mode; 3] = [Mode::Socks5, Mode::HttpConnect, Mode::HttpsConnect];
+
 /// One short request at most.
 const REQUEST_BOUND: Duration = Duration::from_secs(20);
 /// The shortest stream worth starting.
@@ -27,11 +32,11 @@ const SHORTEST_STREAM: f64 = 2.0;
 /// How much load, and until when.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
-    /// Short-request workers per mode (SOCKS5, HTTP absolute-form).
+    /// Short-request workers per mode ([`REQUEST_MODES`]).
     pub workers: usize,
     /// Each worker's pause between two requests.
     pub pause: Duration,
-    /// Echo tunnels open at once per mode (SOCKS5, HTTP CONNECT).
+    /// Echo tunnels open at once per mode ([`STREAM_MODES`]).
     pub streams: usize,
     /// Each tunnel's upload rate, bytes per second.
     pub rate: u64,
@@ -114,7 +119,7 @@ impl Load {
         let stop = Arc::new(AtomicBool::new(false));
         let records = Arc::new(Mutex::new(Records::default()));
         let mut tasks = Vec::new();
-        for mode in [Mode::Socks5, Mode::HttpAbsolute] {
+        for mode in REQUEST_MODES {
             for _ in 0..plan.workers {
                 let (proxies, stop, records) = (proxies.clone(), stop.clone(), records.clone());
                 tasks.push(runtime.spawn(async move {
@@ -140,7 +145,7 @@ impl Load {
             }
         }
         let mut slot = 0u64;
-        for mode in [Mode::Socks5, Mode::HttpConnect] {
+        for mode in STREAM_MODES {
             for _ in 0..plan.streams {
                 slot += 1;
                 let (proxies, stop, records) = (proxies.clone(), stop.clone(), records.clone());

@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use super::analysis::{near, Check, Summary, AFTER_OK, IN_FLIGHT, WG_RESUME};
 use super::faults::Kind;
 use super::{Options, Outcome, STREAM_RATE};
-use crate::client::Mode;
 use crate::format::{count, mib, short_seconds};
 use crate::report::Machine;
 
@@ -234,7 +233,7 @@ fn totals(out: &mut String, outcome: &Outcome, summary: &Summary) {
             count(unowned)
         );
     }
-    for mode in [Mode::Socks5, Mode::HttpConnect] {
+    for mode in super::load::STREAM_MODES {
         let of_mode: Vec<_> = outcome
             .records
             .streams

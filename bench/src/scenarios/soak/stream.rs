@@ -10,12 +10,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::time::Instant;
 
 use super::rng::fill;
 use super::Clock;
-use crate::client::{self, Mode, Proxies};
+use crate::client::{self, Mode, Proxies, ProxyStream};
 
 /// Bytes per write, and per comparison.
 const CHUNK: usize = 16 * 1024;
@@ -122,7 +122,7 @@ async fn stream(
             answer.body, plan.size
         ));
     }
-    let (reader, writer) = stream.into_split();
+    let (reader, writer) = tokio::io::split(stream);
     let upload = tokio::spawn(send(writer, plan.clone()));
     let early = buffer[answer.len..].to_vec();
     let read = receive(reader, plan, &early, record).await;
@@ -136,7 +136,7 @@ async fn stream(
 }
 
 /// Sends the stream's bytes at its rate.
-async fn send(mut writer: OwnedWriteHalf, plan: Plan) -> std::io::Result<()> {
+async fn send(mut writer: WriteHalf<ProxyStream>, plan: Plan) -> std::io::Result<()> {
     let started = Instant::now();
     let mut chunk = vec![0u8; CHUNK];
     let mut sent = 0u64;
@@ -159,7 +159,7 @@ async fn send(mut writer: OwnedWriteHalf, plan: Plan) -> std::io::Result<()> {
 /// Reads the echo and checks each byte; Ok once all came back and the
 /// origin closed.
 async fn receive(
-    mut reader: OwnedReadHalf,
+    mut reader: ReadHalf<ProxyStream>,
     plan: &Plan,
     early: &[u8],
     record: &mut StreamRecord,

@@ -1,6 +1,7 @@
 //! The soak's node: one `redis-server` of its own (append-only, fsync on
 //! every write, so a SIGKILL and restart keep every client), one ingress and
-//! one device plane on it, the proxy client "alice", and an origin. Without
+//! one device plane on it (with an HTTPS proxy listener, its certificate
+//! from a CA of the soak's own), the proxy client "alice", and an origin. Without
 //! WireGuard it all runs on the host's loopback with the harness's
 //! in-process origin; with WireGuard, inside the node namespace of a
 //! [`Topology`] (the soak's thread has entered it, so Redis, `blipless-ctl`
@@ -15,10 +16,11 @@ use std::sync::Arc;
 use blipless_tests::node::{ClientUrls, Daemon, Node};
 use blipless_tests::origin::Origin;
 use blipless_tests::redis::Redis;
+use blipless_tests::tls::TestCa;
 use blipless_tests::topology::{add_wg_client, Topology, POOL};
 use blipless_tests::wireguard::WireguardGoPeer;
 
-use crate::client::Proxies;
+use crate::client::{Https, Proxies};
 use crate::procfs;
 
 /// Everything the soak runs; fields drop in order, so the client and the
@@ -37,6 +39,8 @@ pub struct World {
     pub node: Node,
     /// The proxy client the load uses.
     pub client: ClientUrls,
+    /// The HTTPS proxy listener, and a TLS client that trusts its CA.
+    pub https: Https,
     /// Where the load's requests and tunnels go.
     pub origin: SocketAddr,
     /// The in-process origin (without WireGuard), held while the node runs.
@@ -83,6 +87,11 @@ impl World {
                 (node, net.origin, None)
             }
         };
+        let ca = TestCa::new(&node.path().join("ca"));
+        let leaf = ca.leaf("proxy", 30);
+        let address = node.enable_https(&leaf.certificate, &leaf.key);
+        let https =
+            Https::new(address, &ca.certificate).map_err(|e| format!("the HTTPS client: {e}"))?;
         let ingress = node.start_ingress();
         let client = node.add_client("alice");
         let wg_config = net.as_ref().map(|_| add_wg_client(&node, "wgalice"));
@@ -102,6 +111,7 @@ impl World {
             redis,
             node,
             client,
+            https,
             origin,
             _local_origin: local_origin,
             net,
@@ -110,7 +120,10 @@ impl World {
 
     /// The proxies and alice's credentials, for the load.
     pub fn proxies(&self) -> Proxies {
-        Proxies::of(&self.node, &self.client)
+        Proxies {
+            https: Some(self.https.clone()),
+            ..Proxies::of(&self.node, &self.client)
+        }
     }
 
     /// The status listener.
