@@ -36,6 +36,7 @@ pub mod channel;
 pub mod control;
 pub mod http_target;
 pub mod ip;
+pub mod proxy_auth;
 pub mod socks5;
 pub mod udp;
 pub mod wg_uapi;

@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use blipless_protocol::channel::{Direction, Migrate, MigrateKind};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -43,7 +42,7 @@ use crate::conn::auth_guard::{Failure, Protocol, Verdict};
 use crate::conn::tunnel::Tunnel;
 use crate::conn::{Context, Mode};
 use crate::egress::EgressError;
-use blipless_protocol::http_target;
+use blipless_protocol::{http_target, proxy_auth};
 
 mod exchange;
 mod forward;
@@ -346,11 +345,11 @@ fn authenticate(
         return Err(Refusal::Throttled(retry_after));
     }
     let header = headers.get(hyper::header::PROXY_AUTHORIZATION);
-    let basic = header.and_then(basic_credentials);
-    let client = basic.as_ref().and_then(|(decoded, colon)| {
+    let basic = header.and_then(|value| proxy_auth::parse_basic(value.as_bytes()));
+    let client = basic.as_ref().and_then(|credentials| {
         context
             .directory
-            .authenticate(&decoded[..*colon], &decoded[colon + 1..])
+            .authenticate(credentials.user(), credentials.password())
     });
     if let Some(client) = client {
         context.auth.succeeded(source);
@@ -359,27 +358,14 @@ fn authenticate(
     let failure = match (header, &basic) {
         (None, _) => Failure::Missing,
         (Some(_), None) => Failure::Wrong { username: None },
-        (Some(_), Some((decoded, colon))) => Failure::Wrong {
-            username: Some(&decoded[..*colon]),
+        (Some(_), Some(credentials)) => Failure::Wrong {
+            username: Some(credentials.user()),
         },
     };
     context
         .auth
         .failed(source, Protocol::Http, failure, Instant::now());
     Err(Refusal::Unauthenticated)
-}
-
-/// The decoded `user:password` of a Basic header and where its colon is.
-fn basic_credentials(value: &HeaderValue) -> Option<(Vec<u8>, usize)> {
-    let (scheme, encoded) = value.to_str().ok()?.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()?;
-    let colon = decoded.iter().position(|&b| b == b':')?;
-    Some((decoded, colon))
 }
 
 /// The answer to a tunnel or request the client's limits refuse.
