@@ -5,11 +5,10 @@
 //! - The node (`world.rs`): one ingress, one device plane on a Redis of its
 //!   own (persistent), an origin; with WireGuard (as root) inside the node
 //!   namespace of a [`Topology`], the soak's own thread having entered it.
-//! - The load (`load.rs`, `stream.rs`): short requests over SOCKS5 and HTTP
-//!   absolute-form, each failure with its time; long byte-checked echo
-//!   tunnels over SOCKS5 and HTTP CONNECT; with WireGuard, a ping every 20
-//!   ms through the tunnel (`wg.rs`). HTTPS is not in it: the node has no
-//!   HTTPS proxy yet (a later issue).
+//! - The load (`load.rs`, `stream.rs`): short requests over SOCKS5, HTTP
+//!   and HTTPS absolute-form, each failure with its time; long byte-checked
+//!   echo tunnels over SOCKS5, HTTP CONNECT and HTTPS CONNECT; with
+//!   WireGuard, a ping every 20 ms through the tunnel (`wg.rs`).
 //! - The faults (`faults.rs`, `churn.rs`): deploy, handoff, SIGKILL of the
 //!   device plane, of the ingress, of Redis, and client add/remove, one at a
 //!   time with a random pause (every kind once per round, rounds shuffled),

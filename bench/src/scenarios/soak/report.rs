@@ -114,7 +114,8 @@ fn what_ran(out: &mut String, options: &Options, outcome: &Outcome) {
     if let Some(plan) = plan {
         let _ = writeln!(
             out,
-            "- **Short requests**: {w} workers over SOCKS5 and {w} over HTTP (absolute-form), each making \
+            "- **Short requests**: {w} workers over SOCKS5, {w} over HTTP and {w} over HTTPS (TLS to the \
+               proxy; absolute-form), each making \
                one `GET /` at a time on a new connection (the bench's client, `bench/src/client.rs`) with \
                {p} ms between two, each bounded at 20 s; every failure is recorded with its start and end.",
             w = plan.workers,
@@ -122,7 +123,8 @@ fn what_ran(out: &mut String, options: &Options, outcome: &Outcome) {
         );
         let _ = writeln!(
             out,
-            "- **Long tunnels**: {s} SOCKS5 and {s} HTTP CONNECT tunnels open at all times, each a \
+            "- **Long tunnels**: {s} SOCKS5, {s} HTTP CONNECT and {s} HTTPS CONNECT tunnels open at all \
+               times, each a \
                `PUT /echo` of {lo:.0} to {hi:.0} s at {rate} KiB/s each way, replaced when it ends; each \
                stream's bytes are its own (seeded), and every byte echoed is compared with the byte sent \
                at its offset.",
@@ -139,9 +141,10 @@ fn what_ran(out: &mut String, options: &Options, outcome: &Outcome) {
         );
     }
     out.push_str(
-        "- **HTTPS: not run.** The node has no HTTPS proxy (TLS between the customer and the proxy) yet; \
-         it is a later issue. HTTPS to an origin through a CONNECT tunnel is only bytes to the proxy, \
-         which the HTTP CONNECT streams already carry.\n\
+        "- **HTTPS**: the node's HTTPS proxy listener (its certificate from a CA of the soak's own); \
+         the ingress holds each HTTPS connection's TLS session and relays it to the device plane, so \
+         an ingress handoff lasts until the old ingress's HTTPS tunnels end, and a SIGKILL of the \
+         ingress owns every HTTPS stream it broke.\n\
          - **Faults**, one at a time, each after a random pause of 2 to 6 s once the previous one is \
            over, every kind once per round in a shuffled order: a device-plane deploy (a second \
            `blipless-device`; over when the new one is active and the old one exited 0), an ingress \
@@ -157,7 +160,8 @@ fn what_ran(out: &mut String, options: &Options, outcome: &Outcome) {
            `/status` answered 200 again. A failed request or broken stream that overlaps it is owned by \
            the killed process if that process held it: a device plane holds every connection it was \
            handed; an ingress only the connections it was accepting (a tunnel that had the proxy's first \
-           answer before the ingress died lives in the device plane: breaking it is a failure). A lost \
+           answer before the ingress died lives in the device plane: breaking it is a failure), and \
+           every HTTPS connection it relayed (their TLS sessions were in it). A lost \
            WireGuard ping is owned by a device-plane kill in the same window, by an ingress kill (the \
            sessions live in the ingress) in one {} longer: the crash recovery's call-back; a ping's \
            window opens {} before the kill (one sent then was in flight at it, and a lost ping's send \
