@@ -102,6 +102,31 @@ mod tests {
         // / and /usr are root's and writable by root alone on any sane host.
         assert_eq!(delegated_to(std::path::Path::new("/usr")), Some(0));
     }
+
+    #[test]
+    fn a_deploy_names_both_builds_when_the_ingress_recorded_them() {
+        use blipless_protocol::control::{DeployInfo, DeployOutcome};
+        let mut deploy = DeployInfo {
+            from: Some(1),
+            to: 2,
+            from_software: Some("0.0.9+gold".into()),
+            to_software: Some("0.1.0+gnew".into()),
+            outcome: DeployOutcome::Succeeded,
+            detail: "g1 handed over and exited".into(),
+            seconds: Some(0.0221),
+        };
+        assert_eq!(
+            super::deploy_summary(&deploy),
+            "g1 (0.0.9+gold) -> g2 (0.1.0+gnew): succeeded in 0.022s (g1 handed over and exited)"
+        );
+        // An older ingress did not record them; a first plane has no predecessor.
+        (deploy.from, deploy.from_software, deploy.to_software) = (None, None, None);
+        deploy.seconds = None;
+        assert_eq!(
+            super::deploy_summary(&deploy),
+            "none -> g2: succeeded (g1 handed over and exited)"
+        );
+    }
 }
 
 /// What the node said about a client change this command made.
@@ -230,20 +255,34 @@ pub(crate) fn deploy(config: &Config, watch: bool, as_json: bool) -> anyhow::Res
 }
 
 fn print_deploy(deploy: &DeployInfo) {
+    say!("deploy {}", deploy_summary(deploy));
+}
+
+/// `g1 (0.1.0+gabc) -> g2 (0.1.0+gdef): succeeded in 0.022s (detail)`: the
+/// generations with the builds they said in their Hello (left out when an
+/// older ingress did not record them), the outcome and what happened.
+fn deploy_summary(deploy: &DeployInfo) -> String {
+    let build = |software: &Option<String>| {
+        software
+            .as_deref()
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default()
+    };
     let from = deploy
         .from
-        .map(|g| format!("g{g}"))
+        .map(|g| format!("g{g}{}", build(&deploy.from_software)))
         .unwrap_or_else(|| "none".into());
     let took = deploy
         .seconds
         .map(|s| format!(" in {s:.3}s"))
         .unwrap_or_default();
-    say!(
-        "deploy {from} -> g{}: {}{took} ({})",
+    format!(
+        "{from} -> g{}{}: {}{took} ({})",
         deploy.to,
+        build(&deploy.to_software),
         deploy.outcome,
         deploy.detail
-    );
+    )
 }
 
 pub(crate) fn print_status(report: &StatusReport) {
@@ -265,6 +304,9 @@ pub(crate) fn print_status(report: &StatusReport) {
             tls.not_after,
             tls.expires_in_seconds.div_euclid(86_400)
         );
+    }
+    if let Some(deploy) = &report.last_deploy {
+        say!("last deploy: {}", deploy_summary(deploy));
     }
     if report.device_planes.is_empty() {
         say!("device planes: none attached (new connections wait in the listen backlog)");

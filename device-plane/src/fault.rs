@@ -1,5 +1,6 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
-//! make a device plane miss its ready budget or hold back its peer set.
+//! make a device plane miss its ready budget, hold back its peer set or
+//! announce another build.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -16,6 +17,22 @@ pub const STALL_WARMUP: &str = "BLIPLESS_FAULT_STALL_WARMUP_MS";
 /// peer set, so the ingress has an active plane but no peer set yet.
 #[cfg(feature = "fault-injection")]
 pub const DELAY_PEERS: &str = "BLIPLESS_FAULT_DELAY_PEERS_MS";
+/// Announce this build in the Hello instead of this binary's own, so that a
+/// test can deploy between two builds it told apart without compiling twice.
+#[cfg(feature = "fault-injection")]
+pub const SOFTWARE: &str = "BLIPLESS_FAULT_SOFTWARE";
+
+/// The build this plane announces in its Hello: this binary's
+/// (`blipless_config::build::VERSION`), or `BLIPLESS_FAULT_SOFTWARE` if it
+/// is set.
+pub fn software() -> String {
+    #[cfg(feature = "fault-injection")]
+    if let Ok(software) = std::env::var(SOFTWARE) {
+        tracing::warn!(%software, "fault injection: announcing another build");
+        return software;
+    }
+    blipless_config::build::VERSION.to_string()
+}
 
 /// `BLIPLESS_FAULT_STALL_WARMUP_MS`: waits that long, if it is set.
 pub async fn stall_warmup() {

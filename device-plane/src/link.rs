@@ -154,7 +154,7 @@ pub async fn hello(
 ) -> Result<Welcome, HelloError> {
     let hello = ToIngress::Hello(Hello {
         pid: std::process::id(),
-        software: blipless_config::build::VERSION.to_string(),
+        software: crate::fault::software(),
         rejoin,
     });
     let sent = send(socket, &hello).await;

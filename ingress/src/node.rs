@@ -114,6 +114,8 @@ impl Node {
             last_deploy: self.planes.last_deploy().map(|d| DeployInfo {
                 from: d.from,
                 to: d.to,
+                from_software: d.from_software,
+                to_software: Some(d.to_software),
                 outcome: d.outcome,
                 detail: d.detail,
                 seconds: d.duration.map(|d| d.as_secs_f64()),

@@ -102,6 +102,14 @@ pub struct DeployInfo {
     pub from: Option<u64>,
     /// The new generation.
     pub to: u64,
+    /// The build of the plane that was active before (from its Hello; None
+    /// when there was none, or from an ingress that did not record it).
+    #[serde(default)]
+    pub from_software: Option<String>,
+    /// The build of the new plane (from its Hello; None from an ingress that
+    /// did not record it).
+    #[serde(default)]
+    pub to_software: Option<String>,
     /// How it went.
     pub outcome: DeployOutcome,
     /// What happened, in words.
@@ -208,14 +216,22 @@ mod tests {
         let deploy = DeployInfo {
             from: Some(1),
             to: 2,
+            from_software: Some("0.1.0+gold".into()),
+            to_software: Some("0.1.0+gnew".into()),
             outcome: DeployOutcome::InProgress,
             detail: "g1 hands over to g2".into(),
             seconds: None,
         };
         assert_eq!(
             serde_json::to_string(&deploy).expect("encodes"),
-            r#"{"from":1,"to":2,"outcome":"in progress","detail":"g1 hands over to g2","seconds":null}"#
+            r#"{"from":1,"to":2,"from_software":"0.1.0+gold","to_software":"0.1.0+gnew","outcome":"in progress","detail":"g1 hands over to g2","seconds":null}"#
         );
+        // An ingress from before the builds were recorded: still a deploy.
+        let older: DeployInfo = serde_json::from_str(
+            r#"{"from":1,"to":2,"outcome":"in progress","detail":"g1 hands over to g2","seconds":null}"#,
+        )
+        .expect("decodes");
+        assert_eq!((older.from_software, older.to_software), (None, None));
         assert!(serde_json::from_str::<DeployOutcome>(r#""done""#).is_err());
     }
 

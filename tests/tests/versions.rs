@@ -3,7 +3,8 @@
 //! describe` or the package version), and the same string is in `/status`,
 //! `blipless-ctl status` (the ingress and each plane, from its Hello) and
 //! `blipless_build_info`; `/metrics` says it is OpenMetrics and carries the
-//! process figures.
+//! process figures. A deploy's record names the old and the new plane's
+//! build.
 
 use blipless_config::build::{COMMIT, VERSION};
 use blipless_tests::binary;
@@ -113,6 +114,115 @@ fn every_binary_and_the_status_name_the_same_build() {
             .contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
         "{headers}"
     );
+}
+
+/// The build a device plane announces when a test makes it another one
+/// (`BLIPLESS_FAULT_SOFTWARE`, device-plane/src/fault.rs).
+const OLD_BUILD: &str = "0.0.9+gold";
+
+/// The lines of `blipless-ctl <args>`'s stdout.
+fn ctl_text(node: &Node, args: &[&str]) -> String {
+    let output = node.ctl(args);
+    assert!(output.status.success(), "blipless-ctl {args:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn a_deploy_shows_the_old_and_the_new_build_and_its_record_keeps_both() {
+    let binary_version = version_of("blipless-device");
+    let new_build = binary_version
+        .strip_prefix("blipless-device ")
+        .unwrap_or_else(|| panic!("{binary_version}"));
+    assert_ne!(new_build, OLD_BUILD);
+
+    let mut node = Node::new("");
+    let _ingress = node.start_ingress();
+    let mut old = node.start_device_with_env(&[("BLIPLESS_FAULT_SOFTWARE", OLD_BUILD)]);
+    node.wait_ready();
+    // The first plane: no predecessor, its build recorded.
+    let first = node.status_json()["last_deploy"].clone();
+    assert_eq!(first["from"], serde_json::Value::Null, "{first}");
+    assert_eq!(first["from_software"], serde_json::Value::Null, "{first}");
+    assert_eq!(first["to"], 1, "{first}");
+    assert_eq!(first["to_software"], OLD_BUILD, "{first}");
+
+    // During the deploy: the new plane warms up (held back), the old one
+    // serves; both are attached and each shows its own build.
+    let _new = node.start_device_with_env(&[("BLIPLESS_FAULT_STALL_WARMUP_MS", "5000")]);
+    let mut status = serde_json::Value::Null;
+    blipless_tests::wait_until(
+        std::time::Duration::from_secs(20),
+        "the new plane attached beside the old",
+        || {
+            status = node.status_json();
+            status["device_planes"].as_array().map_or(0, Vec::len) == 2
+        },
+    );
+    let planes = &status["device_planes"];
+    assert_eq!(planes[0]["state"], "active", "{status}");
+    assert_eq!(planes[0]["software"], OLD_BUILD, "{status}");
+    assert_eq!(planes[1]["state"], "standby", "{status}");
+    assert_eq!(planes[1]["software"], new_build, "{status}");
+    let human = ctl_text(&node, &["status"]);
+    let row = |generation: &str, state: &str, build: &str| {
+        human.lines().any(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words.first() == Some(&generation)
+                && words.get(2) == Some(&state)
+                && words.last() == Some(&build)
+        })
+    };
+    assert!(row("1", "active", OLD_BUILD), "{human}");
+    assert!(row("2", "standby", new_build), "{human}");
+    let (_, body) = node.status();
+    let lines: Vec<&str> = body.lines().collect();
+    assert!(
+        lines.contains(&format!("device plane 1 active: {OLD_BUILD}").as_str()),
+        "{body}"
+    );
+    assert!(
+        lines.contains(&format!("device plane 2 standby: {new_build}").as_str()),
+        "{body}"
+    );
+
+    // Once it is over, the record names both builds.
+    blipless_tests::wait_until(
+        std::time::Duration::from_secs(60),
+        "the new plane to be active",
+        || node.active_generation() == Some(2),
+    );
+    old.exits_cleanly("device plane");
+    let mut deploy = serde_json::Value::Null;
+    blipless_tests::wait_until(
+        std::time::Duration::from_secs(20),
+        "the deploy to be recorded as succeeded",
+        || {
+            deploy = node.status_json()["last_deploy"].clone();
+            deploy["outcome"] == "succeeded"
+        },
+    );
+    assert_eq!(deploy["from"], 1, "{deploy}");
+    assert_eq!(deploy["to"], 2, "{deploy}");
+    assert_eq!(deploy["from_software"], OLD_BUILD, "{deploy}");
+    assert_eq!(deploy["to_software"], new_build, "{deploy}");
+    let both = format!("g1 ({OLD_BUILD}) -> g2 ({new_build}): succeeded in ");
+    let human = ctl_text(&node, &["status"]);
+    assert!(
+        human
+            .lines()
+            .any(|line| line.starts_with(&format!("last deploy: {both}"))),
+        "{human}"
+    );
+    let deploy_text = ctl_text(&node, &["deploy"]);
+    assert!(
+        deploy_text
+            .lines()
+            .any(|line| line.starts_with(&format!("deploy {both}"))),
+        "{deploy_text}"
+    );
+    let deploy_json: serde_json::Value =
+        serde_json::from_str(&ctl_text(&node, &["--json", "deploy"])).expect("deploy --json");
+    assert_eq!(deploy_json["last_deploy"], deploy, "{deploy_json}");
 }
 
 /// Starts `blipless-ingress --config <node's> <args>` with stderr into

@@ -27,6 +27,10 @@ pub struct DeployRecord {
     pub from: Option<u64>,
     /// The new plane.
     pub to: u64,
+    /// The build the plane active before said in its Hello, if there was one.
+    pub from_software: Option<String>,
+    /// The build the new plane said in its Hello.
+    pub to_software: String,
     /// How it went.
     pub outcome: DeployOutcome,
     /// Why it failed, or what happened.
@@ -204,16 +208,20 @@ impl Planes {
         new.set_state(PlaneState::Active);
         orders.push((new.clone(), ToDevice::Activate));
         let mut from = None;
+        let mut from_software = None;
         for old in attached.iter().filter(|p| p.generation != generation) {
             if old.state() == PlaneState::Active {
                 old.set_state(PlaneState::Draining);
                 orders.push((old.clone(), drain(true)));
                 from = Some(old.generation);
+                from_software = Some(old.software.clone());
             }
         }
         let record = DeployRecord {
             from,
             to: generation,
+            from_software,
+            to_software: new.software.clone(),
             outcome: if from.is_some() {
                 DeployOutcome::InProgress
             } else {
@@ -248,9 +256,12 @@ impl Planes {
         let detail = format!(
             "g{generation} was not ready within {budget:?}; the active plane keeps serving"
         );
+        let active = self.active();
         *lock(&self.last_deploy) = Some(DeployRecord {
-            from: self.active().map(|p| p.generation),
+            from: active.as_ref().map(|p| p.generation),
             to: generation,
+            from_software: active.map(|p| p.software.clone()),
+            to_software: late.software.clone(),
             outcome: DeployOutcome::InProgress,
             detail: String::new(),
             duration: None,
