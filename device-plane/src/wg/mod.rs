@@ -19,6 +19,7 @@ pub mod exits;
 pub mod packets;
 pub mod peers;
 pub mod tun;
+mod tun_reader;
 pub mod writer;
 
 pub use packets::PacketPath;

@@ -3,7 +3,8 @@
 //! (default deny, as for the proxies; a refused packet is dropped and counted)
 //! and written to the TUN device; the kernel forwards and masquerades them
 //! (`blipless-ctl net setup`). What the kernel routes back into the TUN device
-//! is read from this plane's queues and sent to the ingress in batches,
+//! is read from this plane's queues and sent to the ingress in batches
+//! ([`super::tun_reader`]),
 //! addressed by inner destination. NAT state lives in the kernel, so the plane
 //! holds no per-flow state. At a deploy the queues themselves move: the old
 //! plane stops reading them and sends their fds (SCM_RIGHTS, through the
@@ -27,9 +28,9 @@ use crate::clients::Directory;
 use crate::egress::Egress;
 
 /// Largest inner packet read from the TUN device.
-const MAX_PACKET: usize = 65_535;
+pub(super) const MAX_PACKET: usize = 65_535;
 /// Packets read from a queue before a batch goes out even if more are waiting.
-const BATCH_PACKETS: usize = 256;
+pub(super) const BATCH_PACKETS: usize = 256;
 /// How long the readers may take to stop before the queues are handed over.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
@@ -206,7 +207,7 @@ impl PacketPath {
             readers.clone()
         };
         for queue in &added {
-            tracker.spawn(read_queue(
+            tracker.spawn(super::tun_reader::read_queue(
                 queue.clone(),
                 self.channel.clone(),
                 self.counters.clone(),
@@ -434,91 +435,5 @@ async fn write_packet(queue: &TunQueue, packet: &[u8], counters: &PacketCounters
             counters.lost.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%error, "writing to the TUN device failed");
         }
-    }
-}
-
-/// Reads one queue, sending batches to the ingress, until `stop`. Stopping
-/// happens only between batches: a packet read is always sent on.
-async fn read_queue(
-    queue: Arc<TunQueue>,
-    channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
-    counters: Arc<PacketCounters>,
-    directory: Arc<Directory>,
-    stop: CancellationToken,
-) {
-    // A packet to a WireGuard client passes its client's limits, or is dropped.
-    let admitted = |packet: &[u8]| {
-        let client = blipless_protocol::ip::destination(packet)
-            .and_then(|destination| directory.by_address(destination));
-        match client {
-            Some(client) if !admit(&client, Way::Down, packet.len()) => {
-                counters.limited.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-            _ => true,
-        }
-    };
-    let mut buffer = vec![0u8; MAX_PACKET];
-    loop {
-        let first = tokio::select! {
-            read = queue.recv(&mut buffer) => read,
-            () = stop.cancelled() => break,
-        };
-        let length = match first {
-            Ok(length) => length,
-            Err(error) => {
-                tracing::warn!(%error, "reading the TUN device failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let mut batch = Packets::new(0);
-        if admitted(&buffer[..length]) {
-            let _ = batch.try_push(&buffer[..length]);
-        }
-        let mut batches = Vec::new();
-        for _ in 1..BATCH_PACKETS {
-            match queue.try_recv(&mut buffer) {
-                Ok(Some(length)) if !admitted(&buffer[..length]) => {}
-                Ok(Some(length)) => {
-                    if !batch.try_push(&buffer[..length]) {
-                        batches.push(std::mem::replace(&mut batch, Packets::new(0)));
-                        let _ = batch.try_push(&buffer[..length]);
-                    }
-                }
-                Ok(None) | Err(_) => break,
-            }
-        }
-        if !batch.is_empty() {
-            batches.push(batch);
-        }
-        if !batches.is_empty() {
-            send_batches(&channel, &counters, batches).await;
-        }
-    }
-}
-
-async fn send_batches(
-    channel: &Mutex<Option<Arc<UnixSeqpacket>>>,
-    counters: &PacketCounters,
-    batches: Vec<Packets<'static>>,
-) {
-    let socket = channel
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    for batch in batches {
-        let count = batch.len() as u64;
-        let Some(socket) = &socket else {
-            counters.lost.fetch_add(count, Ordering::Relaxed);
-            continue;
-        };
-        match blipless_link::send(socket, &ToIngress::Packets(batch), &[]).await {
-            Ok(()) => counters.from_tun.fetch_add(count, Ordering::Relaxed),
-            Err(error) => {
-                tracing::debug!(%error, "sending packets to the ingress failed");
-                counters.lost.fetch_add(count, Ordering::Relaxed)
-            }
-        };
     }
 }

@@ -3,7 +3,7 @@
 //! The WireGuard figures are in `wg.rs` ([`WgMetrics`]), registered in the
 //! same registry.
 
-use blipless_protocol::channel::{DeviceReport, ListenerKind};
+use blipless_protocol::channel::ListenerKind;
 use blipless_protocol::control::DeployOutcome;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 use crate::planes::{PlaneState, Planes};
 
 mod process;
+mod reports;
 mod tls;
 mod wg;
 
@@ -391,104 +392,6 @@ impl Metrics {
         self.handoff_seconds.set(took.as_secs_f64());
     }
 
-    /// Adds what a plane's `report` counted since its `previous` one (on the
-    /// same link) to the summed counters: they keep what a plane counted
-    /// after it is gone, so they never go backwards.
-    pub fn count_reported(&self, previous: &DeviceReport, report: &DeviceReport) {
-        for (family, protocol, before, now) in [
-            (
-                &self.auth_failures,
-                "socks5",
-                previous.auth_failures_socks5,
-                report.auth_failures_socks5,
-            ),
-            (
-                &self.auth_throttled,
-                "socks5",
-                previous.auth_throttled_socks5,
-                report.auth_throttled_socks5,
-            ),
-            (
-                &self.auth_failures,
-                "http",
-                previous.auth_failures_http,
-                report.auth_failures_http,
-            ),
-            (
-                &self.auth_throttled,
-                "http",
-                previous.auth_throttled_http,
-                report.auth_throttled_http,
-            ),
-        ] {
-            let added = now.saturating_sub(before);
-            if added > 0 {
-                family
-                    .get_or_create(&ProtocolLabel { protocol })
-                    .inc_by(added);
-            }
-        }
-        for (reason, before, now) in [
-            (
-                "fd_limit",
-                previous.refused_fd_limit,
-                report.refused_fd_limit,
-            ),
-            (
-                "connection_cap",
-                previous.refused_connection_cap,
-                report.refused_connection_cap,
-            ),
-            (
-                "tunnel_cap",
-                previous.refused_tunnel_cap,
-                report.refused_tunnel_cap,
-            ),
-            (
-                "over_quota",
-                previous.refused_over_quota,
-                report.refused_over_quota,
-            ),
-        ] {
-            self.refused
-                .get_or_create(&RefusalLabel { reason })
-                .inc_by(now.saturating_sub(before));
-        }
-        for (reason, before, now) in [
-            (
-                "head_too_large",
-                previous.http_head_too_large,
-                report.http_head_too_large,
-            ),
-            (
-                "response_timeout",
-                previous.http_response_timeouts,
-                report.http_response_timeouts,
-            ),
-            (
-                "body_stall",
-                previous.http_body_stalls,
-                report.http_body_stalls,
-            ),
-            (
-                "userinfo",
-                previous.http_userinfo_refused,
-                report.http_userinfo_refused,
-            ),
-        ] {
-            self.http_refused
-                .get_or_create(&RefusalLabel { reason })
-                .inc_by(now.saturating_sub(before));
-        }
-        self.channel_fds_dropped.inc_by(
-            report
-                .channel_fds_dropped
-                .saturating_sub(previous.channel_fds_dropped),
-        );
-        self.device_process
-            .count_cpu(previous.cpu_micros, report.cpu_micros);
-    }
-
     /// Counts one connection handed to a plane.
     pub fn count_handed(&self) {
         self.handed.inc();
@@ -564,30 +467,7 @@ impl Metrics {
     }
 }
 
-impl Metrics {
-    /// The active plane's routes, replacing what an earlier plane reported
-    /// (a route no longer configured disappears).
-    fn set_routes(&self, routes: &[blipless_protocol::channel::RouteReport]) {
-        self.route_up.clear();
-        self.route_latency.clear();
-        self.route_clients.clear();
-        for route in routes {
-            let label = RouteLabel {
-                route: route.name.clone(),
-            };
-            self.route_up.get_or_create(&label).set(i64::from(route.up));
-            if let Some(us) = route.latency_us {
-                self.route_latency
-                    .get_or_create(&label)
-                    .set(us as f64 / 1e6);
-            }
-            self.route_clients
-                .get_or_create(&label)
-                .set(clamp(route.clients));
-        }
-    }
-}
-
+/// A count as a gauge's value.
 fn clamp(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

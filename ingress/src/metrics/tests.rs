@@ -1,6 +1,7 @@
 //! Unit tests of the summed counters the device planes report.
 
 use super::*;
+use blipless_protocol::channel::DeviceReport;
 
 fn text(metrics: &Metrics) -> String {
     let mut text = String::new();

@@ -164,7 +164,7 @@ pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, b
            `write` (`PacketPath::to_tun`, `device-plane/src/wg/packets.rs`). wireguard-go decrypts in place on \
            parallel goroutines and writes to its TUN device from there: no channel, no copies.\n\
          - **Download** (internet → customer). The device plane reads each TUN queue one packet per `read` \
-           (`read_queue`, `device-plane/src/wg/packets.rs`), copies each into a `Packets` frame (up to 256 \
+           (`read_queue`, `device-plane/src/wg/tun_reader.rs`), copies each into a `Packets` frame (up to 256 \
            packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
            it as a view over the frame (no copy) and awaits `Wireguard::from_plane`, which encrypts the packets \
            in turn, copies each into its GSO group (`Outgoing::push`) and sends, before it reads the next frame: \
