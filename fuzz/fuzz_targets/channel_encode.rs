@@ -164,6 +164,7 @@ fn offer(u: &mut Unstructured<'_>) -> Result<HandoffOffer> {
         counters: HandoffCounters {
             accepted_socks: u.arbitrary()?,
             accepted_http: u.arbitrary()?,
+            accepted_https: u.arbitrary()?,
             handed: u.arbitrary()?,
             migrated: u.arbitrary()?,
             handoffs: u.arbitrary()?,
