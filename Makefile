@@ -3,7 +3,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
-TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze python3-jsonschema:jsonschema systemd-container:systemd-nspawn zbar-tools:zbarimg dnsmasq-base:dnsmasq bind9-dnsutils:dig
+TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze python3-jsonschema:jsonschema systemd-container:systemd-nspawn zbar-tools:zbarimg dnsmasq-base:dnsmasq bind9-dnsutils:dig python3-socks:/usr/lib/python3/dist-packages/socks.py python3-dnspython:/usr/lib/python3/dist-packages/dns/message.py
 RUN_PACKAGES = curl:curl
 # make deb and its test (tests/tests/deb.rs) use this cargo-deb.
 CARGO_DEB_VERSION = 3.8.0
@@ -68,7 +68,7 @@ lint:
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
 ## FUZZ_TARGETS=... runs some of them. A crash stops it non-zero (fuzz/README.md).
 ## Feature `ingress` is what wg_datagram needs (it links the ingress crate).
-FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 socks5_client control wg_datagram config http_target wg_quick store_url wg_uapi client_limits inner_udp proxy_auth
+FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 socks5_client control wg_datagram config http_target wg_quick store_url wg_uapi client_limits inner_udp proxy_auth socks5_udp
 fuzz:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for target in $(FUZZ_TARGETS); do \

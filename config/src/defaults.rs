@@ -103,6 +103,7 @@ pub(crate) fn placeholder() -> Config {
             connect_timeout: Duration::ZERO,
             handshake_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,
+            udp_idle_timeout: Duration::ZERO,
         },
         timeouts: crate::TimeoutsConfig {
             response: Duration::ZERO,

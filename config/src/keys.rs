@@ -353,6 +353,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             |c| &mut c.proxy.idle_timeout,
         ),
         Key::new::<Dur>(
+            "proxy.udp_idle_timeout",
+            Text("2m"),
+            "A SOCKS5 UDP association with no datagram either way for this long is closed, with its control connection.",
+            |c| &mut c.proxy.udp_idle_timeout,
+        ),
+        Key::new::<Dur>(
             "timeouts.response",
             Text("30s"),
             "Limit on an origin starting its answer to a forwarded HTTP request, once the request is sent; 504 after it.",

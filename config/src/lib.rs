@@ -233,6 +233,9 @@ pub struct ProxyConfig {
     pub handshake_timeout: Duration,
     /// A tunnel with no traffic either way for this long is closed.
     pub idle_timeout: Duration,
+    /// A SOCKS5 UDP association with no datagram either way for this long
+    /// is closed (its control connection too).
+    pub udp_idle_timeout: Duration,
 }
 
 /// `[timeouts]`: forwarded HTTP requests (absolute-form, not CONNECT).

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use blipless_protocol::channel::{
     self, Accepted, DecodeError, DeviceReport, Direction, DrainOrder, Drained, EndpointEntry, ExitQueues,
     EndpointPart, Handoff, HandoffCounters, HandoffOffer, HandoffProgress, Hello, ListenerKind, Migrate,
-    MigrateKind, OfferedSocket, Packets, PeerEntry, PeerUpdate, Refused, Rejoin, SocketName,
+    MigrateKind, OfferedSocket, UdpAssociation, Packets, PeerEntry, PeerUpdate, Refused, Rejoin, SocketName,
     SyncClients, Synced, ToDevice, ToIngress, Welcome, MAX_FDS_PER_FRAME, MAX_FRAME,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
@@ -128,6 +128,7 @@ fn migrate(u: &mut Unstructured<'_>) -> Result<Migrate> {
         MigrateKind::SocksTunnel,
         MigrateKind::HttpTunnel,
         MigrateKind::HttpIdle,
+        MigrateKind::SocksUdp,
     ])?;
     let connection_id = u.arbitrary()?;
     let client = short_string(u, 255)?;
@@ -143,6 +144,16 @@ fn migrate(u: &mut Unstructured<'_>) -> Result<Migrate> {
         down_piped,
         bytes_up: u.arbitrary()?,
         bytes_down: u.arbitrary()?,
+        // Present exactly for a UDP association, as the decoder gives it.
+        udp: if kind == MigrateKind::SocksUdp {
+            let customer = if u.arbitrary()? { Some(socket_addr(u)?) } else { None };
+            Some(UdpAssociation {
+                customer,
+                announced_port: u.arbitrary()?,
+            })
+        } else {
+            None
+        },
     })
 }
 
@@ -224,6 +235,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
             ingress_pid: u.arbitrary()?,
             successor: u.arbitrary()?,
             wants_endpoints: u.arbitrary()?,
+            udp_associations: u.arbitrary()?,
         }),
         1 => ToDevice::Refused(refused(u)?),
         2 => ToDevice::Accepted(Accepted {

@@ -129,6 +129,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
             ingress_pid: std::process::id(),
             successor: planes.active().is_some(),
             wants_endpoints: context.wireguard.wants_endpoints(),
+            udp_associations: true,
         }),
         &[],
     )

@@ -321,6 +321,7 @@ mod tests {
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
         });
         send(&a, &migrate, &[one.as_fd(), two.as_fd()])
             .await

@@ -2,7 +2,7 @@
 //! timeouts, the plane's mode, and the way to hand a connection over.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +74,14 @@ pub struct Context {
     pub(super) handover_slots: Arc<Semaphore>,
     /// Handovers sent and not yet confirmed by the successor (MigrateDone).
     pub(super) awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    /// A SOCKS5 UDP association with no datagram for this long is closed
+    /// (`with_udp_idle_timeout`; 2 minutes by default).
+    pub udp_idle_timeout: Duration,
+    /// The ingress attached now passes UDP associations on at a deploy
+    /// (its Welcome said so); with an older one they close instead.
+    pub channel_passes_udp: AtomicBool,
+    /// What the SOCKS5 UDP relays dropped, by reason.
+    pub udp_counters: super::udp_associate::Counters,
 }
 
 impl Context {
@@ -105,7 +113,16 @@ impl Context {
             channel: Mutex::new(None),
             handover_slots: Arc::new(Semaphore::new(super::handover::HANDOVER_SLOTS)),
             awaiting: Mutex::new(HashMap::new()),
+            udp_idle_timeout: Duration::from_secs(120),
+            channel_passes_udp: AtomicBool::new(false),
+            udp_counters: super::udp_associate::Counters::default(),
         }
+    }
+
+    /// The same context with this idle timeout for SOCKS5 UDP associations.
+    pub fn with_udp_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.udp_idle_timeout = timeout;
+        self
     }
 
     /// The same context with these caps on connections and tunnels.

@@ -3,7 +3,8 @@
 //! successor through the ingress (`Migrate`, paced by a few slots, each held
 //! until the successor confirms with `MigrateDone`), and the successor adopts
 //! what arrives and serves it on, byte-exact (docs/ARCHITECTURE.md,
-//! "Handing connections over").
+//! "Handing connections over"). A SOCKS5 UDP association moves the same way,
+//! its three sockets together ([`udp_associate`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -17,7 +18,7 @@ use tokio_seqpacket::UnixSeqpacket;
 
 use super::context::{Context, Mode};
 use super::tunnel::{self, Tunnel};
-use super::{http, piped, stream_from_fd};
+use super::{http, piped, stream_from_fd, udp_associate};
 
 /// Longest wait for a successor's confirmation: longer than the ingress
 /// holds a connection looking for a plane (10 s) before sending it back.
@@ -199,7 +200,7 @@ pub async fn adopt(
     // no successor: keep it here rather than send it round again.
     let may_hand_over = context.mode() == Mode::Serving;
     let mut fds = fds.into_iter();
-    let (Some(client_fd), second) = (fds.next(), fds.next()) else {
+    let (Some(client_fd), second, third) = (fds.next(), fds.next(), fds.next()) else {
         return;
     };
     let client_socket = match stream_from_fd(client_fd) {
@@ -230,6 +231,23 @@ pub async fn adopt(
                 source: None,
             };
             http::serve(client_socket, adopted, context, id).await;
+        }
+        MigrateKind::SocksUdp => {
+            let Some(client) = known else {
+                tracing::info!(id, client = %migrate.client, "adopted udp association of an unknown client; closing");
+                return;
+            };
+            let (Some(relay), Some(egress)) = (second, third) else {
+                tracing::warn!(id, "adopted udp association without its sockets");
+                return;
+            };
+            let state = migrate.udp.unwrap_or_default();
+            match udp_associate::Association::adopted(client_socket, relay, egress, state) {
+                Ok(association) => {
+                    udp_associate::run(context, id, client, association, may_hand_over, None).await;
+                }
+                Err(error) => tracing::warn!(id, %error, "cannot use an adopted udp association"),
+            }
         }
         MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => {
             let Some(client) = known else {

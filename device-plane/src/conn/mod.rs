@@ -4,7 +4,8 @@
 //! socket pair the ingress relays TLS for, and is served as HTTP);
 //! an established tunnel ([`tunnel`]) moves bytes with [`relay`] until it ends
 //! or is handed to a successor plane ([`handover`], with long pending runs in
-//! a pipe: [`piped`]). [`context::Context`] is what they all share.
+//! a pipe: [`piped`]). A SOCKS5 UDP ASSOCIATE is relayed, and handed over,
+//! by [`udp_associate`]. [`context::Context`] is what they all share.
 
 pub mod auth_guard;
 pub mod caps;
@@ -16,6 +17,7 @@ pub mod piped;
 pub mod relay;
 pub mod socks;
 pub mod tunnel;
+pub mod udp_associate;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;

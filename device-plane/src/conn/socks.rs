@@ -67,12 +67,19 @@ async fn read_message<T>(
     }
 }
 
-/// The handshake: returns the client, where it wants to go, and any bytes
-/// it already sent past its request.
+/// What an accepted handshake asks for.
+enum Asked {
+    /// CONNECT to this target, with any bytes sent past the request.
+    Connect(Target, Vec<u8>),
+    /// UDP ASSOCIATE, with the address the customer named.
+    UdpAssociate(Destination),
+}
+
+/// The handshake: returns the client and what it asks for.
 async fn handshake(
     stream: &mut TcpStream,
     context: &Context,
-) -> Result<(Arc<Client>, Target, Vec<u8>), Stop> {
+) -> Result<(Arc<Client>, Asked), Stop> {
     let mut buffer = Vec::with_capacity(256);
     let greeting = read_message(stream, &mut buffer, socks5::parse_greeting)
         .await?
@@ -123,17 +130,21 @@ async fn handshake(
             // Not SOCKS5 (a bad version byte): no SOCKS5 answer makes sense.
             None => Stop::Answer(Vec::new(), e.to_string()),
         })?;
-    if request.command != Command::Connect {
-        return Err(Stop::Answer(
-            socks5::encode_reply(Reply::CommandNotSupported, None),
-            format!("{:?} is not supported", request.command),
-        ));
+    match request.command {
+        Command::Connect => {}
+        Command::UdpAssociate => return Ok((client, Asked::UdpAssociate(request.destination))),
+        Command::Bind => {
+            return Err(Stop::Answer(
+                socks5::encode_reply(Reply::CommandNotSupported, None),
+                "BIND is not supported".into(),
+            ))
+        }
     }
     let target = match request.destination {
         Destination::Ip(address) => Target::Address(address),
         Destination::Domain { host, port } => Target::Name { host, port },
     };
-    Ok((client, target, buffer))
+    Ok((client, Asked::Connect(target, buffer)))
 }
 
 async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Stop> {
@@ -164,7 +175,7 @@ fn libc_enetunreach() -> i32 {
 pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
     let handshake =
         tokio::time::timeout(context.handshake_timeout, handshake(&mut stream, &context)).await;
-    let (client, target, pending) = match handshake {
+    let (client, asked) = match handshake {
         Err(_) => {
             tracing::debug!(id, "socks5 handshake timed out");
             return;
@@ -182,6 +193,13 @@ pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
             return;
         }
         Ok(Ok(accepted)) => accepted,
+    };
+    let (target, pending) = match asked {
+        Asked::Connect(target, pending) => (target, pending),
+        Asked::UdpAssociate(requested) => {
+            super::udp_associate::serve(stream, context, id, client, requested).await;
+            return;
+        }
     };
     let name = client.record.name.clone();
     let counted = match context.caps.check_tunnel(&client) {

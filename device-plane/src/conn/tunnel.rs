@@ -122,6 +122,7 @@ pub async fn run(
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
         };
         match context
             .hand_over(migrate, &[client_socket.as_fd(), egress.as_fd()])

@@ -333,6 +333,7 @@ fn refusals(context: &Context) -> DeviceReport {
         http_response_timeouts: load(&http.response_timeouts),
         http_body_stalls: load(&http.body_stalls),
         http_userinfo_refused: load(&http.userinfo_refused),
+        udp: context.udp_counters.counts(),
         channel_fds_dropped: blipless_link::fds_dropped(),
         cpu_micros: cpu_micros(),
         ..DeviceReport::default()
@@ -356,6 +357,7 @@ fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
         http_response_timeouts: less(now.http_response_timeouts, before.http_response_timeouts),
         http_body_stalls: less(now.http_body_stalls, before.http_body_stalls),
         http_userinfo_refused: less(now.http_userinfo_refused, before.http_userinfo_refused),
+        udp: now.udp.since(before.udp),
         channel_fds_dropped: less(now.channel_fds_dropped, before.channel_fds_dropped),
         cpu_micros: less(now.cpu_micros, before.cpu_micros),
         ..DeviceReport::default()

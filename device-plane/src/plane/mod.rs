@@ -104,6 +104,10 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             }
         }
         let socket = Arc::new(socket);
+        ready.context.channel_passes_udp.store(
+            welcome.udp_associations,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         ready.context.set_channel(Some(socket.clone()));
         ready.packets.set_channel(Some(socket.clone()));
         let end = attachment::serve(

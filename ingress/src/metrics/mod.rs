@@ -15,10 +15,12 @@ use crate::planes::{PlaneState, Planes};
 
 mod process;
 mod reports;
+mod socks_udp;
 mod tls;
 mod wg;
 
 pub use process::ProcessMetrics;
+pub use socks_udp::UdpMetrics;
 pub use tls::TlsMetrics;
 pub use wg::WgMetrics;
 
@@ -74,6 +76,8 @@ pub struct Metrics {
     pub wg: WgMetrics,
     /// The HTTPS proxy listener's, registered in the same registry.
     pub tls: TlsMetrics,
+    /// The SOCKS5 UDP relays' counts, from the planes' reports.
+    pub socks5_udp: UdpMetrics,
     handoffs: Counter,
     handoff_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     auth_failures: Family<ProtocolLabel, Counter>,
@@ -202,6 +206,7 @@ impl Metrics {
         );
         let wg = WgMetrics::register(&mut registry);
         let tls = TlsMetrics::register(&mut registry);
+        let socks5_udp = UdpMetrics::register(&mut registry);
         let handoffs = Counter::default();
         registry.register(
             "ingress_handoffs",
@@ -278,6 +283,7 @@ impl Metrics {
         Self {
             wg,
             tls,
+            socks5_udp,
             handoffs,
             handoff_seconds,
             auth_failures,

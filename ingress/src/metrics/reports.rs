@@ -104,6 +104,7 @@ impl Metrics {
         );
         self.device_process
             .count_cpu(previous.cpu_micros, report.cpu_micros);
+        self.socks5_udp.count(previous.udp, report.udp);
     }
 
     /// The active plane's routes, replacing what an earlier plane reported

@@ -6,6 +6,7 @@
 //! ```text
 //! kind u8 | connection_id u64 | name_len u8 | name | flags u8 |
 //! up_len u32 | up bytes | down_len u32 | down bytes | bytes_up u64 | bytes_down u64
+//! [ UDP association only: has_customer u8 | customer socket address | announced_port u16 ]
 //! ```
 //!
 //! `up` holds bytes read from the customer and not yet written to the
@@ -17,10 +18,16 @@
 //! pipe and no bytes follow it in the frame.
 //!
 //! The fds travel beside the frame: customer then destination for a tunnel,
-//! the customer alone for an idle HTTP connection; then the up pipe, then
-//! the down pipe, for each direction that has one.
+//! the customer alone for an idle HTTP connection, the control connection,
+//! the customer-facing UDP socket and the egress UDP socket for a SOCKS5
+//! UDP association; then the up pipe, then the down pipe, for each
+//! direction that has one. A UDP association's datagrams wait in its
+//! sockets' kernel queues, which travel with the fds: its `up` and `down`
+//! are empty. A socket address is written as family (4 or 6), address, port.
 
-use super::cursor::Reader;
+use std::net::SocketAddr;
+
+use super::cursor::{put_socket_addr, Reader};
 use super::{truncated, DecodeError};
 
 /// What kind of connection moves.
@@ -32,6 +39,9 @@ pub enum MigrateKind {
     HttpTunnel,
     /// A kept-alive HTTP proxy connection between requests (one fd).
     HttpIdle,
+    /// A SOCKS5 UDP association (three fds: the control connection, the
+    /// customer-facing and the egress UDP sockets), with [`UdpAssociation`].
+    SocksUdp,
 }
 
 impl MigrateKind {
@@ -40,6 +50,7 @@ impl MigrateKind {
             MigrateKind::SocksTunnel => 1,
             MigrateKind::HttpTunnel => 2,
             MigrateKind::HttpIdle => 3,
+            MigrateKind::SocksUdp => 4,
         }
     }
 
@@ -48,6 +59,7 @@ impl MigrateKind {
             1 => Some(MigrateKind::SocksTunnel),
             2 => Some(MigrateKind::HttpTunnel),
             3 => Some(MigrateKind::HttpIdle),
+            4 => Some(MigrateKind::SocksUdp),
             _ => None,
         }
     }
@@ -57,8 +69,20 @@ impl MigrateKind {
         match self {
             MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => 2,
             MigrateKind::HttpIdle => 1,
+            MigrateKind::SocksUdp => 3,
         }
     }
+}
+
+/// What a SOCKS5 UDP association knows beside its sockets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UdpAssociation {
+    /// Where the customer's datagrams come from, once one has arrived:
+    /// answers go there.
+    pub customer: Option<SocketAddr>,
+    /// The port the customer named in its UDP ASSOCIATE request (0: any
+    /// port of the control connection's address may send).
+    pub announced_port: u16,
 }
 
 /// One direction of a tunnel in flight.
@@ -92,6 +116,9 @@ pub struct Migrate {
     pub bytes_up: u64,
     /// Bytes relayed down so far (for logs).
     pub bytes_down: u64,
+    /// A UDP association's state: present exactly when `kind` is
+    /// [`MigrateKind::SocksUdp`] (the encoder writes the default if missing).
+    pub udp: Option<UdpAssociation>,
 }
 
 const NAME: &str = "Migrate";
@@ -130,6 +157,14 @@ pub(crate) fn encode(migrate: &Migrate, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&migrate.bytes_up.to_be_bytes());
     out.extend_from_slice(&migrate.bytes_down.to_be_bytes());
+    if migrate.kind == MigrateKind::SocksUdp {
+        let udp = migrate.udp.unwrap_or_default();
+        out.push(u8::from(udp.customer.is_some()));
+        if let Some(customer) = udp.customer {
+            put_socket_addr(out, customer);
+        }
+        out.extend_from_slice(&udp.announced_port.to_be_bytes());
+    }
 }
 
 fn malformed(reason: &str) -> DecodeError {
@@ -168,6 +203,25 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Migrate, DecodeError> {
     }
     let bytes_up = reader.u64().map_err(truncated(NAME))?;
     let bytes_down = reader.u64().map_err(truncated(NAME))?;
+    let udp = if kind == MigrateKind::SocksUdp {
+        let customer = match reader.u8().map_err(truncated(NAME))? {
+            0 => None,
+            1 => Some(
+                reader
+                    .socket_addr()
+                    .map_err(truncated(NAME))?
+                    .ok_or_else(|| malformed("unknown address family"))?,
+            ),
+            _ => return Err(malformed("bad customer flag")),
+        };
+        let announced_port = reader.u16().map_err(truncated(NAME))?;
+        Some(UdpAssociation {
+            customer,
+            announced_port,
+        })
+    } else {
+        None
+    };
     if !reader.is_empty() {
         return Err(malformed("trailing bytes"));
     }
@@ -188,5 +242,6 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Migrate, DecodeError> {
         down_piped: piped[1],
         bytes_up,
         bytes_down,
+        udp,
     })
 }

@@ -47,11 +47,11 @@ pub use conversations::{encode_migrate, Conversation, Handoff, ToDevice, ToIngre
 pub use endpoints::{EndpointEntry, EndpointPart};
 pub use exits::ExitQueues;
 pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
-pub use migrate::{Direction, Migrate, MigrateKind};
+pub use migrate::{Direction, Migrate, MigrateKind, UdpAssociation};
 pub use packets::{PacketIter, Packets};
 pub use payloads::{
     Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, RouteReport,
-    Welcome,
+    UdpCounts, Welcome,
 };
 pub use peers::{PeerEntry, PeerUpdate};
 pub use progress::HandoffProgress;

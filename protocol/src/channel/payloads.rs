@@ -55,6 +55,12 @@ pub struct Welcome {
     /// last endpoint snapshot from the store after the peer set.
     #[serde(default)]
     pub wants_endpoints: bool,
+    /// This ingress passes SOCKS5 UDP associations on at a deploy (Migrate
+    /// of kind `SocksUdp`). An older ingress does not know the kind and
+    /// would drop the plane that sent it: a plane attached to one closes its
+    /// associations at a deploy instead of handing them over.
+    #[serde(default)]
+    pub udp_associations: bool,
 }
 
 /// Payload of [`Refused`].
@@ -153,6 +159,10 @@ pub struct DeviceReport {
     /// HTTP request targets refused (400) for carrying userinfo.
     #[serde(default)]
     pub http_userinfo_refused: u64,
+    /// SOCKS5 UDP associations opened, and datagrams their relays dropped
+    /// by reason, on this attachment (like the refusal counts).
+    #[serde(default)]
+    pub udp: UdpCounts,
     /// Channel frames whose fds the kernel dropped on receipt (the plane at
     /// its open-file limit), on this attachment.
     #[serde(default)]
@@ -173,6 +183,38 @@ pub struct DeviceReport {
     /// on this attachment (like the refusal counts: only grows within one).
     #[serde(default)]
     pub cpu_micros: u64,
+}
+
+/// What a device plane's SOCKS5 UDP relays counted (see [`DeviceReport::udp`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdpCounts {
+    /// Associations opened (adopted ones not counted).
+    pub opened: u64,
+    /// Datagrams dropped for a fragment number other than 0.
+    pub fragment: u64,
+    /// Datagrams dropped for a header that does not parse.
+    pub bad_header: u64,
+    /// Datagrams to (or from) an address the egress policy refuses, or to
+    /// a name with no permitted address.
+    pub denied: u64,
+    /// Datagrams sent to a relay from an address not the customer's.
+    pub foreign: u64,
+    /// Datagrams over their client's rate limit.
+    pub rate_limited: u64,
+}
+
+impl UdpCounts {
+    /// What was counted since `before`.
+    pub fn since(self, before: UdpCounts) -> UdpCounts {
+        UdpCounts {
+            opened: self.opened.saturating_sub(before.opened),
+            fragment: self.fragment.saturating_sub(before.fragment),
+            bad_header: self.bad_header.saturating_sub(before.bad_header),
+            denied: self.denied.saturating_sub(before.denied),
+            foreign: self.foreign.saturating_sub(before.foreign),
+            rate_limited: self.rate_limited.saturating_sub(before.rate_limited),
+        }
+    }
 }
 
 /// One egress route as a device plane sees it.

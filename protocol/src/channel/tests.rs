@@ -70,6 +70,7 @@ fn migrate_samples() -> Vec<Migrate> {
             down_piped: 0,
             bytes_up: 10,
             bytes_down: 20,
+            udp: None,
         },
         Migrate {
             kind: MigrateKind::HttpTunnel,
@@ -84,6 +85,34 @@ fn migrate_samples() -> Vec<Migrate> {
             down_piped: 5,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
+        },
+        Migrate {
+            kind: MigrateKind::SocksUdp,
+            connection_id: 80,
+            client: "carol".into(),
+            up: Direction::default(),
+            down: Direction::default(),
+            up_piped: 0,
+            down_piped: 0,
+            bytes_up: 3,
+            bytes_down: 4,
+            udp: Some(UdpAssociation {
+                customer: Some("[2001:db8::5]:40000".parse().expect("an address")),
+                announced_port: 40000,
+            }),
+        },
+        Migrate {
+            kind: MigrateKind::SocksUdp,
+            connection_id: 81,
+            client: "dave".into(),
+            up: Direction::default(),
+            down: Direction::default(),
+            up_piped: 0,
+            down_piped: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+            udp: Some(UdpAssociation::default()),
         },
         Migrate {
             kind: MigrateKind::HttpIdle,
@@ -95,6 +124,7 @@ fn migrate_samples() -> Vec<Migrate> {
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
         },
     ]
 }
@@ -114,6 +144,7 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
             ingress_pid: 9,
             successor: true,
             wants_endpoints: false,
+            udp_associations: true,
         }),
         ToDevice::Refused(Refused {
             reason: "no".into(),
@@ -194,6 +225,14 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             http_response_timeouts: 20,
             http_body_stalls: 21,
             http_userinfo_refused: 22,
+            udp: UdpCounts {
+                opened: 30,
+                fragment: 31,
+                bad_header: 32,
+                denied: 33,
+                foreign: 34,
+                rate_limited: 35,
+            },
             channel_fds_dropped: 16,
             routes: vec![RouteReport {
                 name: "dc-1".into(),
@@ -511,6 +550,7 @@ fn a_migrate_with_full_buffers_both_ways_fits_one_frame() {
         down_piped: 0,
         bytes_up: 1,
         bytes_down: 2,
+        udp: None,
     });
     let bytes = encode(&migrate);
     assert!(bytes.len() <= MAX_FRAME);
@@ -538,10 +578,10 @@ fn packets_batch_stops_at_the_cap() {
 #[test]
 fn fd_counts() {
     fn migrate_fds(m: &Migrate) -> usize {
-        let base = if m.kind == MigrateKind::HttpIdle {
-            1
-        } else {
-            2
+        let base = match m.kind {
+            MigrateKind::HttpIdle => 1,
+            MigrateKind::SocksUdp => 3,
+            MigrateKind::SocksTunnel | MigrateKind::HttpTunnel => 2,
         };
         base + usize::from(m.up_piped > 0) + usize::from(m.down_piped > 0)
     }
@@ -985,6 +1025,7 @@ proptest! {
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
         };
         let frame = encode_migrate(&migrate);
         let Ok((ToIngress::Migrate(decoded), _)) = decode::<ToIngress>(&frame) else {

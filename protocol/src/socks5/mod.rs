@@ -35,6 +35,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
 pub mod client;
+pub mod udp;
 
 /// The SOCKS protocol version byte.
 pub const VERSION: u8 = 5;

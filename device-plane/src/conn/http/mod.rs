@@ -262,6 +262,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
             down_piped: 0,
             bytes_up: 0,
             bytes_down: 0,
+            udp: None,
         };
         if context.hand_over(migrate, &[stream.as_fd()]).await.is_ok() {
             return;

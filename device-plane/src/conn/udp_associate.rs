@@ -1,0 +1,518 @@
+//! SOCKS5 UDP ASSOCIATE (RFC 1928 §7): an authenticated customer gets a
+//! relay address; datagrams it sends there (each behind the SOCKS5 UDP
+//! header, `blipless_protocol::socks5::udp`) leave from an egress socket of
+//! this node, and what comes back to that socket is returned to it behind a
+//! header naming the sender (docs/ARCHITECTURE.md, "UDP associations").
+//!
+//! An association is three fds: the TCP control connection, the
+//! customer-facing relay socket (bound to the address the customer reached,
+//! a fresh port) and the egress socket. Datagrams between them are never
+//! held here across an await that a handover can interrupt: each is read,
+//! judged and sent before the next select. So at a deploy the three fds
+//! move to the successor with every datagram the kernel had queued for
+//! them still in their receive queues ([`MigrateKind::SocksUdp`]).
+//!
+//! Policy: a customer's datagrams are taken only from the control
+//! connection's address (and from the port it named, if it named one);
+//! every destination must be permitted by the egress policy, and so must
+//! the sender of every datagram that comes back. Fragments (FRAG ≠ 0) and
+//! datagrams with a bad header are dropped and counted. UDP leaves directly
+//! from the node, from the client's sticky source address; a client whose
+//! egress policy names upstreams or tags is refused (reply 2).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blipless_protocol::channel::{Direction, Migrate, MigrateKind, UdpAssociation, UdpCounts};
+use blipless_protocol::socks5::udp::{encode_udp_header, parse_udp_datagram};
+use blipless_protocol::socks5::{self, Destination, Reply};
+use blipless_store::EgressPolicy;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::time::Instant;
+
+use super::caps::TunnelCount;
+use super::context::Context;
+use crate::clients::Client;
+
+/// Room before a returned datagram's payload for its header (IPv6 source).
+const HEADER_ROOM: usize = 22;
+/// Largest UDP payload.
+const MAX_DATAGRAM: usize = 65_535;
+/// Names an association remembers the addresses of, and for how long.
+const NAME_CACHE: usize = 64;
+const NAME_TTL: Duration = Duration::from_secs(60);
+/// Datagrams taken from one socket before the other gets a turn.
+const BATCH: usize = 32;
+/// Limit on resolving a destination name.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Datagrams the SOCKS5 UDP relays dropped since the plane started, by
+/// reason, and associations opened.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Associations opened here (adopted ones not counted).
+    pub opened: AtomicU64,
+    /// FRAG ≠ 0.
+    pub fragments: AtomicU64,
+    /// A header that does not parse.
+    pub bad_header: AtomicU64,
+    /// A destination (or a returning sender) the egress policy refuses, or
+    /// a name that does not resolve to a permitted address.
+    pub denied: AtomicU64,
+    /// Sent to the relay from an address other than the customer's.
+    pub foreign: AtomicU64,
+    /// Over the client's rate limit.
+    pub rate_limited: AtomicU64,
+}
+
+impl Counters {
+    /// The counts now, for the plane's report.
+    pub fn counts(&self) -> UdpCounts {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        UdpCounts {
+            opened: load(&self.opened),
+            fragment: load(&self.fragments),
+            bad_header: load(&self.bad_header),
+            denied: load(&self.denied),
+            foreign: load(&self.foreign),
+            rate_limited: load(&self.rate_limited),
+        }
+    }
+}
+
+/// Serves a UDP ASSOCIATE request from an authenticated `client` on its
+/// control connection `control`: refuses it with the protocol's reply, or
+/// answers with the relay address and relays until the association ends.
+pub async fn serve(
+    mut control: TcpStream,
+    context: Arc<Context>,
+    id: u64,
+    client: Arc<Client>,
+    requested: Destination,
+) {
+    let name = client.record.name.clone();
+    let refuse = |reply: Reply| socks5::encode_reply(reply, None);
+    let policy = client.record.egress.clone();
+    if !matches!(policy, EgressPolicy::Any | EgressPolicy::Direct) {
+        tracing::info!(id, client = %name, %policy, "udp associate refused: UDP leaves only directly");
+        let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
+        return;
+    }
+    let counted = match context.caps.check_tunnel(&client) {
+        Ok(counted) => counted,
+        Err(refusal) => {
+            tracing::debug!(id, client = %name, ?refusal, "udp associate refused: the client's limits");
+            let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
+            return;
+        }
+    };
+    let sockets = open_sockets(&control, &context, &name).await;
+    let (relay, egress) = match sockets {
+        Ok(sockets) => sockets,
+        Err(error) => {
+            tracing::warn!(id, client = %name, %error, "udp associate failed: no sockets");
+            let _ = control.write_all(&refuse(Reply::GeneralFailure)).await;
+            return;
+        }
+    };
+    let bound = relay.local_addr().ok();
+    if control
+        .write_all(&socks5::encode_reply(Reply::Succeeded, bound))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    context.udp_counters.opened.fetch_add(1, Ordering::Relaxed);
+    client.meter.connections.fetch_add(1, Ordering::Relaxed);
+    // A customer that names an IP address sends from it; any name (PySocks
+    // sends "0") or the unspecified address leaves only the port to check.
+    let announced_port = match requested {
+        Destination::Ip(address) => address.port(),
+        Destination::Domain { port, .. } => port,
+    };
+    tracing::debug!(id, client = %name, relay = ?bound, "udp association open");
+    let association = Association {
+        control,
+        relay,
+        egress,
+        state: UdpAssociation {
+            customer: None,
+            announced_port,
+        },
+    };
+    run(context, id, client, association, true, Some(counted)).await;
+}
+
+/// The relay socket on the address the customer reached (a fresh port),
+/// and the egress socket from the client's source address.
+async fn open_sockets(
+    control: &TcpStream,
+    context: &Context,
+    client: &str,
+) -> std::io::Result<(UdpSocket, UdpSocket)> {
+    let reached = canonical(control.local_addr()?.ip());
+    let relay = UdpSocket::bind(SocketAddr::new(reached, 0)).await?;
+    context.identities.touch(client);
+    let held = context.identities.open(client).await;
+    let egress = match held.identity.source {
+        Some(source) => UdpSocket::bind(SocketAddr::new(source, 0)).await?,
+        // Both families from one socket where the host has IPv6.
+        None => match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).await {
+            Ok(socket) => socket,
+            Err(_) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?,
+        },
+    };
+    Ok((relay, egress))
+}
+
+/// An association's sockets and state.
+#[derive(Debug)]
+pub struct Association {
+    control: TcpStream,
+    relay: UdpSocket,
+    egress: UdpSocket,
+    state: UdpAssociation,
+}
+
+impl Association {
+    /// An association a predecessor handed over: the control connection,
+    /// the relay socket and the egress socket, in that order.
+    pub fn adopted(
+        control: TcpStream,
+        relay: OwnedFd,
+        egress: OwnedFd,
+        state: UdpAssociation,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            control,
+            relay: udp_from_fd(relay)?,
+            egress: udp_from_fd(egress)?,
+            state,
+        })
+    }
+}
+
+fn udp_from_fd(fd: OwnedFd) -> std::io::Result<UdpSocket> {
+    let socket = std::net::UdpSocket::from(fd);
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket)
+}
+
+/// How relaying stopped.
+enum End {
+    /// The control connection closed, the association idled out, or it was cut.
+    Closed(&'static str),
+    /// A successor takes it: the slot to hold while handing it over.
+    Handover(tokio::sync::OwnedSemaphorePermit),
+}
+
+/// Relays `association` until it ends or is handed to the successor (only
+/// if `may_hand_over`). `counted`: the count its admission took; None for
+/// an adopted association, counted here.
+pub async fn run(
+    context: Arc<Context>,
+    id: u64,
+    client: Arc<Client>,
+    mut association: Association,
+    mut may_hand_over: bool,
+    counted: Option<TunnelCount>,
+) {
+    let name = client.record.name.clone();
+    let _counted = counted.unwrap_or_else(|| TunnelCount::new(client.meter.clone()));
+    let Ok(control_peer) = association.control.peer_addr() else {
+        return;
+    };
+    let mut relay = Relay {
+        context: &context,
+        client: &client,
+        customer_ip: canonical(control_peer.ip()),
+        names: HashMap::new(),
+        buffer: vec![0u8; HEADER_ROOM + MAX_DATAGRAM],
+    };
+    loop {
+        let end = relay.relay(&mut association, may_hand_over).await;
+        let slot = match end {
+            End::Closed(why) => {
+                tracing::debug!(id, client = %name, why, "udp association closed");
+                return;
+            }
+            End::Handover(slot) => slot,
+        };
+        if !context.channel_passes_udp.load(Ordering::Relaxed) {
+            tracing::info!(id, client = %name, "udp association closed at the deploy: the ingress cannot pass it on");
+            return;
+        }
+        let migrate = Migrate {
+            kind: MigrateKind::SocksUdp,
+            connection_id: id,
+            client: name.clone(),
+            up: Direction::default(),
+            down: Direction::default(),
+            up_piped: 0,
+            down_piped: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+            udp: Some(association.state),
+        };
+        let fds = [
+            association.control.as_fd(),
+            association.relay.as_fd(),
+            association.egress.as_fd(),
+        ];
+        let handed = context.hand_over(migrate, &fds).await;
+        drop(slot);
+        match handed {
+            // Our copies close here; the successor holds the sockets now.
+            Ok(()) => return,
+            Err(_) => may_hand_over = false,
+        }
+    }
+}
+
+/// The relaying half of an association: what each datagram is judged by.
+struct Relay<'a> {
+    context: &'a Context,
+    client: &'a Client,
+    /// The control connection's address: customer datagrams come from it.
+    customer_ip: IpAddr,
+    /// Destination names resolved lately, with when.
+    names: HashMap<String, (Vec<SocketAddr>, Instant)>,
+    /// One datagram, with room before it for a header.
+    buffer: Vec<u8>,
+}
+
+impl Relay<'_> {
+    async fn relay(&mut self, association: &mut Association, may_hand_over: bool) -> End {
+        let context = self.context;
+        let handover = context.handover_slot();
+        let handover = async move {
+            if may_hand_over {
+                handover.await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::pin!(handover);
+        let cut = context.cut_token();
+        let over_quota = self.client.limiter.over_quota_token();
+        let timeout = context.udp_idle_timeout;
+        let mut last = Instant::now();
+        let idle = tokio::time::sleep(timeout);
+        tokio::pin!(idle);
+        loop {
+            tokio::select! {
+                biased;
+                slot = &mut handover => return End::Handover(slot),
+                () = cut.cancelled() => return End::Closed("cut"),
+                () = self.client.revoked.cancelled() => return End::Closed("client removed"),
+                () = over_quota.cancelled() => return End::Closed("over quota"),
+                ready = association.control.readable() => {
+                    if ready.is_err() || control_closed(&association.control) {
+                        return End::Closed("control connection closed");
+                    }
+                }
+                ready = association.relay.readable() => {
+                    if ready.is_err() {
+                        return End::Closed("relay socket failed");
+                    }
+                    for _ in 0..BATCH {
+                        let Ok((len, from)) = association.relay.try_recv_from(&mut self.buffer) else {
+                            break;
+                        };
+                        if self.up(association, len, from).await {
+                            last = Instant::now();
+                        }
+                    }
+                }
+                ready = association.egress.readable() => {
+                    if ready.is_err() {
+                        return End::Closed("egress socket failed");
+                    }
+                    for _ in 0..BATCH {
+                        let received = association.egress.try_recv_from(&mut self.buffer[HEADER_ROOM..]);
+                        let Ok((len, from)) = received else { break };
+                        if self.down(association, len, from).await {
+                            last = Instant::now();
+                        }
+                    }
+                }
+                () = &mut idle => {
+                    if last.elapsed() >= timeout {
+                        return End::Closed("idle");
+                    }
+                    idle.as_mut().reset(last + timeout);
+                }
+            }
+        }
+    }
+
+    /// A datagram from the customer (`buffer[..len]`, from `from`): passed
+    /// on if it may be; true if it was.
+    async fn up(&mut self, association: &mut Association, len: usize, from: SocketAddr) -> bool {
+        let counters = &self.context.udp_counters;
+        if !from_customer(self.customer_ip, association.state.announced_port, from) {
+            counters.foreign.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // Its latest address: a NAT may move the customer to another port.
+        association.state.customer = Some(from);
+        let Ok(datagram) = parse_udp_datagram(&self.buffer[..len]) else {
+            counters.bad_header.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        if datagram.frag != 0 {
+            counters.fragments.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let (destination, payload_len) = (datagram.destination, datagram.payload.len());
+        let payload_start = len - payload_len;
+        let Some(to) = self.destination(&association.egress, destination).await else {
+            counters.denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        if !self.client.limiter.up.admit_packet(payload_len) {
+            counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let payload = &self.buffer[payload_start..len];
+        if association.egress.send_to(payload, to).await.is_err() {
+            return false;
+        }
+        self.client
+            .meter
+            .up
+            .fetch_add(payload_len as u64, Ordering::Relaxed);
+        self.client.limiter.charge_quota(payload_len);
+        true
+    }
+
+    /// A datagram back from `from` (`buffer[HEADER_ROOM..][..len]`):
+    /// returned to the customer behind its header; true if it was.
+    async fn down(&mut self, association: &mut Association, len: usize, from: SocketAddr) -> bool {
+        let counters = &self.context.udp_counters;
+        let Some(customer) = association.state.customer else {
+            return false;
+        };
+        if !self.context.egress.permits(from.ip()) {
+            counters.denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if !self.client.limiter.down.admit_packet(len) {
+            counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let mut header = Vec::with_capacity(HEADER_ROOM);
+        encode_udp_header(canonical_addr(from), &mut header);
+        let start = HEADER_ROOM - header.len();
+        self.buffer[start..HEADER_ROOM].copy_from_slice(&header);
+        let datagram = &self.buffer[start..HEADER_ROOM + len];
+        if association.relay.send_to(datagram, customer).await.is_err() {
+            return false;
+        }
+        self.client
+            .meter
+            .down
+            .fetch_add(len as u64, Ordering::Relaxed);
+        self.client.limiter.charge_quota(len);
+        true
+    }
+
+    /// Where a datagram for `destination` goes from `egress`: a permitted
+    /// address of a family the socket can reach, None if there is none.
+    async fn destination(
+        &mut self,
+        egress: &UdpSocket,
+        destination: Destination,
+    ) -> Option<SocketAddr> {
+        let candidates = match destination {
+            Destination::Ip(address) => vec![address],
+            Destination::Domain { host, port } => self.resolve(host, port).await,
+        };
+        let dual_stack = egress.local_addr().ok()?.is_ipv6();
+        candidates
+            .into_iter()
+            .map(canonical_addr)
+            .filter(|a| self.context.egress.permits(a.ip()))
+            .find(|a| dual_stack || a.is_ipv4())
+            .map(|a| match a {
+                // A dual-stack socket reaches IPv4 through mapped addresses.
+                SocketAddr::V4(v4) if dual_stack => {
+                    SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+                }
+                other => other,
+            })
+    }
+
+    /// `host`'s addresses, from the association's cache while fresh.
+    async fn resolve(&mut self, host: String, port: u16) -> Vec<SocketAddr> {
+        if let Some((addresses, at)) = self.names.get(&host) {
+            if at.elapsed() < NAME_TTL {
+                return addresses
+                    .iter()
+                    .map(|a| SocketAddr::new(a.ip(), port))
+                    .collect();
+            }
+        }
+        let lookup = tokio::net::lookup_host((host.as_str(), port));
+        let addresses: Vec<SocketAddr> = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+            Ok(Ok(found)) => found.collect(),
+            _ => Vec::new(),
+        };
+        if self.names.len() >= NAME_CACHE {
+            self.names.clear();
+        }
+        self.names.insert(host, (addresses.clone(), Instant::now()));
+        addresses
+    }
+}
+
+/// True when the control connection has closed (EOF or an error). Bytes a
+/// customer sends on it are meaningless after the request and are dropped.
+fn control_closed(control: &TcpStream) -> bool {
+    let mut scratch = [0u8; 512];
+    match control.try_read(&mut scratch) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Whether a datagram from `from` is the customer's: from the control
+/// connection's address, and from the port it named if it named one.
+fn from_customer(customer_ip: IpAddr, announced_port: u16, from: SocketAddr) -> bool {
+    canonical(from.ip()) == customer_ip && (announced_port == 0 || from.port() == announced_port)
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn canonical_addr(address: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical(address.ip()), address.port())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_customers_address_and_named_port_are_taken() {
+        let customer: IpAddr = "192.0.2.1".parse().unwrap();
+        let from = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(from_customer(customer, 0, from("192.0.2.1:4000")));
+        assert!(from_customer(customer, 0, from("[::ffff:192.0.2.1]:4000")));
+        assert!(from_customer(customer, 4000, from("192.0.2.1:4000")));
+        assert!(!from_customer(customer, 4000, from("192.0.2.1:4001")));
+        assert!(!from_customer(customer, 0, from("192.0.2.2:4000")));
+    }
+}

@@ -1,0 +1,380 @@
+//! SOCKS5 UDP ASSOCIATE (issue 12 §2) with a client library no one here
+//! wrote: PySocks (Debian `python3-socks`), with dnspython for the DNS
+//! messages. A long-lived association echoes numbered datagrams across five
+//! device-plane deploys with none lost; after each deploy a new association
+//! echoes, resolves a name at dnsmasq, and is refused what it must be: a
+//! denied destination, a fragment and a bad header reach nobody.
+
+use std::collections::HashSet;
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use blipless_tests::netns::Background;
+use blipless_tests::node::Node;
+use blipless_tests::{free_port, wait_until};
+
+/// The client side, in Python: `stream` keeps one association echoing
+/// numbered datagrams until the stop file appears; `once` opens a fresh
+/// association and checks echo, DNS and the refusals. Each prints one JSON
+/// line.
+const CLIENT: &str = r#"
+import json, os, socket, sys, time
+import socks
+import dns.message
+
+def associate(host, port, user, secret, timeout):
+    s = socks.socksocket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.set_proxy(socks.SOCKS5, host, port, username=user, password=secret)
+    s.settimeout(timeout)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+def raw(s, data):
+    # Past PySocks: straight to the relay, whatever the header says.
+    socket.socket.send(s, data)
+
+def stream(proxy, echo, stop):
+    s = associate(*proxy, timeout=20)
+    sent = received = 0
+    lost = []
+    while not os.path.exists(stop):
+        payload = b"seq-%08d" % sent
+        s.sendto(payload, echo)
+        sent += 1
+        try:
+            while True:
+                data, source = s.recvfrom(2048)
+                if data == payload:
+                    received += 1
+                    break
+        except socket.timeout:
+            lost.append(sent - 1)
+        time.sleep(0.005)
+    print(json.dumps({"sent": sent, "received": received, "lost": lost[:20]}))
+
+def once(proxy, echo, denied, dns_server, name):
+    s = associate(*proxy, timeout=10)
+    result = {}
+    got = []
+    for i in range(20):
+        payload = b"once-%d" % i
+        s.sendto(payload, echo)
+        data, source = s.recvfrom(2048)
+        got.append(data == payload and source == echo)
+    result["echoed"] = sum(got)
+    query = dns.message.make_query(name, "A")
+    s.sendto(query.to_wire(), dns_server)
+    data, source = s.recvfrom(4096)
+    answer = dns.message.from_wire(data)
+    result["dns"] = sorted(r.to_text() for rrset in answer.answer for r in rrset)
+    result["dns_id_matches"] = answer.id == query.id
+    # Refused: a denied destination, a fragment, a bad header. None may be
+    # answered; the association must keep working after them.
+    s.sendto(b"denied", denied)
+    ip = socket.inet_aton(echo[0])
+    port = echo[1].to_bytes(2, "big")
+    raw(s, b"\x00\x00\x01\x01" + ip + port + b"fragment")
+    raw(s, b"\x00\x07\x00\x01" + ip + port + b"bad-reserved")
+    raw(s, b"\x00\x00\x00\x09" + ip + port + b"bad-atyp")
+    raw(s, b"\x00\x00")
+    s.sendto(b"after", echo)
+    data, source = s.recvfrom(2048)
+    result["after"] = data.decode()
+    s.close()
+    print(json.dumps(result))
+
+def ends(proxy, echo):
+    # Closing the control connection ends the association: the relay port
+    # is gone (the connected socket sees the ICMP refusal).
+    s = associate(*proxy, timeout=5)
+    s.sendto(b"first", echo)
+    assert s.recvfrom(2048)[0] == b"first"
+    s._proxyconn.close()
+    result = {"after_close": "answered"}
+    for _ in range(50):
+        time.sleep(0.1)
+        try:
+            s.sendto(b"late", echo)
+            s.recvfrom(2048)
+        except ConnectionRefusedError:
+            result["after_close"] = "refused"
+            break
+        except socket.timeout:
+            result["after_close"] = "silent"
+    # An idle association is closed by the proxy, control connection first.
+    t = associate(*proxy, timeout=5)
+    t.sendto(b"idle", echo)
+    assert t.recvfrom(2048)[0] == b"idle"
+    started = time.monotonic()
+    t._proxyconn.settimeout(30)
+    result["idle_closed"] = t._proxyconn.recv(1) == b""
+    result["idle_after"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result))
+
+mode = sys.argv[1]
+host, port, user, secret = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+echo = ("127.0.0.1", int(sys.argv[6]))
+if mode == "stream":
+    stream((host, port, user, secret), echo, sys.argv[7])
+elif mode == "ends":
+    ends((host, port, user, secret), echo)
+else:
+    denied = ("127.0.0.2", int(sys.argv[7]))
+    once((host, port, user, secret), echo, denied, ("127.0.0.1", int(sys.argv[8])), sys.argv[9])
+"#;
+
+/// A UDP echo server on `ip`, keeping every payload it received.
+struct Echo {
+    port: u16,
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
+    count: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Echo {
+    fn start(ip: &str) -> Self {
+        let socket = UdpSocket::bind((ip, 0)).expect("bind the echo server");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let port = socket.local_addr().expect("address").port();
+        let (received, count, stop) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (kept, counted, stopped) = (received.clone(), count.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut buffer = [0u8; 65536];
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((len, from)) = socket.recv_from(&mut buffer) else {
+                    continue;
+                };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let payload = buffer[..len].to_vec();
+                let _ = socket.send_to(&payload, from);
+                if !payload.starts_with(b"seq-") {
+                    kept.lock().expect("lock").push(payload);
+                }
+            }
+        });
+        Self {
+            port,
+            received,
+            count,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn non_stream_payloads(&self) -> Vec<String> {
+        let kept = self.received.lock().expect("lock");
+        kept.iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// dnsmasq on 127.0.0.1 at a free port, answering `shop.example`.
+fn dnsmasq() -> (Background, u16) {
+    let port = free_port();
+    let mut command = Command::new("dnsmasq");
+    command.args([
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        "--listen-address=127.0.0.1",
+        &format!("--port={port}"),
+        "--user=root",
+        "--pid-file=",
+        "--log-queries",
+        "--log-facility=-",
+        "--address=/shop.example/192.0.2.77",
+    ]);
+    let server = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
+    wait_until(Duration::from_secs(10), "dnsmasq to answer", || {
+        Command::new("dig")
+            .args(["+short", "+time=1", "+tries=1", "-p", &port.to_string()])
+            .args(["@127.0.0.1", "shop.example"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("192.0.2.77"))
+    });
+    (server, port)
+}
+
+/// The four parts of a `socks5h://name:secret@host:port` URL.
+fn proxy_args(url: &str) -> [String; 4] {
+    let rest = url.split("://").nth(1).expect("scheme");
+    let (credentials, address) = rest.rsplit_once('@').expect("credentials");
+    let (name, secret) = credentials.split_once(':').expect("name:secret");
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    [host, port, name, secret].map(str::to_owned)
+}
+
+fn python(script: &Path, args: &[String]) -> Command {
+    // Debian's Python, where python3-socks and python3-dnspython install.
+    let mut command = Command::new("/usr/bin/python3");
+    command.arg(script).args(args);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+}
+
+fn json_of(output: &std::process::Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the client failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+#[test]
+fn udp_associate_echo_dns_and_refusals_across_five_deploys() {
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    let script = node.path().join("socks_udp.py");
+    std::fs::write(&script, CLIENT).expect("write the client");
+    let echo = Echo::start("127.0.0.1");
+    let denied = Echo::start("127.0.0.2");
+    let (dns_server, dns_port) = dnsmasq();
+    let proxy = proxy_args(&client.socks);
+
+    let once = |round: &str| {
+        let mut args = proxy.to_vec();
+        args.extend([
+            echo.port.to_string(),
+            denied.port.to_string(),
+            dns_port.to_string(),
+            "shop.example".into(),
+        ]);
+        let mut command = python(&script, &{
+            let mut all = vec!["once".to_string()];
+            all.extend(args);
+            all
+        });
+        let output = command.output().expect("python3 (Debian python3-socks)");
+        let result = json_of(&output);
+        assert_eq!(result["echoed"], 20, "{round}: {result}");
+        assert_eq!(
+            result["dns"],
+            serde_json::json!(["192.0.2.77"]),
+            "{round}: {result}"
+        );
+        assert_eq!(result["dns_id_matches"], true, "{round}: {result}");
+        assert_eq!(result["after"], "after", "{round}: {result}");
+    };
+    once("before the deploys");
+
+    // One association held across every deploy, echoing all along.
+    let stop = node.path().join("stop-stream");
+    let mut args = vec!["stream".to_string()];
+    args.extend(proxy.iter().cloned());
+    args.extend([echo.port.to_string(), stop.display().to_string()]);
+    let stream = python(&script, &args).spawn().expect("python3");
+    wait_until(Duration::from_secs(20), "the stream to start", || {
+        echo.count.load(Ordering::SeqCst) > 30
+    });
+    for round in 1..=5 {
+        let before = echo.count.load(Ordering::SeqCst);
+        let (next, took) = node.deploy(&mut device);
+        device = next;
+        eprintln!("deploy {round} took {took:?}");
+        // The held association keeps echoing on the new plane.
+        wait_until(Duration::from_secs(20), "the stream to go on", || {
+            echo.count.load(Ordering::SeqCst) > before + 20
+        });
+        once(&format!("after deploy {round}"));
+    }
+    let started = Instant::now();
+    std::fs::write(&stop, b"").expect("stop the stream");
+    let output = stream.wait_with_output().expect("the stream");
+    let result = json_of(&output);
+    eprintln!("stream: {result} (stopped in {:?})", started.elapsed());
+    let sent = result["sent"].as_u64().expect("sent");
+    assert!(sent > 100, "{result}");
+    assert_eq!(
+        result["received"].as_u64(),
+        Some(sent),
+        "datagrams lost: {result}"
+    );
+
+    // Nothing refused reached anyone.
+    assert_eq!(
+        denied.count.load(Ordering::SeqCst),
+        0,
+        "a denied destination got datagrams"
+    );
+    let payloads: HashSet<String> = echo.non_stream_payloads().into_iter().collect();
+    let allowed: HashSet<String> = (0..20)
+        .map(|i| format!("once-{i}"))
+        .chain(["after".to_string()])
+        .collect();
+    let unexpected: Vec<&String> = payloads.difference(&allowed).collect();
+    assert!(
+        unexpected.is_empty(),
+        "refused datagrams arrived: {unexpected:?}"
+    );
+    let log = dns_server.output();
+    assert!(
+        log.contains("shop.example"),
+        "dnsmasq saw the queries:\n{log}"
+    );
+    // The planes report every second; at least the last plane's own
+    // refusals (one round) are counted by then.
+    for (series, least) in [
+        ("blipless_socks5_udp_associations_total", 1.0),
+        ("blipless_socks5_udp_dropped_total{reason=\"denied\"}", 1.0),
+        (
+            "blipless_socks5_udp_dropped_total{reason=\"fragment\"}",
+            1.0,
+        ),
+        (
+            "blipless_socks5_udp_dropped_total{reason=\"bad_header\"}",
+            3.0,
+        ),
+    ] {
+        wait_until(Duration::from_secs(10), series, || {
+            node.metric(series) >= least
+        });
+    }
+    assert_eq!(
+        node.metric("blipless_socks5_udp_dropped_total{reason=\"foreign\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn an_association_ends_with_its_control_connection_or_when_idle() {
+    let mut node = Node::new("[proxy]\nudp_idle_timeout = \"1s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let script = node.path().join("socks_udp.py");
+    std::fs::write(&script, CLIENT).expect("write the client");
+    let echo = Echo::start("127.0.0.1");
+    let mut args = vec!["ends".to_string()];
+    args.extend(proxy_args(&client.socks));
+    args.push(echo.port.to_string());
+    let output = python(&script, &args).output().expect("python3");
+    let result = json_of(&output);
+    assert_eq!(result["after_close"], "refused", "{result}");
+    assert_eq!(result["idle_closed"], true, "{result}");
+    let idle_after = result["idle_after"].as_f64().expect("seconds");
+    assert!((0.5..20.0).contains(&idle_after), "{result}");
+}
