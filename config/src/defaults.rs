@@ -85,6 +85,7 @@ pub(crate) fn placeholder() -> Config {
         wireguard: crate::WireguardConfig {
             endpoint: None,
             pool: ipnet::IpNet::from(std::net::IpAddr::from(Ipv4Addr::UNSPECIFIED)),
+            pool6: None,
             dns: false,
             dns_upstreams: Vec::new(),
             client_dns: Vec::new(),

@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
-    IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalHostPort, OptionalPath,
-    OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
+    IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr, OptionalHostPort,
+    OptionalPath, OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
 };
 use crate::Config;
 
@@ -265,6 +265,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("10.64.0.0/16"),
             "Network client tunnel addresses are taken from; its first host address is the node's own.",
             |c| &mut c.wireguard.pool,
+        ),
+        Key::new::<OptionalCidr>(
+            "wireguard.pool6",
+            Text(""),
+            "IPv6 network clients also get a tunnel address from, at their IPv4 address's place in wireguard.pool (empty: no IPv6 inside the tunnel; client configs still route ::/0 into it, so IPv6 never leaks around it).",
+            |c| &mut c.wireguard.pool6,
         ),
         Key::new::<Flag>(
             "wireguard.dns",

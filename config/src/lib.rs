@@ -35,6 +35,7 @@ mod error;
 mod keys;
 mod kinds;
 mod load;
+pub mod pool6;
 pub mod store_url;
 pub mod upstreams;
 pub mod wg_quick;
@@ -192,6 +193,9 @@ pub struct WireguardConfig {
     /// The network client tunnel addresses are taken from; its first host address
     /// is the node's own (on the TUN device).
     pub pool: ipnet::IpNet,
+    /// The IPv6 network clients also get an address from (the twin of their
+    /// IPv4 one, [`pool6::TunnelPools`]); `None`: no IPv6 inside the tunnel.
+    pub pool6: Option<ipnet::IpNet>,
     /// Whether the device plane answers clients' DNS queries to the node's
     /// tunnel address (and client configs name it in `DNS =`).
     pub dns: bool,

@@ -209,6 +209,7 @@ impl Loader {
         }
         self.check_listeners();
         self.check_tls();
+        self.check_pool6();
         if self.errors.is_empty() {
             Ok(self.config)
         } else {
@@ -264,6 +265,33 @@ impl Loader {
                 self.errors.push(ConfigError::Conflict { message });
             }
         }
+    }
+
+    /// `wireguard.pool6` must be IPv6 and have room for every address of an
+    /// IPv4 `wireguard.pool` at the same place (crate::pool6).
+    fn check_pool6(&mut self) {
+        let wg = &self.config.wireguard;
+        let Some(pool6) = wg.pool6 else { return };
+        if self.invalid.contains("wireguard.pool6") || self.invalid.contains("wireguard.pool") {
+            return;
+        }
+        if crate::pool6::TunnelPools::new(wg.pool, pool6).is_some() {
+            return;
+        }
+        let why = match (wg.pool, pool6) {
+            (_, ipnet::IpNet::V4(_)) => "it must be an IPv6 network".to_owned(),
+            (ipnet::IpNet::V6(_), _) => "wireguard.pool must then be IPv4".to_owned(),
+            (ipnet::IpNet::V4(pool), _) => format!(
+                "it needs at least {} host bits (a /{} or larger) to give every address of wireguard.pool = \"{pool}\" its twin",
+                32 - pool.prefix_len(),
+                96 + pool.prefix_len()
+            ),
+        };
+        let message = format!(
+            "wireguard.pool6 = \"{pool6}\" ({}): {why}",
+            self.origin("wireguard.pool6")
+        );
+        self.errors.push(ConfigError::Conflict { message });
     }
 
     fn origin(&self, key: &str) -> String {

@@ -26,6 +26,18 @@ pub(crate) struct WgNode {
     key: WireguardKey,
     /// What client configs name in `DNS =`.
     dns: Vec<std::net::IpAddr>,
+    /// `wireguard.pool` and `wireguard.pool6`, when IPv6 is on in the tunnel.
+    pools6: Option<blipless_config::pool6::TunnelPools>,
+}
+
+impl WgNode {
+    /// The IPv6 twin of a client's tunnel address, when the node has a pool6.
+    fn address6(&self, address: std::net::IpAddr) -> Option<std::net::IpAddr> {
+        let std::net::IpAddr::V4(v4) = address else {
+            return None;
+        };
+        Some(self.pools6?.v6_of(v4)?.into())
+    }
 }
 
 impl WgNode {
@@ -50,11 +62,16 @@ impl WgNode {
         let dns = wg_clients::client_dns(&config.wireguard, node_address);
         let key = WireguardKey::load_or_create(&config.wireguard_key_file())
             .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
+        let pools6 = config
+            .wireguard
+            .pool6
+            .and_then(|pool6| blipless_config::pool6::TunnelPools::new(pool, pool6));
         Ok(Self {
             endpoint,
             pool,
             key,
             dns,
+            pools6,
         })
     }
 }
@@ -316,6 +333,7 @@ pub(crate) async fn show(
             let config = WgQuickConfig {
                 client_private_key: "",
                 address,
+                address6: node.address6(address),
                 node_public_key: &public,
                 endpoint: &node.endpoint,
                 dns: &node.dns,
@@ -467,6 +485,7 @@ async fn add_wg(
     let config = WgQuickConfig {
         client_private_key: &private_key,
         address,
+        address6: node.address6(address),
         node_public_key: &node_public_key,
         endpoint: &node.endpoint,
         dns: &node.dns,

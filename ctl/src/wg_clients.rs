@@ -16,8 +16,11 @@
 //!
 //! # The config
 //! [`WgQuickConfig`] renders what `wg-quick` (and the WireGuard apps) import: the
-//! client's private key and `/32` address, and the node as the one peer, routing
-//! everything (`AllowedIPs = 0.0.0.0/0`) with a 25 s keepalive so that NAT
+//! client's private key and `/32` address (and its `/128` twin in
+//! `wireguard.pool6`, when set), and the node as the one peer, routing
+//! everything of both families (`AllowedIPs = 0.0.0.0/0, ::/0`: without an
+//! IPv6 address, IPv6 fails in the tunnel rather than leaking around it)
+//! with a 25 s keepalive so that NAT
 //! mappings stay open. Its `DNS =` line names the node's tunnel address,
 //! where the device plane answers queries (`wireguard.dns`, on by default),
 //! or the resolvers in `wireguard.client_dns`; none when both are off
@@ -240,6 +243,8 @@ pub struct WgQuickConfig<'a> {
     pub client_private_key: &'a str,
     /// The client's tunnel address (from [`lowest_free`]).
     pub address: IpAddr,
+    /// Its IPv6 twin in `wireguard.pool6`, when the node has one.
+    pub address6: Option<IpAddr>,
     /// The node's public key, base64.
     pub node_public_key: &'a str,
     /// `wireguard.endpoint`: the `host:port` the client dials.
@@ -278,9 +283,18 @@ impl WgQuickConfig<'_> {
         )
     }
 
-    /// The config file's text, ending in a newline.
+    /// The config file's text, ending in a newline. `AllowedIPs` sends
+    /// both families into the tunnel, with or without an IPv6 address: with
+    /// none, IPv6 then fails at once instead of leaking around the tunnel.
     pub fn render(&self) -> String {
-        let prefix = if self.address.is_ipv4() { 32 } else { 128 };
+        let with_prefix = |address: IpAddr| {
+            let prefix = if address.is_ipv4() { 32 } else { 128 };
+            format!("{address}/{prefix}")
+        };
+        let addresses: Vec<String> = std::iter::once(self.address)
+            .chain(self.address6)
+            .map(with_prefix)
+            .collect();
         let dns = if self.dns.is_empty() {
             String::new()
         } else {
@@ -290,16 +304,16 @@ impl WgQuickConfig<'_> {
         format!(
             "[Interface]\n\
              PrivateKey = {private}\n\
-             Address = {address}/{prefix}\n\
+             Address = {addresses}\n\
              {dns}\
              \n\
              [Peer]\n\
              PublicKey = {public}\n\
              Endpoint = {endpoint}\n\
-             AllowedIPs = 0.0.0.0/0\n\
+             AllowedIPs = 0.0.0.0/0, ::/0\n\
              PersistentKeepalive = 25\n",
             private = self.client_private_key,
-            address = self.address,
+            addresses = addresses.join(", "),
             public = self.node_public_key,
             endpoint = self.endpoint,
         )
@@ -413,6 +427,7 @@ mod tests {
         let config = WgQuickConfig {
             client_private_key: "cPriv=",
             address: ip("10.64.0.2"),
+            address6: None,
             node_public_key: "nPub=",
             endpoint: "vpn.example.com:51820",
             dns: &[],
@@ -426,7 +441,7 @@ mod tests {
              [Peer]\n\
              PublicKey = nPub=\n\
              Endpoint = vpn.example.com:51820\n\
-             AllowedIPs = 0.0.0.0/0\n\
+             AllowedIPs = 0.0.0.0/0, ::/0\n\
              PersistentKeepalive = 25\n"
         );
         assert!(!config.render().contains("DNS"));
@@ -441,6 +456,16 @@ mod tests {
                 .contains("Address = 10.64.0.2/32\nDNS = 10.64.0.1, 2001:db8::53\n\n[Peer]"),
             "{}",
             with_dns.render()
+        );
+        let dual = WgQuickConfig {
+            address6: Some(ip("fd64::2")),
+            ..config
+        };
+        assert!(
+            dual.render()
+                .contains("Address = 10.64.0.2/32, fd64::2/128\n"),
+            "{}",
+            dual.render()
         );
     }
 
@@ -540,6 +565,7 @@ mod tests {
         let config = WgQuickConfig {
             client_private_key: "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=",
             address: ip("10.64.255.254"),
+            address6: None,
             node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
             endpoint: "a-rather-long-host-name.vpn.example.com:51820",
             dns: &[ip("10.64.0.1")],
@@ -558,6 +584,7 @@ mod tests {
         let config = WgQuickConfig {
             client_private_key: key,
             address: ip("10.64.0.2"),
+            address6: None,
             node_public_key: "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
             endpoint: "vpn.example.com:51820",
             dns: &[],

@@ -172,7 +172,8 @@ fn check_config(
     // device plane answers DNS (wireguard.dns, on by default).
     assert_eq!(fields["Interface.DNS"], "10.64.0.1");
     assert_eq!(fields["Peer.Endpoint"], ENDPOINT);
-    assert_eq!(fields["Peer.AllowedIPs"], "0.0.0.0/0");
+    // Both families into the tunnel: IPv6 never leaks around it.
+    assert_eq!(fields["Peer.AllowedIPs"], "0.0.0.0/0, ::/0");
     assert_eq!(fields["Peer.PersistentKeepalive"], "25");
     assert_eq!(
         wg_pubkey(&fields["Interface.PrivateKey"]),

@@ -87,16 +87,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let key_file = config.wireguard_key_file();
     let key = blipless_config::wireguard_key::WireguardKey::load_or_create(&key_file)?;
-    let wireguard = Arc::new(wg::Wireguard::new(
-        key.private_bytes(),
-        wg::udp::WgSocket::new(listeners.wg(generation)?)
-            .context("setting up the WireGuard socket")?,
-        planes.clone(),
-        metrics.wg.clone(),
-        config.wireguard.handshake_limit,
-        config.wireguard.queue,
-        generation,
-    ));
+    let wireguard = Arc::new(
+        wg::Wireguard::new(
+            key.private_bytes(),
+            wg::udp::WgSocket::new(listeners.wg(generation)?)
+                .context("setting up the WireGuard socket")?,
+            planes.clone(),
+            metrics.wg.clone(),
+            config.wireguard.handshake_limit,
+            config.wireguard.queue,
+            generation,
+        )
+        .with_pools6(config.wireguard.pool6.and_then(|pool6| {
+            blipless_config::pool6::TunnelPools::new(config.wireguard.pool, pool6)
+        })),
+    );
     let node = Arc::new(Node::new(
         planes.clone(),
         wireguard.clone(),

@@ -114,6 +114,8 @@ pub struct UapiPeer {
     pub tx_bytes: u64,
     /// Its tunnel address: the one source it may send from (a /32 or /128).
     pub allowed_ip: IpAddr,
+    /// Its IPv6 twin, with `wireguard.pool6` (a /128).
+    pub allowed_ip6: Option<IpAddr>,
 }
 
 /// The answer to `get`: the device's lines, each peer's, `errno=0` and the
@@ -137,6 +139,9 @@ pub fn render_device(device: &UapiDevice) -> String {
         let _ = writeln!(out, "persistent_keepalive_interval=0");
         let prefix = if peer.allowed_ip.is_ipv4() { 32 } else { 128 };
         let _ = writeln!(out, "allowed_ip={}/{prefix}", peer.allowed_ip);
+        if let Some(v6) = peer.allowed_ip6 {
+            let _ = writeln!(out, "allowed_ip={v6}/128");
+        }
         let _ = writeln!(out, "protocol_version=1");
     }
     out.push_str(&render_errno(0));
@@ -217,6 +222,7 @@ mod tests {
                     rx_bytes: 10,
                     tx_bytes: 20,
                     allowed_ip: "fd00::2".parse().expect("address"),
+                    allowed_ip6: None,
                 },
                 UapiPeer {
                     public_key: [2; 32],
@@ -225,6 +231,7 @@ mod tests {
                     rx_bytes: 0,
                     tx_bytes: 0,
                     allowed_ip: "10.7.0.2".parse().expect("address"),
+                    allowed_ip6: Some("fd64::2".parse().expect("address")),
                 },
             ],
         };
@@ -237,7 +244,7 @@ mod tests {
              last_handshake_time_nsec=5\nrx_bytes=10\ntx_bytes=20\npersistent_keepalive_interval=0\n\
              allowed_ip=fd00::2/128\nprotocol_version=1\n\
              public_key={twos}\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\n\
-             rx_bytes=0\ntx_bytes=0\npersistent_keepalive_interval=0\nallowed_ip=10.7.0.2/32\n\
+             rx_bytes=0\ntx_bytes=0\npersistent_keepalive_interval=0\nallowed_ip=10.7.0.2/32\nallowed_ip=fd64::2/128\n\
              protocol_version=1\nerrno=0\n\n",
             "ab".repeat(32)
         );

@@ -218,6 +218,21 @@ fn network(s: &str) -> Option<IpNet> {
     (net == net.trunc()).then_some(net)
 }
 
+/// A network, or empty for none.
+pub(crate) struct OptionalCidr;
+impl Kind for OptionalCidr {
+    type Out = Option<IpNet>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a network like fd64::/64 (host bits zero), or empty for none";
+    fn parse(input: &Input<'_>) -> Option<Option<IpNet>> {
+        let s = input.text()?;
+        if s.is_empty() {
+            return Some(None);
+        }
+        network(s).map(Some)
+    }
+}
+
 /// A list of networks or bare addresses (a bare address is a /32 or /128).
 pub(crate) struct NetList;
 impl Kind for NetList {

@@ -39,11 +39,14 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use blipless_config::pool6::TunnelPools;
 use blipless_config::Config;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// Where IPv4 forwarding is switched on.
 pub const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+/// The sysctl that lets the host forward IPv6 (with `wireguard.pool6`).
+pub const IPV6_FORWARD: &str = "/proc/sys/net/ipv6/conf/all/forwarding";
 
 /// The port the device plane takes WireGuard clients' DNS over TCP on: the
 /// nftables table redirects TCP to the node's tunnel address, port 53, here
@@ -56,8 +59,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why host setup or teardown failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    /// `wireguard.pool` is an IPv6 network; TUN egress masquerades IPv4 only.
-    #[error("wireguard.pool is {0}, an IPv6 network: packet egress through the TUN device supports IPv4 pools only for now")]
+    /// `wireguard.pool` is an IPv6 network: it must be IPv4 (IPv6 inside the
+    /// tunnel comes from `wireguard.pool6`, beside it).
+    #[error("wireguard.pool is {0}, an IPv6 network: it must be IPv4; give IPv6 inside the tunnel with wireguard.pool6 beside it")]
     Ipv6Pool(ipnet::Ipv6Net),
     /// `wireguard.pool` leaves no room for the node's address and a client.
     #[error("wireguard.pool {0} is too small: it needs room for the node's address and at least one client (a /30 or larger)")]
@@ -175,6 +179,10 @@ pub struct Plan {
     /// (`wireguard.dns`): TCP to port 53 there is redirected to
     /// [`DNS_TCP_PORT`] and let in.
     pub dns: bool,
+    /// IPv6 inside the tunnel (`wireguard.pool6`): the pool and the node's
+    /// address in it (the twin of [`Plan::address`], with the pool's prefix
+    /// length), masqueraded out of `out_interface` like the IPv4 pool.
+    pub pool6: Option<(Ipv6Net, Ipv6Net)>,
 }
 
 /// One command line: a program and its arguments, and optionally what to
@@ -267,10 +275,18 @@ impl Plan {
             IpNet::V4(pool) => pool.trunc(),
             IpNet::V6(pool) => return Err(NetError::Ipv6Pool(pool)),
         };
+        let address = first_host(pool)?;
+        let pool6 = config.wireguard.pool6.and_then(|pool6| {
+            let pools = TunnelPools::new(IpNet::V4(pool), pool6)?;
+            let node = pools.v6_of(address.addr())?;
+            let net = pools.v6();
+            Some((net, Ipv6Net::new(node, net.prefix_len()).ok()?))
+        });
         Ok(Plan {
             tun: tun.name.clone(),
             out_interface: tun.out_interface.clone(),
-            address: first_host(pool)?,
+            address,
+            pool6,
             pool,
             owner: TunOwner::from_config(tun.user.as_deref(), tun.group.as_deref())?,
             allow: config.egress.allow.clone(),
@@ -292,6 +308,21 @@ impl Plan {
                 value: "1",
             },
         ]);
+        if let Some((_, address6)) = self.pool6 {
+            let address6 = address6.to_string();
+            steps.extend([
+                // No duplicate address detection: nothing else is on the
+                // device, and the address must serve at once.
+                Step::Run(Cmd::new(
+                    "ip",
+                    &["addr", "replace", &address6, "dev", name, "nodad"],
+                )),
+                Step::Sysctl {
+                    path: IPV6_FORWARD.to_owned(),
+                    value: "1",
+                },
+            ]);
+        }
         for exit in &self.exits {
             steps.extend(self.exit_setup_steps(exit));
         }

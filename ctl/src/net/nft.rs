@@ -103,6 +103,15 @@ impl Plan {
         } else {
             (String::new(), String::new())
         };
+        // IPv6 inside the tunnel: the same client-to-client drop and
+        // masquerade for the IPv6 pool.
+        let (pool6_forward, pool6_postrouting) = match self.pool6 {
+            Some((pool6, _)) => (
+                format!("\t\tiifname \"{tun}\" ip6 daddr {pool6} drop\n"),
+                format!("\t\tip6 saddr {pool6} oifname \"{out_interface}\" masquerade\n"),
+            ),
+            None => (String::new(), String::new()),
+        };
         let exits = self.nft_exit_parts();
         let (exit_input, exit_forward, exit_postrouting) =
             (exits.input, exits.forward, exits.postrouting);
@@ -120,11 +129,11 @@ table {NFT_TABLE} {{
 		iifname \"{tun}\" ct state invalid meta l4proto tcp reject with tcp reset
 		iifname \"{tun}\" ct state invalid drop
 {pool_allowed}		iifname \"{tun}\" ip daddr {pool} drop
-{exit_forward}	}}
+{pool6_forward}{exit_forward}	}}
 {dns_prerouting}	chain postrouting {{
 		type nat hook postrouting priority srcnat; policy accept;
 		ip saddr {pool} oifname \"{out_interface}\" masquerade
-{exit_postrouting}	}}
+{pool6_postrouting}{exit_postrouting}	}}
 }}
 "
         )

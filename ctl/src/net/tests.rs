@@ -154,6 +154,36 @@ fn ipv6_pool_is_refused_clearly() {
 }
 
 #[test]
+fn pool6_adds_the_nodes_ipv6_address_forwarding_and_masquerade() {
+    assert_eq!(plan(&[]).pool6, None);
+    let plan = plan(&[
+        "wireguard.pool=10.99.0.0/20",
+        "wireguard.pool6=fd64:99::/64",
+    ]);
+    let (pool6, address6) = plan.pool6.expect("pool6");
+    assert_eq!(pool6.to_string(), "fd64:99::/64");
+    assert_eq!(
+        address6.to_string(),
+        "fd64:99::1/64",
+        "the twin of 10.99.0.1"
+    );
+    let steps = plan.setup_steps();
+    let has = |wanted: &Step| steps.iter().any(|step| step == wanted);
+    assert!(has(&Step::Sysctl {
+        path: IPV6_FORWARD.to_owned(),
+        value: "1",
+    }));
+    assert!(steps.iter().any(|step| matches!(step, Step::Run(cmd)
+        if cmd.to_string() == "ip addr replace fd64:99::1/64 dev blip0 nodad")));
+    let script = plan.nft_script();
+    line_at(&script, "iifname \"blip0\" ip6 daddr fd64:99::/64 drop");
+    line_at(
+        &script,
+        "ip6 saddr fd64:99::/64 oifname \"eth0\" masquerade",
+    );
+}
+
+#[test]
 fn nft_script_replaces_the_table_with_masquerade_and_reset() {
     let script = plan(&[
         "egress.tun.name=wg-out",

@@ -114,6 +114,9 @@ pub struct Directory {
     version: tokio::sync::watch::Sender<u64>,
     /// `[limits]`: what a client's record leaves unset.
     defaults: ClientLimits,
+    /// `wireguard.pool` and `wireguard.pool6`: an IPv6 tunnel address is
+    /// the twin of its client's IPv4 one ([`Directory::set_pools6`]).
+    pools6: std::sync::OnceLock<blipless_config::pool6::TunnelPools>,
 }
 
 const FEED_PAGE: usize = 1000;
@@ -157,6 +160,7 @@ impl Directory {
             removed: std::sync::Mutex::new(Vec::new()),
             version: tokio::sync::watch::channel(0).0,
             defaults,
+            pools6: std::sync::OnceLock::new(),
         });
         directory.catch_up().await?;
         Ok(directory)
@@ -371,8 +375,20 @@ impl Directory {
         self.version.send_modify(|version| *version += 1);
     }
 
-    /// The WireGuard client whose tunnel address this is.
+    /// Sets the pools IPv6 tunnel addresses are mapped by (once, at start).
+    pub fn set_pools6(&self, pools: blipless_config::pool6::TunnelPools) {
+        let _ = self.pools6.set(pools);
+    }
+
+    /// The client whose WireGuard tunnel address (or its IPv6 twin) is `address`.
     pub fn by_address(&self, address: std::net::IpAddr) -> Option<Arc<Client>> {
+        // An IPv6 tunnel address stands for its IPv4 twin.
+        let address = match (address, self.pools6.get()) {
+            (std::net::IpAddr::V6(v6), Some(pools)) => {
+                pools.v4_of(v6).map_or(address, std::net::IpAddr::V4)
+            }
+            _ => address,
+        };
         self.by_address
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

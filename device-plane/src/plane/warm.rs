@@ -54,6 +54,13 @@ pub(super) async fn warm_up(
     let directory = Directory::load_with_defaults(store.clone(), config.limits.client_defaults)
         .await
         .context("loading clients from the store")?;
+    if let Some(pools) = config
+        .wireguard
+        .pool6
+        .and_then(|pool6| blipless_config::pool6::TunnelPools::new(config.wireguard.pool, pool6))
+    {
+        directory.set_pools6(pools);
+    }
     tracing::info!(clients = directory.len(), store = %store::display_url(&config.store.url), "store opened");
     let node = NodeId {
         host: config.node.host.clone(),

@@ -84,6 +84,9 @@ pub struct Wireguard {
     endpoint_staging: Mutex<Option<(u64, Vec<blipless_protocol::channel::EndpointEntry>)>>,
     epoch: std::time::Instant,
     epoch_ms: u64,
+    /// `wireguard.pool` and `wireguard.pool6`: a peer may also send from,
+    /// and is sent to at, its address's IPv6 twin.
+    pools6: Option<blipless_config::pool6::TunnelPools>,
 }
 
 impl std::fmt::Debug for Wireguard {
@@ -154,6 +157,21 @@ impl Wireguard {
             endpoint_staging: Mutex::new(None),
             epoch: std::time::Instant::now(),
             epoch_ms,
+            pools6: None,
+        }
+    }
+
+    /// The same endpoint with IPv6 inside the tunnel (`wireguard.pool6`).
+    pub fn with_pools6(mut self, pools6: Option<blipless_config::pool6::TunnelPools>) -> Self {
+        self.pools6 = pools6;
+        self
+    }
+
+    /// An inner address as the IPv4 tunnel address that owns it.
+    fn owner_address(&self, address: IpAddr) -> IpAddr {
+        match (address, self.pools6) {
+            (IpAddr::V6(v6), Some(pools)) => pools.v4_of(v6).map_or(address, IpAddr::V4),
+            _ => address,
         }
     }
 
@@ -197,6 +215,10 @@ impl Wireguard {
                     rx_bytes: rx_bytes as u64,
                     tx_bytes: tx_bytes as u64,
                     allowed_ip: peer.address,
+                    allowed_ip6: match (peer.address, self.pools6) {
+                        (IpAddr::V4(v4), Some(pools)) => pools.v6_of(v4).map(IpAddr::V6),
+                        _ => None,
+                    },
                 }
             })
             .collect();
@@ -391,7 +413,7 @@ impl Wireguard {
         inner: &[u8],
         batches: &mut InnerBatches,
     ) {
-        if source != peer.address {
+        if self.owner_address(source) != peer.address {
             self.metrics.count_drop("source");
             tracing::debug!(client = %peer.client, %source, own = %peer.address, "inner source is not the peer's address: dropped");
             return;
@@ -413,7 +435,7 @@ impl Wireguard {
                     self.metrics.count_drop("malformed_inner");
                     continue;
                 };
-                let Some(peer) = table.by_address(destination) else {
+                let Some(peer) = table.by_address(self.owner_address(destination)) else {
                     self.metrics.count_drop("no_peer_for_destination");
                     continue;
                 };

@@ -1,0 +1,165 @@
+//! IPv6 inside the WireGuard tunnel (issue 12 §3, `wireguard.pool6`), as
+//! root in namespaces the test creates: a wireguard-go client configured
+//! from the config `blipless-ctl client add --wg` prints (an IPv4 and an
+//! IPv6 address, `AllowedIPs = 0.0.0.0/0, ::/0`) downloads over IPv6 from
+//! an origin in the internet namespace, byte-exact, through the node's TUN
+//! device and IPv6 masquerade, and pings it over IPv6 across a device-plane
+//! deploy with no reply lost.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use blipless_tests::netns::{start_origin, Background};
+use blipless_tests::node::Node;
+use blipless_tests::topology::{add_wg_client, tail, Topology, POOL};
+use blipless_tests::wireguard::WireguardGoPeer;
+use blipless_tests::{missing_replies, pattern, ping_counts, sha256};
+
+/// The subnet number of this test's namespaces (unique among the tests).
+const SUBNET: u8 = 91;
+/// The IPv6 client pool.
+const POOL6: &str = "fd64:91::/64";
+
+/// IPv6 on the node–internet link (fd00:91:2::1 and ::2, no duplicate
+/// address detection) and an origin on the internet side; returns the
+/// origin's process and address.
+fn internet_over_ipv6(net: &Topology) -> (Background, SocketAddr) {
+    // The veth pair is veNa (node side, the uplink) and veNb.
+    let internet_side = format!("{}b", net.uplink.trim_end_matches('a'));
+    net.node_ns
+        .ip(&[
+            "addr",
+            "add",
+            "fd00:91:2::1/64",
+            "dev",
+            &net.uplink,
+            "nodad",
+        ])
+        .expect("node's IPv6 address");
+    net.internet
+        .ip(&[
+            "addr",
+            "add",
+            "fd00:91:2::2/64",
+            "dev",
+            &internet_side,
+            "nodad",
+        ])
+        .expect("internet's IPv6 address");
+    let origin: SocketAddr = "[fd00:91:2::2]:8000".parse().expect("address");
+    let process = start_origin(&net.internet, origin).expect("IPv6 origin");
+    (process, origin)
+}
+
+fn fetch6(net: &Topology, origin: SocketAddr, size: usize) -> Result<Vec<u8>, String> {
+    let url = format!("http://{origin}/bytes/{size}");
+    let output = net
+        .customer
+        .command("curl")
+        .args(["--silent", "--show-error", "-6", "--max-time", "60", &url])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("curl: {e}"))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Ok(output.stdout)
+}
+
+#[test]
+fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
+    let net = Topology::new(SUBNET);
+    let (origin_process, origin) = internet_over_ipv6(&net);
+    let mut node = Node::in_netns(
+        net.node_ns.name(),
+        // Both internet subnets are private ranges: allowed for the test.
+        &format!("allow = [\"{}\", \"fd00:91:2::/64\"]", net.internet_net),
+        &format!(
+            "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
+             [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\npool6 = \"{POOL6}\"\n",
+            net.uplink,
+            net.endpoint()
+        ),
+    );
+    let ingress = node.start_ingress();
+    let config = add_wg_client(&node, "alice");
+    assert!(
+        config.contains("\nAddress = 10.64.0.2/32, fd64:91::2/128\n"),
+        "both addresses, the IPv6 one the twin of the IPv4 one:\n{config}"
+    );
+    assert!(
+        config.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"),
+        "{config}"
+    );
+    let mut device = node.start_device();
+    node.wait_ready();
+    let peer = WireguardGoPeer::start(
+        &net.customer,
+        &config,
+        &[net.internet_net.as_str(), "fd00:91:2::/64"],
+    )
+    .expect("wireguard-go client");
+    let diagnostics = |device: &blipless_tests::node::Daemon| {
+        format!(
+            "--- ingress:\n{}\n--- device:\n{}\n--- wireguard-go:\n{}\n--- origin:\n{}",
+            tail(&ingress.log_text()),
+            tail(&device.log_text()),
+            tail(&peer.log()),
+            tail(&origin_process.output()),
+        )
+    };
+
+    let size = 3_000_000;
+    let body =
+        fetch6(&net, origin, size).unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
+    assert_eq!(body.len(), size);
+    assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+    // The internet namespace has no route to the client pool: the answer
+    // came back only because the node masqueraded the client's address.
+    // Pings over IPv6 through a deploy: none lost.
+    let count = 120;
+    let ping = net
+        .customer
+        .command("ping")
+        .args([
+            "-6",
+            "-n",
+            "-D",
+            "-i",
+            "0.05",
+            "-c",
+            &count.to_string(),
+            "-W",
+            "2",
+        ])
+        .arg("fd00:91:2::2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ping");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (next, took) = node.deploy(&mut device);
+    device = next;
+    eprintln!("deploy took {took:?}");
+    let output = ping.wait_with_output().expect("ping");
+    let (sent, received) = ping_counts(&output);
+    assert_eq!(sent, count, "{}", String::from_utf8_lossy(&output.stdout));
+    assert_eq!(
+        received,
+        sent,
+        "IPv6 pings lost across the deploy: {:?}\n{}",
+        missing_replies(&output, sent),
+        diagnostics(&device)
+    );
+    let body =
+        fetch6(&net, origin, size).unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
+    assert_eq!(sha256(&body), sha256(&pattern(size)), "after the deploy");
+    // IPv4 still works beside it.
+    let body = net
+        .try_fetch("/bytes/1000", &[])
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
+    assert_eq!(body, pattern(1000));
+    drop((peer, device, ingress));
+}
