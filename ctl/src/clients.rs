@@ -59,13 +59,19 @@ impl WgNode {
             Ok(address) => address,
             Err(error) => return Err(ConfigProblem(error.to_string()).into()),
         };
-        let dns = wg_clients::client_dns(&config.wireguard, node_address);
+        let mut dns = wg_clients::client_dns(&config.wireguard, node_address);
         let key = WireguardKey::load_or_create(&config.wireguard_key_file())
             .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
         let pools6 = config
             .wireguard
             .pool6
             .and_then(|pool6| blipless_config::pool6::TunnelPools::new(pool, pool6));
+        // The gateway answers at the node's IPv6 twin too.
+        if dns == [node_address] {
+            if let (Some(pools), std::net::IpAddr::V4(v4)) = (pools6, node_address) {
+                dns.extend(pools.v6_of(v4).map(std::net::IpAddr::V6));
+            }
+        }
         Ok(Self {
             endpoint,
             pool,

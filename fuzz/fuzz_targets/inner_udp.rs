@@ -1,5 +1,5 @@
 //! The DNS gateway's reading of an inner packet (protocol/src/udp.rs) on
-//! arbitrary bytes. Checked: no panic; what `datagram` accepts has a payload
+//! arbitrary bytes (IPv4 or IPv6). Checked: no panic; what `datagram` accepts has a payload
 //! inside the packet; and building that datagram again gives a packet that
 //! reads back to the same addresses, ports and payload.
 #![no_main]

@@ -61,9 +61,35 @@ pub fn tcp_destination_port_v4(packet: &[u8]) -> Option<u16> {
     Some(u16::from_be_bytes([port[0], port[1]]))
 }
 
+/// The destination port of a TCP segment in an IPv4 packet
+/// ([`tcp_destination_port_v4`]) or an IPv6 packet whose next header is TCP
+/// (extension headers are not followed); `None` for anything else.
+pub fn tcp_destination_port(packet: &[u8]) -> Option<u16> {
+    match *packet.first()? >> 4 {
+        4 => tcp_destination_port_v4(packet),
+        6 if packet.get(6) == Some(&6) => {
+            let port = packet.get(42..44)?;
+            Some(u16::from_be_bytes([port[0], port[1]]))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tcp_port_of_an_ipv6_segment() {
+        let mut v6 = [0u8; 60];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[42..44].copy_from_slice(&53u16.to_be_bytes());
+        assert_eq!(tcp_destination_port(&v6), Some(53));
+        v6[6] = 17;
+        assert_eq!(tcp_destination_port(&v6), None);
+        assert_eq!(tcp_destination_port(&v6[..43]), None);
+    }
 
     #[test]
     fn reads_v4_and_v6_headers() {

@@ -1,30 +1,34 @@
-//! A UDP datagram inside an inner IPv4 packet: reading one a WireGuard client
-//! sent, and building the answer the device plane sends back. Used by the DNS
+//! A UDP datagram inside an inner IPv4 or IPv6 packet: reading one a
+//! WireGuard client sent, and building the answer the device plane sends back. Used by the DNS
 //! gateway (docs/WIREGUARD.md, "DNS"), which answers queries addressed to the
 //! node's tunnel address without the kernel's help.
 //!
 //! Reading is strict: a packet that is truncated, fragmented, carries IP
-//! options it cannot skip, or whose lengths disagree is not a datagram here
-//! (`None`), and the caller treats it as any other packet.
+//! options it cannot skip (an IPv6 extension header: UDP must be the next
+//! header), or whose lengths disagree is not a datagram here (`None`), and
+//! the caller treats it as any other packet.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IP protocol number of UDP.
 const UDP: u8 = 17;
 /// Length of the IPv4 header this module builds (no options).
 const IPV4_HEADER: usize = 20;
+/// Length of the IPv6 header (extension headers are not read or built).
+const IPV6_HEADER: usize = 40;
 /// Length of the UDP header.
 const UDP_HEADER: usize = 8;
 /// Time to live of the packets built here.
 const TTL: u8 = 64;
 
-/// A UDP datagram borrowed from an IPv4 packet.
+/// A UDP datagram borrowed from an IPv4 or IPv6 packet (both addresses of
+/// one family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Datagram<'a> {
     /// The packet's source address.
-    pub source: Ipv4Addr,
+    pub source: IpAddr,
     /// The packet's destination address.
-    pub destination: Ipv4Addr,
+    pub destination: IpAddr,
     /// The datagram's source port.
     pub source_port: u16,
     /// The datagram's destination port.
@@ -34,12 +38,40 @@ pub struct Datagram<'a> {
 }
 
 /// The UDP datagram `packet` carries; `None` when it is not a whole,
-/// unfragmented IPv4 packet carrying one.
+/// unfragmented IPv4 or IPv6 packet carrying one.
 pub fn datagram(packet: &[u8]) -> Option<Datagram<'_>> {
-    let first = *packet.first()?;
-    if first >> 4 != 4 {
+    match *packet.first()? >> 4 {
+        4 => datagram_v4(packet),
+        6 => datagram_v6(packet),
+        _ => None,
+    }
+}
+
+fn datagram_v6(packet: &[u8]) -> Option<Datagram<'_>> {
+    if packet.len() < IPV6_HEADER + UDP_HEADER || packet[6] != UDP {
         return None;
     }
+    let payload_length = usize::from(u16::from_be_bytes([packet[4], packet[5]]));
+    let udp = packet.get(IPV6_HEADER..IPV6_HEADER + payload_length)?;
+    let length = usize::from(u16::from_be_bytes([*udp.get(4)?, *udp.get(5)?]));
+    if length < UDP_HEADER || length > udp.len() {
+        return None;
+    }
+    let address = |at: usize| -> Option<IpAddr> {
+        let octets: [u8; 16] = packet.get(at..at + 16)?.try_into().ok()?;
+        Some(Ipv6Addr::from(octets).into())
+    };
+    Some(Datagram {
+        source: address(8)?,
+        destination: address(24)?,
+        source_port: u16::from_be_bytes([udp[0], udp[1]]),
+        destination_port: u16::from_be_bytes([udp[2], udp[3]]),
+        payload: &udp[UDP_HEADER..length],
+    })
+}
+
+fn datagram_v4(packet: &[u8]) -> Option<Datagram<'_>> {
+    let first = *packet.first()?;
     let header = usize::from(first & 0x0f) * 4;
     if header < IPV4_HEADER || packet.len() < header + UDP_HEADER {
         return None;
@@ -59,17 +91,54 @@ pub fn datagram(packet: &[u8]) -> Option<Datagram<'_>> {
         return None;
     }
     Some(Datagram {
-        source: Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]),
-        destination: Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]),
+        source: Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]).into(),
+        destination: Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]).into(),
         source_port: u16::from_be_bytes([udp[0], udp[1]]),
         destination_port: u16::from_be_bytes([udp[2], udp[3]]),
         payload: &udp[UDP_HEADER..length],
     })
 }
 
-/// The IPv4 packet carrying `datagram` (its addresses, ports and payload),
-/// with both checksums; `None` when the payload does not fit one packet.
+/// The packet carrying `datagram` (its addresses, ports and payload), IPv4
+/// with both checksums or IPv6 with the UDP checksum; `None` when the payload
+/// does not fit one packet or the addresses are of two families.
 pub fn build(datagram: &Datagram<'_>) -> Option<Vec<u8>> {
+    match (datagram.source, datagram.destination) {
+        (IpAddr::V4(source), IpAddr::V4(destination)) => build_v4(datagram, source, destination),
+        (IpAddr::V6(source), IpAddr::V6(destination)) => build_v6(datagram, source, destination),
+        _ => None,
+    }
+}
+
+fn build_v6(datagram: &Datagram<'_>, source: Ipv6Addr, destination: Ipv6Addr) -> Option<Vec<u8>> {
+    let udp_length = u16::try_from(UDP_HEADER + datagram.payload.len()).ok()?;
+    let mut packet = Vec::with_capacity(IPV6_HEADER + usize::from(udp_length));
+    packet.extend_from_slice(&[0x60, 0, 0, 0]);
+    packet.extend_from_slice(&udp_length.to_be_bytes());
+    packet.extend_from_slice(&[UDP, TTL]);
+    packet.extend_from_slice(&source.octets());
+    packet.extend_from_slice(&destination.octets());
+    packet.extend_from_slice(&datagram.source_port.to_be_bytes());
+    packet.extend_from_slice(&datagram.destination_port.to_be_bytes());
+    packet.extend_from_slice(&udp_length.to_be_bytes());
+    packet.extend_from_slice(&[0, 0]);
+    packet.extend_from_slice(datagram.payload);
+    // RFC 8200 §8.1: the pseudo-header is both addresses, the upper-layer
+    // length (32 bits) and the next header; the checksum is mandatory.
+    let mut pseudo = [0u8; 40];
+    pseudo[..16].copy_from_slice(&source.octets());
+    pseudo[16..32].copy_from_slice(&destination.octets());
+    pseudo[32..36].copy_from_slice(&u32::from(udp_length).to_be_bytes());
+    pseudo[39] = UDP;
+    let udp_sum = match checksum(&[&pseudo, &packet[IPV6_HEADER..]]) {
+        0 => 0xffff,
+        sum => sum,
+    };
+    packet[IPV6_HEADER + 6..IPV6_HEADER + 8].copy_from_slice(&udp_sum.to_be_bytes());
+    Some(packet)
+}
+
+fn build_v4(datagram: &Datagram<'_>, source: Ipv4Addr, destination: Ipv4Addr) -> Option<Vec<u8>> {
     let udp_length = u16::try_from(UDP_HEADER + datagram.payload.len()).ok()?;
     let total = u16::try_from(IPV4_HEADER + usize::from(udp_length)).ok()?;
     let mut packet = Vec::with_capacity(usize::from(total));
@@ -77,8 +146,8 @@ pub fn build(datagram: &Datagram<'_>) -> Option<Vec<u8>> {
     packet.extend_from_slice(&total.to_be_bytes());
     // Identification 0, don't fragment.
     packet.extend_from_slice(&[0, 0, 0x40, 0, TTL, UDP, 0, 0]);
-    packet.extend_from_slice(&datagram.source.octets());
-    packet.extend_from_slice(&datagram.destination.octets());
+    packet.extend_from_slice(&source.octets());
+    packet.extend_from_slice(&destination.octets());
     let header_sum = checksum(&[&packet[..IPV4_HEADER]]);
     packet[10..12].copy_from_slice(&header_sum.to_be_bytes());
     packet.extend_from_slice(&datagram.source_port.to_be_bytes());
@@ -87,8 +156,8 @@ pub fn build(datagram: &Datagram<'_>) -> Option<Vec<u8>> {
     packet.extend_from_slice(&[0, 0]);
     packet.extend_from_slice(datagram.payload);
     let mut pseudo = [0u8; 12];
-    pseudo[..4].copy_from_slice(&datagram.source.octets());
-    pseudo[4..8].copy_from_slice(&datagram.destination.octets());
+    pseudo[..4].copy_from_slice(&source.octets());
+    pseudo[4..8].copy_from_slice(&destination.octets());
     pseudo[9] = UDP;
     pseudo[10..12].copy_from_slice(&udp_length.to_be_bytes());
     let udp_sum = match checksum(&[&pseudo, &packet[IPV4_HEADER..]]) {
@@ -127,8 +196,8 @@ mod tests {
 
     fn sample(payload: &[u8]) -> Vec<u8> {
         build(&Datagram {
-            source: Ipv4Addr::new(10, 64, 0, 2),
-            destination: Ipv4Addr::new(10, 64, 0, 1),
+            source: Ipv4Addr::new(10, 64, 0, 2).into(),
+            destination: Ipv4Addr::new(10, 64, 0, 1).into(),
             source_port: 40000,
             destination_port: 53,
             payload,
@@ -140,8 +209,8 @@ mod tests {
     fn a_built_packet_reads_back_and_its_checksums_verify() {
         let packet = sample(b"query bytes");
         let read = datagram(&packet).expect("a datagram");
-        assert_eq!(read.source, Ipv4Addr::new(10, 64, 0, 2));
-        assert_eq!(read.destination, Ipv4Addr::new(10, 64, 0, 1));
+        assert_eq!(read.source, IpAddr::from(Ipv4Addr::new(10, 64, 0, 2)));
+        assert_eq!(read.destination, IpAddr::from(Ipv4Addr::new(10, 64, 0, 1)));
         assert_eq!((read.source_port, read.destination_port), (40000, 53));
         assert_eq!(read.payload, b"query bytes");
         // A header with its checksum in sums to zero.
@@ -221,13 +290,61 @@ mod tests {
         let big = vec![0u8; 65_536];
         assert_eq!(
             build(&Datagram {
-                source: Ipv4Addr::LOCALHOST,
-                destination: Ipv4Addr::LOCALHOST,
+                source: Ipv4Addr::LOCALHOST.into(),
+                destination: Ipv4Addr::LOCALHOST.into(),
                 source_port: 1,
                 destination_port: 2,
                 payload: &big,
             }),
             None
         );
+    }
+
+    fn sample_v6(payload: &[u8]) -> Vec<u8> {
+        build(&Datagram {
+            source: "fd64::2".parse().expect("address"),
+            destination: "fd64::1".parse().expect("address"),
+            source_port: 40000,
+            destination_port: 53,
+            payload,
+        })
+        .expect("fits")
+    }
+
+    #[test]
+    fn an_ipv6_packet_reads_back_and_its_checksum_verifies() {
+        let packet = sample_v6(b"query");
+        assert_eq!(packet.len(), 40 + 8 + 5);
+        let read = datagram(&packet).expect("a datagram");
+        assert_eq!(read.source, "fd64::2".parse::<IpAddr>().expect("address"));
+        assert_eq!(
+            read.destination,
+            "fd64::1".parse::<IpAddr>().expect("address")
+        );
+        assert_eq!((read.source_port, read.destination_port), (40000, 53));
+        assert_eq!(read.payload, b"query");
+        let mut pseudo = [0u8; 40];
+        pseudo[..32].copy_from_slice(&packet[8..40]);
+        pseudo[35] = 13;
+        pseudo[39] = UDP;
+        assert_eq!(checksum(&[&pseudo, &packet[40..]]), 0);
+        for cut in 0..packet.len() {
+            assert_eq!(datagram(&packet[..cut]), None, "cut at {cut}");
+        }
+        let mut extension = packet.clone();
+        extension[6] = 0; // a hop-by-hop header first: not read
+        assert_eq!(datagram(&extension), None);
+    }
+
+    #[test]
+    fn mixed_families_are_not_built() {
+        let mixed = Datagram {
+            source: Ipv4Addr::LOCALHOST.into(),
+            destination: Ipv6Addr::LOCALHOST.into(),
+            source_port: 1,
+            destination_port: 2,
+            payload: b"",
+        };
+        assert_eq!(build(&mixed), None);
     }
 }

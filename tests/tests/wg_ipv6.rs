@@ -3,8 +3,9 @@
 //! from the config `blipless-ctl client add --wg` prints (an IPv4 and an
 //! IPv6 address, `AllowedIPs = 0.0.0.0/0, ::/0`) downloads over IPv6 from
 //! an origin in the internet namespace, byte-exact, through the node's TUN
-//! device and IPv6 masquerade, and pings it over IPv6 across a device-plane
-//! deploy with no reply lost.
+//! device and IPv6 masquerade, resolves a name at the node's IPv6 tunnel
+//! address (the DNS gateway, UDP and TCP, through dnsmasq upstream), and
+//! pings the origin over IPv6 across a device-plane deploy with no reply lost.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -20,6 +21,49 @@ use blipless_tests::{missing_replies, pattern, ping_counts, sha256};
 const SUBNET: u8 = 91;
 /// The IPv6 client pool.
 const POOL6: &str = "fd64:91::/64";
+/// The node's IPv6 tunnel address: the twin of 10.64.0.1, the DNS gateway.
+const GATEWAY6: &str = "fd64:91::1";
+
+/// dnsmasq in the internet namespace on its IPv4 address, answering
+/// `shop.example`: the gateway's upstream.
+fn dnsmasq(net: &Topology) -> Background {
+    let upstream = net.origin.ip().to_string();
+    let mut command = net.internet.command("dnsmasq");
+    command.args([
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        &format!("--listen-address={upstream}"),
+        "--port=53",
+        "--user=root",
+        "--pid-file=",
+        "--log-queries",
+        "--log-facility=-",
+        "--address=/shop.example/192.0.2.77",
+    ]);
+    Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq")
+}
+
+/// `dig @GATEWAY6 shop.example` in the customer namespace, through the
+/// tunnel, with `extra` options; dig's whole output.
+fn dig6(net: &Topology, extra: &[&str]) -> String {
+    let output = net
+        .customer
+        .command("dig")
+        .args([
+            &format!("@{GATEWAY6}"),
+            "shop.example",
+            "+time=2",
+            "+tries=3",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("dig");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
 
 /// IPv6 on the node–internet link (fd00:91:2::1 and ::2, no duplicate
 /// address detection) and an origin on the internet side; returns the
@@ -77,11 +121,14 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         &format!("allow = [\"{}\", \"fd00:91:2::/64\"]", net.internet_net),
         &format!(
             "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
-             [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\npool6 = \"{POOL6}\"\n",
+             [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\npool6 = \"{POOL6}\"\n\
+             dns_upstreams = [\"{}:53\"]\n",
             net.uplink,
-            net.endpoint()
+            net.endpoint(),
+            net.origin.ip(),
         ),
     );
+    let resolver = dnsmasq(&net);
     let ingress = node.start_ingress();
     let config = add_wg_client(&node, "alice");
     assert!(
@@ -92,12 +139,20 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         config.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"),
         "{config}"
     );
+    assert!(
+        config.contains(&format!("\nDNS = 10.64.0.1, {GATEWAY6}\n")),
+        "the gateway at both tunnel addresses:\n{config}"
+    );
     let mut device = node.start_device();
     node.wait_ready();
     let peer = WireguardGoPeer::start(
         &net.customer,
         &config,
-        &[net.internet_net.as_str(), "fd00:91:2::/64"],
+        &[
+            net.internet_net.as_str(),
+            "fd00:91:2::/64",
+            &format!("{GATEWAY6}/128"),
+        ],
     )
     .expect("wireguard-go client");
     let diagnostics = |device: &blipless_tests::node::Daemon| {
@@ -117,6 +172,20 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
     assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
     // The internet namespace has no route to the client pool: the answer
     // came back only because the node masqueraded the client's address.
+    let check_dns = |round: &str, device: &blipless_tests::node::Daemon| {
+        for extra in [&[][..], &["+tcp"][..]] {
+            let answer = dig6(&net, extra);
+            assert!(
+                answer.contains("status: NOERROR")
+                    && answer.contains("192.0.2.77")
+                    && answer.contains(&format!("SERVER: {GATEWAY6}#53")),
+                "{round}: shop.example at the IPv6 gateway {extra:?}:\n{answer}\n--- dnsmasq:\n{}\n{}",
+                resolver.output(),
+                diagnostics(device)
+            );
+        }
+    };
+    check_dns("before the deploy", &device);
     // Pings over IPv6 through a deploy: none lost.
     let count = 120;
     let ping = net
@@ -156,6 +225,7 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
     let body =
         fetch6(&net, origin, size).unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
     assert_eq!(sha256(&body), sha256(&pattern(size)), "after the deploy");
+    check_dns("after the deploy", &device);
     // IPv4 still works beside it.
     let body = net
         .try_fetch("/bytes/1000", &[])

@@ -94,10 +94,25 @@ impl Plan {
         let node = self.address.addr();
         let (dns_input, dns_prerouting) = if self.dns {
             let port = super::DNS_TCP_PORT;
+            // The node's IPv6 tunnel address answers too, with wireguard.pool6.
+            let mut addresses = vec![("ip", node.to_string())];
+            addresses.extend(
+                self.pool6
+                    .map(|(_, node6)| ("ip6", node6.addr().to_string())),
+            );
+            let (mut input, mut redirect) = (String::new(), String::new());
+            for (family, address) in addresses {
+                input.push_str(&format!(
+                    "\t\tiifname \"{tun}\" {family} daddr {address} tcp dport {port} accept\n"
+                ));
+                redirect.push_str(&format!(
+                    "\t\tiifname \"{tun}\" {family} daddr {address} tcp dport 53 redirect to :{port}\n"
+                ));
+            }
             (
-                format!("\t\tiifname \"{tun}\" ip daddr {node} tcp dport {port} accept\n"),
+                input,
                 format!(
-                    "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname \"{tun}\" ip daddr {node} tcp dport 53 redirect to :{port}\n\t}}\n"
+                    "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n{redirect}\t}}\n"
                 ),
             )
         } else {

@@ -181,6 +181,15 @@ fn pool6_adds_the_nodes_ipv6_address_forwarding_and_masquerade() {
         &script,
         "ip6 saddr fd64:99::/64 oifname \"eth0\" masquerade",
     );
+    // DNS over TCP at the node's IPv6 address too.
+    line_at(
+        &script,
+        "iifname \"blip0\" ip6 daddr fd64:99::1 tcp dport 53 redirect to :10053",
+    );
+    line_at(
+        &script,
+        "iifname \"blip0\" ip6 daddr fd64:99::1 tcp dport 10053 accept",
+    );
 }
 
 #[test]

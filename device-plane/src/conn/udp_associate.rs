@@ -13,12 +13,15 @@
 //! them still in their receive queues ([`MigrateKind::SocksUdp`]).
 //!
 //! Policy: a customer's datagrams are taken only from the control
-//! connection's address (and from the port it named, if it named one);
+//! connection's address, from any port (a NAT gives the UDP flow a port of
+//! its own, unlike the one a client names in its request); answers go to
+//! the port the latest datagram came from;
 //! every destination must be permitted by the egress policy, and so must
 //! the sender of every datagram that comes back. Fragments (FRAG ≠ 0) and
 //! datagrams with a bad header are dropped and counted. UDP leaves directly
 //! from the node, from the client's sticky source address; a client whose
-//! egress policy names upstreams or tags is refused (reply 2).
+//! egress policy names upstreams or tags, or whose policy is `any` on a node
+//! with upstreams (where `any` never means direct), is refused (reply 2).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -98,7 +101,12 @@ pub async fn serve(
     let name = client.record.name.clone();
     let refuse = |reply: Reply| socks5::encode_reply(reply, None);
     let policy = client.record.egress.clone();
-    if !matches!(policy, EgressPolicy::Any | EgressPolicy::Direct) {
+    let direct = match policy {
+        EgressPolicy::Direct => true,
+        EgressPolicy::Any => context.egress.routes.upstreams().is_empty(),
+        EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => false,
+    };
+    if !direct {
         tracing::info!(id, client = %name, %policy, "udp associate refused: UDP leaves only directly");
         let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
         return;
@@ -130,19 +138,24 @@ pub async fn serve(
     }
     context.udp_counters.opened.fetch_add(1, Ordering::Relaxed);
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
-    // A customer that names an IP address sends from it; any name (PySocks
-    // sends "0") or the unspecified address leaves only the port to check.
+    // The port the customer named (PySocks names its own, with the host
+    // "0"): where answers go until its first datagram says otherwise.
     let announced_port = match requested {
         Destination::Ip(address) => address.port(),
         Destination::Domain { port, .. } => port,
     };
+    let customer = control
+        .peer_addr()
+        .ok()
+        .filter(|_| announced_port != 0)
+        .map(|peer| SocketAddr::new(canonical(peer.ip()), announced_port));
     tracing::debug!(id, client = %name, relay = ?bound, "udp association open");
     let association = Association {
         control,
         relay,
         egress,
         state: UdpAssociation {
-            customer: None,
+            customer,
             announced_port,
         },
     };
@@ -356,7 +369,7 @@ impl Relay<'_> {
     /// on if it may be; true if it was.
     async fn up(&mut self, association: &mut Association, len: usize, from: SocketAddr) -> bool {
         let counters = &self.context.udp_counters;
-        if !from_customer(self.customer_ip, association.state.announced_port, from) {
+        if canonical(from.ip()) != self.customer_ip {
             counters.foreign.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -434,12 +447,15 @@ impl Relay<'_> {
             Destination::Ip(address) => vec![address],
             Destination::Domain { host, port } => self.resolve(host, port).await,
         };
-        let dual_stack = egress.local_addr().ok()?.is_ipv6();
+        // Unbound `[::]` reaches both families; a socket bound to a source
+        // address reaches only its own.
+        let local = egress.local_addr().ok()?.ip();
+        let dual_stack = local == IpAddr::V6(Ipv6Addr::UNSPECIFIED);
         candidates
             .into_iter()
             .map(canonical_addr)
             .filter(|a| self.context.egress.permits(a.ip()))
-            .find(|a| dual_stack || a.is_ipv4())
+            .find(|a| dual_stack || a.is_ipv4() == local.is_ipv4())
             .map(|a| match a {
                 // A dual-stack socket reaches IPv4 through mapped addresses.
                 SocketAddr::V4(v4) if dual_stack => {
@@ -483,12 +499,6 @@ fn control_closed(control: &TcpStream) -> bool {
     }
 }
 
-/// Whether a datagram from `from` is the customer's: from the control
-/// connection's address, and from the port it named if it named one.
-fn from_customer(customer_ip: IpAddr, announced_port: u16, from: SocketAddr) -> bool {
-    canonical(from.ip()) == customer_ip && (announced_port == 0 || from.port() == announced_port)
-}
-
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
@@ -506,13 +516,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_customers_address_and_named_port_are_taken() {
-        let customer: IpAddr = "192.0.2.1".parse().unwrap();
-        let from = |s: &str| s.parse::<SocketAddr>().unwrap();
-        assert!(from_customer(customer, 0, from("192.0.2.1:4000")));
-        assert!(from_customer(customer, 0, from("[::ffff:192.0.2.1]:4000")));
-        assert!(from_customer(customer, 4000, from("192.0.2.1:4000")));
-        assert!(!from_customer(customer, 4000, from("192.0.2.1:4001")));
-        assert!(!from_customer(customer, 0, from("192.0.2.2:4000")));
+    fn addresses_are_judged_as_ipv4_when_they_are() {
+        let mapped: SocketAddr = "[::ffff:192.0.2.1]:4000".parse().unwrap();
+        assert_eq!(canonical_addr(mapped), "192.0.2.1:4000".parse().unwrap());
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(canonical(v6), v6);
     }
 }

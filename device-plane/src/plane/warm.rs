@@ -183,10 +183,15 @@ fn dns_gateway(config: &Config) -> Option<Arc<crate::wg::dns::DnsGateway>> {
     }
     match blipless_ctl::wg_clients::node_address(&config.wireguard.pool) {
         Ok(std::net::IpAddr::V4(address)) => {
-            let gateway = Arc::new(crate::wg::dns::DnsGateway::new(
-                address,
-                &config.wireguard.dns_upstreams,
-            ));
+            // The node's IPv6 tunnel address: its IPv4 one's twin.
+            let address6 = config.wireguard.pool6.and_then(|pool6| {
+                blipless_config::pool6::TunnelPools::new(config.wireguard.pool, pool6)?
+                    .v6_of(address)
+            });
+            let gateway = Arc::new(
+                crate::wg::dns::DnsGateway::new(address, &config.wireguard.dns_upstreams)
+                    .with_address6(address6),
+            );
             gateway.serve_tcp();
             Some(gateway)
         }

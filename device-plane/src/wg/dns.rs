@@ -21,7 +21,7 @@
 //! [`respond`] and [`refuse`] are pure (bytes in, bytes out); the resolver and
 //! the TCP listener are the only I/O.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +77,8 @@ pub struct DnsCounters {
 /// Answers WireGuard clients' DNS queries to the node's tunnel address.
 pub struct DnsGateway {
     address: Ipv4Addr,
+    /// The node's IPv6 tunnel address, with `wireguard.pool6`.
+    address6: Option<Ipv6Addr>,
     /// `None`: no resolver could be made; every lookup is SERVFAIL.
     resolver: Option<TokioResolver>,
     slots: Arc<Semaphore>,
@@ -138,6 +140,7 @@ impl DnsGateway {
         };
         Self {
             address,
+            address6: None,
             resolver,
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
             tasks: TaskTracker::new(),
@@ -146,27 +149,50 @@ impl DnsGateway {
         }
     }
 
+    /// The same gateway answering at the node's IPv6 tunnel address too.
+    pub fn with_address6(mut self, address6: Option<Ipv6Addr>) -> Self {
+        self.address6 = address6;
+        self
+    }
+
+    /// Whether `address` is one of the gateway's.
+    fn is_gateway(&self, address: IpAddr) -> bool {
+        address == IpAddr::V4(self.address) || self.address6.map(IpAddr::V6) == Some(address)
+    }
+
     /// Whether `packet` is TCP to this gateway's DNS port: the packet path
     /// writes it to the TUN device whatever the egress policy says.
     pub fn carries_tcp_query(&self, packet: &[u8]) -> bool {
-        blipless_protocol::ip::destination(packet) == Some(self.address.into())
-            && blipless_protocol::ip::tcp_destination_port_v4(packet) == Some(DNS_PORT)
+        blipless_protocol::ip::destination(packet).is_some_and(|to| self.is_gateway(to))
+            && blipless_protocol::ip::tcp_destination_port(packet) == Some(DNS_PORT)
     }
 
     /// Listens on the node's address, [`DNS_TCP_PORT`] (where `net setup`
     /// redirects TCP port 53), until [`Self::drain`]. Without the address
     /// (no TUN device set up) it says why and serves only UDP.
     pub fn serve_tcp(self: &Arc<Self>) {
-        let listener = tokio::net::TcpSocket::new_v4().and_then(|socket| {
+        let addresses =
+            std::iter::once(IpAddr::V4(self.address)).chain(self.address6.map(IpAddr::V6));
+        for address in addresses {
+            self.serve_tcp_on(address);
+        }
+    }
+
+    fn serve_tcp_on(self: &Arc<Self>, address: IpAddr) {
+        let listener = match address {
+            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .and_then(|socket| {
             socket.set_reuseaddr(true)?;
             socket.set_reuseport(true)?;
-            socket.bind(SocketAddr::from((self.address, DNS_TCP_PORT)))?;
+            socket.bind(SocketAddr::new(address, DNS_TCP_PORT))?;
             socket.listen(64)
         });
         let listener = match listener {
             Ok(listener) => listener,
             Err(error) => {
-                tracing::info!(%error, address = %self.address, port = DNS_TCP_PORT, "DNS gateway: not answering over TCP (is the TUN device set up?)");
+                tracing::info!(%error, %address, port = DNS_TCP_PORT, "DNS gateway: not answering over TCP (is the TUN device set up?)");
                 return;
             }
         };
@@ -231,7 +257,7 @@ impl DnsGateway {
     /// The query `packet` carries, if it is one for this gateway.
     pub fn query<'a>(&self, packet: &'a [u8]) -> Option<Datagram<'a>> {
         udp::datagram(packet)
-            .filter(|d| d.destination == self.address && d.destination_port == DNS_PORT)
+            .filter(|d| self.is_gateway(d.destination) && d.destination_port == DNS_PORT)
     }
 
     /// Answers `query` (from [`Self::query`]) in the background, sending the
@@ -245,8 +271,13 @@ impl DnsGateway {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let (client, client_port, payload) =
-            (query.source, query.source_port, query.payload.to_vec());
+        // Answered from the address it was asked at (IPv4 or IPv6).
+        let (client, client_port, asked, payload) = (
+            query.source,
+            query.source_port,
+            query.destination,
+            query.payload.to_vec(),
+        );
         let gateway = self.clone();
         self.tasks.spawn(async move {
             let _slot = slot;
@@ -255,7 +286,7 @@ impl DnsGateway {
                 return;
             };
             let Some(packet) = udp::build(&Datagram {
-                source: gateway.address,
+                source: asked,
                 destination: client,
                 source_port: DNS_PORT,
                 destination_port: client_port,
@@ -554,9 +585,15 @@ mod tests {
     #[test]
     fn only_queries_to_the_gateway_are_taken() {
         let gateway_address = Ipv4Addr::new(10, 64, 0, 1);
-        let packet = |destination, port| {
+        let gateway6: Ipv6Addr = "fd64::1".parse().expect("address");
+        let packet = |destination: IpAddr, port| {
+            let source: IpAddr = if destination.is_ipv4() {
+                Ipv4Addr::new(10, 64, 0, 2).into()
+            } else {
+                "fd64::2".parse().expect("address")
+            };
             udp::build(&Datagram {
-                source: Ipv4Addr::new(10, 64, 0, 2),
+                source,
                 destination,
                 source_port: 5353,
                 destination_port: port,
@@ -568,11 +605,17 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let gateway = rt.block_on(async { DnsGateway::new(gateway_address, &[]) });
-        assert!(gateway.query(&packet(gateway_address, 53)).is_some());
-        assert!(gateway.query(&packet(gateway_address, 54)).is_none());
+        let gateway = rt.block_on(async {
+            DnsGateway::new(gateway_address, &[]).with_address6(Some(gateway6))
+        });
+        assert!(gateway.query(&packet(gateway_address.into(), 53)).is_some());
+        assert!(gateway.query(&packet(gateway_address.into(), 54)).is_none());
         assert!(gateway
-            .query(&packet(Ipv4Addr::new(1, 1, 1, 1), 53))
+            .query(&packet(Ipv4Addr::new(1, 1, 1, 1).into(), 53))
+            .is_none());
+        assert!(gateway.query(&packet(gateway6.into(), 53)).is_some());
+        assert!(gateway
+            .query(&packet("fd64::9".parse().expect("address"), 53))
             .is_none());
     }
 }
