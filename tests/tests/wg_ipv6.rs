@@ -186,6 +186,24 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         }
     };
     check_dns("before the deploy", &device);
+    // The node's own IPv6 tunnel address is a private (ULA) address the
+    // egress policy denies: without the policy the node's kernel would
+    // answer an echo to it. Only DNS is taken there.
+    let ping_gateway = net
+        .customer
+        .command("ping")
+        .args([
+            "-6", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", GATEWAY6,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ping");
+    assert_eq!(
+        ping_counts(&ping_gateway).1,
+        0,
+        "{GATEWAY6} is denied by default:\n{}",
+        String::from_utf8_lossy(&ping_gateway.stdout)
+    );
     // Pings over IPv6 through a deploy: none lost.
     let count = 120;
     let ping = net
