@@ -1,12 +1,12 @@
 //! docs/BENCHMARKS.md as `blipless-bench` writes it, whole: the header,
-//! how to read the figures, and sections 1–5, each written by its scenario.
+//! how to read the figures, and sections 1–6, each written by its scenario.
 //! The WireGuard and handoff sections that follow are their benches' own
 //! (`scripts/bench.sh` keeps them when this file is rewritten).
 
 use std::fmt::Write as _;
 
 use crate::report::Machine;
-use crate::scenarios::{bulk, deploy, memory, prewarm, rate};
+use crate::scenarios::{bulk, deploy, memory, prewarm, rate, udp};
 
 /// Everything the run measured.
 #[derive(Debug)]
@@ -27,6 +27,8 @@ pub struct Results {
     pub deploy: deploy::Section,
     /// Section 5.
     pub prewarm: prewarm::Section,
+    /// Section 6.
+    pub udp: udp::Section,
     /// Warnings and errors the daemons logged during the run.
     pub daemon_warnings: usize,
 }
@@ -45,7 +47,7 @@ pub fn render(results: &Results) -> String {
     );
     out.push_str("\n## How to read this\n\n\
         - Everything runs on one machine over loopback (127.0.0.1): the benchmark client, the ingress, the device \
-          plane and the origin share the same CPUs. With 2 cores, a proxied connection makes four processes' \
+          plane and the origin (section 6: a UDP echo server) share the same CPUs. With 2 cores, a proxied connection makes four processes' \
           worth of threads compete for two CPUs while the direct baseline has two, so the ratios are pessimistic \
           for the proxy and the absolute numbers are far below what separate machines would show.\n\
         - Loopback has no wire latency: a proxied path costs extra system calls, context switches and wake-ups, \
@@ -53,7 +55,7 @@ pub fn render(results: &Results) -> String {
           are a much smaller share.\n\
         - The daemons run as the end-to-end harness starts them (`tests/src/node.rs`): default configuration, \
           embedded store (section 5 also a `redis-server` of its own), logging at `info` (the production level) into a file.\n\
-        - *p50/p99* are nearest-rank percentiles over every connection of a run. *Sequential* figures show latency \
+        - *p50/p99* are nearest-rank percentiles over every connection of a run (section 6: every datagram). *Sequential* figures show latency \
           without queueing; *concurrent* ones show the connection rate and latency under load on 2 cores.\n\
         - The figures vary by several percent between runs, more when other work shares the machine (see the load \
           average above).\n\n");
@@ -67,5 +69,6 @@ pub fn render(results: &Results) -> String {
     memory::render(&mut out, &results.memory);
     deploy::render(&mut out, &results.deploy);
     prewarm::render(&mut out, &results.prewarm);
+    udp::render(&mut out, &results.udp, results.machine.cpus);
     out
 }

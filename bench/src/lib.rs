@@ -3,8 +3,8 @@
 //! one module per scenario.
 //!
 //! - `blipless-bench` (`src/bin/bench.rs`): connection rate, throughput,
-//!   memory, deploys under open tunnels and pre-warm, on loopback; it writes
-//!   the whole file ([`document`]).
+//!   memory, deploys under open tunnels, pre-warm and SOCKS5 UDP ASSOCIATE,
+//!   on loopback; it writes the whole file ([`document`]).
 //! - `blipless-bench-wg` (`src/bin/bench_wg.rs`): WireGuard throughput and
 //!   latency beside wireguard-go, in network namespaces (root); it replaces
 //!   its own section.

@@ -1,9 +1,10 @@
 //! SOCKS5 UDP ASSOCIATE (issue 12 §2) with a client library no one here
 //! wrote: PySocks (Debian `python3-socks`), with dnspython for the DNS
 //! messages. A long-lived association echoes numbered datagrams across five
-//! device-plane deploys with none lost; after each deploy a new association
-//! echoes, resolves a name at dnsmasq, and is refused what it must be: a
-//! denied destination, a fragment and a bad header reach nobody.
+//! device-plane deploys and an ingress handoff with none lost; after each a
+//! new association echoes, resolves a name at dnsmasq, and is refused what
+//! it must be: a denied destination, a fragment and a bad header reach
+//! nobody.
 
 use std::collections::HashSet;
 use std::net::UdpSocket;
@@ -247,9 +248,9 @@ fn json_of(output: &std::process::Output) -> serde_json::Value {
 }
 
 #[test]
-fn udp_associate_echo_dns_and_refusals_across_five_deploys() {
+fn udp_associate_echo_dns_and_refusals_across_five_deploys_and_a_handoff() {
     let mut node = Node::new("");
-    let (_ingress, mut device, client) = node.start();
+    let (mut ingress, mut device, client) = node.start();
     let script = node.path().join("socks_udp.py");
     std::fs::write(&script, CLIENT).expect("write the client");
     let echo = Echo::start("127.0.0.1");
@@ -303,6 +304,16 @@ fn udp_associate_echo_dns_and_refusals_across_five_deploys() {
         });
         once(&format!("after deploy {round}"));
     }
+    // An ingress handoff: the association's sockets are all in the device
+    // plane, which reattaches to the successor; nothing of it moves.
+    let before = echo.count.load(Ordering::SeqCst);
+    let (successor, took) = node.hand_off(&mut ingress);
+    ingress = successor;
+    eprintln!("the old ingress left after {took:?}");
+    wait_until(Duration::from_secs(20), "the stream to go on", || {
+        echo.count.load(Ordering::SeqCst) > before + 20
+    });
+    once("after an ingress handoff");
     let started = Instant::now();
     std::fs::write(&stop, b"").expect("stop the stream");
     let output = stream.wait_with_output().expect("the stream");
@@ -359,6 +370,7 @@ fn udp_associate_echo_dns_and_refusals_across_five_deploys() {
         node.metric("blipless_socks5_udp_dropped_total{reason=\"foreign\"}"),
         0.0
     );
+    drop((ingress, device));
 }
 
 #[test]

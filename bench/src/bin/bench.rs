@@ -1,15 +1,17 @@
 //! `blipless-bench`: connection rate and latency, bulk throughput and
 //! memory of a real blipless node on loopback, each beside the same load
 //! sent straight to the origin, then deploys under open tunnels and
-//! pre-warm; writes docs/BENCHMARKS.md (sections 1–5, each measured and
-//! written by its module in `blipless_bench::scenarios`).
+//! pre-warm, then SOCKS5 UDP ASSOCIATE beside direct UDP; writes
+//! docs/BENCHMARKS.md (sections 1–6, each measured and written by its
+//! module in `blipless_bench::scenarios`).
 //!
 //! Run it with `make bench` (release binaries; `scripts/bench.sh` sets
 //! `BLIPLESS_PROFILE=release`). Options: `--out PATH` (default
 //! `docs/BENCHMARKS.md`), `--quick` (tiny bounds, for checking the bench),
 //! `--deploy-only` (section 4 alone, for working on it), `--prewarm-only`
-//! (section 5 alone), `--deploy-max N` (section 4's largest size, run even
-//! where the open-file limit cannot hold it).
+//! (section 5 alone), `--udp-only` (section 6 alone, on a node of its
+//! own), `--deploy-max N` (section 4's largest size, run even where the
+//! open-file limit cannot hold it).
 //! Every loop is bounded in count and time; all traffic stays on 127.0.0.1.
 
 use std::path::PathBuf;
@@ -23,7 +25,7 @@ use blipless_bench::logs::warning_count;
 use blipless_bench::procfs::Pids;
 use blipless_bench::report::Machine;
 use blipless_bench::scenarios::rate::Bounds;
-use blipless_bench::scenarios::{bulk, deploy, memory, prewarm, rate};
+use blipless_bench::scenarios::{bulk, deploy, memory, prewarm, rate, udp};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::tls::TestCa;
@@ -39,6 +41,7 @@ struct Plan {
     tunnels: usize,
     deploy: deploy::Plan,
     prewarm: prewarm::Plan,
+    udp: udp::Plan,
 }
 
 impl Plan {
@@ -73,6 +76,13 @@ impl Plan {
                 clients: 50,
                 rounds: 3,
                 section_bound: Duration::from_secs(30),
+            },
+            udp: udp::Plan {
+                latency_datagrams: 10_000,
+                latency_time: Duration::from_secs(3),
+                window: 32,
+                rate_time: Duration::from_secs(3),
+                payloads: [64, 1200],
             },
         }
     }
@@ -109,6 +119,13 @@ impl Plan {
                 rounds: 1,
                 section_bound: Duration::from_secs(15),
             },
+            udp: udp::Plan {
+                latency_datagrams: 1_000,
+                latency_time: Duration::from_millis(500),
+                window: 32,
+                rate_time: Duration::from_millis(500),
+                payloads: [64, 1200],
+            },
         }
     }
 }
@@ -118,6 +135,7 @@ fn main() -> ExitCode {
     let mut plan = Plan::full();
     let mut deploy_only = false;
     let mut prewarm_only = false;
+    let mut udp_only = false;
     let mut args = std::env::args().skip(1).peekable();
     if args.peek().map(String::as_str) == Some(echo::ECHO_SERVER_ARG) {
         return echo::serve_echo();
@@ -132,6 +150,7 @@ fn main() -> ExitCode {
             "--quick" => plan = Plan::quick(),
             "--deploy-only" => deploy_only = true,
             "--prewarm-only" => prewarm_only = true,
+            "--udp-only" => udp_only = true,
             "--deploy-max" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) => deploy_max = Some(n),
                 None => return usage(),
@@ -147,7 +166,7 @@ fn main() -> ExitCode {
     // 10,000 tunnels need some 40,000 fds across the processes (children inherit the limit).
     blipless_tests::raise_fd_limit();
     let mut machine = Machine::now("make bench".into());
-    if deploy_only || prewarm_only {
+    if deploy_only || prewarm_only || udp_only {
         let deploy = if deploy_only {
             eprintln!("deploy under open tunnels (section 4 only)");
             deploy::run(plan.deploy)
@@ -160,6 +179,18 @@ fn main() -> ExitCode {
         } else {
             prewarm::Section::default()
         };
+        let (udp, udp_warnings) = if udp_only {
+            eprintln!("UDP ASSOCIATE beside direct UDP (section 6 only)");
+            match udp_alone(plan.udp) {
+                Ok(measured) => measured,
+                Err(error) => {
+                    eprintln!("blipless-bench: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            (udp::Section::default(), 0)
+        };
         machine.finish();
         let results = Results {
             machine,
@@ -171,9 +202,10 @@ fn main() -> ExitCode {
             bulk_size: plan.bulk_size,
             bulk_bound_s: plan.bulk_bound.as_secs(),
             memory: Vec::new(),
-            daemon_warnings: deploy.daemon_warnings + prewarm.daemon_warnings,
+            daemon_warnings: deploy.daemon_warnings + prewarm.daemon_warnings + udp_warnings,
             deploy,
             prewarm,
+            udp,
         };
         return write_report(&out, &results);
     }
@@ -239,10 +271,12 @@ fn main() -> ExitCode {
             plan.bulk_bound,
         )
         .await;
-        Ok::<_, std::io::Error>((rate, bulk))
+        eprintln!("UDP ASSOCIATE beside direct UDP");
+        let udp = udp::run(&proxies, plan.udp).await;
+        Ok::<_, std::io::Error>((rate, bulk, udp))
     });
     drop(runtime);
-    let (rate, bulk) = match measured {
+    let (rate, bulk, udp) = match measured {
         Ok(measured) => measured,
         Err(error) => {
             eprintln!("blipless-bench: {error}");
@@ -268,8 +302,24 @@ fn main() -> ExitCode {
         daemon_warnings,
         deploy,
         prewarm,
+        udp,
     };
     write_report(&out, &results)
+}
+
+/// Section 6 alone, on a node of its own: what it measured and how many
+/// warnings its daemons logged (printed, since the node's logs go with it).
+fn udp_alone(plan: udp::Plan) -> std::io::Result<(udp::Section, usize)> {
+    let mut node = Node::new("");
+    let (ingress, device, client) = node.start();
+    let proxies = Proxies::of(&node, &client);
+    let runtime = blipless_bench::runtime(2)?;
+    let section = runtime.block_on(udp::run(&proxies, plan));
+    drop(runtime);
+    for line in blipless_bench::logs::warning_lines(node.path()) {
+        eprintln!("  daemon: {line}");
+    }
+    Ok((section, warning_count([&ingress, &device])))
 }
 
 fn write_report(out: &std::path::Path, results: &Results) -> ExitCode {
@@ -284,7 +334,7 @@ fn write_report(out: &std::path::Path, results: &Results) -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--prewarm-only] [--deploy-max N]"
+        "usage: blipless-bench [--out PATH] [--quick] [--deploy-only] [--prewarm-only] [--udp-only] [--deploy-max N]"
     );
     ExitCode::from(2)
 }

@@ -1,8 +1,8 @@
 //! One module per scenario; each measures and writes its own part of
 //! docs/BENCHMARKS.md.
 //!
-//! `blipless-bench` (sections 1–5, on loopback): [`rate`], [`bulk`],
-//! [`memory`], [`deploy`], [`prewarm`]. `blipless-bench-wg`: [`wireguard`].
+//! `blipless-bench` (sections 1–6, on loopback): [`rate`], [`bulk`],
+//! [`memory`], [`deploy`], [`prewarm`], [`udp`]. `blipless-bench-wg`: [`wireguard`].
 //! `blipless-bench-handoff`: [`handoff`]. `blipless-bench-egress`: [`egress`].
 //! `blipless-bench-fleet`: [`fleet`]. `blipless-bench-limits`: [`limits`]. `blipless-soak` (the chaos soak,
 //! docs/RELIABILITY.md): [`soak`].
@@ -17,4 +17,5 @@ pub mod memory;
 pub mod prewarm;
 pub mod rate;
 pub mod soak;
+pub mod udp;
 pub mod wireguard;

@@ -148,8 +148,21 @@ pub fn parse_auth_status(buf: &[u8]) -> Result<usize, ClientError> {
 /// must be 1 to 255 bytes long ([`ClientError::UnencodableDomain`]
 /// otherwise: SOCKS5 cannot carry it); it is not otherwise checked.
 pub fn encode_connect(destination: &Destination) -> Result<Vec<u8>, ClientError> {
+    encode_request(CMD_CONNECT, destination)
+}
+
+/// A UDP ASSOCIATE request (RFC 1928 §7) naming `from`, the address the
+/// client will send its datagrams from (`0.0.0.0:0` when it does not know);
+/// encoded as [`encode_connect`] encodes its destination. The reply has
+/// CONNECT's layout: read it with [`parse_connect_reply`]; its bound address
+/// is the relay to send datagrams to.
+pub fn encode_udp_associate(from: &Destination) -> Result<Vec<u8>, ClientError> {
+    encode_request(super::Command::UdpAssociate.code(), from)
+}
+
+fn encode_request(command: u8, destination: &Destination) -> Result<Vec<u8>, ClientError> {
     let mut out = Vec::with_capacity(22);
-    out.extend_from_slice(&[VERSION, CMD_CONNECT, 0]);
+    out.extend_from_slice(&[VERSION, command, 0]);
     let port = match destination {
         Destination::Ip(SocketAddr::V4(address)) => {
             out.push(ATYP_IPV4);

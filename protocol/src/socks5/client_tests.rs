@@ -617,3 +617,18 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn a_udp_associate_request_differs_from_connect_only_in_its_command() {
+    let from = Destination::Ip("0.0.0.0:4000".parse().expect("address"));
+    let connect = encode_connect(&from).expect("encodes");
+    let associate = encode_udp_associate(&from).expect("encodes");
+    assert_eq!(associate[1], 3);
+    assert_eq!(associate[..1], connect[..1]);
+    assert_eq!(associate[2..], connect[2..]);
+    // The server side reads it as UDP ASSOCIATE naming that address.
+    let (request, used) = crate::socks5::parse_request(&associate).expect("parses");
+    assert_eq!(used, associate.len());
+    assert_eq!(request.command, crate::socks5::Command::UdpAssociate);
+    assert_eq!(request.destination, from);
+}
