@@ -64,8 +64,9 @@ impl<H> RelayEnd<H> {
 }
 
 /// One direction: `pending[start..]` is read and not yet written. The
-/// buffer exists only while it holds bytes: an idle tunnel holds no buffer,
-/// and a read reserves one only once the socket is readable.
+/// buffer exists only while the direction streams: an idle tunnel holds no
+/// buffer (it is given back as soon as a read finds nothing), and a read
+/// reserves one only once the socket is readable.
 struct Pump {
     pending: Vec<u8>,
     start: usize,
@@ -104,8 +105,9 @@ impl Pump {
             limiter.charge_quota(written);
             self.start += written;
             if self.start == self.pending.len() {
-                // Drained: give the buffer back until the next read.
-                self.pending = Vec::new();
+                // Drained: empty, but the buffer is kept for the next read
+                // while the tunnel streams (given back below once it idles).
+                self.pending.clear();
                 self.start = 0;
             }
             return Ok(written);
@@ -117,6 +119,23 @@ impl Pump {
             return Ok(0);
         }
         let socket: &TcpStream = read.as_ref();
+        if self.pending.capacity() > 0 && !bucket.is_limited() {
+            // Streaming: read into the buffer kept from the last write
+            // without waiting, so a busy tunnel allocates it once. Nothing
+            // there: it idles, and the buffer is given back before the wait.
+            match socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, BUFFER)) {
+                Ok(0) => {
+                    self.eof = true;
+                    self.pending = Vec::new();
+                    return Ok(0);
+                }
+                Ok(_) => return Ok(0),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.pending = Vec::new();
+                }
+                Err(error) => return Err(error),
+            }
+        }
         socket.readable().await?;
         let taken = if bucket.is_limited() {
             bucket.take().await
