@@ -101,10 +101,22 @@ mod tests {
         let pools = pools("10.64.0.0/16", "fd64::/112").unwrap();
         assert_eq!(pools.v6_of("10.65.0.1".parse().unwrap()), None);
         assert_eq!(pools.v4_of("fd65::1".parse().unwrap()), None);
-        // In the /112 but past what the /16 maps: none of the four.
+        // Outside the /112 (which holds exactly what the /16 maps).
         assert_eq!(pools.v4_of("fd64::1:0".parse().unwrap()), None);
         assert_eq!(
             pools.v4_of("fd64::ffff".parse().unwrap()),
+            Some("10.64.255.255".parse().unwrap())
+        );
+        // A /64 holds more than the /16 maps: past the mapping is nothing.
+        let wide = super::TunnelPools::new(
+            "10.64.0.0/16".parse().unwrap(),
+            "fd64::/64".parse().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(wide.v4_of("fd64::1:0".parse().unwrap()), None);
+        assert_eq!(wide.v4_of("fd64::1:0:0".parse().unwrap()), None);
+        assert_eq!(
+            wide.v4_of("fd64::ffff".parse().unwrap()),
             Some("10.64.255.255".parse().unwrap())
         );
     }

@@ -27,7 +27,9 @@
 //!
 //! `blipless-ctl net setup|teardown` call these; a device plane calls
 //! [`setup`] at start when `egress.tun.manage = true`. Both need
-//! CAP_NET_ADMIN. IPv4 client pools only, for now.
+//! CAP_NET_ADMIN. The client pool is IPv4; `wireguard.pool6` adds its IPv6
+//! twin (the node's address, IPv6 forwarding, the same masquerade and
+//! client-to-client drop; docs/WIREGUARD.md, "IPv6").
 //!
 //! The files: this one holds the errors, the [`Plan`] and its steps,
 //! reading `ip`'s link JSON ([`parse_link`]), and [`setup`] / [`teardown`];

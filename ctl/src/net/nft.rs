@@ -66,6 +66,9 @@ impl Plan {
     ///   client) is dropped but for the parts of the pool `egress.allow`
     ///   lists.
     /// - `postrouting`: the pool is masqueraded out of `out_interface`.
+    /// - With `wireguard.pool6`: the same client-to-client drop and
+    ///   masquerade for the IPv6 pool, and DNS over TCP at the node's IPv6
+    ///   address redirected and let in like the IPv4 one.
     pub fn nft_script(&self) -> String {
         let Plan {
             tun,

@@ -33,7 +33,6 @@ use std::time::Duration;
 use blipless_protocol::channel::{Direction, Migrate, MigrateKind, UdpAssociation, UdpCounts};
 use blipless_protocol::socks5::udp::{encode_udp_header, parse_udp_datagram};
 use blipless_protocol::socks5::{self, Destination, Reply};
-use blipless_store::EgressPolicy;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::Instant;
@@ -101,12 +100,7 @@ pub async fn serve(
     let name = client.record.name.clone();
     let refuse = |reply: Reply| socks5::encode_reply(reply, None);
     let policy = client.record.egress.clone();
-    let direct = match policy {
-        EgressPolicy::Direct => true,
-        EgressPolicy::Any => context.egress.routes.upstreams().is_empty(),
-        EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => false,
-    };
-    if !direct {
+    if !context.egress.routes.leaves_directly(&policy) {
         tracing::info!(id, client = %name, %policy, "udp associate refused: UDP leaves only directly");
         let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
         return;

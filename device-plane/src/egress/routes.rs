@@ -209,6 +209,19 @@ impl Routes {
         &self.upstreams
     }
 
+    /// Whether a client with `policy` may leave straight from the node for
+    /// what goes only directly (UDP associations, IPv6 inside the WireGuard
+    /// tunnel: neither is carried through upstreams or exits): `direct`, or
+    /// `any` on a node without upstreams, where `any` means `direct`.
+    pub fn leaves_directly(&self, policy: &blipless_store::EgressPolicy) -> bool {
+        use blipless_store::EgressPolicy;
+        match policy {
+            EgressPolicy::Direct => true,
+            EgressPolicy::Any => self.upstreams.is_empty(),
+            EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => false,
+        }
+    }
+
     /// Every route: direct first, then the upstreams.
     pub fn all(&self) -> impl Iterator<Item = &Arc<Route>> {
         std::iter::once(&self.direct).chain(self.upstreams.iter())
@@ -321,6 +334,18 @@ mod tests {
             Routes::default().allowed(&EgressPolicy::Any)[0].name,
             DIRECT
         );
+    }
+
+    #[test]
+    fn only_direct_and_any_without_upstreams_leave_directly() {
+        let bare = Routes::default();
+        assert!(bare.leaves_directly(&EgressPolicy::Direct));
+        assert!(bare.leaves_directly(&EgressPolicy::Any));
+        let with = Routes::new(&[upstream("a", &["eu"])], 2, 2);
+        assert!(with.leaves_directly(&EgressPolicy::Direct));
+        assert!(!with.leaves_directly(&EgressPolicy::Any));
+        assert!(!with.leaves_directly(&EgressPolicy::Upstream("a".into())));
+        assert!(!with.leaves_directly(&EgressPolicy::Tags(vec!["eu".into()])));
     }
 
     #[test]

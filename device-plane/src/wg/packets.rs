@@ -296,6 +296,12 @@ impl PacketPath {
             .next()
             .and_then(blipless_protocol::ip::source)
             .and_then(|source| self.directory.by_address(source));
+        // IPv6 is not steered into WireGuard exits (their steering map is
+        // IPv4): a client that must not leave directly has its IPv6
+        // refused rather than sent out of the node (docs/WIREGUARD.md, "IPv6").
+        let ipv6_leaves = client
+            .as_ref()
+            .is_some_and(|client| self.egress.routes.leaves_directly(&client.record.egress));
         for packet in batch.iter() {
             if let Some((dns, query)) = self
                 .dns
@@ -317,8 +323,9 @@ impl PacketPath {
                 .as_ref()
                 .is_some_and(|dns| dns.carries_tcp_query(packet));
             let permitted = to_dns_over_tcp
-                || blipless_protocol::ip::destination(packet)
-                    .is_some_and(|destination| self.egress.permits(destination));
+                || blipless_protocol::ip::destination(packet).is_some_and(|destination| {
+                    self.egress.permits(destination) && (destination.is_ipv4() || ipv6_leaves)
+                });
             if !permitted {
                 self.counters.denied.fetch_add(1, Ordering::Relaxed);
                 continue;
