@@ -27,6 +27,8 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
                         "tun": plan.tun,
                         "address": plan.address.to_string(),
                         "pool": plan.pool.to_string(),
+                        "address6": plan.pool6.map(|(_, address6)| address6.to_string()),
+                        "pool6": plan.pool6.map(|(pool6, _)| pool6.to_string()),
                         "out_interface": plan.out_interface,
                         "nft_table": net::NFT_TABLE,
                         "exits": plan.exits.iter().map(|exit| json!({
@@ -49,6 +51,14 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
                     plan.pool,
                     plan.out_interface
                 );
+                if let Some((pool6, address6)) = plan.pool6 {
+                    say!(
+                        "  IPv6 inside the tunnel: {} has {} too, IPv6 forwarding is on, {} is masqueraded the same way",
+                        plan.tun,
+                        address6,
+                        pool6
+                    );
+                }
                 for exit in &plan.exits {
                     say!(
                         "  WireGuard exit {}: TUN device {} has {}, routing table and mark {:#x}",
@@ -69,7 +79,7 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
                 );
             } else {
                 say!(
-                    "host setup removed: no TUN device {} and no nftables table {} (IPv4 forwarding left as it was)",
+                    "host setup removed: no TUN device {} and no nftables table {} (IPv4 and IPv6 forwarding left as they were)",
                     plan.tun,
                     net::NFT_TABLE
                 );
