@@ -287,6 +287,8 @@ Try it (the status page works offline; example.com needs internet):
 ${https_try:+$https_try
 }  curl -x '$socks_url' https://example.com/
   curl -x '$http_url' https://example.com/
+UDP goes through the same SOCKS5 proxy (UDP ASSOCIATE, e.g. with PySocks):
+see "UDP through SOCKS5" in docs/CLIENTS.md.
 
 The node (run from $repo):
   $ctl --config .run/blipless.toml status
