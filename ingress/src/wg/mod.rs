@@ -204,7 +204,10 @@ impl Wireguard {
             .read_peers()
             .iter()
             .map(|peer| {
-                let (since_handshake, tx_bytes, rx_bytes, _, _) = peer.tunnel().stats();
+                // A peer with no session state here has no figures yet.
+                let (since_handshake, tx_bytes, rx_bytes, _, _) = peer
+                    .made_tunnel()
+                    .map_or((None, 0, 0, 0.0, None), |tunnel| tunnel.stats());
                 let last_handshake = since_handshake
                     .and_then(|since| now.checked_sub(since))
                     .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok());
@@ -244,6 +247,11 @@ impl Wireguard {
         self.peers
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A peer's session state, made now if this ingress has none for it yet.
+    fn tunnel_of<'p>(&self, peer: &'p peers::Peer) -> peers::TunnelGuard<'p> {
+        peer.tunnel(&|key, index| self.new_tunnel(key, index))
     }
 
     fn new_tunnel(&self, key: &[u8; 32], index: u32) -> Tunn {
@@ -361,7 +369,7 @@ impl Wireguard {
             return;
         };
         let segments = self.socket.max_gso_segments();
-        let mut tunnel = peer.tunnel();
+        let mut tunnel = self.tunnel_of(&peer);
         match tunnel.decapsulate(Some(from.ip()), datagram, &mut work.buffer) {
             TunnResult::WriteToNetwork(reply) => {
                 // A cookie reply (type 3) answers an unauthenticated message:
@@ -443,7 +451,7 @@ impl Wireguard {
                     self.metrics.count_drop("no_endpoint");
                     continue;
                 };
-                match peer.tunnel().encapsulate(packet, scratch) {
+                match self.tunnel_of(peer).encapsulate(packet, scratch) {
                     TunnResult::WriteToNetwork(datagram) => {
                         self.metrics.count_inner_out();
                         out.push(endpoint, datagram, segments);
@@ -486,7 +494,11 @@ impl Wireguard {
             let Some(endpoint) = peer.endpoint() else {
                 continue;
             };
-            if let TunnResult::WriteToNetwork(datagram) = peer.tunnel().update_timers(&mut buffer) {
+            // A peer never used here has no timers to run.
+            let Some(mut tunnel) = peer.made_tunnel() else {
+                continue;
+            };
+            if let TunnResult::WriteToNetwork(datagram) = tunnel.update_timers(&mut buffer) {
                 out.push(endpoint, datagram, segments);
             }
         }

@@ -23,8 +23,7 @@ impl Wireguard {
     /// peers that did not change); from then on `/status` may say ok. Returns
     /// how many entries were refused (an address claimed by two keys).
     pub(super) fn apply_full_set(&self, entries: &[PeerEntry]) -> usize {
-        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
-        let refused = self.write_peers().replace(entries, &factory);
+        let refused = self.write_peers().replace(entries);
         if refused > 0 {
             tracing::warn!(refused, "peers refused: an address claimed by two keys");
         }
@@ -55,7 +54,6 @@ impl Wireguard {
                 peers: HashMap::new(),
             });
         }
-        let factory = |key: &[u8; 32], index: u32| self.new_tunnel(key, index);
         match staging.as_mut() {
             Some(set) if set.generation == from.generation => {
                 for peer in update.upserts() {
@@ -82,7 +80,7 @@ impl Wireguard {
                 *staging = None;
                 let mut table = self.write_peers();
                 for peer in update.upserts() {
-                    if !table.upsert(peer, &factory) {
+                    if !table.upsert(peer) {
                         tracing::warn!(client = %peer.client, address = %peer.address, "peer refused: its address belongs to another key");
                     }
                 }

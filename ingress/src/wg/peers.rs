@@ -44,7 +44,10 @@ pub struct Peer {
     pub address: IpAddr,
     /// The client's name, for logs.
     pub client: String,
-    tunnel: Mutex<Tunn>,
+    /// boringtun's session state, made when the peer is first used on this
+    /// ingress (a handshake, a packet for it, a call-back): a peer that never
+    /// connects costs no `Tunn` (11 KiB, and an X25519 computation to make).
+    tunnel: Mutex<Option<Tunn>>,
     endpoint: Mutex<Option<SocketAddr>>,
     /// Milliseconds since the Unix epoch of the last authenticated packet, 0 if none.
     last_received_ms: AtomicU64,
@@ -67,8 +70,24 @@ impl std::fmt::Debug for Peer {
 }
 
 impl Peer {
-    /// The session state, locked.
-    pub fn tunnel(&self) -> MutexGuard<'_, Tunn> {
+    /// The session state, locked; made with `make` if this ingress has none
+    /// for the peer yet.
+    pub fn tunnel(&self, make: TunnelFactory<'_>) -> TunnelGuard<'_> {
+        let mut slot = self.slot();
+        if slot.is_none() {
+            *slot = Some(make(&self.public_key, self.index));
+        }
+        TunnelGuard(slot)
+    }
+
+    /// The session state, locked, only if it has been made (timers and
+    /// statistics never make one).
+    pub fn made_tunnel(&self) -> Option<TunnelGuard<'_>> {
+        let slot = self.slot();
+        slot.is_some().then_some(TunnelGuard(slot))
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Tunn>> {
         self.tunnel
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -139,8 +158,35 @@ impl Peer {
     }
 }
 
-/// Builds the session state of a new peer from its public key and index.
+/// Builds the session state of a peer from its public key and index.
 pub type TunnelFactory<'a> = &'a dyn Fn(&[u8; 32], u32) -> Tunn;
+
+/// A peer's session state, locked ([`Peer::tunnel`], [`Peer::made_tunnel`]):
+/// the slot always holds one while the guard exists.
+pub struct TunnelGuard<'a>(MutexGuard<'a, Option<Tunn>>);
+
+impl std::fmt::Debug for TunnelGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TunnelGuard")
+    }
+}
+
+impl std::ops::Deref for TunnelGuard<'_> {
+    type Target = Tunn;
+    fn deref(&self) -> &Tunn {
+        self.0
+            .as_ref()
+            .expect("a guard is only made over a made tunnel")
+    }
+}
+
+impl std::ops::DerefMut for TunnelGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Tunn {
+        self.0
+            .as_mut()
+            .expect("a guard is only made over a made tunnel")
+    }
+}
 
 /// Every peer, by key, index and address.
 #[derive(Debug, Default)]
@@ -196,7 +242,7 @@ impl PeerTable {
     /// its sessions; a changed address keeps them too (only routing changes).
     /// Returns false when the address belongs to another peer (the entry is
     /// refused: two peers cannot own one address) or no slot is free.
-    pub fn upsert(&mut self, entry: &PeerEntry, factory: TunnelFactory<'_>) -> bool {
+    pub fn upsert(&mut self, entry: &PeerEntry) -> bool {
         if let Some(owner) = self.by_address.get(&entry.address) {
             if owner.public_key != entry.public_key {
                 return false;
@@ -214,7 +260,9 @@ impl PeerTable {
                 public_key: entry.public_key,
                 address: entry.address,
                 client: entry.client.clone(),
-                tunnel: Mutex::new(take_tunnel(&existing, factory)),
+                // The old record may still be referenced by a task
+                // mid-packet: it is left without one (made afresh if used).
+                tunnel: Mutex::new(existing.slot().take()),
                 endpoint: Mutex::new(existing.endpoint()),
                 last_received_ms: AtomicU64::new(existing.last_received_ms()),
                 session_ms: AtomicU64::new(existing.session_made_ms()),
@@ -231,7 +279,7 @@ impl PeerTable {
             public_key: entry.public_key,
             address: entry.address,
             client: entry.client.clone(),
-            tunnel: Mutex::new(factory(&entry.public_key, index)),
+            tunnel: Mutex::new(None),
             endpoint: Mutex::new(None),
             last_received_ms: AtomicU64::new(0),
             session_ms: AtomicU64::new(0),
@@ -259,7 +307,7 @@ impl PeerTable {
 
     /// Replaces the whole set: peers not in `entries` are removed, the others
     /// upserted (keeping their sessions). Returns how many entries were refused.
-    pub fn replace(&mut self, entries: &[PeerEntry], factory: TunnelFactory<'_>) -> usize {
+    pub fn replace(&mut self, entries: &[PeerEntry]) -> usize {
         let keep: std::collections::HashSet<[u8; 32]> =
             entries.iter().map(|entry| entry.public_key).collect();
         let gone: Vec<[u8; 32]> = self
@@ -271,10 +319,7 @@ impl PeerTable {
         for key in gone {
             self.remove(&key);
         }
-        entries
-            .iter()
-            .filter(|entry| !self.upsert(entry, factory))
-            .count()
+        entries.iter().filter(|entry| !self.upsert(entry)).count()
     }
 
     fn insert(&mut self, peer: Arc<Peer>) {
@@ -294,13 +339,6 @@ impl PeerTable {
         }
         None
     }
-}
-
-/// The tunnel of a peer being re-keyed in the table. The old record may still be
-/// referenced by a task mid-packet, so its state is swapped out for a fresh one.
-fn take_tunnel(existing: &Peer, factory: TunnelFactory<'_>) -> Tunn {
-    let fresh = factory(&existing.public_key, existing.index);
-    std::mem::replace(&mut *existing.tunnel(), fresh)
 }
 
 #[cfg(test)]
@@ -323,10 +361,9 @@ mod tests {
 
     #[test]
     fn peers_are_found_by_key_index_and_address() {
-        let make = factory();
         let mut table = PeerTable::new(1);
-        assert!(table.upsert(&entry(1, "10.64.0.2"), &make));
-        assert!(table.upsert(&entry(2, "10.64.0.3"), &make));
+        assert!(table.upsert(&entry(1, "10.64.0.2")));
+        assert!(table.upsert(&entry(2, "10.64.0.3")));
         let peer = table
             .by_address("10.64.0.3".parse().expect("ip"))
             .expect("by address")
@@ -351,24 +388,22 @@ mod tests {
 
     #[test]
     fn an_address_has_one_owner() {
-        let make = factory();
         let mut table = PeerTable::new(0);
-        assert!(table.upsert(&entry(1, "10.64.0.2"), &make));
-        assert!(!table.upsert(&entry(2, "10.64.0.2"), &make));
+        assert!(table.upsert(&entry(1, "10.64.0.2")));
+        assert!(!table.upsert(&entry(2, "10.64.0.2")));
         assert_eq!(table.len(), 1);
     }
 
     #[test]
     fn replace_keeps_unchanged_peers_and_removes_the_rest() {
-        let make = factory();
         let mut table = PeerTable::new(0);
-        table.upsert(&entry(1, "10.64.0.2"), &make);
-        table.upsert(&entry(2, "10.64.0.3"), &make);
+        table.upsert(&entry(1, "10.64.0.2"));
+        table.upsert(&entry(2, "10.64.0.3"));
         let kept = table
             .by_key(&entry(1, "10.64.0.2").public_key)
             .cloned()
             .expect("kept");
-        let refused = table.replace(&[entry(1, "10.64.0.2"), entry(3, "10.64.0.4")], &make);
+        let refused = table.replace(&[entry(1, "10.64.0.2"), entry(3, "10.64.0.4")]);
         assert_eq!(refused, 0);
         assert_eq!(table.len(), 2);
         let after = table.by_key(&kept.public_key).expect("still there");
@@ -380,13 +415,12 @@ mod tests {
 
     #[test]
     fn a_moved_address_keeps_the_index() {
-        let make = factory();
         let mut table = PeerTable::new(0);
-        table.upsert(&entry(1, "10.64.0.2"), &make);
+        table.upsert(&entry(1, "10.64.0.2"));
         let index = table
             .by_key(&entry(1, "10.64.0.2").public_key)
             .map(|p| p.index);
-        assert!(table.upsert(&entry(1, "10.64.0.9"), &make));
+        assert!(table.upsert(&entry(1, "10.64.0.9")));
         assert!(table.by_address("10.64.0.2".parse().expect("ip")).is_none());
         assert_eq!(
             table
@@ -397,12 +431,34 @@ mod tests {
     }
 
     #[test]
-    fn slots_wrap_and_skip_used_ones() {
+    fn a_peer_gets_its_session_state_only_when_used_and_keeps_it_when_moved() {
         let make = factory();
         let mut table = PeerTable::new(0);
+        table.upsert(&entry(1, "10.64.0.2"));
+        let peer = table
+            .by_address("10.64.0.2".parse().expect("ip"))
+            .cloned()
+            .expect("peer");
+        assert!(peer.made_tunnel().is_none(), "nothing made at upsert");
+        let (_, tx, rx, _, _) = peer.tunnel(&make).stats();
+        assert_eq!((tx, rx), (0, 0));
+        assert!(peer.made_tunnel().is_some(), "made on first use");
+        // A new address moves the made state to the new record.
+        assert!(table.upsert(&entry(1, "10.64.0.9")));
+        let moved = table
+            .by_address("10.64.0.9".parse().expect("ip"))
+            .cloned()
+            .expect("moved");
+        assert!(moved.made_tunnel().is_some());
+        assert!(peer.made_tunnel().is_none(), "the old record gave it up");
+    }
+
+    #[test]
+    fn slots_wrap_and_skip_used_ones() {
+        let mut table = PeerTable::new(0);
         table.next_slot = SLOT_MASK;
-        table.upsert(&entry(1, "10.64.0.2"), &make);
-        table.upsert(&entry(2, "10.64.0.3"), &make);
+        table.upsert(&entry(1, "10.64.0.2"));
+        table.upsert(&entry(2, "10.64.0.3"));
         let indices: Vec<u32> = [1u8, 2]
             .iter()
             .filter_map(|k| {

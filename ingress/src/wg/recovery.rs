@@ -181,7 +181,7 @@ impl Wireguard {
                     if peer.session_made_ms() >= started_ms {
                         return false;
                     }
-                    let mut tunnel = peer.tunnel();
+                    let mut tunnel = self.tunnel_of(peer);
                     let due = last_try.is_none_or(|at| at.elapsed() >= CALL_BACK_RETRY);
                     if let (true, Some(endpoint)) = (due, peer.endpoint()) {
                         if let TunnResult::WriteToNetwork(initiation) =
