@@ -14,7 +14,9 @@
 # runs right after blipless-bench and rewrites its section between
 # <!-- fleet:begin --> and <!-- fleet:end --> (--quick and --out too), then
 # blipless-bench-limits (per-client limits; no root) its section between
-# <!-- limits:begin --> and <!-- limits:end -->.
+# <!-- limits:begin --> and <!-- limits:end -->, then blipless-bench-scale
+# (a node with 10,000 and 100,000 clients and WireGuard peers, on SQLite and
+# Redis) its section between <!-- scale:begin --> and <!-- scale:end -->.
 # `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
@@ -25,7 +27,8 @@ bench_handoff="$target/release/blipless-bench-handoff"
 bench_egress="$target/release/blipless-bench-egress"
 bench_fleet="$target/release/blipless-bench-fleet"
 bench_limits="$target/release/blipless-bench-limits"
-for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet" "$bench_limits"; do
+bench_scale="$target/release/blipless-bench-scale"
+for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet" "$bench_limits" "$bench_scale"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -53,13 +56,15 @@ saved_handoff="$(mktemp)"
 saved_egress="$(mktemp)"
 saved_fleet="$(mktemp)"
 saved_limits="$(mktemp)"
-trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet" "$saved_limits"' EXIT
+saved_scale="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet" "$saved_limits" "$saved_scale"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
     sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
     sed -n '/<!-- egress:begin -->/,/<!-- egress:end -->/p' "$out" >"$saved_egress"
     sed -n '/<!-- fleet:begin -->/,/<!-- fleet:end -->/p' "$out" >"$saved_fleet"
     sed -n '/<!-- limits:begin -->/,/<!-- limits:end -->/p' "$out" >"$saved_limits"
+    sed -n '/<!-- scale:begin -->/,/<!-- scale:end -->/p' "$out" >"$saved_scale"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -98,6 +103,15 @@ if ! "$bench_limits" --out "$out" $wg_args; then
         printf '\n' >>"$out"
         cat "$saved_limits" >>"$out"
         echo "bench.sh: kept the previous limits section of $out" >&2
+    fi
+    exit 1
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_scale" --out "$out" $wg_args; then
+    if [ -s "$saved_scale" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_scale" >>"$out"
+        echo "bench.sh: kept the previous scale section of $out" >&2
     fi
     exit 1
 fi

@@ -4,7 +4,8 @@
 //! `blipless-bench` (sections 1–6, on loopback): [`rate`], [`bulk`],
 //! [`memory`], [`deploy`], [`prewarm`], [`udp`]. `blipless-bench-wg`: [`wireguard`].
 //! `blipless-bench-handoff`: [`handoff`]. `blipless-bench-egress`: [`egress`].
-//! `blipless-bench-fleet`: [`fleet`]. `blipless-bench-limits`: [`limits`]. `blipless-soak` (the chaos soak,
+//! `blipless-bench-fleet`: [`fleet`]. `blipless-bench-limits`: [`limits`].
+//! `blipless-bench-scale`: [`scale`]. `blipless-soak` (the chaos soak,
 //! docs/RELIABILITY.md): [`soak`].
 
 pub mod bulk;
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod memory;
 pub mod prewarm;
 pub mod rate;
+pub mod scale;
 pub mod soak;
 pub mod udp;
 pub mod wireguard;
