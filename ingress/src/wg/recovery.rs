@@ -116,6 +116,12 @@ impl Wireguard {
                 };
                 peer.seed_endpoint(entry.endpoint, entry.last_received_ms);
                 if now.saturating_sub(entry.last_received_ms) <= window {
+                    // Its session state is made now, before this ingress
+                    // serves: the call-back initiates at once, and return
+                    // traffic finds the handshake under way instead of
+                    // starting one of its own (peers are otherwise made on
+                    // first use: a peer set applies without them).
+                    drop(self.tunnel_of(peer));
                     recent.push(peer.public_key);
                 }
             }
