@@ -46,8 +46,9 @@ pub struct Peer {
     pub client: String,
     /// boringtun's session state, made when the peer is first used on this
     /// ingress (a handshake, a packet for it, a call-back): a peer that never
-    /// connects costs no `Tunn` (11 KiB, and an X25519 computation to make).
-    tunnel: Mutex<Option<Tunn>>,
+    /// connects costs no `Tunn` (11 KiB, and an X25519 computation to make;
+    /// boxed, so that an empty slot is one pointer, not the 11 KiB inline).
+    tunnel: Mutex<Option<Box<Tunn>>>,
     endpoint: Mutex<Option<SocketAddr>>,
     /// Milliseconds since the Unix epoch of the last authenticated packet, 0 if none.
     last_received_ms: AtomicU64,
@@ -75,7 +76,7 @@ impl Peer {
     pub fn tunnel(&self, make: TunnelFactory<'_>) -> TunnelGuard<'_> {
         let mut slot = self.slot();
         if slot.is_none() {
-            *slot = Some(make(&self.public_key, self.index));
+            *slot = Some(Box::new(make(&self.public_key, self.index)));
         }
         TunnelGuard(slot)
     }
@@ -87,7 +88,7 @@ impl Peer {
         slot.is_some().then_some(TunnelGuard(slot))
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<Tunn>> {
+    fn slot(&self) -> MutexGuard<'_, Option<Box<Tunn>>> {
         self.tunnel
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -163,7 +164,7 @@ pub type TunnelFactory<'a> = &'a dyn Fn(&[u8; 32], u32) -> Tunn;
 
 /// A peer's session state, locked ([`Peer::tunnel`], [`Peer::made_tunnel`]):
 /// the slot always holds one while the guard exists.
-pub struct TunnelGuard<'a>(MutexGuard<'a, Option<Tunn>>);
+pub struct TunnelGuard<'a>(MutexGuard<'a, Option<Box<Tunn>>>);
 
 impl std::fmt::Debug for TunnelGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -357,6 +358,16 @@ mod tests {
             address: address.parse().expect("ip"),
             client: format!("client-{key}"),
         }
+    }
+
+    #[test]
+    fn a_peer_never_used_is_small() {
+        // The session state is boxed: a peer without one holds a pointer.
+        assert!(
+            std::mem::size_of::<Peer>() < 512,
+            "{}",
+            std::mem::size_of::<Peer>()
+        );
     }
 
     #[test]
