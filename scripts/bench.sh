@@ -16,7 +16,11 @@
 # blipless-bench-limits (per-client limits; no root) its section between
 # <!-- limits:begin --> and <!-- limits:end -->, then blipless-bench-scale
 # (a node with 10,000 and 100,000 clients and WireGuard peers, on SQLite and
-# Redis) its section between <!-- scale:begin --> and <!-- scale:end -->.
+# Redis) its section between <!-- scale:begin --> and <!-- scale:end -->, then
+# blipless-bench-peers (blipless beside dante, microsocks, tinyproxy, haproxy
+# and nginx, installed by `make bench`) its section between <!-- peers:begin -->
+# and <!-- peers:end -->; dante needs root (a system user for its RFC 1929
+# check), so without root that bench leaves dante out and says so.
 # `make bench` builds the binaries first; run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,7 +32,8 @@ bench_egress="$target/release/blipless-bench-egress"
 bench_fleet="$target/release/blipless-bench-fleet"
 bench_limits="$target/release/blipless-bench-limits"
 bench_scale="$target/release/blipless-bench-scale"
-for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet" "$bench_limits" "$bench_scale"; do
+bench_peers="$target/release/blipless-bench-peers"
+for binary in "$bench" "$bench_wg" "$bench_handoff" "$bench_egress" "$bench_fleet" "$bench_limits" "$bench_scale" "$bench_peers"; do
     if [ ! -x "$binary" ]; then
         echo "bench.sh: $binary is missing: run \`make bench\` (it builds the release binaries)" >&2
         exit 1
@@ -57,7 +62,8 @@ saved_egress="$(mktemp)"
 saved_fleet="$(mktemp)"
 saved_limits="$(mktemp)"
 saved_scale="$(mktemp)"
-trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet" "$saved_limits" "$saved_scale"' EXIT
+saved_peers="$(mktemp)"
+trap 'rm -f "$saved" "$saved_handoff" "$saved_egress" "$saved_fleet" "$saved_limits" "$saved_scale" "$saved_peers"' EXIT
 if [ -f "$out" ]; then
     sed -n '/<!-- wireguard:begin -->/,/<!-- wireguard:end -->/p' "$out" >"$saved"
     sed -n '/<!-- handoff:begin -->/,/<!-- handoff:end -->/p' "$out" >"$saved_handoff"
@@ -65,6 +71,7 @@ if [ -f "$out" ]; then
     sed -n '/<!-- fleet:begin -->/,/<!-- fleet:end -->/p' "$out" >"$saved_fleet"
     sed -n '/<!-- limits:begin -->/,/<!-- limits:end -->/p' "$out" >"$saved_limits"
     sed -n '/<!-- scale:begin -->/,/<!-- scale:end -->/p' "$out" >"$saved_scale"
+    sed -n '/<!-- peers:begin -->/,/<!-- peers:end -->/p' "$out" >"$saved_peers"
 fi
 restore() {
     if [ -s "$saved" ]; then
@@ -112,6 +119,18 @@ if ! "$bench_scale" --out "$out" $wg_args; then
         printf '\n' >>"$out"
         cat "$saved_scale" >>"$out"
         echo "bench.sh: kept the previous scale section of $out" >&2
+    fi
+    exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "bench.sh: dante in the peers bench needs root (a system user for its RFC 1929 check): it is left out; run \`sudo make bench\` for it" >&2
+fi
+# shellcheck disable=SC2086 # wg_args is empty or one word
+if ! "$bench_peers" --out "$out" $wg_args; then
+    if [ -s "$saved_peers" ]; then
+        printf '\n' >>"$out"
+        cat "$saved_peers" >>"$out"
+        echo "bench.sh: kept the previous peers section of $out" >&2
     fi
     exit 1
 fi

@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod handoff;
 pub mod limits;
 pub mod memory;
+pub mod peers;
 pub mod prewarm;
 pub mod rate;
 pub mod scale;
