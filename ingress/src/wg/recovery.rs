@@ -13,7 +13,8 @@
 //!   retry 15-30 s later; with a predecessor still decrypting the old sessions,
 //!   no packet is lost meanwhile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +35,10 @@ pub const CALL_BACK_WINDOW: Duration = Duration::from_secs(600);
 pub const CALL_BACK_RETRY: Duration = Duration::from_secs(1);
 /// How long the ingress keeps calling peers back.
 pub const CALL_BACK_BUDGET: Duration = Duration::from_secs(30);
+/// At most this many threads make the first calls (see `first_calls`).
+const FIRST_CALL_THREADS: usize = 8;
+/// How often the call-back looks for answered peers and retries due.
+const CALL_BACK_CHECK: Duration = Duration::from_millis(20);
 
 impl Wireguard {
     /// True while this ingress started with no predecessor and has not been
@@ -116,13 +121,7 @@ impl Wireguard {
                 };
                 peer.seed_endpoint(entry.endpoint, entry.last_received_ms);
                 if now.saturating_sub(entry.last_received_ms) <= window {
-                    // Its session state is made now, before this ingress
-                    // serves: the call-back initiates at once, and return
-                    // traffic finds the handshake under way instead of
-                    // starting one of its own (peers are otherwise made on
-                    // first use: a peer set applies without them).
-                    drop(self.tunnel_of(peer));
-                    recent.push(peer.public_key);
+                    recent.push((entry.last_received_ms, peer.public_key));
                 }
             }
         }
@@ -132,7 +131,12 @@ impl Wireguard {
             "WireGuard endpoints seeded"
         );
         if !recent.is_empty() {
-            tokio::spawn(self.clone().call_back(recent));
+            // The most recently active first: they are the likeliest to be
+            // sending now.
+            recent.sort_unstable_by_key(|entry| std::cmp::Reverse(entry.0));
+            let keys: Vec<[u8; 32]> = recent.into_iter().map(|(_, key)| key).collect();
+            let first_calls = self.first_calls(&keys);
+            tokio::spawn(self.clone().call_back(keys, first_calls));
         }
     }
 
@@ -167,42 +171,104 @@ impl Wireguard {
         }
     }
 
-    /// Initiates handshakes to `keys` until each has a session made after now,
-    /// within [`CALL_BACK_BUDGET`].
-    async fn call_back(self: Arc<Self>, keys: Vec<[u8; 32]>) {
+    /// Makes the session state of each of `keys` and its first handshake
+    /// initiation, spread over the machine's cores: each costs four X25519
+    /// operations. It runs before this ingress serves, so that return traffic
+    /// from a device plane finds a handshake under way for every peer called
+    /// back and only queues behind it: were the device link's reader to make
+    /// a peer's state and initiate inline, a thousand peers would hold it for
+    /// a few hundred milliseconds, the plane's TUN reader would wait on the
+    /// full channel, and the kernel would drop what the TUN device holds
+    /// beyond its queue (docs/ARCHITECTURE.md, "Ingress restart-by-handoff").
+    fn first_calls(&self, keys: &[[u8; 32]]) -> Vec<(SocketAddr, Vec<u8>)> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .clamp(1, FIRST_CALL_THREADS);
+        let per_thread = keys.len().div_ceil(threads).max(1);
+        let table = self.read_peers();
+        let table = &*table;
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = keys
+                .chunks(per_thread)
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        let mut buffer = vec![0u8; WORK_BUFFER];
+                        let mut calls = Vec::with_capacity(chunk.len());
+                        for key in chunk {
+                            let Some(peer) = table.by_key(key) else {
+                                continue;
+                            };
+                            let Some(endpoint) = peer.endpoint() else {
+                                continue;
+                            };
+                            if let TunnResult::WriteToNetwork(initiation) = self
+                                .tunnel_of(peer)
+                                .format_handshake_initiation(&mut buffer, false)
+                            {
+                                calls.push((endpoint, initiation.to_vec()));
+                            }
+                        }
+                        calls
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| worker.join().unwrap_or_default())
+                .collect()
+        })
+    }
+
+    /// Sends `first_calls`, then calls `keys` again every [`CALL_BACK_RETRY`]
+    /// until each has a session made after the first calls, within
+    /// [`CALL_BACK_BUDGET`]. A retry starts a fresh handshake (the first
+    /// one's initiation or answer was lost).
+    async fn call_back(
+        self: Arc<Self>,
+        keys: Vec<[u8; 32]>,
+        first_calls: Vec<(SocketAddr, Vec<u8>)>,
+    ) {
         let started = Instant::now();
         let started_ms = self.now_ms();
-        let mut waiting: HashMap<[u8; 32], Option<Instant>> =
-            keys.into_iter().map(|key| (key, None)).collect();
-        let mut buffer = vec![0u8; WORK_BUFFER];
         let segments = self.socket.max_gso_segments();
+        let mut out = Outgoing::default();
+        for (endpoint, initiation) in &first_calls {
+            out.push(*endpoint, initiation, segments);
+        }
+        drop(first_calls);
+        let failed = out.flush(&self.socket).await;
+        self.metrics.count_send_failures(failed);
+        let mut waiting: Vec<([u8; 32], Instant)> =
+            keys.into_iter().map(|key| (key, started)).collect();
+        let mut buffer = vec![0u8; WORK_BUFFER];
         while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
+            tokio::time::sleep(CALL_BACK_CHECK).await;
             let mut out = Outgoing::default();
             {
                 let table = self.read_peers();
-                waiting.retain(|key, last_try| {
+                waiting.retain_mut(|(key, last_try)| {
                     let Some(peer) = table.by_key(key) else {
                         return false;
                     };
                     if peer.session_made_ms() >= started_ms {
                         return false;
                     }
-                    let mut tunnel = self.tunnel_of(peer);
-                    let due = last_try.is_none_or(|at| at.elapsed() >= CALL_BACK_RETRY);
-                    if let (true, Some(endpoint)) = (due, peer.endpoint()) {
-                        if let TunnResult::WriteToNetwork(initiation) =
-                            tunnel.format_handshake_initiation(&mut buffer, true)
-                        {
-                            out.push(endpoint, initiation, segments);
-                            *last_try = Some(Instant::now());
-                        }
+                    if last_try.elapsed() < CALL_BACK_RETRY {
+                        return true;
+                    }
+                    *last_try = Instant::now();
+                    if let (Some(endpoint), TunnResult::WriteToNetwork(initiation)) = (
+                        peer.endpoint(),
+                        self.tunnel_of(peer)
+                            .format_handshake_initiation(&mut buffer, true),
+                    ) {
+                        out.push(endpoint, initiation, segments);
                     }
                     true
                 });
             }
             let failed = out.flush(&self.socket).await;
             self.metrics.count_send_failures(failed);
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tracing::info!(
             took = ?started.elapsed(),
