@@ -12,8 +12,13 @@
 //!   (until then its return packets come to the predecessor), and no
 //!   connection the predecessor passed between planes waits for its
 //!   confirmation;
-//! - **its socket is drained**: no packet for [`TAIL`], so datagrams a moved
-//!   peer sent on the old session just before it moved have been read.
+//! - **its socket is drained**: nothing waits unread in its receive queue and
+//!   no packet came for [`TAIL`], so datagrams a moved peer sent on the old
+//!   session just before it moved have been read. A peer's datagrams follow
+//!   one path in order, so by the time the successor has data from it on the
+//!   new session, what it sent on the old one is in the predecessor's queue;
+//!   the queue check holds the predecessor however long it takes to read them
+//!   (a busy machine), the tail only allows for a reordering network.
 //!
 //! `drain.grace` bounds it all. A successor built before progress reports
 //! existed sends none: every active peer then settles by being idle, as
@@ -27,9 +32,10 @@ use blipless_protocol::channel::HandoffProgress;
 /// A peer that has sent the predecessor nothing for this long is idle: its
 /// next packet, if any, goes to whichever session it then has.
 pub const QUIET_BEFORE_EXIT: Duration = Duration::from_secs(3);
-/// The predecessor's own socket must have been quiet this long: what a peer
-/// sent on the old session just before it moved is read, not dropped.
-pub const TAIL: Duration = Duration::from_millis(100);
+/// The predecessor's own socket must have been quiet this long (and its
+/// receive queue empty): what a peer sent on the old session just before it
+/// moved is read, not dropped.
+pub const TAIL: Duration = Duration::from_millis(30);
 /// With no progress reports at all (a successor that sends none), device
 /// planes count as rejoined after this long.
 pub const PLANES_WITHOUT_REPORTS: Duration = QUIET_BEFORE_EXIT;
@@ -49,6 +55,8 @@ pub struct Look<'a> {
     pub planes: &'a [u32],
     /// Connections passed between planes, not yet confirmed.
     pub migrations: usize,
+    /// Datagrams wait unread in the predecessor's socket.
+    pub queued: bool,
 }
 
 /// What the predecessor does after a check.
@@ -71,7 +79,7 @@ pub struct Waiting {
     pub planes: usize,
     /// Connections between planes not yet confirmed.
     pub migrations: usize,
-    /// A packet came in within [`TAIL`].
+    /// A packet came in within [`TAIL`], or some wait unread.
     pub tail: bool,
 }
 
@@ -132,7 +140,7 @@ impl Departure {
                 waiting.peers += 1;
             }
         }
-        waiting.tail = newest > 0 && look.now_ms.saturating_sub(newest) < tail;
+        waiting.tail = look.queued || (newest > 0 && look.now_ms.saturating_sub(newest) < tail);
         let planes_count = self.reports > 0 || look.elapsed < PLANES_WITHOUT_REPORTS;
         if planes_count {
             waiting.planes = look
@@ -170,6 +178,7 @@ mod tests {
             peers,
             planes,
             migrations,
+            queued: false,
         }
     }
 
@@ -216,6 +225,23 @@ mod tests {
             departure.check(&look(130, &later, &[], 0)),
             Verdict::Settled
         );
+    }
+
+    #[test]
+    fn datagrams_waiting_unread_hold_after_every_peer_moved() {
+        let mut departure = Departure::new(GRACE);
+        let peers = [([1; 32], NOW - 1_000)];
+        departure.on_progress(moved(&[[1; 32]], &[]));
+        let mut busy = look(50, &peers, &[], 0);
+        busy.queued = true;
+        assert_eq!(
+            departure.check(&busy),
+            Verdict::Stay(Waiting {
+                tail: true,
+                ..Waiting::default()
+            })
+        );
+        assert_eq!(departure.check(&look(60, &peers, &[], 0)), Verdict::Settled);
     }
 
     #[test]

@@ -270,6 +270,7 @@ pub async fn step_aside(
                     peers: &peers,
                     planes: &traffic,
                     migrations: planes.migrations_in_flight(),
+                    queued: wireguard.has_queued(),
                 };
                 match departure.check(&look) {
                     Verdict::Stay(_) => continue,

@@ -185,6 +185,11 @@ impl Wireguard {
         self.read_peers().len()
     }
 
+    /// Whether datagrams wait in this ingress's WireGuard socket, unread.
+    pub fn has_queued(&self) -> bool {
+        self.socket.has_queued()
+    }
+
     /// How long since any peer's last authenticated packet on this ingress
     /// (`None`: none ever).
     pub fn idle_for(&self) -> Option<Duration> {

@@ -45,6 +45,12 @@ impl WgSocket {
             .unwrap_or(0)
     }
 
+    /// Whether datagrams are waiting in the socket's receive queue, not yet
+    /// read (`FIONREAD`); an error counts as yes, the careful answer.
+    pub fn has_queued(&self) -> bool {
+        rustix::io::ioctl_fionread(&self.io).map_or(true, |bytes| bytes > 0)
+    }
+
     /// Segments per GSO send the kernel accepts (1: no GSO).
     pub fn max_gso_segments(&self) -> usize {
         self.state.max_gso_segments()
