@@ -33,6 +33,9 @@ const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// `wants_endpoints`: the ingress started fresh (Welcome) and gets the last
 /// WireGuard endpoint snapshot after the first peer set. `resume`: a drain
 /// under way when the previous ingress handed off, carried on here.
+/// `activated` becomes true once an ingress activates this plane (it is then
+/// the plane that was serving, should the ingress hand off).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn serve(
     socket: &Arc<UnixSeqpacket>,
     warm: &Warm,
@@ -41,6 +44,7 @@ pub(super) async fn serve(
     config: &Config,
     buffer: &mut [u8],
     terminate: &CancellationToken,
+    activated: &mut bool,
 ) -> anyhow::Result<SessionEnd> {
     let Warm {
         context,
@@ -157,11 +161,13 @@ pub(super) async fn serve(
         for action in session.on(event, Instant::now()) {
             match action {
                 Action::ServeAgain => {
+                    *activated = true;
                     tracing::warn!("re-activated: the successor is gone; serving again");
                     context.serve_again();
                     packets.resume();
                 }
                 Action::ExpectInheritedQueues => {
+                    *activated = true;
                     tracing::info!("active: new connections come here");
                     if !packets.has_queues() {
                         packets.expect_inherited();

@@ -40,11 +40,15 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
     let mut offline_drain: Option<Instant> = None;
     // A drain under way when the ingress handed off: carried to its successor.
     let mut resume: Option<Draining> = None;
-    // Whether this plane said Ready to an ingress already (then it rejoins
-    // a successor as the plane that was serving).
-    let mut was_ready = false;
+    // Whether an ingress activated this plane (then it rejoins a successor
+    // as the plane that was serving). Ready alone is not enough: a plane
+    // that said Ready during a deploy and saw the ingress hand off before
+    // its Activate was never serving; it rejoins as new (`No`), so the
+    // successor activates it and the plane that was serving hands over to
+    // it, whichever of the two reattaches first: the deploy completes.
+    let mut was_active = false;
     while let Some(socket) = link::attach(&path, &terminate).await {
-        let rejoin = match (&resume, was_ready) {
+        let rejoin = match (&resume, was_active) {
             (Some(_), _) => Rejoin::Draining,
             (None, true) => Rejoin::Serving,
             (None, false) => Rejoin::No,
@@ -96,7 +100,6 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                 continue;
             }
             tracing::info!(generation, "ready");
-            was_ready = true;
             // Under systemd (Type=notify), directly or through --supervise.
             let state = format!("READY=1\nSTATUS=ready (generation {generation})");
             if let Err(error) = blipless_supervise::notify::notify(&state) {
@@ -118,6 +121,7 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             &config,
             &mut buffer,
             &terminate,
+            &mut was_active,
         )
         .await;
         ready.context.set_channel(None);

@@ -15,7 +15,8 @@ use super::{truncated, DecodeError};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Rejoin {
-    /// A first attachment, or a plane that was not yet Ready.
+    /// A first attachment, or a plane no ingress had activated yet (it may
+    /// have said Ready: a deploy the ingress handed off in the middle of).
     #[default]
     No,
     /// It was serving: it says Ready, and is activated only if no plane is
