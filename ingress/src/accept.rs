@@ -4,6 +4,10 @@
 //! While no plane is active the loop does not call accept at all, so new
 //! connections wait in the kernel's listen backlog (the client sees a
 //! completed TCP handshake and simply waits) until a plane attaches.
+//!
+//! A plain connection is never read or written here: it is accepted without
+//! being registered with epoll ([`WatchedListener`]); only an HTTPS
+//! connection, whose TLS the ingress terminates, becomes a tokio socket.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::planes::{PlaneLink, Planes};
+use crate::watched_listener::WatchedListener;
 
 /// Numbers every accepted connection, across listeners, for logs on both planes.
 #[derive(Debug, Default)]
@@ -49,6 +54,13 @@ pub async fn serve(
     context: AcceptContext,
     shutdown: CancellationToken,
 ) {
+    let listener = match WatchedListener::new(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(listener = ?kind, %error, "cannot watch the listener: not accepting on it");
+            return;
+        }
+    };
     let mut active = context.planes.subscribe();
     loop {
         let Some(plane) = wait_for_plane(&mut active, &shutdown).await else {
@@ -87,7 +99,11 @@ pub async fn serve(
             // The handshake runs in its own task: a slow client never holds
             // up the accept loop.
             (Some(edge), ListenerKind::Https) => {
-                crate::tls::relay::spawn(edge, stream, accepted, context.clone());
+                let stream = std::net::TcpStream::from(stream);
+                match tokio::net::TcpStream::from_std(stream) {
+                    Ok(stream) => crate::tls::relay::spawn(edge, stream, accepted, context.clone()),
+                    Err(error) => tracing::warn!(%error, "cannot watch an HTTPS connection"),
+                }
             }
             _ => {
                 hand_over(stream.as_fd(), accepted, &context, &shutdown).await;

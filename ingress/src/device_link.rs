@@ -130,6 +130,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
             successor: planes.active().is_some(),
             wants_endpoints: context.wireguard.wants_endpoints(),
             udp_associations: true,
+            accepted_nodelay: true,
         }),
         &[],
     )

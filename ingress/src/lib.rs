@@ -27,6 +27,7 @@ pub mod serving;
 pub mod sockets;
 pub mod status;
 pub mod tls;
+pub mod watched_listener;
 pub mod wg;
 
 use std::sync::Arc;

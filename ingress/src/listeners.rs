@@ -232,10 +232,15 @@ impl Listeners {
         self.fd(name).is_ok()
     }
 
-    /// A TCP listener (`socks`, `http`, `https` or `status`) for an accept loop.
+    /// A TCP listener (`socks`, `http`, `https` or `status`) for an accept
+    /// loop, with TCP_NODELAY set: the connections it accepts inherit it
+    /// (Linux copies it from the listener), so neither plane sets it on each
+    /// one (the device planes are told so in `Welcome`).
     pub fn tcp(&self, name: SocketName) -> anyhow::Result<TcpListener> {
         let listener = std::net::TcpListener::from(self.dup(name)?);
         listener.set_nonblocking(true)?;
+        nix::sys::socket::setsockopt(&listener, nix::sys::socket::sockopt::TcpNoDelay, &true)
+            .with_context(|| format!("setting TCP_NODELAY on the {} listener", name.as_str()))?;
         Ok(TcpListener::from_std(listener)?)
     }
 

@@ -11,7 +11,8 @@
 //! bench). A peer that is missing or does not start is left out, with the
 //! reason in the section; dante needs root (its harness creates a system
 //! user), so without root it is left out. Loopback only. Options: `--out
-//! PATH` (default `docs/BENCHMARKS.md`), `--quick`. It sets
+//! PATH` (default `docs/BENCHMARKS.md`), `--quick`, `--only direct,blipless`
+//! (measure only those servers; the others still start). It sets
 //! `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` unless they are set.
 
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use blipless_bench::report::Machine;
 use blipless_bench::scenarios::peers::{self, Plan, MARKERS};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-peers [--out PATH] [--quick]");
+    eprintln!("usage: blipless-bench-peers [--out PATH] [--quick] [--only SERVER,SERVER,...]");
     ExitCode::from(2)
 }
 
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
     let mut out = PathBuf::from("docs/BENCHMARKS.md");
     let mut plan = Plan::full();
     let mut shown_args = Vec::new();
+    let mut only: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -43,6 +45,13 @@ fn main() -> ExitCode {
                 shown_args.push(arg.clone());
                 plan = Plan::quick();
             }
+            "--only" => match args.next() {
+                Some(list) => {
+                    shown_args.push(format!("--only {list}"));
+                    only = list.split(',').map(str::to_string).collect();
+                }
+                None => return usage(),
+            },
             _ => return usage(),
         }
     }
@@ -77,7 +86,7 @@ fn main() -> ExitCode {
     blipless_tests::raise_fd_limit();
     let mut machine = Machine::now(command);
     let started = std::time::Instant::now();
-    let results = match std::panic::catch_unwind(|| peers::measure(plan)) {
+    let results = match std::panic::catch_unwind(|| peers::measure(plan, &only)) {
         Ok(results) => results,
         Err(_) => {
             eprintln!("blipless-bench-peers: the bench failed (see the panic above)");

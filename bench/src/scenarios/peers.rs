@@ -625,7 +625,9 @@ fn hash_scheme(user: &str) -> Option<String> {
 }
 
 /// Runs the whole comparison.
-pub fn measure(plan: Plan) -> Results {
+/// `only`: the servers to measure (`direct` among them for the ratios);
+/// empty: all of them.
+pub fn measure(plan: Plan, only: &[String]) -> Results {
     let mut results = Results {
         versions: PACKAGES
             .iter()
@@ -791,6 +793,9 @@ pub fn measure(plan: Plan) -> Results {
     }
     for skipped in &results.skipped {
         eprintln!("peers: leaving out {}: {}", skipped.server, skipped.reason);
+    }
+    if !only.is_empty() {
+        paths.retain(|path| only.iter().any(|server| server == path.info.server));
     }
 
     let mut measured: Vec<Measured> = paths

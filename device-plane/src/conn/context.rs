@@ -80,6 +80,9 @@ pub struct Context {
     /// The ingress attached now passes UDP associations on at a deploy
     /// (its Welcome said so); with an older one they close instead.
     pub channel_passes_udp: AtomicBool,
+    /// The ingress attached now accepts with TCP_NODELAY inherited from its
+    /// listeners (its Welcome said so); with an older one it is set here.
+    pub accepted_nodelay: AtomicBool,
     /// What the SOCKS5 UDP relays dropped, by reason.
     pub udp_counters: super::udp_associate::Counters,
 }
@@ -115,6 +118,7 @@ impl Context {
             awaiting: Mutex::new(HashMap::new()),
             udp_idle_timeout: Duration::from_secs(120),
             channel_passes_udp: AtomicBool::new(false),
+            accepted_nodelay: AtomicBool::new(false),
             udp_counters: super::udp_associate::Counters::default(),
         }
     }

@@ -33,7 +33,7 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
     let Some(fd) = fds.into_iter().next() else {
         return;
     };
-    let stream = match stream_from_fd(fd) {
+    let stream = match stream_from_accepted_fd(fd) {
         Ok(stream) => stream,
         Err(error) => {
             tracing::warn!(%error, id = accepted.connection_id, "cannot use a handed connection");
@@ -62,14 +62,19 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
         };
         return;
     }
-    let _ = stream.set_nodelay(true);
+    if !context.accepted_nodelay.load(Ordering::Relaxed) {
+        let _ = stream.set_nodelay(true);
+    }
     context.taken.fetch_add(1, Ordering::Relaxed);
     let id = accepted.connection_id;
     match accepted.listener {
         ListenerKind::Socks => {
-            context
-                .connections
-                .spawn(socks::serve(stream, context.clone(), id));
+            context.connections.spawn(socks::serve(
+                stream,
+                context.clone(),
+                id,
+                accepted.peer.ip(),
+            ));
         }
         ListenerKind::Http | ListenerKind::Https => {
             context.connections.spawn(http::serve(
@@ -80,6 +85,22 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
             ));
         }
     }
+}
+
+/// Turns the fd of a connection the ingress accepted into a tokio socket.
+/// Its open file description is non-blocking already (the ingress accepts
+/// with tokio, `accept4` with `SOCK_NONBLOCK`; an HTTPS connection's end is
+/// a tokio socket pair's), and SCM_RIGHTS passes the description, flags
+/// and all: no `ioctl` to set it again.
+fn stream_from_accepted_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
+    // The tests run debug builds: a blocking fd would be caught there.
+    debug_assert!(
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).is_ok_and(|flags| {
+            nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK)
+        }),
+        "the ingress handed over a blocking connection"
+    );
+    TcpStream::from_std(std::net::TcpStream::from(fd))
 }
 
 /// Turns a received fd into a tokio socket. The fd may be a Unix stream

@@ -123,7 +123,7 @@ impl Pump {
             // Streaming: read into the buffer kept from the last write
             // without waiting, so a busy tunnel allocates it once. Nothing
             // there: it idles, and the buffer is given back before the wait.
-            match socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, BUFFER)) {
+            match read_now(socket, &mut self.pending, BUFFER) {
                 Ok(0) => {
                     self.eof = true;
                     self.pending = Vec::new();
@@ -144,7 +144,7 @@ impl Pump {
         };
         let allowance = taken.unwrap_or(BUFFER).min(BUFFER);
         self.pending.reserve(allowance);
-        let read = socket.try_read_buf(&mut bytes::BufMut::limit(&mut self.pending, allowance));
+        let read = read_now(socket, &mut self.pending, allowance);
         if let Some(taken) = taken {
             let used = read.as_ref().map_or(0, |n| *n);
             bucket.refund(taken.saturating_sub(used));
@@ -168,6 +168,31 @@ impl Pump {
             pending: self.pending,
             eof: self.eof,
         }
+    }
+}
+
+/// One read into `pending`, at most `limit` more bytes, without waiting.
+///
+/// A short read (fewer bytes than there was room for) emptied the socket's
+/// receive queue, so its readiness is cleared, as tokio's own `poll_read`
+/// does: the next step then waits for the kernel's word instead of spending a
+/// read on EAGAIN (about two system calls saved per short-lived tunnel).
+/// Clearing goes through `try_io`, which clears only the readiness it saw
+/// before the read (a newer event survives) and never the closed bits.
+fn read_now(socket: &TcpStream, pending: &mut Vec<u8>, limit: usize) -> std::io::Result<usize> {
+    let room = limit.min(pending.capacity() - pending.len());
+    let mut short = None;
+    let read = socket.try_io(tokio::io::Interest::READABLE, || {
+        let n = socket.try_read_buf(&mut bytes::BufMut::limit(&mut *pending, limit))?;
+        if n > 0 && n < room {
+            short = Some(n);
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (read, short) {
+        (_, Some(n)) => Ok(n),
+        (read, None) => read,
     }
 }
 

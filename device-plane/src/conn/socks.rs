@@ -8,7 +8,7 @@
 //! logged at most once a second per source, and a throttled source gets the
 //! failure status without its credentials being checked.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,6 +79,7 @@ enum Asked {
 async fn handshake(
     stream: &mut TcpStream,
     context: &Context,
+    source: IpAddr,
 ) -> Result<(Arc<Client>, Asked), Stop> {
     let mut buffer = Vec::with_capacity(256);
     let greeting = read_message(stream, &mut buffer, socks5::parse_greeting)
@@ -101,11 +102,8 @@ async fn handshake(
     let credentials = read_message(stream, &mut buffer, socks5::parse_user_pass)
         .await?
         .map_err(|e| Stop::Answer(socks5::auth_status(false).to_vec(), e.to_string()))?;
-    // Where the attempt comes from, for the throttle (the unspecified address
-    // only if the customer is already gone).
-    let source = stream
-        .peer_addr()
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip());
+    // Where the attempt comes from, for the throttle: the ingress said so
+    // when it handed the connection over.
     if let Verdict::Throttled { .. } = context.auth.check(source, Protocol::Socks5, Instant::now())
     {
         return Err(Stop::Refused(socks5::auth_status(false).to_vec()));
@@ -171,10 +169,14 @@ fn libc_enetunreach() -> i32 {
     nix::errno::Errno::ENETUNREACH as i32
 }
 
-/// Serves one SOCKS5 customer connection to its end.
-pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64) {
-    let handshake =
-        tokio::time::timeout(context.handshake_timeout, handshake(&mut stream, &context)).await;
+/// Serves one SOCKS5 customer connection to its end; `source` is the
+/// customer's address, as the ingress accepted it.
+pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64, source: IpAddr) {
+    let handshake = tokio::time::timeout(
+        context.handshake_timeout,
+        handshake(&mut stream, &context, source),
+    )
+    .await;
     let (client, asked) = match handshake {
         Err(_) => {
             tracing::debug!(id, "socks5 handshake timed out");

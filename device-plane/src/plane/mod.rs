@@ -111,6 +111,10 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
             welcome.udp_associations,
             std::sync::atomic::Ordering::Relaxed,
         );
+        ready.context.accepted_nodelay.store(
+            welcome.accepted_nodelay,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         ready.context.set_channel(Some(socket.clone()));
         ready.packets.set_channel(Some(socket.clone()));
         let end = attachment::serve(

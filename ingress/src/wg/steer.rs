@@ -1,6 +1,6 @@
 //! The WireGuard UDP port as a SO_REUSEPORT group with room for two ingress
 //! generations, and the classic BPF program that steers datagrams between them
-//! (docs/ARCHITECTURE.md, "Two generations on one UDP port"): the one audited module of the ingress that uses `unsafe`.
+//! (docs/ARCHITECTURE.md, "Two generations on one UDP port"): one of the two audited modules of the ingress that use `unsafe` (with `watched_listener.rs`).
 //!
 //! The group has exactly two members, bound once, in order: member 0 belongs to
 //! generation 0 and member 1 to generation 1. An ingress reads only its own

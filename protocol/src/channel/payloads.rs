@@ -62,6 +62,11 @@ pub struct Welcome {
     /// associations at a deploy instead of handing them over.
     #[serde(default)]
     pub udp_associations: bool,
+    /// The customer listeners have TCP_NODELAY set, which the connections
+    /// they accept inherit: the device plane need not set it on each one.
+    /// An older ingress does not say so, and the plane sets it itself.
+    #[serde(default)]
+    pub accepted_nodelay: bool,
 }
 
 /// Payload of [`Refused`].

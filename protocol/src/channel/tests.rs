@@ -145,6 +145,7 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
             successor: true,
             wants_endpoints: false,
             udp_associations: true,
+            accepted_nodelay: true,
         }),
         ToDevice::Refused(Refused {
             reason: "no".into(),

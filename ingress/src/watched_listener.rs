@@ -1,0 +1,55 @@
+//! A customer TCP listener that tokio watches for readiness but whose
+//! accepted sockets it never registers with epoll: the ingress only passes
+//! them to a device plane (SCM_RIGHTS) and closes its copy, so registering
+//! each one (`epoll_ctl` ADD, then DEL at close) was two system calls per
+//! connection for nothing. Accepting goes through mio (`accept4` with
+//! `SOCK_NONBLOCK | SOCK_CLOEXEC`), so the socket a device plane gets is
+//! non-blocking, as before.
+//!
+//! Audited `unsafe`: one call, [`AsyncFd::register_with_interest`], whose
+//! contract (the fd stays open, and the same, while the `AsyncFd` lives) the
+//! listener it owns upholds; see the SAFETY comment.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::net::SocketAddr;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// A listening TCP socket, accepting without registering what it accepts.
+#[derive(Debug)]
+pub struct WatchedListener {
+    listener: AsyncFd<mio::net::TcpListener>,
+}
+
+impl WatchedListener {
+    /// Takes over a tokio listener (must run inside the runtime).
+    pub fn new(listener: tokio::net::TcpListener) -> io::Result<Self> {
+        let listener = mio::net::TcpListener::from_std(listener.into_std()?);
+        // SAFETY: `register_with_interest` requires the fd `as_raw_fd`
+        // returns to stay open and refer to the same open file description
+        // for as long as the `AsyncFd` lives. The mio listener owns that fd:
+        // it is closed only when the listener is dropped, which happens when
+        // the `AsyncFd` holding it is dropped (it is never taken out), and
+        // `as_raw_fd` on it always returns the one fd it owns.
+        let listener = unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }
+            .map_err(|error| error.into_parts().1)?;
+        Ok(Self { listener })
+    }
+
+    /// Accepts the next connection: a non-blocking socket that no reactor
+    /// watches, and the customer's address. Cancel-safe: nothing is accepted
+    /// while waiting, and the accept itself does not wait.
+    pub async fn accept(&self) -> io::Result<(mio::net::TcpStream, SocketAddr)> {
+        loop {
+            let mut ready = self.listener.readable().await?;
+            match ready.try_io(|listener| listener.get_ref().accept()) {
+                Ok(accepted) => return accepted,
+                // Nothing left to accept: readiness is cleared; wait again.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
