@@ -62,10 +62,12 @@ soak: deps
 	BLIPLESS_PROFILE=release BLIPLESS_TEST_LOG=info "$${CARGO_TARGET_DIR:-target}/release/blipless-soak" --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
 
 ## lint: formatting, clippy with warnings as errors, and cargo deny (licenses,
-## duplicate versions reported, sources; deny.toml says why not advisories).
+## duplicate versions reported, sources; deny.toml says why not advisories); the
+## fuzz targets type-check, so a changed message shape cannot wait for make fuzz.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	cd fuzz && $(CARGO) check --features ingress --bins
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install cargo-deny --version $(CARGO_DENY_VERSION) --locked
 	$(CARGO) fetch --locked >/dev/null
 	$(CARGO) deny --offline check licenses bans sources

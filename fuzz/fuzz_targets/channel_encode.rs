@@ -236,6 +236,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
             successor: u.arbitrary()?,
             wants_endpoints: u.arbitrary()?,
             udp_associations: u.arbitrary()?,
+            accepted_nodelay: u.arbitrary()?,
         }),
         1 => ToDevice::Refused(refused(u)?),
         2 => ToDevice::Accepted(Accepted {
