@@ -374,8 +374,9 @@ fn a_tunnel_with_a_full_buffer_moves_with_every_pending_byte() {
     let mut node = Node::new("");
     let (_ingress, mut device, client) = node.start();
     let size = 16 * 1024 * 1024;
-    // How much a full buffer holds at the moment of the deploy depends on the
-    // last read; a run over 64 KiB travels in a pipe. Try a few deploys until
+    // How much a full buffer (or, once the tunnel splices, its pipe) holds at
+    // the moment of the deploy depends on the last read; a run over 64 KiB
+    // travels in a pipe. Try a few deploys until
     // one carried a pipe; every one must deliver every byte.
     let mut piped = false;
     for attempt in 1..=6 {

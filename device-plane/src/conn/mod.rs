@@ -16,6 +16,7 @@ pub mod http;
 pub mod piped;
 pub mod relay;
 pub mod socks;
+pub mod splice;
 pub mod tunnel;
 pub mod udp_associate;
 

@@ -10,6 +10,14 @@
 //! account is what [`RelayEnd::Handover`] returns and what a successor
 //! resumes from, byte-exact.
 //!
+//! A direction that has moved [`SPLICE_AFTER`] bytes is bulk: from then on
+//! its bytes go from socket to socket through a pipe with splice(2)
+//! ([`super::splice`]) and never through this process's memory. The pipe's
+//! bytes are read and not yet written like the buffer's, so a handover reads
+//! them out into the pending bytes it returns. Short exchanges never splice
+//! (a pipe costs two descriptors and three system calls), and a direction
+//! takes a pipe only while the plane's descriptor budget has room.
+//!
 //! A client with a rate limit (docs/LIMITS.md) takes tokens from its bucket
 //! before each read, reads at most that and gives back the rest: the sender
 //! is slowed by TCP's own flow control, nothing is dropped. Waiting for the
@@ -27,12 +35,20 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::splice::Pipe;
 use super::tunnel::Tunnel;
 use crate::clients::limiter::{Bucket, Limiter};
 use crate::clients::Meter;
 
 /// Most bytes one read takes, so at most this many are in flight per direction.
 pub const BUFFER: usize = 256 * 1024;
+
+/// Bytes a direction moves by copying before it splices instead, and again
+/// before it asks once more when no pipe could be had.
+pub const SPLICE_AFTER: u64 = 256 * 1024;
+
+/// Whether a direction may take a pipe now (the plane's descriptor budget).
+pub type MaySplice<'a> = &'a (dyn Fn() -> bool + Send + Sync);
 
 /// How a relay ended.
 #[derive(Debug)]
@@ -63,15 +79,20 @@ impl<H> RelayEnd<H> {
     }
 }
 
-/// One direction: `pending[start..]` is read and not yet written. The
-/// buffer exists only while the direction streams: an idle tunnel holds no
-/// buffer (it is given back as soon as a read finds nothing), and a read
-/// reserves one only once the socket is readable.
+/// One direction: `pending[start..]`, then what `pipe` holds, is read and
+/// not yet written. The buffer exists only while the direction streams by
+/// copying: an idle tunnel holds no buffer (it is given back as soon as a
+/// read finds nothing), and a read reserves one only once the socket is
+/// readable. Once the direction splices, its bytes are in the pipe and the
+/// buffer only ever drains what it held before.
 struct Pump {
     pending: Vec<u8>,
     start: usize,
     eof: bool,
     shut: bool,
+    /// Bytes written by copying since the last time a pipe was asked for.
+    copied: u64,
+    pipe: Option<Pipe>,
 }
 
 impl Pump {
@@ -81,6 +102,8 @@ impl Pump {
             start: 0,
             eof: direction.eof,
             shut: false,
+            copied: 0,
+            pipe: None,
         }
     }
 
@@ -89,13 +112,15 @@ impl Pump {
     }
 
     /// One read, one write or the half-close; returns the bytes written.
-    /// Reads are bounded by `bucket` and counted against `limiter`'s quota.
+    /// Reads are bounded by `bucket`, bytes written are counted against
+    /// `limiter`'s quota.
     async fn step(
         &mut self,
         read: &ReadHalf<'_>,
         write: &mut WriteHalf<'_>,
         bucket: &Bucket,
         limiter: &Limiter,
+        may_splice: MaySplice<'_>,
     ) -> std::io::Result<usize> {
         if self.start < self.pending.len() {
             let written = write.write(&self.pending[self.start..]).await?;
@@ -103,6 +128,7 @@ impl Pump {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
             limiter.charge_quota(written);
+            self.copied += written as u64;
             self.start += written;
             if self.start == self.pending.len() {
                 // Drained: empty, but the buffer is kept for the next read
@@ -112,6 +138,20 @@ impl Pump {
             }
             return Ok(written);
         }
+        if let Some(pipe) = self.pipe.as_mut().filter(|pipe| pipe.held() > 0) {
+            let socket: &TcpStream = write.as_ref();
+            let written = loop {
+                match pipe.drain(socket) {
+                    Ok(written) => break written,
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                        socket.writable().await?;
+                    }
+                    Err(error) => return Err(error),
+                }
+            };
+            limiter.charge_quota(written);
+            return Ok(written);
+        }
         if self.eof {
             // Pass the half-close on; the other direction keeps going.
             let _ = write.shutdown().await;
@@ -119,6 +159,21 @@ impl Pump {
             return Ok(0);
         }
         let socket: &TcpStream = read.as_ref();
+        if self.pipe.is_none() && self.copied >= SPLICE_AFTER {
+            // Bulk: splice from now on if a pipe can be had; if not, copy
+            // on and ask again after as many bytes more.
+            self.copied = 0;
+            if may_splice() {
+                if let Ok(pipe) = Pipe::new(BUFFER) {
+                    self.pipe = Some(pipe);
+                    self.pending = Vec::new();
+                    self.start = 0;
+                }
+            }
+        }
+        if let Some(pipe) = self.pipe.as_mut() {
+            return splice_in(pipe, socket, bucket, &mut self.eof).await;
+        }
         if self.pending.capacity() > 0 && !bucket.is_limited() {
             // Streaming: read into the buffer kept from the last write
             // without waiting, so a busy tunnel allocates it once. Nothing
@@ -162,13 +217,62 @@ impl Pump {
         Ok(0)
     }
 
-    fn into_direction(mut self) -> Direction {
+    /// What this direction has read and not written, for a successor: the
+    /// buffer's bytes, then the pipe's. Fails only if the pipe, which holds
+    /// the bytes already, cannot be read.
+    fn into_direction(mut self) -> std::io::Result<Direction> {
         self.pending.drain(..self.start);
-        Direction {
+        if let Some(pipe) = self.pipe.as_mut() {
+            let held = pipe.take()?;
+            self.pending.extend_from_slice(&held);
+        }
+        Ok(Direction {
             pending: self.pending,
             eof: self.eof,
+        })
+    }
+}
+
+/// A splicing direction's read: one splice from `socket` into the empty
+/// `pipe`, bounded by `bucket` as a copying read is; EOF sets `eof`.
+async fn splice_in(
+    pipe: &mut Pipe,
+    socket: &TcpStream,
+    bucket: &Bucket,
+    eof: &mut bool,
+) -> std::io::Result<usize> {
+    if !bucket.is_limited() {
+        // Streaming: splice without waiting first; nothing there, wait.
+        match pipe.fill(socket, BUFFER) {
+            Ok(0) => {
+                *eof = true;
+                return Ok(0);
+            }
+            Ok(_) => return Ok(0),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
         }
     }
+    socket.readable().await?;
+    let taken = if bucket.is_limited() {
+        bucket.take().await
+    } else {
+        None
+    };
+    let allowance = taken.unwrap_or(BUFFER).min(BUFFER);
+    let filled = pipe.fill(socket, allowance);
+    if let Some(taken) = taken {
+        let used = filled.as_ref().map_or(0, |n| *n);
+        bucket.refund(taken.saturating_sub(used));
+    }
+    match filled {
+        Ok(0) => *eof = true,
+        Ok(_) => {}
+        // A spurious wake-up: wait for readiness again.
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(error) => return Err(error),
+    }
+    Ok(0)
 }
 
 /// One read into `pending`, at most `limit` more bytes, without waiting.
@@ -198,7 +302,8 @@ fn read_now(socket: &TcpStream, pending: &mut Vec<u8>, limit: usize) -> std::io:
 
 /// Relays `tunnel` until it ends. Bytes written each way are counted into
 /// `meter`. When `handover` completes, stops where it stands and returns
-/// the tunnel for a successor, with the future's output.
+/// the tunnel for a successor, with the future's output. A bulk direction
+/// splices when `may_splice` says a pipe may be had.
 pub async fn relay<H>(
     tunnel: Tunnel,
     meter: &Meter,
@@ -206,6 +311,7 @@ pub async fn relay<H>(
     idle_timeout: Duration,
     cut: &CancellationToken,
     handover: impl Future<Output = H>,
+    may_splice: MaySplice<'_>,
 ) -> RelayEnd<H> {
     use std::sync::atomic::Ordering::Relaxed;
     let Tunnel {
@@ -232,14 +338,14 @@ pub async fn relay<H>(
                 biased;
                 () = cut.cancelled() => break Stop::Cut,
                 slot = &mut handover => break Stop::Handover(slot),
-                moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter), if !up.done() => match moved {
+                moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter, may_splice), if !up.done() => match moved {
                     Ok(n) => {
                         meter.up.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
                     }
                     Err(_) => break Stop::Failed,
                 },
-                moved = down.step(&egress_read, &mut client_write, &limiter.down, limiter), if !down.done() => match moved {
+                moved = down.step(&egress_read, &mut client_write, &limiter.down, limiter, may_splice), if !down.done() => match moved {
                     Ok(n) => {
                         meter.down.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
@@ -260,15 +366,21 @@ pub async fn relay<H>(
         Stop::Failed => RelayEnd::Failed,
         Stop::Idle => RelayEnd::Idle,
         Stop::Cut => RelayEnd::Cut,
-        Stop::Handover(slot) => RelayEnd::Handover(
-            Tunnel {
-                client,
-                egress,
-                up: up.into_direction(),
-                down: down.into_direction(),
-            },
-            slot,
-        ),
+        Stop::Handover(slot) => match (up.into_direction(), down.into_direction()) {
+            (Ok(up), Ok(down)) => RelayEnd::Handover(
+                Tunnel {
+                    client,
+                    egress,
+                    up,
+                    down,
+                },
+                slot,
+            ),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::warn!(%error, "a spliced tunnel's pipe could not be read out: closed");
+                RelayEnd::Failed
+            }
+        },
     }
 }
 
@@ -324,6 +436,7 @@ mod tests {
             Duration::from_secs(5),
             &cut,
             std::future::pending::<()>(),
+            &|| true,
         );
         let peers = async {
             customer.write_all(b"hello").await.expect("write");
@@ -354,6 +467,7 @@ mod tests {
             Duration::from_millis(200),
             &cut,
             std::future::pending::<()>(),
+            &|| true,
         )
         .await;
         assert!(matches!(end, RelayEnd::Idle));
@@ -371,6 +485,7 @@ mod tests {
             Duration::from_secs(30),
             &cut,
             std::future::pending::<()>(),
+            &|| true,
         )
         .await;
         assert!(matches!(end, RelayEnd::Cut));
@@ -417,6 +532,7 @@ mod tests {
                 Duration::from_secs(10),
                 &cut,
                 handover,
+                &|| true,
             )
             .await
             {
@@ -435,5 +551,71 @@ mod tests {
         assert_eq!(reader.await.expect("reader"), data);
         assert!(handovers > 0, "the test handed over at least once");
         assert_eq!(meter.up.load(Relaxed), total as u64);
+    }
+
+    /// A bulk tunnel splices, and a handover while its destination is not
+    /// reading finds bytes in the pipe: they come back as pending bytes and
+    /// the resumed relay (copying, as a successor starts) delivers every
+    /// byte once. With no pipe allowed, the same transfer copies, exact too.
+    #[tokio::test]
+    async fn a_handover_reads_the_pipe_out_byte_exact() {
+        for allowed in [true, false] {
+            let (tunnel, mut customer, mut destination) = tunnel(b"").await;
+            // More than the loopback socket buffers hold, so the relay
+            // ends up waiting to write with bytes read and unwritten.
+            let total: usize = 32 * 1024 * 1024;
+            let data: Vec<u8> = (0..total).map(|i| (i * 13 % 251) as u8).collect();
+            let sent = data.clone();
+            let writer = tokio::spawn(async move {
+                customer.write_all(&sent).await.expect("write");
+                customer.shutdown().await.expect("shutdown");
+                customer
+            });
+            let asked = std::sync::atomic::AtomicU64::new(0);
+            let may_splice = || {
+                asked.fetch_add(1, Relaxed);
+                allowed
+            };
+            let meter = Meter::default();
+            let cut = CancellationToken::new();
+            let end = relay(
+                tunnel,
+                &meter,
+                &Limiter::default(),
+                Duration::from_secs(30),
+                &cut,
+                tokio::time::sleep(Duration::from_millis(300)),
+                &may_splice,
+            )
+            .await;
+            let RelayEnd::Handover(state, ()) = end else {
+                panic!("relay ended {}", end.as_str());
+            };
+            assert!(asked.load(Relaxed) > 0, "a bulk direction asks for a pipe");
+            assert!(!state.up.pending.is_empty(), "stopped with bytes unwritten");
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::new();
+                destination.read_to_end(&mut got).await.expect("read");
+                destination.shutdown().await.expect("shutdown");
+                got
+            });
+            let end = relay(
+                state,
+                &meter,
+                &Limiter::default(),
+                Duration::from_secs(30),
+                &cut,
+                std::future::pending::<()>(),
+                &may_splice,
+            )
+            .await;
+            assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
+            let _customer = writer.await.expect("writer");
+            assert!(
+                reader.await.expect("reader") == data,
+                "bytes exact (allowed: {allowed})"
+            );
+            assert_eq!(meter.up.load(Relaxed), total as u64);
+        }
     }
 }

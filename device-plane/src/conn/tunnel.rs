@@ -91,8 +91,16 @@ pub async fn run(
             }
         };
         let over_quota = client.limiter.over_quota_token();
+        // A bulk direction's pipe is two more descriptors: one is asked for
+        // only while the budget would admit twice the connections open (a
+        // connection is reckoned at three; splicing both ways, it holds six).
+        let may_splice = || {
+            context
+                .fds
+                .admits((context.connections.len() as u64).saturating_mul(2))
+        };
         let end = tokio::select! {
-            end = relay(tunnel, &client.meter, &client.limiter, context.idle_timeout, &cut, handover) => end,
+            end = relay(tunnel, &client.meter, &client.limiter, context.idle_timeout, &cut, handover, &may_splice) => end,
             () = client.revoked.cancelled() => RelayEnd::Cut,
             () = over_quota.cancelled() => {
                 tracing::info!(id, client = %name, "tunnel closed: its client is over its quota");
