@@ -191,25 +191,14 @@ impl Pump {
                 Err(error) => return Err(error),
             }
         }
-        socket.readable().await?;
-        let taken = if bucket.is_limited() {
-            bucket.take().await
-        } else {
-            None
-        };
-        let allowance = taken.unwrap_or(BUFFER).min(BUFFER);
-        self.pending.reserve(allowance);
-        let read = read_now(socket, &mut self.pending, allowance);
-        if let Some(taken) = taken {
-            let used = read.as_ref().map_or(0, |n| *n);
-            bucket.refund(taken.saturating_sub(used));
-        }
-        match read {
-            Ok(0) => self.eof = true,
-            Ok(_) => {}
-            // A spurious wake-up: wait for readiness again.
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(error) => return Err(error),
+        let pending = &mut self.pending;
+        let read = read_when_ready(socket, bucket, |allowance| {
+            pending.reserve(allowance);
+            read_now(socket, pending, allowance)
+        })
+        .await?;
+        if read == Some(0) {
+            self.eof = true;
         }
         if self.pending.is_empty() {
             self.pending = Vec::new();
@@ -253,6 +242,22 @@ async fn splice_in(
             Err(error) => return Err(error),
         }
     }
+    if read_when_ready(socket, bucket, |allowance| pipe.fill(socket, allowance)).await? == Some(0) {
+        *eof = true;
+    }
+    Ok(0)
+}
+
+/// Waits until `socket` is readable, takes `bucket`'s tokens if it is
+/// limited, then makes one read of at most that allowance (a whole buffer
+/// when unlimited) with `read` and gives back the tokens it did not use.
+/// `Some(0)` is EOF; `None` a spurious wake-up (nothing read: the caller
+/// waits for readiness again). No await lies between the take and the read.
+async fn read_when_ready(
+    socket: &TcpStream,
+    bucket: &Bucket,
+    read: impl FnOnce(usize) -> std::io::Result<usize>,
+) -> std::io::Result<Option<usize>> {
     socket.readable().await?;
     let taken = if bucket.is_limited() {
         bucket.take().await
@@ -260,19 +265,16 @@ async fn splice_in(
         None
     };
     let allowance = taken.unwrap_or(BUFFER).min(BUFFER);
-    let filled = pipe.fill(socket, allowance);
+    let read = read(allowance);
     if let Some(taken) = taken {
-        let used = filled.as_ref().map_or(0, |n| *n);
+        let used = read.as_ref().map_or(0, |n| *n);
         bucket.refund(taken.saturating_sub(used));
     }
-    match filled {
-        Ok(0) => *eof = true,
-        Ok(_) => {}
-        // A spurious wake-up: wait for readiness again.
-        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-        Err(error) => return Err(error),
+    match read {
+        Ok(n) => Ok(Some(n)),
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(error) => Err(error),
     }
-    Ok(0)
 }
 
 /// One read into `pending`, at most `limit` more bytes, without waiting.
