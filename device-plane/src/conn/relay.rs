@@ -396,14 +396,14 @@ enum Stop<H> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     /// A connected pair of loopback sockets: (ours, theirs).
-    async fn pair() -> (TcpStream, TcpStream) {
+    pub(crate) async fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (ours, theirs) = tokio::join!(TcpStream::connect(address), listener.accept());

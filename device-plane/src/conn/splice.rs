@@ -123,15 +123,8 @@ fn splice_retrying(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::relay::tests::pair;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let address = listener.local_addr().expect("address");
-        let (ours, theirs) = tokio::join!(TcpStream::connect(address), listener.accept());
-        (ours.expect("connect"), theirs.expect("accept").0)
-    }
 
     /// Bytes spliced in come out either through the other socket or, at a
     /// handover, through `take`: each byte exactly once, in order.
