@@ -63,18 +63,28 @@ pub fn closed(stream: &mut TcpStream) -> bool {
 
 /// Greets with username/password, authenticates, and returns the auth status byte.
 pub fn socks5_login(stream: &mut TcpStream, user: &str, password: &str) -> u8 {
-    stream.write_all(&[5, 1, 2]).expect("greeting");
-    assert_eq!(
-        read_exact(stream, 2),
-        [5, 2],
-        "server chose username/password"
-    );
+    let status = try_socks5_login(stream, user, password);
+    status.expect("server chose username/password, not 0xFF (no acceptable method)")
+}
+
+/// Like [`socks5_login`], but `None` instead of a panic when the server
+/// refuses the method (`[5, 0xFF]`, as a plane at its connection cap does)
+/// or closes before choosing one (as a plane at its fd limit does): for
+/// polling until a refusing plane serves again.
+pub fn try_socks5_login(stream: &mut TcpStream, user: &str, password: &str) -> Option<u8> {
+    stream.write_all(&[5, 1, 2]).ok()?;
+    let mut method = [0u8; 2];
+    stream.read_exact(&mut method).ok()?;
+    if method == [5, 0xFF] {
+        return None;
+    }
+    assert_eq!(method, [5, 2], "server chose username/password");
     let mut auth = vec![1, user.len() as u8];
     auth.extend_from_slice(user.as_bytes());
     auth.push(password.len() as u8);
     auth.extend_from_slice(password.as_bytes());
     stream.write_all(&auth).expect("credentials");
-    read_exact(stream, 2)[1]
+    Some(read_exact(stream, 2)[1])
 }
 
 /// Sends a CONNECT to an IPv4 address and returns the reply code.
