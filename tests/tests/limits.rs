@@ -394,7 +394,9 @@ fn two_nodes_on_one_redis_share_a_quota() {
         (3_000_000..=6_500_000).contains(&got),
         "node b got {got} bytes: the quota was not shared"
     );
-    assert!(db.log_text().contains("over its quota"));
+    wait_until(Duration::from_secs(10), "node b to say why it cut", || {
+        db.log_text().contains("over its quota")
+    });
     // Both nodes refuse the next connection (node a once it looks: it is
     // near the quota, so it looks every flush).
     for node in [&b, &a] {
