@@ -61,14 +61,14 @@ pub fn write_docs(command: clap::Command, name: &str, dir: &std::path::Path) -> 
 /// its parsed `args` to its exit status: under the stand-in if `--supervise`
 /// asks for it (before anything else is loaded); otherwise it loads the
 /// configuration (exit 64 when it is wrong), sets up logging and the
-/// open-file limit, and runs `serve(config, shutdown)` on a multi-threaded
-/// runtime, `shutdown` being cancelled by SIGTERM, SIGINT, or a SIGUSR2 that
+/// open-file limit, and runs `serve(config, shutdown)` as a task on a
+/// multi-threaded runtime, `shutdown` being cancelled by SIGTERM, SIGINT, or a SIGUSR2 that
 /// no successor answered within `drain.grace`. An error from `serve` is
 /// logged, printed, and exits 1.
 pub fn main<F, Fut>(name: &str, args: DaemonArgs, serve: F) -> ExitCode
 where
     F: FnOnce(Config, CancellationToken) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     main_with(name, args, |_| Ok(None), serve)
 }
@@ -81,7 +81,7 @@ pub fn main_with<B, F, Fut>(name: &str, args: DaemonArgs, before_threads: B, ser
 where
     B: FnOnce(&Config) -> Result<Option<String>, String>,
     F: FnOnce(Config, CancellationToken) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     if args.supervise {
         return supervise(name);
@@ -135,7 +135,7 @@ fn supervise(name: &str) -> ExitCode {
 fn run<F, Fut>(config: Config, serve: F) -> anyhow::Result<()>
 where
     F: FnOnce(Config, CancellationToken) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
@@ -171,7 +171,16 @@ where
             shutdown.clone(),
         ));
         tokio::spawn(tell_stopping(shutdown.clone()));
-        serve(config, shutdown).await
+        // On a worker, not on this thread: a task `serve` spawns (a
+        // connection the device plane takes, say) then starts on the same
+        // worker, with no other thread woken to steal it from the runtime's
+        // shared queue. That wake-up and the hop cost every new connection
+        // a futex call and a thread switch or more.
+        match tokio::spawn(serve(config, shutdown)).await {
+            Ok(result) => result,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => Err(anyhow::anyhow!("the daemon's task ended: {error}")),
+        }
     })
 }
 
