@@ -82,7 +82,7 @@ pub async fn serve(
             }
         };
         context.metrics.count_accepted(kind);
-        let local = match stream.local_addr() {
+        let local = match listener.local_addr_of(&stream) {
             Ok(local) => local,
             Err(error) => {
                 tracing::debug!(%error, "accepted socket already gone");

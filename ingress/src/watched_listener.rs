@@ -22,12 +22,17 @@ use tokio::io::Interest;
 #[derive(Debug)]
 pub struct WatchedListener {
     listener: AsyncFd<mio::net::TcpListener>,
+    /// The address it listens on, when that is one address (not a
+    /// wildcard): then every accepted socket's local address is this one,
+    /// and no `getsockname` per connection is needed to know it.
+    bound: Option<SocketAddr>,
 }
 
 impl WatchedListener {
     /// Takes over a tokio listener (must run inside the runtime).
     pub fn new(listener: tokio::net::TcpListener) -> io::Result<Self> {
         let listener = mio::net::TcpListener::from_std(listener.into_std()?);
+        let bound = Some(listener.local_addr()?).filter(|address| !address.ip().is_unspecified());
         // SAFETY: `register_with_interest` requires the fd `as_raw_fd`
         // returns to stay open and refer to the same open file description
         // for as long as the `AsyncFd` lives. The mio listener owns that fd:
@@ -36,7 +41,16 @@ impl WatchedListener {
         // `as_raw_fd` on it always returns the one fd it owns.
         let listener = unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }
             .map_err(|error| error.into_parts().1)?;
-        Ok(Self { listener })
+        Ok(Self { listener, bound })
+    }
+
+    /// The local address of a socket this listener accepted: the listener's
+    /// own, or (on a wildcard address) the socket's, asked of the kernel.
+    pub fn local_addr_of(&self, accepted: &mio::net::TcpStream) -> io::Result<SocketAddr> {
+        match self.bound {
+            Some(bound) => Ok(bound),
+            None => accepted.local_addr(),
+        }
     }
 
     /// Accepts the next connection: a non-blocking socket that no reactor

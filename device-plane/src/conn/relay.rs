@@ -121,6 +121,7 @@ impl Pump {
         bucket: &Bucket,
         limiter: &Limiter,
         may_splice: MaySplice<'_>,
+        other_done: bool,
     ) -> std::io::Result<usize> {
         if self.start < self.pending.len() {
             let written = write.write(&self.pending[self.start..]).await?;
@@ -153,8 +154,13 @@ impl Pump {
             return Ok(written);
         }
         if self.eof {
-            // Pass the half-close on; the other direction keeps going.
-            let _ = write.shutdown().await;
+            // Pass the half-close on; the other direction keeps going. If it
+            // is done, the tunnel closes both sockets next, and the close
+            // sends the same FIN (nothing is left unread: that direction
+            // read to its end): no `shutdown` call for it.
+            if !other_done {
+                let _ = write.shutdown().await;
+            }
             self.shut = true;
             return Ok(0);
         }
@@ -333,21 +339,22 @@ pub async fn relay<H>(
         let (client_read, mut client_write) = client.split();
         let (egress_read, mut egress_write) = egress.split();
         loop {
-            if up.done() && down.done() {
+            let (up_done, down_done) = (up.done(), down.done());
+            if up_done && down_done {
                 break Stop::Finished;
             }
             tokio::select! {
                 biased;
                 () = cut.cancelled() => break Stop::Cut,
                 slot = &mut handover => break Stop::Handover(slot),
-                moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter, may_splice), if !up.done() => match moved {
+                moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter, may_splice, down_done), if !up_done => match moved {
                     Ok(n) => {
                         meter.up.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
                     }
                     Err(_) => break Stop::Failed,
                 },
-                moved = down.step(&egress_read, &mut client_write, &limiter.down, limiter, may_splice), if !down.done() => match moved {
+                moved = down.step(&egress_read, &mut client_write, &limiter.down, limiter, may_splice, up_done), if !down_done => match moved {
                     Ok(n) => {
                         meter.down.fetch_add(n as u64, Relaxed);
                         last_activity = Instant::now();
