@@ -417,6 +417,19 @@ pub(crate) mod tests {
         (ours.expect("connect"), theirs.expect("accept").0)
     }
 
+    /// Writes `bytes` into `customer` and half-closes it, in a task that
+    /// gives the socket back (kept open until the test is done with it).
+    fn write_then_close(
+        mut customer: TcpStream,
+        bytes: Vec<u8>,
+    ) -> tokio::task::JoinHandle<TcpStream> {
+        tokio::spawn(async move {
+            customer.write_all(&bytes).await.expect("write");
+            customer.shutdown().await.expect("shutdown");
+            customer
+        })
+    }
+
     async fn tunnel(up_pending: &[u8]) -> (Tunnel, TcpStream, TcpStream) {
         let (client, customer) = pair().await;
         let (egress, destination) = pair().await;
@@ -504,15 +517,10 @@ pub(crate) mod tests {
     /// the returned state: the destination sees every byte exactly once.
     #[tokio::test]
     async fn handover_and_resume_is_byte_exact() {
-        let (mut tunnel, mut customer, mut destination) = tunnel(b"").await;
+        let (mut tunnel, customer, mut destination) = tunnel(b"").await;
         let total: usize = 4 * 1024 * 1024;
         let data: Vec<u8> = (0..total).map(|i| (i * 31 % 251) as u8).collect();
-        let sent = data.clone();
-        let writer = tokio::spawn(async move {
-            customer.write_all(&sent).await.expect("write");
-            customer.shutdown().await.expect("shutdown");
-            customer
-        });
+        let writer = write_then_close(customer, data.clone());
         // The destination reads at a pace (a millisecond a chunk), so the
         // transfer outlasts the first 3 ms handover even on a fast machine.
         let reader = tokio::spawn(async move {
@@ -569,17 +577,12 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_handover_reads_the_pipe_out_byte_exact() {
         for allowed in [true, false] {
-            let (tunnel, mut customer, mut destination) = tunnel(b"").await;
+            let (tunnel, customer, mut destination) = tunnel(b"").await;
             // More than the loopback socket buffers hold, so the relay
             // ends up waiting to write with bytes read and unwritten.
             let total: usize = 32 * 1024 * 1024;
             let data: Vec<u8> = (0..total).map(|i| (i * 13 % 251) as u8).collect();
-            let sent = data.clone();
-            let writer = tokio::spawn(async move {
-                customer.write_all(&sent).await.expect("write");
-                customer.shutdown().await.expect("shutdown");
-                customer
-            });
+            let writer = write_then_close(customer, data.clone());
             let asked = std::sync::atomic::AtomicU64::new(0);
             let may_splice = || {
                 asked.fetch_add(1, Relaxed);
