@@ -62,9 +62,9 @@ pub fn write_docs(command: clap::Command, name: &str, dir: &std::path::Path) -> 
 /// asks for it (before anything else is loaded); otherwise it loads the
 /// configuration (exit 64 when it is wrong), sets up logging and the
 /// open-file limit, and runs `serve(config, shutdown)` as a task on a
-/// multi-threaded runtime, `shutdown` being cancelled by SIGTERM, SIGINT, or a SIGUSR2 that
-/// no successor answered within `drain.grace`. An error from `serve` is
-/// logged, printed, and exits 1.
+/// multi-threaded runtime, `shutdown` being cancelled by SIGTERM, SIGINT,
+/// or a SIGUSR2 that no successor answered within `drain.grace`. An error
+/// from `serve` is logged, printed, and exits 1.
 pub fn main<F, Fut>(name: &str, args: DaemonArgs, serve: F) -> ExitCode
 where
     F: FnOnce(Config, CancellationToken) -> Fut,

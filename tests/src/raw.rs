@@ -64,7 +64,7 @@ pub fn closed(stream: &mut TcpStream) -> bool {
 /// Greets with username/password, authenticates, and returns the auth status byte.
 pub fn socks5_login(stream: &mut TcpStream, user: &str, password: &str) -> u8 {
     let status = try_socks5_login(stream, user, password);
-    status.expect("server chose username/password, not 0xFF (no acceptable method)")
+    status.expect("the server refused username/password (0xFF) or closed before choosing a method")
 }
 
 /// Like [`socks5_login`], but `None` instead of a panic when the server
