@@ -70,6 +70,7 @@ pub(crate) fn placeholder() -> Config {
                 name: String::new(),
                 out_interface: String::new(),
                 manage: false,
+                offload: false,
                 queues: 0,
                 user: None,
                 group: None,

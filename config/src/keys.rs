@@ -216,6 +216,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy.",
             |c| &mut c.egress.tun.queues,
         ),
+        Key::new::<Flag>(
+            "egress.tun.offload",
+            Text("false"),
+            "true: the first queue of the TUN device carries virtio-net headers, and TCP is read and written as super-packets (GSO/GRO). Takes effect when a device with no queue attached gets its first; a plane of a version without it must not inherit such queues (docs/WIREGUARD.md, \"TUN offload\").",
+            |c| &mut c.egress.tun.offload,
+        ),
         Key::new::<OptionalAccount>(
             "egress.tun.user",
             Unset { example: "blipless" },

@@ -177,6 +177,9 @@ pub struct TunConfig {
     pub manage: bool,
     /// Queues each device plane attaches to the multi-queue TUN device.
     pub queues: usize,
+    /// Whether the first queue asks for virtio-net headers and TCP offload
+    /// (TCP super-packets read and written whole; docs/WIREGUARD.md).
+    pub offload: bool,
     /// The TUN device's owner (a user name or uid) that `net setup` sets;
     /// `None`: whoever runs `net setup`.
     pub user: Option<String>,

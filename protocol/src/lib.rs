@@ -4,6 +4,8 @@
 //!   (one frame per SOCK_SEQPACKET message, file descriptors beside it).
 //! - [`control`]: the JSON-lines messages of the ingress control socket.
 //! - [`ip`]: the addresses in an inner IP packet's header.
+//! - [`offload`]: the virtio-net header of an offload TUN queue, TCP
+//!   segmentation of what it reads and joining of what it writes.
 //! - [`udp`]: a UDP datagram in an inner IPv4 packet, read and built (the
 //!   device plane's DNS gateway).
 //! - [`wg_uapi`]: the read-only half of WireGuard's userspace API (`wg show`).
@@ -36,6 +38,7 @@ pub mod channel;
 pub mod control;
 pub mod http_target;
 pub mod ip;
+pub mod offload;
 pub mod proxy_auth;
 pub mod socks5;
 pub mod udp;

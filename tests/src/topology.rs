@@ -193,12 +193,18 @@ impl WgWorld {
     /// [`WgWorld::new`] with `wireguard` appended to the node's `[wireguard]`
     /// table and the client routing `routes` through the tunnel too.
     pub fn with(s: u8, wireguard: &str, routes: &[&str]) -> WgWorld {
+        Self::with_tun(s, "", wireguard, routes)
+    }
+
+    /// [`WgWorld::with`] with `tun` appended to the node's `[egress.tun]`
+    /// table too (`offload = true`, say).
+    pub fn with_tun(s: u8, tun: &str, wireguard: &str, routes: &[&str]) -> WgWorld {
         let net = Topology::new(s);
         let mut node = Node::in_netns(
             net.node_ns.name(),
             &format!("allow = [\"{}\"]", net.internet_net),
             &format!(
-                "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
+                "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n{tun}\n\n\
                  [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\n{wireguard}",
                 net.uplink,
                 net.endpoint()

@@ -280,7 +280,7 @@ fn net_setup_makes_the_tun_owned_by_the_service_user() {
             .build()
             .map_err(|e| format!("runtime: {e}"))?;
         let queue = runtime
-            .block_on(async { TunQueue::attach(TUN) })
+            .block_on(async { TunQueue::attach(TUN, false) })
             .map_err(|e| format!("attach: {e}"))?;
         let _ = attached_tx.send(());
         let _ = release_rx.recv_timeout(PATIENCE);
@@ -358,7 +358,7 @@ fn tun_queues_carry_packets_and_detach() {
 
 async fn exercise_queues() -> TestResult {
     // Clear errors for the wrong devices.
-    let missing = TunQueue::attach("nosuch0")
+    let missing = TunQueue::attach("nosuch0", false)
         .err()
         .ok_or("attached nosuch0")?;
     if missing.kind() != std::io::ErrorKind::NotFound
@@ -366,7 +366,7 @@ async fn exercise_queues() -> TestResult {
     {
         return Err(format!("attaching a missing device said: {missing}"));
     }
-    let single = TunQueue::attach("single0")
+    let single = TunQueue::attach("single0", false)
         .err()
         .ok_or("attached single0")?;
     if single.kind() != std::io::ErrorKind::InvalidInput
@@ -375,7 +375,7 @@ async fn exercise_queues() -> TestResult {
         return Err(format!("attaching a single-queue device said: {single}"));
     }
 
-    let queues = attach_queues(TUN, 2).map_err(|e| format!("attach_queues: {e}"))?;
+    let queues = attach_queues(TUN, 2, false).map_err(|e| format!("attach_queues: {e}"))?;
     let [a, b] = <[TunQueue; 2]>::try_from(queues).map_err(|_| "not two queues")?;
 
     // Out: a datagram sent to a client address leaves through a queue as a
@@ -494,6 +494,83 @@ async fn exercise_queues() -> TestResult {
         return Err(format!(
             "after reattach, none of {flows} flows reached the queue"
         ));
+    }
+    if a.offload() || b.offload() {
+        return Err("queues attached without offload carry virtio-net headers".into());
+    }
+    drop((a, b));
+    offload_is_the_first_queues_choice().await
+}
+
+/// The virtio-net header mode is the device's, chosen by the first queue of
+/// a device with none attached; later queues get it whatever they ask.
+async fn offload_is_the_first_queues_choice() -> TestResult {
+    let first = TunQueue::attach(TUN, true).map_err(|e| format!("attach, offload: {e}"))?;
+    let second = TunQueue::attach(TUN, false).map_err(|e| format!("attach: {e}"))?;
+    if !first.offload() || !second.offload() {
+        return Err(format!(
+            "first queue offload {}, second {}: both should carry headers",
+            first.offload(),
+            second.offload()
+        ));
+    }
+    // Out through an offload queue: a header, then the packet.
+    let socket = tokio::net::UdpSocket::bind((NODE, 0))
+        .await
+        .map_err(|e| format!("binding {NODE}: {e}"))?;
+    let local_port = socket.local_addr().map_err(|e| e.to_string())?.port();
+    let deadline = Instant::now() + PATIENCE;
+    let mut buffer = vec![0u8; 70_000];
+    let packet = 'seen: loop {
+        socket
+            .send_to(b"offload-out", (CLIENT, 9000))
+            .await
+            .map_err(|e| format!("sending to {CLIENT}: {e}"))?;
+        let wait = Instant::now() + Duration::from_millis(250);
+        while Instant::now() < wait {
+            for queue in [&first, &second] {
+                if let Some(length) = queue.try_recv(&mut buffer).map_err(|e| e.to_string())? {
+                    let read = &buffer[..length];
+                    let after_header = read.get(blipless_protocol::offload::HEADER_LEN..);
+                    if after_header.is_some_and(|packet| payload_has(packet, b"offload-out")) {
+                        break 'seen read.to_vec();
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if Instant::now() > deadline {
+            return Err("nothing came out of the offload queues".into());
+        }
+    };
+    let header =
+        blipless_protocol::offload::VnetHeader::decode(&packet).map_err(|e| format!("{e}"))?;
+    let udp = parse_udp(&packet[blipless_protocol::offload::HEADER_LEN..]);
+    if header.gso_type != 0
+        || udp
+            .as_ref()
+            .is_none_or(|udp| udp.destination != (CLIENT, 9000))
+    {
+        return Err(format!("an offload read was {header:?} then {udp:?}"));
+    }
+    // In: `send` puts the header in front by itself.
+    let injected = udp_packet((CLIENT, 9000), (NODE, local_port), b"offload-in");
+    first
+        .send(&injected)
+        .await
+        .map_err(|e| format!("writing into an offload queue: {e}"))?;
+    let (length, _) = tokio::time::timeout(PATIENCE, socket.recv_from(&mut buffer))
+        .await
+        .map_err(|_| "the packet written to an offload queue never arrived")?
+        .map_err(|e| format!("receiving: {e}"))?;
+    if &buffer[..length] != b"offload-in" {
+        return Err(format!("the socket got {:?}", &buffer[..length]));
+    }
+    drop((first, second));
+    // All queues gone: the next first queue chooses again.
+    let plain = TunQueue::attach(TUN, false).map_err(|e| format!("attach: {e}"))?;
+    if plain.offload() {
+        return Err("a fresh first queue without offload still carries headers".into());
     }
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! `wg`, `nft`, and the release binaries: `make bench` builds them and runs
 //! it from `scripts/bench.sh` after the main bench (which rewrites the whole
 //! file). Options: `--out PATH` (default `docs/BENCHMARKS.md`), `--quick`
-//! (2-second runs, once each, to check the bench itself). It sets
+//! (2-second runs, once each, to check the bench itself), `--no-offload`
+//! (blipless without `egress.tun.offload`, which it otherwise turns on). It sets
 //! `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` (the production
 //! log level) unless they are set.
 
@@ -19,7 +20,7 @@ use blipless_bench::report::{self, Machine};
 use blipless_bench::scenarios::wireguard::{self, Plan, MARKERS};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-wg [--out PATH] [--quick]");
+    eprintln!("usage: blipless-bench-wg [--out PATH] [--quick] [--no-offload]");
     ExitCode::from(2)
 }
 
@@ -39,7 +40,14 @@ fn main() -> ExitCode {
             },
             "--quick" => {
                 shown_args.push(arg.clone());
-                plan = Plan::quick();
+                plan = Plan {
+                    offload: plan.offload,
+                    ..Plan::quick()
+                };
+            }
+            "--no-offload" => {
+                shown_args.push(arg.clone());
+                plan.offload = false;
             }
             _ => return usage(),
         }

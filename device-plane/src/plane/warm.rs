@@ -124,6 +124,7 @@ pub(super) async fn warm_up(
         PacketPath::new(
             &config.egress.tun.name,
             config.egress.tun.queues,
+            config.egress.tun.offload,
             egress.clone(),
             directory.clone(),
             successor,

@@ -173,7 +173,7 @@ async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
     udp.connect(endpoint)
         .await
         .map_err(|e| ExitError::Io("connecting the exit's UDP socket", e))?;
-    let queue = TunQueue::attach(&exit.tun)
+    let queue = TunQueue::attach(&exit.tun, false)
         .map_err(|e| ExitError::Io("attaching a queue of the exit's TUN device", e))?;
     Ok(Session {
         tunn: Mutex::new(new_tunn(exit)),

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blipless_protocol::channel::{Packets, ToIngress};
+use blipless_protocol::offload::{Coalescer, Write};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -47,6 +48,10 @@ pub struct PacketCounters {
     pub lost: AtomicU64,
     /// Inner packets dropped by their client's rate limit or quota.
     pub limited: AtomicU64,
+    /// TCP super-packets read from an offload queue and cut into segments.
+    pub super_reads: AtomicU64,
+    /// Writes of joined TCP segments into an offload queue.
+    pub joined_writes: AtomicU64,
 }
 
 /// Inner packets from the ingress held while this plane has no TUN queue yet
@@ -65,6 +70,8 @@ impl PacketCounters {
             denied = self.denied.load(Ordering::Relaxed),
             lost = self.lost.load(Ordering::Relaxed),
             limited = self.limited.load(Ordering::Relaxed),
+            tun_super_reads = self.super_reads.load(Ordering::Relaxed),
+            tun_joined_writes = self.joined_writes.load(Ordering::Relaxed),
             "WireGuard packets so far"
         );
     }
@@ -76,6 +83,8 @@ pub struct PacketPath {
     /// A successor: its queues come from its predecessor.
     inherit: bool,
     queue_count: usize,
+    /// `egress.tun.offload`: the first queue asks for virtio-net headers.
+    offload: bool,
     queues: Mutex<Vec<Arc<TunQueue>>>,
     readers: Mutex<(TaskTracker, CancellationToken)>,
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
@@ -108,9 +117,11 @@ impl PacketPath {
     /// only if none arrive ([`PacketPath::expect_inherited`]). When the device
     /// cannot be used (not set up, no CAP_NET_ADMIN) the plane still serves the
     /// proxies: the reason is logged and WireGuard packets are counted as lost.
+    /// `offload`: attach asking for TCP offload ([`super::tun`]).
     pub fn new(
         device: &str,
         queues: usize,
+        offload: bool,
         egress: Egress,
         directory: Arc<Directory>,
         inherit: bool,
@@ -120,6 +131,7 @@ impl PacketPath {
             device: device.to_owned(),
             inherit,
             queue_count: queues,
+            offload,
             queues: Mutex::new(Vec::new()),
             readers: Mutex::new((TaskTracker::new(), CancellationToken::new())),
             channel: Arc::new(Mutex::new(None)),
@@ -181,9 +193,10 @@ impl PacketPath {
     }
 
     fn open_queues(&self) {
-        match super::tun::attach_queues(&self.device, self.queue_count) {
+        match super::tun::attach_queues(&self.device, self.queue_count, self.offload) {
             Ok(opened) => {
-                tracing::info!(device = %self.device, queues = opened.len(), "TUN queues attached: WireGuard egress ready");
+                let offload = opened.first().is_some_and(|queue| queue.offload());
+                tracing::info!(device = %self.device, queues = opened.len(), offload, "TUN queues attached: WireGuard egress ready");
                 self.install(opened);
             }
             Err(error) => {
@@ -243,6 +256,7 @@ impl PacketPath {
         }
         tracing::info!(
             queues = adopted.len(),
+            offload = adopted.first().is_some_and(|queue| queue.offload()),
             "TUN queues inherited from the predecessor"
         );
         self.install(adopted);
@@ -302,6 +316,13 @@ impl PacketPath {
         let ipv6_leaves = client
             .as_ref()
             .is_some_and(|client| self.egress.routes.leaves_directly(&client.record.egress));
+        // An offload queue takes a flow's consecutive TCP segments as one
+        // super-packet: they are joined here and written after the batch.
+        let mut coalescer = queue
+            .as_ref()
+            .filter(|queue| queue.offload())
+            .map(|_| Coalescer::new());
+        let mut joined = Vec::new();
         for packet in batch.iter() {
             if let Some((dns, query)) = self
                 .dns
@@ -336,9 +357,10 @@ impl PacketPath {
                     continue;
                 }
             }
-            match &queue {
-                Some(queue) => write_packet(queue, packet, &self.counters).await,
-                None => {
+            match (&queue, &mut coalescer) {
+                (Some(_), Some(coalescer)) => coalescer.push(packet, &mut joined),
+                (Some(queue), None) => write_packet(queue, packet, &self.counters).await,
+                (None, _) => {
                     let mut pending = self.lock_pending();
                     if pending.len() < PENDING_LIMIT {
                         pending.push(packet.to_vec());
@@ -346,6 +368,12 @@ impl PacketPath {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+            }
+        }
+        if let (Some(queue), Some(mut coalescer)) = (&queue, coalescer) {
+            coalescer.finish(&mut joined);
+            for write in &joined {
+                write_joined(queue, write, &self.counters).await;
             }
         }
     }
@@ -429,6 +457,25 @@ impl PacketPath {
     pub fn resume(&self) {
         if !self.has_queues() {
             self.open_queues();
+        }
+    }
+}
+
+async fn write_joined(queue: &TunQueue, write: &Write<'_>, counters: &PacketCounters) {
+    let segments = write.segments() as u64;
+    match queue
+        .send_with_header(&write.header(), write.packet())
+        .await
+    {
+        Ok(()) => {
+            counters.to_tun.fetch_add(segments, Ordering::Relaxed);
+            if segments > 1 {
+                counters.joined_writes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(error) => {
+            counters.lost.fetch_add(segments, Ordering::Relaxed);
+            tracing::debug!(%error, "writing to the TUN device failed");
         }
     }
 }

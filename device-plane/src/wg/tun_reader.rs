@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blipless_protocol::channel::{Packets, ToIngress};
+use blipless_protocol::offload::{self, VnetHeader, HEADER_LEN};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +39,40 @@ pub(super) async fn read_queue(
             _ => true,
         }
     };
-    let mut buffer = vec![0u8; MAX_PACKET];
+    // An offload queue's reads start with a virtio-net header, and a TCP
+    // super-packet is cut into its segments before it joins a batch.
+    let offload = queue.offload();
+    let mut buffer = vec![0u8; MAX_PACKET + HEADER_LEN];
+    let mut segment = Vec::new();
+    let mut read_one = |read: &mut [u8], batch: &mut Packets<'static>, batches: &mut Vec<_>| {
+        let mut add = |packet: &[u8]| {
+            if !admitted(packet) {
+                return;
+            }
+            if !batch.try_push(packet) {
+                batches.push(std::mem::replace(batch, Packets::new(0)));
+                let _ = batch.try_push(packet);
+            }
+        };
+        if !offload {
+            add(read);
+            return;
+        }
+        let at = HEADER_LEN.min(read.len());
+        let (header, packet) = read.split_at_mut(at);
+        let split = VnetHeader::decode(header)
+            .and_then(|header| offload::split(header, packet, &mut segment, &mut add));
+        match split {
+            Ok(1) => {}
+            Ok(_) => {
+                counters.super_reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => {
+                counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%error, "a packet from the TUN device was dropped");
+            }
+        }
+    };
     loop {
         let first = tokio::select! {
             read = queue.recv(&mut buffer) => read,
@@ -53,19 +87,11 @@ pub(super) async fn read_queue(
             }
         };
         let mut batch = Packets::new(0);
-        if admitted(&buffer[..length]) {
-            let _ = batch.try_push(&buffer[..length]);
-        }
         let mut batches = Vec::new();
+        read_one(&mut buffer[..length], &mut batch, &mut batches);
         for _ in 1..BATCH_PACKETS {
             match queue.try_recv(&mut buffer) {
-                Ok(Some(length)) if !admitted(&buffer[..length]) => {}
-                Ok(Some(length)) => {
-                    if !batch.try_push(&buffer[..length]) {
-                        batches.push(std::mem::replace(&mut batch, Packets::new(0)));
-                        let _ = batch.try_push(&buffer[..length]);
-                    }
-                }
+                Ok(Some(length)) => read_one(&mut buffer[..length], &mut batch, &mut batches),
                 Ok(None) | Err(_) => break,
             }
         }

@@ -12,7 +12,13 @@ use crate::stats::{max_f64, min_f64};
 
 /// "Where the time goes": this run's figures, what they say, and the
 /// structural reasons from the code.
-pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, baseline: &Results) {
+pub(super) fn explain(
+    out: &mut String,
+    machine: &Machine,
+    offload: bool,
+    blipless: &Results,
+    baseline: &Results,
+) {
     out.push_str("### Where the time goes\n\n");
     let pairs: Vec<(Test, &Run, &Run)> = TESTS
         .iter()
@@ -118,14 +124,30 @@ pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, b
                 (a / b - 1.0) * 100.0
             )
         };
-        let why = if test.reverse {
-            "the device plane reads the TUN device one packet per `read` like wireguard-go, but the ingress \
-             encrypts a whole frame and sends each run of same-size datagrams with one GSO `sendmsg`, where this \
-             wireguard-go makes one `sendmsg` per packet; against that, the channel hop and its copies"
-        } else {
-            "both make one `write` per packet into a TUN device (the kernel's forwarding and NAT run inside that \
-             write, billed to the writer: see the system time of the device plane and of wireguard-go); blipless \
-             adds the channel hop and its copies, and saves on the receive side (`recvmmsg` batches)"
+        let why = match (test.reverse, offload) {
+            (true, false) => {
+                "the device plane reads the TUN device one packet per `read` like wireguard-go, but the ingress \
+                 encrypts a whole frame and sends each run of same-size datagrams with one GSO `sendmsg`, where this \
+                 wireguard-go makes one `sendmsg` per packet; against that, the channel hop and its copies"
+            }
+            (true, true) => {
+                "the kernel hands the device plane TCP super-packets of up to 64 KiB (TUN offload), so one `read` \
+                 and one pass through the kernel's forwarding and NAT carry what wireguard-go reads one packet at a \
+                 time; the device plane cuts them into segments (a copy and a checksum each), and the ingress sends \
+                 each run of same-size datagrams with one GSO `sendmsg` where this wireguard-go makes one `sendmsg` \
+                 per packet; against that, the channel hop and its copies"
+            }
+            (false, false) => {
+                "both make one `write` per packet into a TUN device (the kernel's forwarding and NAT run inside that \
+                 write, billed to the writer: see the system time of the device plane and of wireguard-go); blipless \
+                 adds the channel hop and its copies, and saves on the receive side (`recvmmsg` batches)"
+            }
+            (false, true) => {
+                "the device plane joins each batch's consecutive TCP segments of a flow into one super-packet and \
+                 writes it with one `writev` (TUN offload), so the kernel's forwarding and NAT, billed to the writer, \
+                 run once per super-packet where wireguard-go pays them per packet; blipless adds the channel hop and \
+                 its copies, and saves on the receive side (`recvmmsg` batches)"
+            }
         };
         let _ = writeln!(out, "- {}: blipless spent {verdict}: {why}.", test.label());
     }
@@ -151,7 +173,24 @@ pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, b
             ours.avg, theirs.avg, ours.min, theirs.min
         );
     }
-    out.push_str(
+    let (upload_tun, download_tun) = if offload {
+        (
+            "the writer task joins each batch's consecutive TCP segments of one flow into a super-packet (a copy \
+             of each payload, `Coalescer`, `protocol/src/offload.rs`) and writes it behind a virtio-net header \
+             with one `writev`, any other packet alone",
+            "The device plane reads each TUN queue one packet or TCP super-packet per `read` (`read_queue`, \
+             `device-plane/src/wg/tun_reader.rs`), cuts a super-packet into its segments (`offload::split`: a \
+             copy and a TCP checksum per segment)",
+        )
+    } else {
+        (
+            "the writer task writes one packet per `write`",
+            "The device plane reads each TUN queue one packet per `read` (`read_queue`, \
+             `device-plane/src/wg/tun_reader.rs`)",
+        )
+    };
+    let _ = write!(
+        out,
         "\nSerial stages and copies in blipless's packet path (from the code, not measured one by one):\n\n\
          - **Upload** (customer → internet). In the ingress, one task, `Wireguard::serve` \
            (`ingress/src/wg/mod.rs`), receives a batch (`recvmmsg`), decrypts every datagram in turn, and then \
@@ -160,12 +199,11 @@ pub(super) fn explain(out: &mut String, machine: &Machine, blipless: &Results, b
            device plane do not overlap. Each inner packet is copied into its batch's buffer \
            (`InnerBatches::push`, `ingress/src/wg/inner.rs`) and again into the encoded frame. The device plane \
            decodes the frame as a view over the receive buffer (no copy), copies the batch once into the TUN \
-           writer's queue (`device-plane/src/wg/writer.rs`) and reads on; the writer task writes one packet per \
-           `write` (`PacketPath::to_tun`, `device-plane/src/wg/packets.rs`). wireguard-go decrypts in place on \
-           parallel goroutines and writes to its TUN device from there: no channel, no copies.\n\
-         - **Download** (internet → customer). The device plane reads each TUN queue one packet per `read` \
-           (`read_queue`, `device-plane/src/wg/tun_reader.rs`), copies each into a `Packets` frame (up to 256 \
-           packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
+           writer's queue (`device-plane/src/wg/writer.rs`) and reads on; {upload_tun} (`PacketPath::to_tun`, \
+           `device-plane/src/wg/packets.rs`). wireguard-go decrypts in place on parallel goroutines and writes to \
+           its TUN device from there, one packet per `write`: no channel, no copies.\n\
+         - **Download** (internet → customer). {download_tun}, copies each packet into a `Packets` frame (up to \
+           256 packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
            it as a view over the frame (no copy) and awaits `Wireguard::from_plane`, which encrypts the packets \
            in turn, copies each into its GSO group (`Outgoing::push`) and sends, before it reads the next frame: \
            the download's crypto, too, runs on one thread at a time.\n\

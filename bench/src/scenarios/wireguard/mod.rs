@@ -57,6 +57,9 @@ pub struct Plan {
     pub repeats: usize,
     /// `ping -c`.
     pub pings: u32,
+    /// blipless with `egress.tun.offload = true` (TCP super-packets through
+    /// its TUN device); `--no-offload` measures without.
+    pub offload: bool,
 }
 
 impl Plan {
@@ -66,6 +69,7 @@ impl Plan {
             seconds: 10,
             repeats: 3,
             pings: 200,
+            offload: true,
         }
     }
 
@@ -75,6 +79,7 @@ impl Plan {
             seconds: 2,
             repeats: 1,
             pings: 50,
+            offload: true,
         }
     }
 }
@@ -272,9 +277,9 @@ fn wait_for_quiet(patience: &mut Duration) {
 /// results, then wireguard-go's.
 pub fn measure(plan: Plan) -> Result<(Results, Results), String> {
     eprintln!("building the blipless world");
-    let mut beds = vec![Bed::start(Kind::Blipless)?];
+    let mut beds = vec![Bed::start(Kind::Blipless, plan.offload)?];
     eprintln!("building the wireguard-go world");
-    beds.push(Bed::start(Kind::WireguardGo)?);
+    beds.push(Bed::start(Kind::WireguardGo, false)?);
     let mut results = vec![Results::new(), Results::new()];
     // A short run each first: slow start, caches and page faults are not measured.
     for bed in &mut beds {

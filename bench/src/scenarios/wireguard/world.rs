@@ -81,10 +81,12 @@ fn pids_named(netns: &Netns, name: &str) -> Vec<i32> {
 
 impl Bed {
     /// Builds the world of `kind`, starts iperf3 in it and makes the
-    /// tunnel's first handshake.
-    pub fn start(kind: Kind) -> Result<Self, String> {
+    /// tunnel's first handshake. `offload`: blipless's TUN device with
+    /// `egress.tun.offload = true`.
+    pub fn start(kind: Kind, offload: bool) -> Result<Self, String> {
+        let tun = if offload { "offload = true" } else { "" };
         let world = match kind {
-            Kind::Blipless => World::Blipless(Box::new(WgWorld::new(SUBNET))),
+            Kind::Blipless => World::Blipless(Box::new(WgWorld::with_tun(SUBNET, tun, "", &[]))),
             Kind::WireguardGo => World::WireguardGo(Box::new(WgGoWorld::new(SUBNET))),
         };
         let net = world.net();

@@ -18,7 +18,12 @@
 //! packets for a few milliseconds until it notices the carrier.
 //!
 //! A queue reads and writes whole IP packets (no packet-information header:
-//! `IFF_NO_PI`). Attaching never creates a device: a missing device is an
+//! `IFF_NO_PI`). With `egress.tun.offload` the first queue of a device asks
+//! for virtio-net headers (`IFF_VNET_HDR`) and TCP offload, so the kernel
+//! hands over TCP super-packets and takes joined ones
+//! ([`blipless_protocol::offload`]; docs/WIREGUARD.md, "TUN offload"). The
+//! mode is the device's, set by its first queue: every queue, attached later
+//! or handed over, reads it back ([`TunQueue::offload`]). Attaching never creates a device: a missing device is an
 //! error that says to run `blipless-ctl net setup`.
 //!
 //! The ioctls and the reactor registration live in `sys`, the crate's one
@@ -32,6 +37,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use blipless_protocol::offload::VnetHeader;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -49,6 +55,8 @@ pub struct TunQueue {
     fd: AsyncFd<OwnedFd>,
     name: String,
     detached: AtomicBool,
+    /// Every read and write starts with a virtio-net header.
+    offload: bool,
 }
 
 impl TunQueue {
@@ -59,8 +67,10 @@ impl TunQueue {
     /// returned outside any runtime). Errors say what is wrong: no such
     /// device (run `blipless-ctl net setup`), not permitted (needs
     /// CAP_NET_ADMIN), or a device of that name that is not a persistent
-    /// multi-queue TUN device.
-    pub fn attach(name: &str) -> io::Result<TunQueue> {
+    /// multi-queue TUN device. `offload` asks for virtio-net headers and
+    /// TCP offload, which the kernel grants only to a device's first queue
+    /// (see the module's documentation).
+    pub fn attach(name: &str, offload: bool) -> io::Result<TunQueue> {
         sys::check_name(name)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(io::Error::other(
@@ -92,7 +102,8 @@ impl TunQueue {
                 _ => io::Error::new(error.kind(), format!("opening {CLONE_DEVICE}: {error}")),
             })?;
         let fd = OwnedFd::from(file);
-        sys::attach_queue(fd.as_fd(), name).map_err(|error| explain_attach(name, error))?;
+        sys::attach_queue(fd.as_fd(), name, offload)
+            .map_err(|error| explain_attach(name, error))?;
         // The device existed a moment ago; if it vanished in between, the
         // kernel just created a fresh, non-persistent one for us. Refuse it:
         // attaching never creates a device.
@@ -105,11 +116,19 @@ impl TunQueue {
                 ),
             ));
         }
+        let vnet = flags & libc::IFF_VNET_HDR != 0;
+        if vnet {
+            // Without it the queue still works, one packet per read.
+            if let Err(error) = sys::enable_tcp_offload(fd.as_fd()) {
+                tracing::warn!(device = name, %error, "TUN TCP offload refused: one packet per read");
+            }
+        }
         let fd = sys::register(fd)?;
         Ok(TunQueue {
             fd,
             name: name.to_string(),
             detached: AtomicBool::new(false),
+            offload: vnet,
         })
     }
 
@@ -143,7 +162,14 @@ impl TunQueue {
             fd: sys::register(fd)?,
             name: name.to_string(),
             detached: AtomicBool::new(false),
+            offload: flags & libc::IFF_VNET_HDR != 0,
         })
+    }
+
+    /// Whether every read and write on this queue starts with a virtio-net
+    /// header ([`blipless_protocol::offload::VnetHeader`]).
+    pub fn offload(&self) -> bool {
+        self.offload
     }
 
     /// The queue's descriptor, to hand it to a successor.
@@ -159,7 +185,9 @@ impl TunQueue {
 
     /// Waits for the next packet the kernel steers to this queue and copies
     /// it into `buf`; returns its length. A packet longer than `buf` is
-    /// truncated, so size `buf` for the device's MTU (65535 is always enough).
+    /// truncated, so size `buf` for the device's MTU (65535 is always enough;
+    /// an [`offload`](Self::offload) queue's read starts with a virtio-net
+    /// header and needs [`blipless_protocol::offload::HEADER_LEN`] more).
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.fd
             .async_io(Interest::READABLE, |fd| {
@@ -169,24 +197,33 @@ impl TunQueue {
     }
 
     /// Writes one IP packet (IPv4 or IPv6, starting with its IP header) into
-    /// the kernel, as if it arrived on the TUN device.
+    /// the kernel, as if it arrived on the TUN device (behind an all-zero
+    /// virtio-net header on an [`offload`](Self::offload) queue).
     pub async fn send(&self, packet: &[u8]) -> io::Result<()> {
+        if self.offload {
+            return self.send_with_header(&VnetHeader::default(), packet).await;
+        }
         let written = self
             .fd
             .async_io(Interest::WRITABLE, |fd| {
                 nix::unistd::write(fd, packet).map_err(io::Error::from)
             })
             .await?;
-        if written != packet.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!(
-                    "the TUN device took {written} of a {}-byte packet",
-                    packet.len()
-                ),
-            ));
-        }
-        Ok(())
+        check_written(written, packet.len())
+    }
+
+    /// Writes `header` and then `packet` in one `writev`: for an
+    /// [`offload`](Self::offload) queue only.
+    pub async fn send_with_header(&self, header: &VnetHeader, packet: &[u8]) -> io::Result<()> {
+        let header = header.encode();
+        let parts = [io::IoSlice::new(&header), io::IoSlice::new(packet)];
+        let written = self
+            .fd
+            .async_io(Interest::WRITABLE, |fd| {
+                nix::sys::uio::writev(fd, &parts).map_err(io::Error::from)
+            })
+            .await?;
+        check_written(written, header.len() + packet.len())
     }
 
     /// Reads a packet if one is waiting, without waiting: `Ok(None)` when
@@ -232,17 +269,30 @@ impl TunQueue {
     }
 }
 
+/// A short write into a TUN queue is an error.
+fn check_written(written: usize, length: usize) -> io::Result<()> {
+    if written != length {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("the TUN device took {written} of a {length}-byte write"),
+        ));
+    }
+    Ok(())
+}
+
 /// Attaches `queues` queues to the TUN device `name` (see
 /// [`TunQueue::attach`]). All or nothing: on an error the queues attached so
 /// far are closed.
-pub fn attach_queues(name: &str, queues: usize) -> io::Result<Vec<TunQueue>> {
+pub fn attach_queues(name: &str, queues: usize, offload: bool) -> io::Result<Vec<TunQueue>> {
     if queues == 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "egress.tun.queues must be at least 1",
         ));
     }
-    (0..queues).map(|_| TunQueue::attach(name)).collect()
+    (0..queues)
+        .map(|_| TunQueue::attach(name, offload))
+        .collect()
 }
 
 /// Turns a `TUNSETIFF` failure into an error that says what to do.
@@ -276,7 +326,9 @@ mod tests {
 
     #[test]
     fn attach_outside_a_runtime_is_an_error_not_a_panic() {
-        let error = TunQueue::attach("blip0").err().map(|e| e.to_string());
+        let error = TunQueue::attach("blip0", false)
+            .err()
+            .map(|e| e.to_string());
         assert!(
             error
                 .as_deref()
@@ -288,10 +340,10 @@ mod tests {
     #[tokio::test]
     async fn bad_names_and_zero_queues_are_refused_before_any_system_call() {
         for name in ["", "this-name-is-far-too-long", "nul\0"] {
-            let kind = TunQueue::attach(name).err().map(|e| e.kind());
+            let kind = TunQueue::attach(name, true).err().map(|e| e.kind());
             assert_eq!(kind, Some(io::ErrorKind::InvalidInput), "{name:?}");
         }
-        let kind = attach_queues("blip0", 0).err().map(|e| e.kind());
+        let kind = attach_queues("blip0", 0, false).err().map(|e| e.kind());
         assert_eq!(kind, Some(io::ErrorKind::InvalidInput));
     }
 }

@@ -81,12 +81,16 @@ pub(super) fn interface_exists(name: &str) -> io::Result<bool> {
 }
 
 /// `TUNSETIFF`: makes `fd` (a fresh `/dev/net/tun` descriptor) one more
-/// queue of the multi-queue TUN device `name`. Returns the raw OS error so
-/// the caller can explain it.
-pub(super) fn attach_queue(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+/// queue of the multi-queue TUN device `name`, asking for virtio-net headers
+/// (`IFF_VNET_HDR`) when `offload`. The kernel heeds that only for the first
+/// queue of a device with none attached; later queues get the device's mode
+/// (read it back with [`device_flags`]). Returns the raw OS error so the
+/// caller can explain it.
+pub(super) fn attach_queue(fd: BorrowedFd<'_>, name: &str, offload: bool) -> io::Result<()> {
+    let vnet = if offload { libc::IFF_VNET_HDR } else { 0 };
     let mut request = request(
         name,
-        libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_MULTI_QUEUE,
+        libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_MULTI_QUEUE | vnet,
     )?;
     // SAFETY: `fd` is an open descriptor borrowed for the whole call;
     // `request` is a properly initialised `ifreq` on this stack frame, valid
@@ -115,6 +119,26 @@ pub(super) fn device_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     let flags = unsafe { request.ifr_ifru.ifru_flags };
     // Reinterpret the 16 bits as flags (IFF_TUN_EXCL is the sign bit).
     Ok(libc::c_int::from(flags as u16))
+}
+
+/// `TUNSETOFFLOAD`: lets the kernel hand TCP super-packets with partial
+/// checksums to the device's queues (`TUN_F_CSUM | TUN_F_TSO4 |
+/// TUN_F_TSO6`). Only for a device whose queues carry virtio-net headers.
+pub(super) fn enable_tcp_offload(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let features = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+    // SAFETY: an open borrowed descriptor; `TUNSETOFFLOAD` takes its
+    // argument by value (an unsigned int of feature bits), no pointer.
+    let result = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            libc::c_ulong::from(features),
+        )
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `TUNSETQUEUE`: detaches the queue `fd` from its device (the kernel stops
