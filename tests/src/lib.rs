@@ -112,6 +112,21 @@ pub fn pattern(len: usize) -> Vec<u8> {
     out
 }
 
+/// A device plane's packet counter from the last "WireGuard packets so far"
+/// line of its log (logged at a handover), e.g. `tun_super_reads`.
+pub fn packet_counter(log: &str, name: &str) -> Option<u64> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|line| line.contains("WireGuard packets so far"))?;
+    let value = line.split(&format!("{name}=")).nth(1)?;
+    value
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Lifts this process's open-file limit as the daemons do (children inherit it).
 pub fn raise_fd_limit() {
     blipless_config::daemon::raise_fd_limit();

@@ -6,6 +6,9 @@
 //! device and IPv6 masquerade, resolves a name at the node's IPv6 tunnel
 //! address (the DNS gateway, UDP and TCP, through dnsmasq upstream), and
 //! pings the origin over IPv6 across a device-plane deploy with no reply lost.
+//! The node runs with TUN offload (`egress.tun.offload = true`), so IPv6 TCP
+//! crosses the TUN device as super-packets, cut and joined by the device
+//! plane, both ways (an upload too); `tests/tests/wg_offload.rs` does IPv4.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -15,7 +18,7 @@ use blipless_tests::netns::{start_origin, Background};
 use blipless_tests::node::Node;
 use blipless_tests::topology::{add_wg_client, tail, Topology, POOL};
 use blipless_tests::wireguard::WireguardGoPeer;
-use blipless_tests::{missing_replies, pattern, ping_counts, sha256};
+use blipless_tests::{missing_replies, packet_counter, pattern, ping_counts, sha256};
 
 /// The subnet number of this test's namespaces (unique among the tests).
 const SUBNET: u8 = 91;
@@ -97,11 +100,17 @@ fn internet_over_ipv6(net: &Topology) -> (Background, SocketAddr) {
 }
 
 fn fetch6(net: &Topology, origin: SocketAddr, size: usize) -> Result<Vec<u8>, String> {
-    let url = format!("http://{origin}/bytes/{size}");
+    curl6(net, &format!("http://{origin}/bytes/{size}"), &[])
+}
+
+/// curl over IPv6 in the customer namespace with `extra` options; the body.
+fn curl6(net: &Topology, url: &str, extra: &[&str]) -> Result<Vec<u8>, String> {
     let output = net
         .customer
         .command("curl")
-        .args(["--silent", "--show-error", "-6", "--max-time", "60", &url])
+        .args(["--silent", "--show-error", "-6", "--max-time", "60"])
+        .args(extra)
+        .arg(url)
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("curl: {e}"))?;
@@ -120,7 +129,7 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         // Both internet subnets are private ranges: allowed for the test.
         &format!("allow = [\"{}\", \"fd00:91:2::/64\"]", net.internet_net),
         &format!(
-            "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\n\n\
+            "[egress.tun]\nname = \"blip0\"\nout_interface = \"{}\"\nmanage = true\noffload = true\n\n\
              [wireguard]\nendpoint = \"{}\"\npool = \"{POOL}\"\npool6 = \"{POOL6}\"\n\
              dns_upstreams = [\"{}:53\"]\n",
             net.uplink,
@@ -170,6 +179,26 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         fetch6(&net, origin, size).unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
     assert_eq!(body.len(), size);
     assert_eq!(sha256(&body), sha256(&pattern(size)), "bytes differ");
+    assert!(
+        device.log_text().contains("offload=true"),
+        "the TUN queues should carry virtio-net headers\n{}",
+        diagnostics(&device)
+    );
+    // Upload over IPv6: the origin echoes the body back as it arrives.
+    let upload = node.path().join("upload6.bin");
+    std::fs::write(&upload, pattern(size)).expect("writing the upload");
+    let path = upload.to_string_lossy().into_owned();
+    let echoed = curl6(
+        &net,
+        &format!("http://{origin}/echo"),
+        &["-T", &path, "-H", "Expect:"],
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&device)));
+    assert_eq!(
+        sha256(&echoed),
+        sha256(&pattern(size)),
+        "upload bytes differ"
+    );
     // The internet namespace has no route to the client pool: the answer
     // came back only because the node masqueraded the client's address.
     let check_dns = |round: &str, device: &blipless_tests::node::Daemon| {
@@ -228,7 +257,16 @@ fn a_wireguard_client_uses_ipv6_inside_the_tunnel_across_a_deploy() {
         .expect("ping");
     std::thread::sleep(Duration::from_millis(1500));
     let (next, took) = node.deploy(&mut device);
+    let old_log = device.log_text();
     device = next;
+    // IPv6 super-packets were really cut (the download) and joined (the upload).
+    for counter in ["tun_super_reads", "tun_joined_writes"] {
+        let value = packet_counter(&old_log, counter);
+        assert!(
+            value.is_some_and(|n| n > 0),
+            "{counter}: {value:?}\n{old_log}"
+        );
+    }
     eprintln!("deploy took {took:?}");
     let output = ping.wait_with_output().expect("ping");
     let (sent, received) = ping_counts(&output);

@@ -8,25 +8,11 @@
 //! and joined (docs/WIREGUARD.md, "TUN offload").
 
 use blipless_tests::topology::WgWorld;
-use blipless_tests::{pattern, sha256, wait_until};
+use blipless_tests::{packet_counter, pattern, sha256, wait_until};
 use std::time::Duration;
 
 /// The subnet number of this test's namespaces (unique among the tests).
 const SUBNET: u8 = 94;
-
-/// A counter's value in the "WireGuard packets so far" line of a log.
-fn counter(log: &str, name: &str) -> Option<u64> {
-    let line = log
-        .lines()
-        .rev()
-        .find(|line| line.contains("WireGuard packets so far"))?;
-    let value = line.split(&format!("{name}=")).nth(1)?;
-    value
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
-}
 
 #[test]
 fn bulk_both_ways_arrives_exact_through_an_offload_device_and_across_a_deploy() {
@@ -66,8 +52,8 @@ fn bulk_both_ways_arrives_exact_through_an_offload_device_and_across_a_deploy() 
     world.device = device;
     eprintln!("deploy took {took:?}");
     stream.finish("deploy", || world.diagnostics());
-    let cut = counter(&old, "tun_super_reads");
-    let joined = counter(&old, "tun_joined_writes");
+    let cut = packet_counter(&old, "tun_super_reads");
+    let joined = packet_counter(&old, "tun_joined_writes");
     eprintln!("old plane: {cut:?} super-packets cut, {joined:?} joined writes");
     assert!(
         cut.is_some_and(|n| n > 0),
