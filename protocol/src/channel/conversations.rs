@@ -27,6 +27,11 @@ pub trait Conversation<'a>: Sized {
     fn fd_count(&self) -> usize;
     /// Appends the message's payload to `out`.
     fn encode_payload(&self, out: &mut Vec<u8>);
+    /// The payload's length when it is large and known in advance (a batch
+    /// of packets), so the frame is allocated once; 0: small, or unknown.
+    fn payload_len_hint(&self) -> usize {
+        0
+    }
     /// Decodes the payload of a `message_type` frame, borrowing from it
     /// where the message allows ([`Packets`]).
     fn decode_payload(message_type: u8, payload: &'a [u8]) -> Result<Self, DecodeError>;
@@ -158,6 +163,13 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
         }
     }
 
+    fn payload_len_hint(&self) -> usize {
+        match self {
+            ToDevice::Packets(batch) => batch.encoded_len(),
+            _ => 0,
+        }
+    }
+
     fn encode_payload(&self, out: &mut Vec<u8>) {
         match self {
             ToDevice::Welcome(body) => put_json(out, body),
@@ -230,6 +242,13 @@ impl<'a> Conversation<'a> for ToIngress<'a> {
             ToIngress::Migrate(migrate) => migrate.fd_count(),
             ToIngress::TunQueues(count) => usize::from(*count),
             ToIngress::ExitQueues(exit) => exit.fd_count(),
+            _ => 0,
+        }
+    }
+
+    fn payload_len_hint(&self) -> usize {
+        match self {
+            ToIngress::Packets(batch) => batch.encoded_len(),
             _ => 0,
         }
     }
@@ -353,5 +372,5 @@ impl Handoff {
 /// A `Migrate` frame from a device plane, encoded without moving the
 /// connection's state into a message, so the sender keeps it if the send fails.
 pub fn encode_migrate(migrate: &Migrate) -> Vec<u8> {
-    super::frame(T_MIGRATE, |out| migrate::encode(migrate, out))
+    super::frame(T_MIGRATE, 0, |out| migrate::encode(migrate, out))
 }

@@ -213,11 +213,16 @@ pub fn decode<'a, M: Conversation<'a>>(buf: &'a [u8]) -> Result<(M, usize), Deco
 /// absurd strings; [`Packets`] cannot (it refuses packets past the cap), and
 /// the sending side checks the length before it writes.
 pub fn encode<'a, M: Conversation<'a>>(message: &M) -> Vec<u8> {
-    frame(message.type_byte(), |out| message.encode_payload(out))
+    frame(message.type_byte(), message.payload_len_hint(), |out| {
+        message.encode_payload(out)
+    })
 }
 
-fn frame(message_type: u8, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+/// A frame: the header, then what `payload` appends (about `hint` bytes:
+/// room for them is taken at once, so a large payload is not copied as the
+/// frame grows).
+fn frame(message_type: u8, hint: usize, payload: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + hint.clamp(56, MAX_PAYLOAD));
     out.extend_from_slice(&MAGIC);
     out.push(PROTOCOL_VERSION);
     out.push(message_type);

@@ -427,6 +427,20 @@ fn decoded_packets_borrow_the_frame() {
 }
 
 #[test]
+fn a_full_batch_is_framed_in_one_allocation() {
+    let mut batch = Packets::new(3);
+    while batch.try_push(&[0x45; 1420]) {}
+    let expected = HEADER_LEN + batch.encoded_len();
+    for frame in [
+        encode(&ToDevice::Packets(batch.clone())),
+        encode(&ToIngress::Packets(batch)),
+    ] {
+        assert_eq!(frame.len(), expected);
+        assert_eq!(frame.capacity(), expected, "room taken once, not grown");
+    }
+}
+
+#[test]
 fn oversize_is_refused_from_the_header_alone() {
     let mut header = encode(&ToIngress::Ready);
     header[4..8].copy_from_slice(&((MAX_PAYLOAD + 1) as u32).to_be_bytes());
