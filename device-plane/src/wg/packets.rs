@@ -462,31 +462,27 @@ impl PacketPath {
 }
 
 async fn write_joined(queue: &TunQueue, write: &Write<'_>, counters: &PacketCounters) {
-    let segments = write.segments() as u64;
-    match queue
+    let sent = queue
         .send_with_header(&write.header(), write.packet())
-        .await
-    {
-        Ok(()) => {
-            counters.to_tun.fetch_add(segments, Ordering::Relaxed);
-            if segments > 1 {
-                counters.joined_writes.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        Err(error) => {
-            counters.lost.fetch_add(segments, Ordering::Relaxed);
-            tracing::debug!(%error, "writing to the TUN device failed");
-        }
+        .await;
+    if sent.is_ok() && write.segments() > 1 {
+        counters.joined_writes.fetch_add(1, Ordering::Relaxed);
     }
+    count_written(sent, write.segments() as u64, counters);
 }
 
 async fn write_packet(queue: &TunQueue, packet: &[u8], counters: &PacketCounters) {
-    match queue.send(packet).await {
+    count_written(queue.send(packet).await, 1, counters);
+}
+
+/// Counts `packets` written to the TUN device, or lost with the write.
+fn count_written(sent: std::io::Result<()>, packets: u64, counters: &PacketCounters) {
+    match sent {
         Ok(()) => {
-            counters.to_tun.fetch_add(1, Ordering::Relaxed);
+            counters.to_tun.fetch_add(packets, Ordering::Relaxed);
         }
         Err(error) => {
-            counters.lost.fetch_add(1, Ordering::Relaxed);
+            counters.lost.fetch_add(packets, Ordering::Relaxed);
             tracing::debug!(%error, "writing to the TUN device failed");
         }
     }

@@ -23,8 +23,10 @@
 //! hands over TCP super-packets and takes joined ones
 //! ([`blipless_protocol::offload`]; docs/WIREGUARD.md, "TUN offload"). The
 //! mode is the device's, set by its first queue: every queue, attached later
-//! or handed over, reads it back ([`TunQueue::offload`]). Attaching never creates a device: a missing device is an
-//! error that says to run `blipless-ctl net setup`.
+//! or handed over, reads it back ([`TunQueue::offload`]).
+//!
+//! Attaching never creates a device: a missing device is an error that says
+//! to run `blipless-ctl net setup`.
 //!
 //! The ioctls and the reactor registration live in `sys`, the crate's one
 //! audited `unsafe` module.
