@@ -93,6 +93,7 @@ pub(crate) fn placeholder() -> Config {
             private_key_file: None,
             handshake_limit: 0,
             queue: 0,
+            workers: 0,
             interface: String::new(),
             uapi: false,
             uapi_dir: PathBuf::new(),

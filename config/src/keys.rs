@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
     IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr, OptionalHostPort,
-    OptionalPath, OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl,
+    OptionalPath, OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl, Workers,
 };
 use crate::Config;
 
@@ -315,6 +315,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("4096"),
             "Inner packets held while no device plane is active; more are dropped and counted.",
             |c| &mut c.wireguard.queue,
+        ),
+        Key::new::<Workers>(
+            "wireguard.workers",
+            Text("0"),
+            "Tasks the ingress decrypts and encrypts WireGuard packets in, each peer's always in the same one (0: one per core).",
+            |c| &mut c.wireguard.workers,
         ),
         Key::new::<Interface>(
             "wireguard.interface",

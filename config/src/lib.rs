@@ -213,6 +213,9 @@ pub struct WireguardConfig {
     pub handshake_limit: usize,
     /// Inner packets held while no device plane is active; more are dropped.
     pub queue: usize,
+    /// Tasks the ingress decrypts and encrypts WireGuard packets in; 0: one
+    /// per core ([`WireguardConfig::worker_count`]).
+    pub workers: usize,
     /// The name `wg show` knows the ingress's WireGuard device by.
     pub interface: String,
     /// Whether the ingress serves the read-only UAPI socket `wg show` reads.
@@ -348,5 +351,16 @@ impl Config {
             .private_key_file
             .clone()
             .unwrap_or_else(|| self.node.state_dir.join("wireguard.key"))
+    }
+}
+
+impl WireguardConfig {
+    /// The crypto workers the ingress runs: `wireguard.workers`, or one per
+    /// core the process may run on when that is 0.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            count => count,
+        }
     }
 }

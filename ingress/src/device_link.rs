@@ -20,6 +20,7 @@ use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::{send_frame, PlaneLink, Planes};
+use crate::wg::workers::Span;
 use crate::wg::Wireguard;
 
 /// How long a new plane has to say Hello.
@@ -175,11 +176,15 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
 async fn read_loop(
     link: &Arc<PlaneLink>,
     context: &DeviceContext,
-    buffer: &mut [u8],
+    buffer: &mut Vec<u8>,
 ) -> anyhow::Result<()> {
     let planes = &*context.planes;
-    let mut scratch = vec![0u8; crate::wg::SCRATCH_LEN];
+    // Worker 0's share of the returned packets is encrypted here.
+    let mut lane = context.wireguard.lane(0);
     loop {
+        // Where the buffer lies, to find the packets a Packets frame borrows
+        // from it; the WireGuard workers are then lent the whole buffer.
+        let span = Span::of(buffer);
         let (message, fds) = match receive(link.socket(), buffer).await? {
             Received::Closed => return Ok(()),
             Received::Message(message, fds) => (message, fds),
@@ -193,7 +198,13 @@ async fn read_loop(
                 context.metrics.count_reported(&link.report(), &report);
                 link.set_report(*report);
             }
-            ToIngress::Packets(batch) => context.wireguard.from_plane(&batch, &mut scratch).await,
+            ToIngress::Packets(batch) => {
+                let routed = context.wireguard.route_from_plane(&batch, span);
+                context
+                    .wireguard
+                    .from_plane(routed, buffer, &mut lane)
+                    .await;
+            }
             ToIngress::Peers(update) => context.wireguard.on_peers(link, update),
             ToIngress::Endpoints(part) => context.wireguard.on_endpoints(link, part),
             ToIngress::Drain(_) => {

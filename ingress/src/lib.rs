@@ -98,6 +98,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             config.wireguard.handshake_limit,
             config.wireguard.queue,
             generation,
+            config.wireguard.worker_count(),
         )
         .with_pools6(config.wireguard.pool6.and_then(|pool6| {
             blipless_config::pool6::TunnelPools::new(config.wireguard.pool, pool6)
@@ -170,6 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         status = %config.listen.status,
         wg = %config.listen.wg,
         wg_generation = generation,
+        wg_workers = wireguard.worker_count(),
         wg_public_key = %key.public_base64(),
         device = %config.device_socket().display(),
         took = ?started.elapsed(),

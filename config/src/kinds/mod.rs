@@ -456,6 +456,20 @@ impl Kind for Count {
     }
 }
 
+/// A number of workers: 0 (one per core) to 256.
+pub(crate) struct Workers;
+impl Kind for Workers {
+    type Out = usize;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str = "a whole number from 0 (one per core) to 256";
+    fn parse(input: &Input<'_>) -> Option<usize> {
+        match input {
+            Input::Integer(n) if (0..=256).contains(n) => usize::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+}
+
 /// A capacity from 1 to 1,048,576.
 pub(crate) struct Capacity;
 impl Kind for Capacity {

@@ -17,7 +17,7 @@ mod process;
 mod reports;
 mod socks_udp;
 mod tls;
-mod wg;
+pub mod wg;
 
 pub use process::ProcessMetrics;
 pub use socks_udp::UdpMetrics;

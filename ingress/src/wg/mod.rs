@@ -2,6 +2,10 @@
 //! go to the active device plane in batches, and what the device plane sends back
 //! is encrypted to the peer that owns its inner destination.
 //!
+//! - **Workers** ([`workers`]): the socket task only receives; decryption and
+//!   encryption run in `wireguard.workers` tasks (one per core by default), a
+//!   source endpoint's datagrams and a peer's outgoing packets always in the
+//!   same one, so that each peer's packets keep their order.
 //! - **Receive** ([`Wireguard::serve`]): a batch of datagrams from the UDP socket
 //!   (GRO), each checked by the shared handshake rate limiter first (mac1, then a
 //!   cookie reply when more initiations arrive per second than
@@ -15,8 +19,8 @@
 //!   `wireguard.queue` packets (more are dropped and counted), and delivered in
 //!   order once one is.
 //! - **From the device plane** ([`Wireguard::from_plane`]): each packet goes to
-//!   the peer whose tunnel address is its inner destination, encrypted and sent to
-//!   the peer's endpoint, grouped for GSO.
+//!   the peer whose tunnel address is its inner destination, encrypted (by that
+//!   peer's worker) and sent to the peer's endpoint, grouped for GSO.
 //! - **Timers** ([`Wireguard::tick`]): boringtun's timers (rekey, keepalive,
 //!   expiry) every 250 ms, and the rate limiter's count reset every second.
 //! - **Peers** ([`Wireguard::on_peers`]): only the active plane's peer set counts;
@@ -32,6 +36,7 @@ mod recovery;
 pub mod steer;
 pub mod uapi;
 pub mod udp;
+pub mod workers;
 
 use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
@@ -49,12 +54,14 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use quinn_udp::RecvMeta;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::wg::Round;
 use crate::metrics::WgMetrics;
 use crate::planes::Planes;
 use inner::{Held, InnerBatches};
 use peer_sync::Staging;
 use peers::PeerTable;
 use udp::{Outgoing, WgSocket, MAX_DATAGRAM};
+use workers::{Arrival, BufferPool, Job, Lane, Outbound, Pooled, Routed, Span, Workers};
 
 /// Room [`Wireguard::from_plane`] needs to encrypt one packet: the largest
 /// inner packet plus WireGuard's 32 bytes of overhead, rounded up.
@@ -87,6 +94,12 @@ pub struct Wireguard {
     /// `wireguard.pool` and `wireguard.pool6`: a peer may also send from,
     /// and is sent to at, its address's IPv6 twin.
     pools6: Option<blipless_config::pool6::TunnelPools>,
+    /// The crypto workers' queues.
+    workers: Workers,
+    /// The socket task's receive buffers, lent to the workers.
+    receive_buffers: Arc<BufferPool>,
+    /// Device-plane frame buffers, lent to the workers.
+    frames: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for Wireguard {
@@ -106,6 +119,7 @@ struct Work {
     replies: Outgoing,
     inner: InnerBatches,
     buffer: Vec<u8>,
+    round: Round,
 }
 
 impl Work {
@@ -114,13 +128,16 @@ impl Work {
             replies: Outgoing::default(),
             inner: InnerBatches::default(),
             buffer: vec![0u8; WORK_BUFFER],
+            round: Round::default(),
         }
     }
 }
 
 impl Wireguard {
     /// A WireGuard endpoint on `socket` with the node's private key.
-    /// `generation` (0 or 1) goes into bit 23 of every peer index.
+    /// `generation` (0 or 1) goes into bit 23 of every peer index; `workers`
+    /// crypto workers (at least one) start with [`Wireguard::serve`].
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         private_key: [u8; 32],
         socket: WgSocket,
@@ -129,6 +146,7 @@ impl Wireguard {
         handshake_limit: usize,
         queue_limit: usize,
         generation: u32,
+        workers: usize,
     ) -> Self {
         let private = StaticSecret::from(private_key);
         let public = PublicKey::from(&private);
@@ -158,6 +176,9 @@ impl Wireguard {
             epoch: std::time::Instant::now(),
             epoch_ms,
             pools6: None,
+            workers: Workers::new(workers),
+            receive_buffers: BufferPool::new(MAX_DATAGRAM),
+            frames: BufferPool::new(blipless_protocol::channel::MAX_FRAME),
         }
     }
 
@@ -185,9 +206,15 @@ impl Wireguard {
         self.read_peers().len()
     }
 
-    /// Whether datagrams wait in this ingress's WireGuard socket, unread.
+    /// Whether datagrams wait in this ingress's WireGuard socket, unread, or
+    /// in its workers' queues, not yet decrypted.
     pub fn has_queued(&self) -> bool {
-        self.socket.has_queued()
+        self.socket.has_queued() || self.workers.decrypting()
+    }
+
+    /// How many crypto workers there are.
+    pub fn worker_count(&self) -> usize {
+        self.workers.count()
     }
 
     /// How long since any peer's last authenticated packet on this ingress
@@ -270,16 +297,19 @@ impl Wireguard {
         )
     }
 
-    /// Receives and handles datagrams until `shutdown`, with the timers and the
-    /// delivery of held packets running beside it.
+    /// Receives datagrams until `shutdown` and gives them to the workers,
+    /// with the workers, the timers and the delivery of held packets running
+    /// beside it; then lets the workers finish what they were given.
     pub async fn serve(self: Arc<Self>, shutdown: CancellationToken) {
+        let workers = Workers::start(&self);
         let timers = tokio::spawn(self.clone().run_timers(shutdown.clone()));
         let flusher = tokio::spawn(self.clone().deliver_held(shutdown.clone()));
         let snapshots = tokio::spawn(self.clone().send_snapshots(shutdown.clone()));
         let batch = quinn_udp::BATCH_SIZE;
-        let mut buffers = vec![vec![0u8; MAX_DATAGRAM]; batch];
+        let mut buffers: Vec<Vec<u8>> = (0..batch).map(|_| self.receive_buffers.take()).collect();
         let mut meta = vec![RecvMeta::default(); batch];
-        let mut work = Work::new();
+        let mut jobs: Vec<Vec<Arrival>> = (0..self.workers.count()).map(|_| Vec::new()).collect();
+        let mut own = self.lane(0);
         loop {
             let received = {
                 let mut slices: Vec<IoSliceMut<'_>> =
@@ -297,19 +327,34 @@ impl Wireguard {
                     continue;
                 }
             };
-            for (buffer, meta) in buffers.iter().zip(&meta).take(count) {
-                let stride = meta.stride.max(1);
-                for datagram in buffer[..meta.len.min(buffer.len())].chunks(stride) {
-                    self.handle_datagram(meta.addr, datagram, &mut work);
+            for (buffer, meta) in buffers.iter_mut().zip(&meta).take(count) {
+                let fresh = self.receive_buffers.take();
+                let arrival = Arrival {
+                    buffer: Pooled::new(
+                        std::mem::replace(buffer, fresh),
+                        self.receive_buffers.clone(),
+                    ),
+                    len: meta.len,
+                    stride: meta.stride,
+                    from: meta.addr,
+                };
+                jobs[self.workers.for_endpoint(meta.addr)].push(arrival);
+            }
+            // The other workers' shares first, so they start while this
+            // task decrypts worker 0's.
+            for (worker, arrivals) in jobs.iter_mut().enumerate().skip(1) {
+                if !arrivals.is_empty() {
+                    let job = Job::Decrypt(std::mem::take(arrivals));
+                    self.workers.send(worker, job).await;
                 }
             }
-            let failed = work.replies.flush(&self.socket).await;
-            self.metrics.count_send_failures(failed);
-            let inner = work.inner.take();
-            if !inner.is_empty() {
-                self.to_plane(inner).await;
+            if !jobs[0].is_empty() {
+                self.decrypt(&jobs[0], &mut own);
+                jobs[0].clear();
+                self.end_round(&mut own, 1).await;
             }
         }
+        self.workers.finish(workers).await;
         timers.abort();
         flusher.abort();
         snapshots.abort();
@@ -317,7 +362,7 @@ impl Wireguard {
 
     /// Handles one datagram from `from`.
     fn handle_datagram(&self, from: SocketAddr, datagram: &[u8], work: &mut Work) {
-        self.metrics.count_datagram_in();
+        work.round.datagrams_in += 1;
         let Ok(parsed) = Tunn::parse_incoming_packet(datagram) else {
             self.metrics.count_drop("invalid");
             return;
@@ -401,12 +446,16 @@ impl Wireguard {
             TunnResult::WriteToTunnelV4(inner, source) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                self.accept_inner(&peer, IpAddr::V4(source), inner, &mut work.inner);
+                if self.accept_inner(&peer, IpAddr::V4(source), inner, &mut work.inner) {
+                    work.round.inner_in += 1;
+                }
             }
             TunnResult::WriteToTunnelV6(inner, source) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                self.accept_inner(&peer, IpAddr::V6(source), inner, &mut work.inner);
+                if self.accept_inner(&peer, IpAddr::V6(source), inner, &mut work.inner) {
+                    work.round.inner_in += 1;
+                }
             }
             TunnResult::Done => {
                 peer.heard_from(from, self.now_ms());
@@ -419,57 +468,111 @@ impl Wireguard {
         }
     }
 
+    /// Takes a decrypted packet for the device plane if its source is the
+    /// peer's own address (true), or drops and counts it.
     fn accept_inner(
         &self,
         peer: &peers::Peer,
         source: IpAddr,
         inner: &[u8],
         batches: &mut InnerBatches,
-    ) {
+    ) -> bool {
         if self.owner_address(source) != peer.address {
             self.metrics.count_drop("source");
             tracing::debug!(client = %peer.client, %source, own = %peer.address, "inner source is not the peer's address: dropped");
-            return;
+            return false;
         }
-        self.metrics.count_inner_in();
         batches.push(peer.index, inner);
+        true
     }
 
-    /// Encrypts what a device plane sends back, each packet to the peer that
-    /// owns its inner destination. `scratch` must hold [`SCRATCH_LEN`] bytes:
-    /// the largest packet plus WireGuard's overhead.
-    pub async fn from_plane(&self, batch: &Packets<'_>, scratch: &mut [u8]) {
-        let segments = self.socket.max_gso_segments();
-        let mut out = Outgoing::default();
-        {
-            let table = self.read_peers();
-            for packet in batch.iter() {
-                let Some(destination) = blipless_protocol::ip::destination(packet) else {
-                    self.metrics.count_drop("malformed_inner");
-                    continue;
-                };
-                let Some(peer) = table.by_address(self.owner_address(destination)) else {
-                    self.metrics.count_drop("no_peer_for_destination");
-                    continue;
-                };
-                let Some(endpoint) = peer.endpoint() else {
-                    self.metrics.count_drop("no_endpoint");
-                    continue;
-                };
-                match self.tunnel_of(peer).encapsulate(packet, scratch) {
-                    TunnResult::WriteToNetwork(datagram) => {
-                        self.metrics.count_inner_out();
-                        out.push(endpoint, datagram, segments);
-                    }
-                    // Queued inside boringtun until a handshake completes.
-                    TunnResult::Done => {}
-                    TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
-                    _ => {}
+    /// Routes what a device plane sent back: each packet to the worker of the
+    /// peer that owns its inner destination. `span` is where the buffer
+    /// `batch` was decoded from lay (taken before the decoder borrowed it);
+    /// [`Wireguard::from_plane`] then hands the buffer over.
+    pub fn route_from_plane(&self, batch: &Packets<'_>, span: Span) -> Routed {
+        let mut routed: Routed = (0..self.workers.count()).map(|_| Vec::new()).collect();
+        let table = self.read_peers();
+        for packet in batch.iter() {
+            let Some(destination) = blipless_protocol::ip::destination(packet) else {
+                self.metrics.count_drop("malformed_inner");
+                continue;
+            };
+            let Some(peer) = table.by_address(self.owner_address(destination)) else {
+                self.metrics.count_drop("no_peer_for_destination");
+                continue;
+            };
+            // Always a slice of the buffer: the decoder borrows, never copies.
+            let Some(place) = span.place(packet) else {
+                self.metrics.count_drop("malformed_inner");
+                continue;
+            };
+            routed[self.workers.for_peer(peer)].push((peer.clone(), place));
+        }
+        routed
+    }
+
+    /// Encrypts and sends the packets [`Wireguard::route_from_plane`] routed:
+    /// worker 0's share here, in `lane`, the others' by their tasks, which
+    /// share `frame`, the buffer the packets lie in (`frame` then gets a
+    /// fresh buffer for the next read).
+    pub async fn from_plane(&self, mut routed: Routed, frame: &mut Vec<u8>, lane: &mut Lane) {
+        let own = std::mem::take(&mut routed[0]);
+        if routed.iter().any(|packets| !packets.is_empty()) {
+            let shared = Arc::new(Pooled::new(
+                std::mem::replace(frame, self.frames.take()),
+                self.frames.clone(),
+            ));
+            for (worker, packets) in routed.into_iter().enumerate().skip(1) {
+                if !packets.is_empty() {
+                    let outbound = Outbound {
+                        frame: shared.clone(),
+                        packets,
+                    };
+                    self.workers.send(worker, Job::Encrypt(outbound)).await;
                 }
             }
+            if !own.is_empty() {
+                self.encrypt_into(shared.bytes(), &own, lane);
+                self.end_round(lane, 1).await;
+            }
+        } else if !own.is_empty() {
+            self.encrypt_into(frame, &own, lane);
+            self.end_round(lane, 1).await;
         }
-        let failed = out.flush(&self.socket).await;
-        self.metrics.count_send_failures(failed);
+    }
+
+    /// Encrypts `packets`, each a place in `frame` and the peer it goes to,
+    /// into `out`. `scratch` must hold [`SCRATCH_LEN`] bytes: the largest
+    /// packet plus WireGuard's overhead.
+    fn encrypt(
+        &self,
+        frame: &[u8],
+        packets: &[(Arc<peers::Peer>, std::ops::Range<usize>)],
+        out: &mut Outgoing,
+        scratch: &mut [u8],
+        round: &mut Round,
+    ) {
+        let segments = self.socket.max_gso_segments();
+        for (peer, place) in packets {
+            let Some(packet) = frame.get(place.clone()) else {
+                continue;
+            };
+            let Some(endpoint) = peer.endpoint() else {
+                self.metrics.count_drop("no_endpoint");
+                continue;
+            };
+            match self.tunnel_of(peer).encapsulate(packet, scratch) {
+                TunnResult::WriteToNetwork(datagram) => {
+                    round.inner_out += 1;
+                    out.push(endpoint, datagram, segments);
+                }
+                // Queued inside boringtun until a handshake completes.
+                TunnResult::Done => {}
+                TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
+                _ => {}
+            }
+        }
     }
 
     async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
