@@ -193,10 +193,12 @@ pub(super) fn explain(
         out,
         "\nSerial stages and copies in blipless's packet path (from the code, not measured one by one):\n\n\
          - **Upload** (customer → internet). In the ingress, one task, `Wireguard::serve` \
-           (`ingress/src/wg/mod.rs`), receives a batch (`recvmmsg`), decrypts every datagram in turn, and then \
-           awaits the channel send of the resulting `Packets` frames (`ingress/src/dispatch.rs`) before it \
-           receives again: decryption runs on one thread at a time, and receiving, decrypting and sending to the \
-           device plane do not overlap. Each inner packet is copied into its batch's buffer \
+           (`ingress/src/wg/mod.rs`), receives a batch (`recvmmsg`) and shares its receive slots out among the \
+           crypto workers by source endpoint (`wireguard.workers`, one per core by default; \
+           `ingress/src/wg/workers.rs`): one client is one endpoint, so its datagrams are decrypted by one \
+           worker, in order, while other clients' run on other cores. Worker 0 is the receiving task itself, \
+           which then awaits the channel send of the resulting `Packets` frames (`ingress/src/dispatch.rs`) \
+           before it receives again. Each inner packet is copied into its batch's buffer \
            (`InnerBatches::push`, `ingress/src/wg/inner.rs`) and again into the encoded frame. The device plane \
            decodes the frame as a view over the receive buffer (no copy), copies the batch once into the TUN \
            writer's queue (`device-plane/src/wg/writer.rs`) and reads on; {upload_tun} (`PacketPath::to_tun`, \
@@ -204,9 +206,10 @@ pub(super) fn explain(
            its TUN device from there, one packet per `write`: no channel, no copies.\n\
          - **Download** (internet → customer). {download_tun}, copies each packet into a `Packets` frame (up to \
            256 packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
-           it as a view over the frame (no copy) and awaits `Wireguard::from_plane`, which encrypts the packets \
-           in turn, copies each into its GSO group (`Outgoing::push`) and sends, before it reads the next frame: \
-           the download's crypto, too, runs on one thread at a time.\n\
+           it as a view over the frame (no copy) and routes each packet to the crypto worker of its peer \
+           (`Wireguard::route_from_plane`); the other workers are lent the frame, and the reader encrypts worker \
+           0's share itself. Encryption copies each datagram into its GSO group (`Outgoing::push`) and sends. \
+           One client's packets are encrypted by one worker, in order.\n\
          - blipless runs from release builds here (`BLIPLESS_PROFILE=release`, see the tools line above); the \
            debug builds `make test` uses are not comparable.\n\n",
     );
