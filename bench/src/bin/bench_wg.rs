@@ -9,7 +9,8 @@
 //! it from `scripts/bench.sh` after the main bench (which rewrites the whole
 //! file). Options: `--out PATH` (default `docs/BENCHMARKS.md`), `--quick`
 //! (2-second runs, once each, to check the bench itself), `--no-offload`
-//! (blipless without `egress.tun.offload`, which it otherwise turns on). It sets
+//! (blipless without `egress.tun.offload`, which it otherwise turns on),
+//! `--workers N` (blipless's `wireguard.workers`; default one per core). It sets
 //! `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` (the production
 //! log level) unless they are set.
 
@@ -20,7 +21,7 @@ use blipless_bench::report::{self, Machine};
 use blipless_bench::scenarios::wireguard::{self, Plan, MARKERS};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-wg [--out PATH] [--quick] [--no-offload]");
+    eprintln!("usage: blipless-bench-wg [--out PATH] [--quick] [--no-offload] [--workers N]");
     ExitCode::from(2)
 }
 
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
                 shown_args.push(arg.clone());
                 plan = Plan {
                     offload: plan.offload,
+                    workers: plan.workers,
                     ..Plan::quick()
                 };
             }
@@ -49,6 +51,13 @@ fn main() -> ExitCode {
                 shown_args.push(arg.clone());
                 plan.offload = false;
             }
+            "--workers" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(workers) => {
+                    shown_args.push(format!("--workers {workers}"));
+                    plan.workers = Some(workers);
+                }
+                None => return usage(),
+            },
             _ => return usage(),
         }
     }

@@ -60,6 +60,9 @@ pub struct Plan {
     /// blipless with `egress.tun.offload = true` (TCP super-packets through
     /// its TUN device); `--no-offload` measures without.
     pub offload: bool,
+    /// blipless's `wireguard.workers` (`None`: the default, one per core);
+    /// `--workers N` sets it.
+    pub workers: Option<usize>,
 }
 
 impl Plan {
@@ -70,6 +73,7 @@ impl Plan {
             repeats: 3,
             pings: 200,
             offload: true,
+            workers: None,
         }
     }
 
@@ -80,6 +84,7 @@ impl Plan {
             repeats: 1,
             pings: 50,
             offload: true,
+            workers: None,
         }
     }
 }
@@ -277,9 +282,9 @@ fn wait_for_quiet(patience: &mut Duration) {
 /// results, then wireguard-go's.
 pub fn measure(plan: Plan) -> Result<(Results, Results), String> {
     eprintln!("building the blipless world");
-    let mut beds = vec![Bed::start(Kind::Blipless, plan.offload)?];
+    let mut beds = vec![Bed::start(Kind::Blipless, plan.offload, plan.workers)?];
     eprintln!("building the wireguard-go world");
-    beds.push(Bed::start(Kind::WireguardGo, false)?);
+    beds.push(Bed::start(Kind::WireguardGo, false, None)?);
     let mut results = vec![Results::new(), Results::new()];
     // A short run each first: slow start, caches and page faults are not measured.
     for bed in &mut beds {

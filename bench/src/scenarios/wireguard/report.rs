@@ -75,8 +75,7 @@ pub fn render(machine: &Machine, plan: Plan, blipless: &Results, baseline: &Resu
            WireGuard end-to-end tests build them. The customer's client is wireguard-go (MTU 1420, `AllowedIPs = \
            0.0.0.0/0`, 25 s keepalive; it routes the internet subnet through the tunnel).\n\
          - **blipless**: `blipless-ingress` (boringtun sessions, UDP via quinn-udp) and `blipless-device` (TUN \
-           egress, nftables masquerade, `egress.tun.manage = true`, default 2 TUN queues, {offload}, `wireguard.workers` at its default, one crypto worker per \
-           core: {cpus} here) in the node namespace, the client configured from `blipless-ctl client add --wg`, daemons logging at `info`.\n\
+           egress, nftables masquerade, `egress.tun.manage = true`, default 2 TUN queues, {offload}, {workers}) in the node namespace, the client configured from `blipless-ctl client add --wg`, daemons logging at `info`.\n\
          - **wireguard-go** (the baseline): wireguard-go as a plain WireGuard server in the node namespace (its own \
            TUN interface, forwarding, nftables masquerade out of the uplink), the client configured the same way.\n\
          - Both worlds are up for the whole run and the runs are interleaved (each repeat measures blipless, then \
@@ -92,6 +91,10 @@ pub fn render(machine: &Machine, plan: Plan, blipless: &Results, baseline: &Resu
            softirq time from /proc/stat as a share of all {cpus} cores; iperf3's own CPU as it reports it. All from \
            the median run.\n",
         s = SUBNET,
+        workers = match plan.workers {
+            Some(n) => format!("`wireguard.workers = {n}`"),
+            None => format!("`wireguard.workers` at its default, one crypto worker per core: {} here", machine.cpus),
+        },
         offload = if plan.offload {
             "`egress.tun.offload = true`: TCP super-packets read from and written to the TUN device whole"
         } else {

@@ -82,11 +82,14 @@ fn pids_named(netns: &Netns, name: &str) -> Vec<i32> {
 impl Bed {
     /// Builds the world of `kind`, starts iperf3 in it and makes the
     /// tunnel's first handshake. `offload`: blipless's TUN device with
-    /// `egress.tun.offload = true`.
-    pub fn start(kind: Kind, offload: bool) -> Result<Self, String> {
+    /// `egress.tun.offload = true`; `workers`: its `wireguard.workers`.
+    pub fn start(kind: Kind, offload: bool, workers: Option<usize>) -> Result<Self, String> {
         let tun = if offload { "offload = true" } else { "" };
+        let wireguard = workers.map_or(String::new(), |n| format!("workers = {n}"));
         let world = match kind {
-            Kind::Blipless => World::Blipless(Box::new(WgWorld::with_tun(SUBNET, tun, "", &[]))),
+            Kind::Blipless => {
+                World::Blipless(Box::new(WgWorld::with_tun(SUBNET, tun, &wireguard, &[])))
+            }
             Kind::WireguardGo => World::WireguardGo(Box::new(WgGoWorld::new(SUBNET))),
         };
         let net = world.net();
