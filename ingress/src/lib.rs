@@ -244,6 +244,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     stop_wireguard.cancel();
     drop(uapi);
     running.wait().await;
+    // The crypto workers finish what they were given.
+    let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
     for path in [
         config.device_socket(),
         config.control_socket(),

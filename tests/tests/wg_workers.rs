@@ -122,6 +122,13 @@ fn each_peers_packets_keep_their_order_while_peers_spread_over_the_workers() {
             world.diagnostics()
         );
     }
+    assert_eq!(
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"workers_busy\"}"),
+        0.0,
+        "no return packet dropped for a full worker queue"
+    );
     let busy: Vec<f64> = (0..4)
         .map(|worker| {
             world.node.metric(&format!(

@@ -27,13 +27,14 @@ struct DirectionLabel {
 /// Every drop reason (`drop_reason` in wg/mod.rs and the receive path): each
 /// series exists from the start, at 0, so an alert on `increase()` sees the
 /// first drop.
-const DROP_REASONS: [&str; 13] = [
+const DROP_REASONS: [&str; 14] = [
     "unknown_peer",
     "source",
     "queue_full",
     "no_endpoint",
     "no_peer_for_destination",
     "malformed_inner",
+    "workers_busy",
     "invalid",
     "replay",
     "authentication",
@@ -133,7 +134,7 @@ impl WgMetrics {
         );
         registry.register(
             "wg_worker_jobs",
-            "Jobs (a receive batch's datagrams from one endpoint, or a device-plane frame's packets for its peers) each crypto worker took",
+            "Jobs each crypto worker took: its share of one receive batch, or of one device-plane frame",
             metrics.worker_jobs.clone(),
         );
         registry.register(

@@ -61,7 +61,7 @@ use inner::{Held, InnerBatches};
 use peer_sync::Staging;
 use peers::PeerTable;
 use udp::{Outgoing, WgSocket, MAX_DATAGRAM};
-use workers::{Arrival, BufferPool, Job, Lane, Outbound, Pooled, Routed, Span, Workers};
+use workers::{Arrival, BufferPool, Lane, Outbound, Pooled, Routed, Span, Workers};
 
 /// Room [`Wireguard::from_plane`] needs to encrypt one packet: the largest
 /// inner packet plus WireGuard's 32 bytes of overhead, rounded up.
@@ -344,8 +344,7 @@ impl Wireguard {
             // task decrypts worker 0's.
             for (worker, arrivals) in jobs.iter_mut().enumerate().skip(1) {
                 if !arrivals.is_empty() {
-                    let job = Job::Decrypt(std::mem::take(arrivals));
-                    self.workers.send(worker, job).await;
+                    self.workers.decrypt(worker, std::mem::take(arrivals)).await;
                 }
             }
             if !jobs[0].is_empty() {
@@ -519,17 +518,35 @@ impl Wireguard {
     pub async fn from_plane(&self, mut routed: Routed, frame: &mut Vec<u8>, lane: &mut Lane) {
         let own = std::mem::take(&mut routed[0]);
         if routed.iter().any(|packets| !packets.is_empty()) {
-            let shared = Arc::new(Pooled::new(
-                std::mem::replace(frame, self.frames.take()),
-                self.frames.clone(),
-            ));
+            // Where the frame's packets end: what a worker's queue is charged.
+            let used = routed
+                .iter()
+                .flatten()
+                .chain(&own)
+                .map(|(_, place)| place.end)
+                .max()
+                .unwrap_or(0)
+                .min(frame.len());
+            let shared = Arc::new(if used <= workers::COPIED_FRAME {
+                // A small frame is copied: it waits holding its own size,
+                // and the reader keeps its buffer.
+                Pooled::unpooled(frame[..used].to_vec())
+            } else {
+                Pooled::new(
+                    std::mem::replace(frame, self.frames.take()),
+                    self.frames.clone(),
+                )
+            });
             for (worker, packets) in routed.into_iter().enumerate().skip(1) {
                 if !packets.is_empty() {
                     let outbound = Outbound {
                         frame: shared.clone(),
                         packets,
                     };
-                    self.workers.send(worker, Job::Encrypt(outbound)).await;
+                    let dropped = self.workers.encrypt(worker, outbound, used);
+                    if dropped > 0 {
+                        self.metrics.count_drops("workers_busy", dropped);
+                    }
                 }
             }
             if !own.is_empty() {

@@ -46,8 +46,16 @@ use super::Wireguard;
 
 /// Jobs a worker takes before it sends what they produced.
 pub const JOBS_PER_ROUND: usize = 16;
-/// Jobs queued for one worker before the sender waits.
-const QUEUE_DEPTH: usize = 8;
+/// Receive batches queued for one worker task before the receiving task waits.
+const DECRYPT_DEPTH: usize = 8;
+/// Bytes of device-plane frames queued for one worker task; beyond them a
+/// frame's share is dropped and counted (`workers_busy`), as a router's full
+/// queue drops.
+pub const ENCRYPT_QUEUE_BYTES: usize = 4 << 20;
+/// A frame whose packets end within this many bytes is copied for the
+/// workers (so that it holds its size, not a whole frame buffer, while it
+/// waits); a longer one lends its buffer.
+pub const COPIED_FRAME: usize = 32 << 10;
 /// Buffers a pool keeps for reuse; more are freed.
 const POOL_KEEP: usize = 64;
 
@@ -94,13 +102,21 @@ impl BufferPool {
 #[derive(Debug)]
 pub struct Pooled {
     bytes: Vec<u8>,
-    pool: Arc<BufferPool>,
+    pool: Option<Arc<BufferPool>>,
 }
 
 impl Pooled {
     /// Wraps `bytes` (taken from `pool`) to return there.
     pub fn new(bytes: Vec<u8>, pool: Arc<BufferPool>) -> Self {
-        Self { bytes, pool }
+        Self {
+            bytes,
+            pool: Some(pool),
+        }
+    }
+
+    /// Bytes of no pool, freed when dropped.
+    pub fn unpooled(bytes: Vec<u8>) -> Self {
+        Self { bytes, pool: None }
     }
 
     /// The bytes.
@@ -111,7 +127,9 @@ impl Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        self.pool.give(std::mem::take(&mut self.bytes));
+        if let Some(pool) = &self.pool {
+            pool.give(std::mem::take(&mut self.bytes));
+        }
     }
 }
 
@@ -151,25 +169,88 @@ pub struct Outbound {
 /// place in the frame.
 pub type Routed = Vec<Vec<(Arc<Peer>, Range<usize>)>>;
 
-/// One piece of work for a worker.
+/// One piece of work for a worker task.
 #[derive(Debug)]
-pub enum Job {
-    /// Datagrams from the network to decrypt.
-    Decrypt(Vec<Arrival>),
+enum Job {
+    /// Datagrams from the network to decrypt, counted as pending until the
+    /// round that takes them has sent what they produced.
+    Decrypt(Vec<Arrival>, Pending),
     /// Inner packets from a device plane to encrypt.
     Encrypt(Outbound),
+}
+
+/// One decrypt job not yet finished: counted in [`Workers::decrypting`]
+/// from its making to its drop, however it ends (done, dropped with a queue,
+/// or with a worker that panicked).
+#[derive(Debug)]
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A worker task's queue of return packets, each frame with its bytes' token.
+type EncryptQueue = mpsc::UnboundedSender<(Outbound, Queued)>;
+
+/// Bytes of a frame queued for a worker task, counted until dropped.
+#[derive(Debug)]
+struct Queued(Arc<AtomicUsize>, usize);
+
+impl Queued {
+    fn new(counter: &Arc<AtomicUsize>, bytes: usize) -> Self {
+        counter.fetch_add(bytes, Ordering::SeqCst);
+        Self(counter.clone(), bytes)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::SeqCst);
+    }
+}
+
+/// A worker task's two queues: datagrams from the network, and return
+/// packets from the device planes.
+#[derive(Debug)]
+struct Inbox {
+    decrypt: mpsc::Receiver<(Vec<Arrival>, Pending)>,
+    encrypt: mpsc::UnboundedReceiver<(Outbound, Queued)>,
+}
+
+impl Inbox {
+    /// The next queued job, return packets first, without waiting.
+    fn try_next(&mut self) -> Option<Job> {
+        if let Ok((outbound, _queued)) = self.encrypt.try_recv() {
+            return Some(Job::Encrypt(outbound));
+        }
+        let (arrivals, pending) = self.decrypt.try_recv().ok()?;
+        Some(Job::Decrypt(arrivals, pending))
+    }
 }
 
 /// The worker tasks' queues, and what they have not finished.
 #[derive(Debug)]
 pub struct Workers {
     count: usize,
-    /// Workers 1 and up (worker 0 is the caller's own share).
-    queues: Vec<mpsc::Sender<Job>>,
-    waiting: Mutex<Vec<mpsc::Receiver<Job>>>,
+    /// Decrypt queues of workers 1 and up (worker 0 is the caller's own
+    /// share): the receiving task waits while one is full.
+    decrypt: Vec<mpsc::Sender<(Vec<Arrival>, Pending)>>,
+    /// Encrypt queues of workers 1 and up: a device link's reader never
+    /// waits on one (see [`Workers::encrypt`]).
+    encrypt: Vec<(EncryptQueue, Arc<AtomicUsize>)>,
+    waiting: Mutex<Vec<Inbox>>,
     hasher: std::hash::RandomState,
     /// Decrypt jobs queued or under way (a handoff's departure waits for none).
-    decrypting: AtomicUsize,
+    decrypting: Arc<AtomicUsize>,
     stop: CancellationToken,
 }
 
@@ -178,13 +259,24 @@ impl Workers {
     /// themselves, queues for the others, which [`Workers::start`] runs.
     pub fn new(count: usize) -> Self {
         let count = count.max(1);
-        let (queues, waiting) = (1..count).map(|_| mpsc::channel(QUEUE_DEPTH)).unzip();
+        let (mut decrypt, mut encrypt, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 1..count {
+            let (decrypt_sender, decrypt_receiver) = mpsc::channel(DECRYPT_DEPTH);
+            let (encrypt_sender, encrypt_receiver) = mpsc::unbounded_channel();
+            decrypt.push(decrypt_sender);
+            encrypt.push((encrypt_sender, Arc::new(AtomicUsize::new(0))));
+            waiting.push(Inbox {
+                decrypt: decrypt_receiver,
+                encrypt: encrypt_receiver,
+            });
+        }
         Self {
             count,
-            queues,
+            decrypt,
+            encrypt,
             waiting: Mutex::new(waiting),
             hasher: std::hash::RandomState::new(),
-            decrypting: AtomicUsize::new(0),
+            decrypting: Arc::new(AtomicUsize::new(0)),
             stop: CancellationToken::new(),
         }
     }
@@ -209,18 +301,41 @@ impl Workers {
         self.decrypting.load(Ordering::SeqCst) > 0
     }
 
-    /// Queues `job` for worker task `worker` (1 and up), waiting while its
-    /// queue is full. After [`Workers::finish`] the job is dropped.
-    pub async fn send(&self, worker: usize, job: Job) {
-        let Some(queue) = worker.checked_sub(1).and_then(|task| self.queues.get(task)) else {
+    /// Queues datagrams for worker task `worker` (1 and up), waiting while
+    /// its queue is full: the socket's buffer takes the burst meanwhile.
+    /// After [`Workers::finish`] they are dropped.
+    pub async fn decrypt(&self, worker: usize, arrivals: Vec<Arrival>) {
+        let Some(queue) = worker
+            .checked_sub(1)
+            .and_then(|task| self.decrypt.get(task))
+        else {
             return;
         };
-        let decrypt = matches!(job, Job::Decrypt(_));
-        if decrypt {
-            self.decrypting.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending::new(&self.decrypting);
+        // A closed queue (a worker gone) drops the job, and `pending` with it.
+        let _ = queue.send((arrivals, pending)).await;
+    }
+
+    /// Queues return packets for worker task `worker` (1 and up) without
+    /// waiting, `bytes` counting against its [`ENCRYPT_QUEUE_BYTES`]; gives
+    /// back how many packets were dropped because its queue was full (or the
+    /// ingress is stopping). A device link's reader must
+    /// never wait on a worker: a worker may be waiting to send to that
+    /// very device plane, whose reader may be waiting on this link.
+    pub fn encrypt(&self, worker: usize, outbound: Outbound, bytes: usize) -> usize {
+        let Some((queue, queued)) = worker
+            .checked_sub(1)
+            .and_then(|task| self.encrypt.get(task))
+        else {
+            return 0;
+        };
+        if queued.load(Ordering::SeqCst) + bytes > ENCRYPT_QUEUE_BYTES {
+            return outbound.packets.len();
         }
-        if queue.send(job).await.is_err() && decrypt {
-            self.decrypting.fetch_sub(1, Ordering::SeqCst);
+        let token = Queued::new(queued, bytes);
+        match queue.send((outbound, token)) {
+            Ok(()) => 0,
+            Err(mpsc::error::SendError((outbound, _))) => outbound.packets.len(),
         }
     }
 
@@ -236,7 +351,7 @@ impl Workers {
         waiting
             .into_iter()
             .zip(1..)
-            .map(|(jobs, index)| tokio::spawn(wireguard.clone().run_worker(index, jobs)))
+            .map(|(inbox, index)| tokio::spawn(wireguard.clone().run_worker(index, inbox)))
             .collect()
     }
 
@@ -315,25 +430,26 @@ impl Wireguard {
     }
 
     /// One worker task: takes jobs until told to finish with none left.
-    async fn run_worker(self: Arc<Self>, index: usize, mut jobs: mpsc::Receiver<Job>) {
+    async fn run_worker(self: Arc<Self>, index: usize, mut inbox: Inbox) {
         let mut lane = self.lane(index);
+        let mut finished = Vec::new();
         loop {
             let first = tokio::select! {
                 biased;
-                job = jobs.recv() => job,
-                () = self.workers.stop.cancelled() => jobs.try_recv().ok(),
+                Some((outbound, _queued)) = inbox.encrypt.recv() => Some(Job::Encrypt(outbound)),
+                Some((arrivals, pending)) = inbox.decrypt.recv() => Some(Job::Decrypt(arrivals, pending)),
+                () = self.workers.stop.cancelled() => inbox.try_next(),
             };
             let Some(first) = first else {
                 return;
             };
-            let mut decrypted = 0;
             let mut next = Some(first);
             let mut taken = 0;
             while let Some(job) = next.take() {
                 match job {
-                    Job::Decrypt(arrivals) => {
-                        decrypted += 1;
+                    Job::Decrypt(arrivals, pending) => {
                         self.decrypt(&arrivals, &mut lane);
+                        finished.push(pending);
                     }
                     Job::Encrypt(outbound) => {
                         self.encrypt_into(outbound.frame.bytes(), &outbound.packets, &mut lane);
@@ -341,15 +457,12 @@ impl Wireguard {
                 }
                 taken += 1;
                 if taken < JOBS_PER_ROUND {
-                    next = jobs.try_recv().ok();
+                    next = inbox.try_next();
                 }
             }
             self.end_round(&mut lane, taken).await;
-            if decrypted > 0 {
-                self.workers
-                    .decrypting
-                    .fetch_sub(decrypted, Ordering::SeqCst);
-            }
+            // Decrypted and sent on: no longer pending.
+            finished.clear();
         }
     }
 }
@@ -428,6 +541,64 @@ mod tests {
         assert_eq!(datagrams, vec![&b"aaa"[..], b"bbb", b"c"]);
     }
 
+    fn a_peer() -> Arc<Peer> {
+        let mut table = super::super::peers::PeerTable::new(0);
+        let entry = blipless_protocol::channel::PeerEntry {
+            public_key: [7; 32],
+            address: std::net::IpAddr::from([10, 64, 0, 2]),
+            client: "alice".into(),
+        };
+        assert!(table.upsert(&entry));
+        table.by_key(&[7; 32]).cloned().expect("the peer")
+    }
+
+    #[test]
+    fn return_packets_never_wait_for_a_busy_worker_they_are_dropped_and_counted() {
+        let workers = Workers::new(2);
+        let frame = Arc::new(Pooled::unpooled(vec![0u8; 64]));
+        let outbound = || Outbound {
+            frame: frame.clone(),
+            packets: vec![(a_peer(), 0..20), (a_peer(), 20..40)],
+        };
+        let share = ENCRYPT_QUEUE_BYTES / 4;
+        for _ in 0..4 {
+            assert_eq!(
+                workers.encrypt(1, outbound(), share),
+                0,
+                "room in the queue"
+            );
+        }
+        // No worker runs here: the queue is full, and the call returns at
+        // once with the two packets it could not queue.
+        assert_eq!(workers.encrypt(1, outbound(), 1), 2);
+        assert_eq!(
+            workers.encrypt(0, outbound(), 1),
+            0,
+            "worker 0 has no queue"
+        );
+        assert_eq!(workers.encrypt(9, outbound(), 1), 0, "no such worker");
+        // Taken from the queue (here: dropped with it), the bytes count no more.
+        drop(workers.waiting.lock().expect("lock").pop());
+        assert_eq!(workers.encrypt[0].1.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_decrypt_job_is_pending_until_it_is_dropped_however_it_ends() {
+        let workers = Workers::new(2);
+        assert!(!workers.decrypting());
+        workers.decrypt(1, Vec::new()).await;
+        assert!(workers.decrypting(), "queued: pending");
+        // The worker's inbox goes away with the job in it (as with a
+        // worker that panicked): no longer pending.
+        drop(workers.waiting.lock().expect("lock").pop());
+        assert!(!workers.decrypting());
+        workers.decrypt(1, Vec::new()).await;
+        assert!(
+            !workers.decrypting(),
+            "a closed queue drops the job at once"
+        );
+    }
+
     #[test]
     fn an_endpoint_always_goes_to_the_same_worker_and_endpoints_spread() {
         let workers = Workers::new(4);
@@ -441,6 +612,6 @@ mod tests {
         }
         assert_eq!(used.len(), 4, "400 endpoints use every worker");
         assert_eq!(Workers::new(0).count(), 1, "at least one worker");
-        assert!(Workers::new(1).queues.is_empty(), "one worker: no task");
+        assert!(Workers::new(1).decrypt.is_empty(), "one worker: no task");
     }
 }
