@@ -337,7 +337,17 @@ fuzz_target!(|data: &[u8]| {
     match which {
         0 => {
             if let Ok(message) = to_device(&mut u) {
-                round_trip!(ToDevice, message);
+                let message = round_trip!(ToDevice, message);
+                if let ToDevice::Packets(batch) = &message {
+                    // The same batch written in place is the same frame.
+                    let mut frame = channel::PacketsFrame::new(batch.peer(), vec![0; channel::MAX_FRAME]);
+                    for packet in batch.iter() {
+                        let spare = frame.spare(packet.len()).expect("an encodable batch fits a frame");
+                        spare.copy_from_slice(packet);
+                        assert!(frame.commit(packet.len()));
+                    }
+                    assert_eq!(frame.finish(), &channel::encode(&message)[..]);
+                }
             }
         }
         1 => {

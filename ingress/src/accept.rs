@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blipless_protocol::channel::{Accepted, ListenerKind, ToDevice};
+use blipless_protocol::channel::{self, Accepted, ListenerKind, ToDevice};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
-use crate::planes::{PlaneLink, Planes};
+use crate::planes::{Frame, PlaneLink, Planes};
 use crate::watched_listener::WatchedListener;
 
 /// Numbers every accepted connection, across listeners, for logs on both planes.
@@ -140,9 +140,10 @@ pub(crate) async fn hand_over(
     shutdown: &CancellationToken,
 ) -> bool {
     let message = ToDevice::Accepted(accepted);
+    let encoded = channel::encode(&message);
     let taken = dispatch::to_active(
         &context.planes,
-        &message,
+        Frame::of(&message, &encoded),
         &[fd],
         None,
         Wait::Forever(shutdown),

@@ -12,14 +12,16 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_link::LinkError;
-use blipless_protocol::channel::{DecodeError, Rejoin, ToDevice, ToIngress, Welcome, MAX_FRAME};
+use blipless_protocol::channel::{
+    self, DecodeError, Rejoin, ToDevice, ToIngress, Welcome, MAX_FRAME,
+};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::peercred;
-use crate::planes::{send_frame, PlaneLink, Planes};
+use crate::planes::{send_frame, Frame, PlaneLink, Planes};
 use crate::wg::workers::Span;
 use crate::wg::Wireguard;
 
@@ -286,8 +288,10 @@ async fn pass_on(
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
     let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
     let wait = Wait::Until(deadline);
+    let encoded = channel::encode(message);
+    let frame = Frame::of(message, &encoded);
     if let Some(to) =
-        dispatch::to_active(planes, message, &borrowed, Some(from.generation), wait).await
+        dispatch::to_active(planes, frame, &borrowed, Some(from.generation), wait).await
     {
         return Some(to.generation);
     }

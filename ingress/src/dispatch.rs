@@ -15,11 +15,10 @@
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use blipless_protocol::channel::ToDevice;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::planes::{PlaneLink, Planes};
+use crate::planes::{Frame, PlaneLink, Planes};
 
 /// How long a send may wait for an active plane.
 #[derive(Debug, Clone, Copy)]
@@ -33,13 +32,13 @@ pub enum Wait<'a> {
     Forever(&'a CancellationToken),
 }
 
-/// Sends `message`, with `fds` beside it, to the active plane, skipping the
+/// Sends `frame`, with `fds` beside it, to the active plane, skipping the
 /// plane of generation `except` (the sender of what is passed on): if that
 /// plane is the active one, nothing is sent. Returns the plane that took it,
 /// or None when none did within `wait`.
 pub async fn to_active(
     planes: &Planes,
-    message: &ToDevice<'_>,
+    frame: Frame<'_>,
     fds: &[BorrowedFd<'_>],
     except: Option<u64>,
     wait: Wait<'_>,
@@ -51,12 +50,12 @@ pub async fn to_active(
         match target {
             Some(target) if Some(target.generation) == except => return None,
             Some(target) if !target.closed.is_cancelled() => {
-                match target.send_if_active(message, fds).await {
+                match target.send_if_active(frame, fds).await {
                     Ok(true) => return Some(target),
                     // A newer plane took over since; the watch says which.
                     Ok(false) => {}
                     Err(error) => {
-                        tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane", message.name());
+                        tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane", frame.name);
                         target.closed.cancel();
                     }
                 }

@@ -11,6 +11,28 @@ use blipless_protocol::control::DevicePlaneInfo;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
+/// A frame for a device plane, encoded once however many planes it is
+/// offered to: by [`blipless_protocol::channel::encode`], or written in
+/// place (a batch of WireGuard packets,
+/// [`blipless_protocol::channel::PacketsFrame`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    /// The whole frame.
+    pub bytes: &'a [u8],
+    /// Its message type, for logs and errors.
+    pub name: &'static str,
+}
+
+impl<'a> Frame<'a> {
+    /// The frame `encoded` holds, of `message`'s type.
+    pub fn of(message: &ToDevice<'_>, encoded: &'a [u8]) -> Self {
+        Self {
+            bytes: encoded,
+            name: message.name(),
+        }
+    }
+}
+
 /// Where a device plane is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlaneState {
@@ -152,18 +174,20 @@ impl PlaneLink {
         send_frame(&self.socket, message, fds).await
     }
 
-    /// Sends one message only if this plane is still the active one;
+    /// Sends one frame only if this plane is still the active one;
     /// Ok(false) when it is not (the caller re-routes to the new one).
     pub async fn send_if_active(
         &self,
-        message: &ToDevice<'_>,
+        frame: Frame<'_>,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> std::io::Result<bool> {
         let _turn = self.send_lock.lock().await;
         if self.state() != PlaneState::Active {
             return Ok(false);
         }
-        send_frame(&self.socket, message, fds).await?;
+        blipless_link::send_encoded(&self.socket, frame.bytes, frame.name, fds)
+            .await
+            .map_err(std::io::Error::other)?;
         Ok(true)
     }
 

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 mod link;
 
 use link::lock;
-pub use link::{send_frame, PlaneLink, PlaneState};
+pub use link::{send_frame, Frame, PlaneLink, PlaneState};
 
 /// How the latest deploy went.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,68 +1,105 @@
-//! Inner packets on their way to the device plane: collected per peer while a
-//! receive batch is decrypted ([`InnerBatches`]), sent to the active plane
-//! through [`crate::dispatch`], and held in order, up to `wireguard.queue`
-//! packets, while no plane is active ([`Held`]).
+//! Inner packets on their way to the device plane: decrypted per peer
+//! straight into frames while a round is worked ([`InnerBatches`]), sent to
+//! the active plane through [`crate::dispatch`], and held in order, up to
+//! `wireguard.queue` packets, while no plane is active ([`Held`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blipless_protocol::channel::{Packets, ToDevice};
+use blipless_protocol::channel::PacketsFrame;
 use tokio_util::sync::CancellationToken;
 
 use super::Wireguard;
 use crate::dispatch::{self, Wait};
+use crate::planes::Frame;
 
-/// Inner packets waiting for an active device plane.
+/// Room for one peer's packets of a round: a frame written in place,
+/// with room for the largest packet after its header.
+const FRAME_BUFFER: usize = 64 * 1024 + 64;
+/// Frame buffers a lane keeps for its next rounds.
+const SPARE_FRAMES: usize = 8;
+
+/// Inner packets waiting for an active device plane, in finished frames.
 #[derive(Debug, Default)]
 pub(super) struct Held {
-    batches: VecDeque<Packets<'static>>,
+    frames: VecDeque<PacketsFrame>,
     packets: usize,
 }
 
-/// Inner packets of one receive batch, per peer, in the order peers appeared.
-#[derive(Default)]
+/// Inner packets of one round, per peer in the order peers appeared, each
+/// decrypted straight into the frame that goes to the device plane
+/// ([`PacketsFrame`]): no copy between the decryption and the socket.
+#[derive(Debug, Default)]
 pub(super) struct InnerBatches {
-    inner: HashMap<u32, Vec<Packets<'static>>>,
+    frames: HashMap<u32, Vec<PacketsFrame>>,
     order: Vec<u32>,
+    /// Buffers of frames sent, at their full length, for the next rounds.
+    free: Vec<Vec<u8>>,
 }
 
 impl InnerBatches {
-    pub(super) fn push(&mut self, peer: u32, packet: &[u8]) {
-        let batches = self.inner.entry(peer).or_insert_with(|| {
+    /// Room for one more of `peer`'s packets of at most `room` bytes
+    /// (at most 65535): the place to decrypt it into, kept with
+    /// [`InnerBatches::commit`]. None only for a larger room.
+    pub(super) fn spare(&mut self, peer: u32, room: usize) -> Option<&mut [u8]> {
+        let frames = self.frames.entry(peer).or_insert_with(|| {
             self.order.push(peer);
             Vec::new()
         });
-        if let Some(last) = batches.last_mut() {
-            if last.try_push(packet) {
-                return;
-            }
+        if !frames.last().is_some_and(|frame| frame.has_room(room)) {
+            let buffer = self.free.pop().unwrap_or_else(|| vec![0; FRAME_BUFFER]);
+            frames.push(PacketsFrame::new(peer, buffer));
         }
-        let mut batch = Packets::new(peer);
-        // A packet of at most 65535 bytes always fits an empty batch.
-        let _ = batch.try_push(packet);
-        batches.push(batch);
+        frames.last_mut()?.spare(room)
     }
 
-    pub(super) fn take(&mut self) -> Vec<Packets<'static>> {
+    /// Keeps the first `len` bytes of `peer`'s last [`InnerBatches::spare`]
+    /// as a packet.
+    pub(super) fn commit(&mut self, peer: u32, len: usize) -> bool {
+        self.frames
+            .get_mut(&peer)
+            .and_then(|frames| frames.last_mut())
+            .is_some_and(|frame| frame.commit(len))
+    }
+
+    /// The round's frames, in the order their peers appeared; frames that
+    /// got no packet go back to the spares.
+    pub(super) fn take(&mut self) -> Vec<PacketsFrame> {
         let mut out = Vec::new();
         for peer in self.order.drain(..) {
-            if let Some(batches) = self.inner.remove(&peer) {
-                out.extend(batches);
+            for frame in self.frames.remove(&peer).into_iter().flatten() {
+                if frame.is_empty() {
+                    if self.free.len() < SPARE_FRAMES {
+                        self.free.push(frame.into_buffer());
+                    }
+                } else {
+                    out.push(frame);
+                }
             }
         }
         out
     }
+
+    /// Keeps buffers of sent frames for the next rounds.
+    pub(super) fn recycle(&mut self, buffers: Vec<Vec<u8>>) {
+        let room = SPARE_FRAMES.saturating_sub(self.free.len());
+        self.free.extend(buffers.into_iter().take(room));
+    }
 }
 
 impl Wireguard {
-    /// Sends inner packets to the active plane, or holds them while none is.
-    pub(super) async fn to_plane(&self, batches: Vec<Packets<'static>>) {
-        let mut pending: VecDeque<Packets<'static>> = batches.into();
+    /// Sends a round's frames to the active plane, or holds them while none
+    /// is; gives back the buffers of the frames sent.
+    pub(super) async fn to_plane(&self, frames: Vec<PacketsFrame>) -> Vec<Vec<u8>> {
+        let mut sent = Vec::new();
+        let mut pending: VecDeque<PacketsFrame> = frames.into();
         if self.held_is_empty() {
-            while let Some(batch) = pending.pop_front() {
-                if let Err(batch) = self.send_to_active(batch).await {
-                    pending.push_front(batch);
+            while let Some(mut frame) = pending.pop_front() {
+                if self.send_to_active(&mut frame).await {
+                    sent.push(frame.into_buffer());
+                } else {
+                    pending.push_front(frame);
                     break;
                 }
             }
@@ -70,20 +107,22 @@ impl Wireguard {
         if !pending.is_empty() {
             self.hold(pending);
         }
+        sent
     }
 
-    /// Sends a batch to the active plane; gives it back when none took it.
-    async fn send_to_active(&self, batch: Packets<'static>) -> Result<(), Packets<'static>> {
-        let message = ToDevice::Packets(batch);
-        let taken = dispatch::to_active(&self.planes, &message, &[], None, Wait::No).await;
-        match (taken, message) {
-            (None, ToDevice::Packets(batch)) => Err(batch),
-            _ => Ok(()),
-        }
+    /// Sends a frame to the active plane; false when none took it.
+    async fn send_to_active(&self, frame: &mut PacketsFrame) -> bool {
+        let frame = Frame {
+            bytes: frame.finish(),
+            name: "Packets",
+        };
+        dispatch::to_active(&self.planes, frame, &[], None, Wait::No)
+            .await
+            .is_some()
     }
 
     fn held_is_empty(&self) -> bool {
-        self.lock_held().batches.is_empty()
+        self.lock_held().frames.is_empty()
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -92,16 +131,16 @@ impl Wireguard {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn hold(&self, batches: VecDeque<Packets<'static>>) {
+    fn hold(&self, frames: VecDeque<PacketsFrame>) {
         let mut held = self.lock_held();
-        for batch in batches {
-            let count = batch.len();
+        for frame in frames {
+            let count = frame.len();
             if held.packets + count > self.queue_limit {
                 self.metrics.count_drops("queue_full", count);
                 continue;
             }
             held.packets += count;
-            held.batches.push_back(batch);
+            held.frames.push_back(frame);
         }
         self.metrics.set_held(held.packets);
         drop(held);
@@ -113,19 +152,16 @@ impl Wireguard {
         let mut active = self.planes.subscribe();
         loop {
             loop {
-                let next = self.lock_held().batches.pop_front();
-                let Some(batch) = next else { break };
-                let count = batch.len();
-                match self.send_to_active(batch).await {
-                    Ok(()) => {
-                        let mut held = self.lock_held();
-                        held.packets = held.packets.saturating_sub(count);
-                        self.metrics.set_held(held.packets);
-                    }
-                    Err(batch) => {
-                        self.lock_held().batches.push_front(batch);
-                        break;
-                    }
+                let next = self.lock_held().frames.pop_front();
+                let Some(mut frame) = next else { break };
+                let count = frame.len();
+                if self.send_to_active(&mut frame).await {
+                    let mut held = self.lock_held();
+                    held.packets = held.packets.saturating_sub(count);
+                    self.metrics.set_held(held.packets);
+                } else {
+                    self.lock_held().frames.push_front(frame);
+                    break;
                 }
             }
             tokio::select! {
@@ -136,5 +172,69 @@ impl Wireguard {
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blipless_protocol::channel::{decode, ToDevice};
+
+    fn put(batches: &mut InnerBatches, peer: u32, packet: &[u8]) {
+        let spare = batches.spare(peer, packet.len() + 32).expect("room");
+        spare[..packet.len()].copy_from_slice(packet);
+        assert!(batches.commit(peer, packet.len()));
+    }
+
+    fn packets_of(frame: &mut PacketsFrame) -> (u32, Vec<Vec<u8>>) {
+        let (message, _) = decode::<ToDevice>(frame.finish()).expect("decodes");
+        let ToDevice::Packets(batch) = message else {
+            panic!("{message:?}");
+        };
+        (batch.peer(), batch.iter().map(<[u8]>::to_vec).collect())
+    }
+
+    #[test]
+    fn packets_go_into_their_peers_frames_in_the_order_peers_appeared() {
+        let mut batches = InnerBatches::default();
+        put(&mut batches, 9, &[1; 40]);
+        put(&mut batches, 4, &[2; 60]);
+        put(&mut batches, 9, &[3; 1400]);
+        // A room lent and not kept (a handshake's reply) leaves nothing.
+        let _ = batches.spare(5, 256);
+        let mut frames = batches.take();
+        assert_eq!(frames.len(), 2, "the peer with no packet has no frame");
+        assert_eq!(
+            packets_of(&mut frames[0]),
+            (9, vec![vec![1; 40], vec![3; 1400]])
+        );
+        assert_eq!(packets_of(&mut frames[1]), (4, vec![vec![2; 60]]));
+        assert!(batches.take().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_full_frame_is_followed_by_another_and_buffers_are_reused() {
+        let mut batches = InnerBatches::default();
+        for _ in 0..100 {
+            put(&mut batches, 1, &[7; 1400]);
+        }
+        let mut frames = batches.take();
+        assert!(
+            frames.len() >= 2,
+            "100 packets of 1400 bytes need two frames"
+        );
+        let total: usize = frames.iter_mut().map(|f| packets_of(f).1.len()).sum();
+        assert_eq!(total, 100);
+        let buffers: Vec<Vec<u8>> = frames.into_iter().map(PacketsFrame::into_buffer).collect();
+        let first = buffers[0].as_ptr();
+        batches.recycle(buffers);
+        put(&mut batches, 2, &[8; 10]);
+        let again = batches.take();
+        let reused = again.into_iter().next().expect("a frame").into_buffer();
+        assert!(
+            std::ptr::eq(reused.as_ptr(), first)
+                || batches.free.iter().any(|b| b.as_ptr() == first),
+            "a sent frame's buffer is kept for the next"
+        );
     }
 }

@@ -63,14 +63,14 @@ use peers::PeerTable;
 use udp::{Outgoing, WgSocket, MAX_DATAGRAM};
 use workers::{Arrival, BufferPool, Lane, Outbound, Pooled, Routed, Span, Workers};
 
-/// Room [`Wireguard::from_plane`] needs to encrypt one packet: the largest
-/// inner packet plus WireGuard's 32 bytes of overhead, rounded up.
-pub const SCRATCH_LEN: usize = 65_535 + 64;
-
 /// How often boringtun's timers run (as its own device loop does).
 const TIMER_TICK: Duration = Duration::from_millis(250);
 /// Room for a decrypted or encrypted packet and WireGuard's overhead.
 const WORK_BUFFER: usize = MAX_DATAGRAM + 256;
+/// The least room a datagram is decapsulated or a packet encapsulated into:
+/// what boringtun may write for any message (a handshake initiation, 148
+/// bytes, is the largest).
+const MIN_DECAPSULATE_ROOM: usize = 256;
 
 /// The ingress's WireGuard endpoint.
 pub struct Wireguard {
@@ -419,7 +419,15 @@ impl Wireguard {
         };
         let segments = self.socket.max_gso_segments();
         let mut tunnel = self.tunnel_of(&peer);
-        match tunnel.decapsulate(Some(from.ip()), datagram, &mut work.buffer) {
+        // Decrypted straight into the peer's frame to the device plane
+        // (boringtun writes what it makes at the start of the room it is
+        // given; the room holds any datagram of 65535 bytes or less).
+        let room = datagram.len().max(MIN_DECAPSULATE_ROOM);
+        let Some(spare) = work.inner.spare(peer.index, room) else {
+            self.metrics.count_drop("invalid");
+            return;
+        };
+        let kept = match tunnel.decapsulate(Some(from.ip()), datagram, spare) {
             TunnResult::WriteToNetwork(reply) => {
                 // A cookie reply (type 3) answers an unauthenticated message:
                 // it must not move the endpoint.
@@ -441,20 +449,19 @@ impl Wireguard {
                 {
                     work.replies.push(from, queued, segments);
                 }
+                None
             }
             TunnResult::WriteToTunnelV4(inner, source) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                if self.accept_inner(&peer, IpAddr::V4(source), inner, &mut work.inner) {
-                    work.round.inner_in += 1;
-                }
+                self.inner_allowed(&peer, IpAddr::V4(source))
+                    .then_some(inner.len())
             }
             TunnResult::WriteToTunnelV6(inner, source) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                if self.accept_inner(&peer, IpAddr::V6(source), inner, &mut work.inner) {
-                    work.round.inner_in += 1;
-                }
+                self.inner_allowed(&peer, IpAddr::V6(source))
+                    .then_some(inner.len())
             }
             TunnResult::Done => {
                 peer.heard_from(from, self.now_ms());
@@ -462,26 +469,28 @@ impl Wireguard {
                     // A keepalive: data on a session of ours all the same.
                     peer.sent_data(self.now_ms());
                 }
+                None
             }
-            TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
+            TunnResult::Err(error) => {
+                self.metrics.count_drop(drop_reason(&error));
+                None
+            }
+        };
+        if let Some(len) = kept {
+            if work.inner.commit(peer.index, len) {
+                work.round.inner_in += 1;
+            }
         }
     }
 
-    /// Takes a decrypted packet for the device plane if its source is the
-    /// peer's own address (true), or drops and counts it.
-    fn accept_inner(
-        &self,
-        peer: &peers::Peer,
-        source: IpAddr,
-        inner: &[u8],
-        batches: &mut InnerBatches,
-    ) -> bool {
+    /// Whether a decrypted packet's source is the peer's own address, as it
+    /// must be for the device plane to take it; counted as dropped if not.
+    fn inner_allowed(&self, peer: &peers::Peer, source: IpAddr) -> bool {
         if self.owner_address(source) != peer.address {
             self.metrics.count_drop("source");
             tracing::debug!(client = %peer.client, %source, own = %peer.address, "inner source is not the peer's address: dropped");
             return false;
         }
-        batches.push(peer.index, inner);
         true
     }
 
@@ -560,14 +569,12 @@ impl Wireguard {
     }
 
     /// Encrypts `packets`, each a place in `frame` and the peer it goes to,
-    /// into `out`. `scratch` must hold [`SCRATCH_LEN`] bytes: the largest
-    /// packet plus WireGuard's overhead.
+    /// into `out`, each straight into the buffer it is sent from.
     fn encrypt(
         &self,
         frame: &[u8],
         packets: &[(Arc<peers::Peer>, std::ops::Range<usize>)],
         out: &mut Outgoing,
-        scratch: &mut [u8],
         round: &mut Round,
     ) {
         let segments = self.socket.max_gso_segments();
@@ -579,16 +586,26 @@ impl Wireguard {
                 self.metrics.count_drop("no_endpoint");
                 continue;
             };
-            match self.tunnel_of(peer).encapsulate(packet, scratch) {
-                TunnResult::WriteToNetwork(datagram) => {
-                    round.inner_out += 1;
-                    out.push(endpoint, datagram, segments);
+            let mut tunnel = self.tunnel_of(peer);
+            // A data message is the packet and 32 bytes; with no session
+            // yet, boringtun queues the packet and writes a handshake
+            // initiation instead.
+            let room = (packet.len() + 32).max(MIN_DECAPSULATE_ROOM);
+            out.push_with(endpoint, room, segments, |room| {
+                match tunnel.encapsulate(packet, room) {
+                    TunnResult::WriteToNetwork(datagram) => {
+                        round.inner_out += 1;
+                        Some(datagram.len())
+                    }
+                    // Queued inside boringtun until a handshake completes.
+                    TunnResult::Done => None,
+                    TunnResult::Err(error) => {
+                        self.metrics.count_drop(drop_reason(&error));
+                        None
+                    }
+                    _ => None,
                 }
-                // Queued inside boringtun until a handshake completes.
-                TunnResult::Done => {}
-                TunnResult::Err(error) => self.metrics.count_drop(drop_reason(&error)),
-                _ => {}
-            }
+            });
         }
     }
 

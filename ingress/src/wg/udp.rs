@@ -88,18 +88,32 @@ impl WgSocket {
     }
 }
 
-/// Datagrams waiting to be sent, grouped for GSO.
+/// Room in a group's buffer: a whole GSO send, or one datagram of the
+/// largest size plus room to spare for what is written into it.
+const GROUP_BUFFER: usize = MAX_DATAGRAM + 256;
+/// Group buffers kept for the next sends.
+const SPARE_GROUPS: usize = 8;
+
+/// Datagrams waiting to be sent, grouped for GSO. A datagram is written in
+/// place at the end of its group ([`Outgoing::push_with`]: an encryption
+/// writes straight into the buffer that is sent), and the groups' buffers
+/// are kept for the next sends at their full length, so neither is zeroed
+/// nor allocated per datagram.
 #[derive(Debug, Default)]
 pub struct Outgoing {
     groups: Vec<Group>,
+    spare: Vec<Vec<u8>>,
 }
 
 #[derive(Debug)]
 struct Group {
     destination: SocketAddr,
+    /// Every datagram's size but the last, which may be shorter.
     segment: usize,
     count: usize,
+    /// [`GROUP_BUFFER`] bytes, of which `len` are datagrams.
     bytes: Vec<u8>,
+    len: usize,
     /// The last segment was shorter: nothing more may join.
     closed: bool,
 }
@@ -107,37 +121,107 @@ struct Group {
 impl Outgoing {
     /// Queues `datagram` for `destination`; `max_segments` is the socket's GSO limit.
     pub fn push(&mut self, destination: SocketAddr, datagram: &[u8], max_segments: usize) {
-        if let Some(group) = self.groups.last_mut() {
-            let joins = group.destination == destination
+        self.push_with(destination, datagram.len(), max_segments, |room| {
+            room.get_mut(..datagram.len())?.copy_from_slice(datagram);
+            Some(datagram.len())
+        });
+    }
+
+    /// Queues the datagram `write` makes for `destination` in at most `room`
+    /// bytes (the slice it is given), written where it will be sent from;
+    /// `write` returns its length, or None when it made none. Nothing is
+    /// queued for a room larger than a group's buffer.
+    pub fn push_with(
+        &mut self,
+        destination: SocketAddr,
+        room: usize,
+        max_segments: usize,
+        write: impl FnOnce(&mut [u8]) -> Option<usize>,
+    ) {
+        if room > GROUP_BUFFER {
+            return;
+        }
+        let joins = self.groups.last().is_some_and(|group| {
+            group.destination == destination
                 && !group.closed
                 && group.count < max_segments
-                && datagram.len() <= group.segment
-                && group.bytes.len() + datagram.len() <= MAX_DATAGRAM;
-            if joins {
-                group.bytes.extend_from_slice(datagram);
-                group.count += 1;
-                group.closed = datagram.len() < group.segment;
-                return;
-            }
-        }
-        self.groups.push(Group {
-            destination,
-            segment: datagram.len(),
-            count: 1,
-            bytes: datagram.to_vec(),
-            closed: false,
+                && group.len + room <= GROUP_BUFFER
         });
+        if !joins {
+            let bytes = self.spare.pop().unwrap_or_else(|| vec![0; GROUP_BUFFER]);
+            self.groups.push(Group {
+                destination,
+                segment: 0,
+                count: 0,
+                bytes,
+                len: 0,
+                closed: false,
+            });
+        }
+        let Some(group) = self.groups.last_mut() else {
+            return;
+        };
+        let start = group.len;
+        let written = group
+            .bytes
+            .get_mut(start..start + room)
+            .and_then(write)
+            .filter(|&len| len > 0 && len <= room);
+        let Some(len) = written else {
+            if group.count == 0 {
+                self.drop_last_group();
+            }
+            return;
+        };
+        if group.count == 0 {
+            group.segment = len;
+        } else if len > group.segment || start + len > MAX_DATAGRAM {
+            // Longer than the group's segments (a handshake initiation after
+            // small packets), or past one send: it starts a group of its own
+            // (the only copy, and a rare one).
+            let moved = group.bytes[start..start + len].to_vec();
+            group.closed = true;
+            self.groups.push(Group {
+                destination,
+                segment: len,
+                count: 1,
+                bytes: {
+                    let mut bytes = self.spare.pop().unwrap_or_else(|| vec![0; GROUP_BUFFER]);
+                    bytes[..len].copy_from_slice(&moved);
+                    bytes
+                },
+                len,
+                closed: false,
+            });
+            return;
+        }
+        group.count += 1;
+        group.len += len;
+        group.closed = len < group.segment;
+    }
+
+    fn drop_last_group(&mut self) {
+        if let Some(group) = self.groups.pop() {
+            self.keep(group.bytes);
+        }
+    }
+
+    fn keep(&mut self, bytes: Vec<u8>) {
+        if self.spare.len() < SPARE_GROUPS {
+            self.spare.push(bytes);
+        }
     }
 
     /// Sends everything queued; returns how many datagrams failed to go out
     /// (each failure is logged at debug: UDP sends fail only on local errors).
     pub async fn flush(&mut self, socket: &WgSocket) -> usize {
         let mut failed = 0;
-        for group in self.groups.drain(..) {
+        let mut groups = std::mem::take(&mut self.groups);
+        for group in groups.drain(..) {
             let transmit = Transmit {
                 destination: group.destination,
                 ecn: None,
-                contents: &group.bytes,
+                contents: &group.bytes[..group.len],
                 segment_size: (group.count > 1).then_some(group.segment),
                 src_ip: None,
             };
@@ -145,7 +229,10 @@ impl Outgoing {
                 tracing::debug!(destination = %group.destination, %error, "WireGuard send failed");
                 failed += group.count;
             }
+            self.keep(group.bytes);
         }
+        // The list's room stays for the next sends.
+        self.groups = groups;
         failed
     }
 }
@@ -173,6 +260,60 @@ mod tests {
             .map(|g| (g.destination.port(), g.segment, g.count))
             .collect();
         assert_eq!(shape, vec![(1, 100, 3), (1, 60, 1), (2, 60, 1), (2, 80, 1)]);
+    }
+
+    #[test]
+    fn a_datagram_is_written_in_place_and_nothing_is_queued_when_none_is_made() {
+        let mut out = Outgoing::default();
+        out.push_with(addr(1), 256, 64, |room| {
+            room[..100].fill(1);
+            Some(100)
+        });
+        let first = out.groups[0].bytes.as_ptr();
+        out.push_with(addr(1), 256, 64, |_| None);
+        out.push_with(addr(2), 256, 64, |_| None);
+        out.push_with(addr(1), 256, 64, |room| {
+            room[..100].fill(2);
+            Some(100)
+        });
+        assert_eq!(
+            out.groups.len(),
+            1,
+            "a write that made nothing leaves no group"
+        );
+        let group = &out.groups[0];
+        assert_eq!((group.count, group.segment, group.len), (2, 100, 200));
+        assert_eq!(group.bytes.as_ptr(), first, "written where it is sent from");
+        assert!(group.bytes[..100].iter().all(|&b| b == 1));
+        assert!(group.bytes[100..200].iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn a_write_longer_than_its_room_is_not_queued() {
+        let mut out = Outgoing::default();
+        out.push_with(addr(1), 50, 64, |_| Some(51));
+        out.push_with(addr(1), GROUP_BUFFER + 1, 64, |_| Some(10));
+        assert!(out.groups.is_empty());
+    }
+
+    #[tokio::test]
+    async fn group_buffers_are_kept_for_the_next_sends() {
+        let receiver = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let sender =
+            WgSocket::new(std::net::UdpSocket::bind("127.0.0.1:0").expect("bind")).expect("wrap");
+        let to = receiver.local_addr().expect("addr");
+        let mut out = Outgoing::default();
+        out.push(to, &[1; 100], 64);
+        let buffer = out.groups[0].bytes.as_ptr();
+        assert_eq!(out.flush(&sender).await, 0);
+        assert!(out.groups.is_empty());
+        out.push(to, &[2; 100], 64);
+        assert_eq!(
+            out.groups[0].bytes.as_ptr(),
+            buffer,
+            "the same buffer again"
+        );
+        assert_eq!(out.flush(&sender).await, 0);
     }
 
     #[test]

@@ -369,7 +369,6 @@ impl Workers {
 /// each device link's reader, for worker 0's share, which they do themselves.
 pub struct Lane {
     work: super::Work,
-    scratch: Vec<u8>,
     jobs: Counter,
 }
 
@@ -384,7 +383,6 @@ impl Wireguard {
     pub fn lane(&self, index: usize) -> Lane {
         Lane {
             work: super::Work::new(),
-            scratch: vec![0u8; super::SCRATCH_LEN],
             jobs: self.metrics.worker_jobs(index),
         }
     }
@@ -406,13 +404,7 @@ impl Wireguard {
         lane: &mut Lane,
     ) {
         let work = &mut lane.work;
-        self.encrypt(
-            frame,
-            packets,
-            &mut work.replies,
-            &mut lane.scratch,
-            &mut work.round,
-        );
+        self.encrypt(frame, packets, &mut work.replies, &mut work.round);
     }
 
     /// Sends what a lane's round of `jobs` jobs produced: datagrams to peers,
@@ -423,9 +415,10 @@ impl Wireguard {
         self.metrics.count_round(&work.round.take());
         let failed = work.replies.flush(&self.socket).await;
         self.metrics.count_send_failures(failed);
-        let inner = work.inner.take();
-        if !inner.is_empty() {
-            self.to_plane(inner).await;
+        let frames = work.inner.take();
+        if !frames.is_empty() {
+            let sent = self.to_plane(frames).await;
+            lane.work.inner.recycle(sent);
         }
     }
 

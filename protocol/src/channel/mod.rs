@@ -36,6 +36,7 @@ mod exits;
 mod handoff;
 mod migrate;
 mod packets;
+mod packets_frame;
 mod payloads;
 mod peers;
 mod progress;
@@ -49,6 +50,7 @@ pub use exits::ExitQueues;
 pub use handoff::{HandoffCounters, HandoffOffer, OfferedSocket, SocketName};
 pub use migrate::{Direction, Migrate, MigrateKind, UdpAssociation};
 pub use packets::{PacketIter, Packets};
+pub use packets_frame::PacketsFrame;
 pub use payloads::{
     Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, RouteReport,
     UdpCounts, Welcome,
