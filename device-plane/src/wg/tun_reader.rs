@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blipless_protocol::channel::{Packets, ToIngress};
+use blipless_protocol::channel::{PacketsFrame, MAX_FRAME};
 use blipless_protocol::offload::{self, VnetHeader, HEADER_LEN};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
@@ -40,24 +40,22 @@ pub(super) async fn read_queue(
         }
     };
     // An offload queue's reads start with a virtio-net header, and a TCP
-    // super-packet is cut into its segments before it joins a batch.
+    // super-packet is cut into its segments, each written into the frame to
+    // the ingress; a plain queue's packets are read straight into it.
     let offload = queue.offload();
-    let mut buffer = vec![0u8; MAX_PACKET + HEADER_LEN];
+    let mut buffer = if offload {
+        vec![0u8; MAX_PACKET + HEADER_LEN]
+    } else {
+        Vec::new()
+    };
     let mut segment = Vec::new();
-    let mut read_one = |read: &mut [u8], batch: &mut Packets<'static>, batches: &mut Vec<_>| {
+    let mut frames = Frames::default();
+    let mut split_one = |read: &mut [u8], frames: &mut Frames| {
         let mut add = |packet: &[u8]| {
-            if !admitted(packet) {
-                return;
-            }
-            if !batch.try_push(packet) {
-                batches.push(std::mem::replace(batch, Packets::new(0)));
-                let _ = batch.try_push(packet);
+            if admitted(packet) {
+                frames.push(packet);
             }
         };
-        if !offload {
-            add(read);
-            return;
-        }
         let at = HEADER_LEN.min(read.len());
         let (header, packet) = read.split_at_mut(at);
         let split = VnetHeader::decode(header)
@@ -74,9 +72,16 @@ pub(super) async fn read_queue(
         }
     };
     loop {
-        let first = tokio::select! {
-            read = queue.recv(&mut buffer) => read,
-            () = stop.cancelled() => break,
+        let first = {
+            let room = if offload {
+                &mut buffer[..]
+            } else {
+                frames.spare(MAX_PACKET)
+            };
+            tokio::select! {
+                read = queue.recv(room) => read,
+                () = stop.cancelled() => break,
+            }
         };
         let length = match first {
             Ok(length) => length,
@@ -86,45 +91,185 @@ pub(super) async fn read_queue(
                 continue;
             }
         };
-        let mut batch = Packets::new(0);
-        let mut batches = Vec::new();
-        read_one(&mut buffer[..length], &mut batch, &mut batches);
-        for _ in 1..BATCH_PACKETS {
-            match queue.try_recv(&mut buffer) {
-                Ok(Some(length)) => read_one(&mut buffer[..length], &mut batch, &mut batches),
-                Ok(None) | Err(_) => break,
+        let mut read = Some(length);
+        let mut reads = 0;
+        while let Some(length) = read.take() {
+            if offload {
+                split_one(&mut buffer[..length], &mut frames);
+            } else if admitted(frames.lent(length)) {
+                frames.commit(length);
+            }
+            reads += 1;
+            if reads < BATCH_PACKETS {
+                let room = if offload {
+                    &mut buffer[..]
+                } else {
+                    frames.spare(MAX_PACKET)
+                };
+                read = queue.try_recv(room).ok().flatten();
             }
         }
+        let batch = frames.take();
         if !batch.is_empty() {
-            batches.push(batch);
-        }
-        if !batches.is_empty() {
-            send_batches(&channel, &counters, batches).await;
+            let sent = send_frames(&channel, &counters, batch).await;
+            frames.recycle(sent);
         }
     }
 }
 
-async fn send_batches(
+/// Room for a round's packets: a frame of the largest size the channel
+/// carries, written in place.
+const FRAME_BUFFER: usize = MAX_FRAME;
+/// Frame buffers a queue's reader keeps for its next rounds.
+const SPARE_FRAMES: usize = 2;
+
+/// The frames of one round of reads, each packet written straight into the
+/// frame that goes to the ingress (return packets are addressed by their
+/// inner destination, so every frame says peer 0).
+#[derive(Debug, Default)]
+struct Frames {
+    done: Vec<PacketsFrame>,
+    current: Option<PacketsFrame>,
+    free: Vec<Vec<u8>>,
+}
+
+impl Frames {
+    /// Room for one more packet of at most `room` bytes (at most 65535).
+    fn spare(&mut self, room: usize) -> &mut [u8] {
+        if !self
+            .current
+            .as_ref()
+            .is_some_and(|frame| frame.has_room(room))
+        {
+            let buffer = self.free.pop().unwrap_or_else(|| vec![0; FRAME_BUFFER]);
+            let full = self.current.replace(PacketsFrame::new(0, buffer));
+            self.done.extend(full.filter(|frame| !frame.is_empty()));
+        }
+        // A fresh frame lends up to 65535 bytes; nothing here asks more.
+        match self.current.as_mut().and_then(|frame| frame.spare(room)) {
+            Some(spare) => spare,
+            None => &mut [],
+        }
+    }
+
+    /// The first `length` bytes of the last room lent.
+    fn lent(&self, length: usize) -> &[u8] {
+        self.current
+            .as_ref()
+            .map_or(&[], |frame| frame.written(length))
+    }
+
+    /// Keeps the first `length` bytes of the last room lent as a packet.
+    fn commit(&mut self, length: usize) {
+        if let Some(frame) = &mut self.current {
+            frame.commit(length);
+        }
+    }
+
+    /// Adds a packet (a copy: a segment cut from a super-packet).
+    fn push(&mut self, packet: &[u8]) {
+        let spare = self.spare(packet.len());
+        if let Some(room) = spare.get_mut(..packet.len()) {
+            room.copy_from_slice(packet);
+            self.commit(packet.len());
+        }
+    }
+
+    /// The round's frames with packets, in order.
+    fn take(&mut self) -> Vec<PacketsFrame> {
+        let mut frames = std::mem::take(&mut self.done);
+        if self.current.as_ref().is_some_and(|frame| !frame.is_empty()) {
+            frames.extend(self.current.take());
+        }
+        frames
+    }
+
+    /// Keeps buffers of sent frames for the next rounds.
+    fn recycle(&mut self, buffers: Vec<Vec<u8>>) {
+        let room = SPARE_FRAMES.saturating_sub(self.free.len());
+        self.free.extend(buffers.into_iter().take(room));
+    }
+}
+
+/// Sends a round's frames to the ingress; gives back their buffers.
+async fn send_frames(
     channel: &Mutex<Option<Arc<UnixSeqpacket>>>,
     counters: &PacketCounters,
-    batches: Vec<Packets<'static>>,
-) {
+    frames: Vec<PacketsFrame>,
+) -> Vec<Vec<u8>> {
     let socket = channel
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    for batch in batches {
-        let count = batch.len() as u64;
+    let mut buffers = Vec::with_capacity(frames.len());
+    for mut frame in frames {
+        let count = frame.len() as u64;
         let Some(socket) = &socket else {
             counters.lost.fetch_add(count, Ordering::Relaxed);
+            buffers.push(frame.into_buffer());
             continue;
         };
-        match blipless_link::send(socket, &ToIngress::Packets(batch), &[]).await {
+        match blipless_link::send_encoded(socket, frame.finish(), "Packets", &[]).await {
             Ok(()) => counters.from_tun.fetch_add(count, Ordering::Relaxed),
             Err(error) => {
                 tracing::debug!(%error, "sending packets to the ingress failed");
                 counters.lost.fetch_add(count, Ordering::Relaxed)
             }
         };
+        buffers.push(frame.into_buffer());
+    }
+    buffers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blipless_protocol::channel::{decode, ToIngress};
+
+    fn packets_of(frame: &mut PacketsFrame) -> Vec<Vec<u8>> {
+        let (message, _) = decode::<ToIngress>(frame.finish()).expect("decodes");
+        let ToIngress::Packets(batch) = message else {
+            panic!("{message:?}");
+        };
+        batch.iter().map(<[u8]>::to_vec).collect()
+    }
+
+    #[test]
+    fn packets_read_in_place_or_copied_arrive_in_order() {
+        let mut frames = Frames::default();
+        // Read in place: the reader writes into the room, looks, keeps.
+        frames.spare(MAX_PACKET)[..40].fill(1);
+        assert_eq!(frames.lent(40), &[1; 40][..]);
+        frames.commit(40);
+        // Looked at and not kept (a client over its limit).
+        frames.spare(MAX_PACKET)[..40].fill(9);
+        frames.push(&[2; 1400]);
+        let mut taken = frames.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(packets_of(&mut taken[0]), vec![vec![1; 40], vec![2; 1400]]);
+        assert!(frames.take().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_round_larger_than_a_frame_fills_several_and_buffers_come_back() {
+        let mut frames = Frames::default();
+        for i in 0..200u8 {
+            frames.spare(MAX_PACKET)[..1400].fill(i);
+            frames.commit(1400);
+        }
+        let mut taken = frames.take();
+        assert!(
+            taken.len() >= 2,
+            "200 packets of 1400 bytes need more than one frame"
+        );
+        let all: Vec<Vec<u8>> = taken.iter_mut().flat_map(packets_of).collect();
+        assert_eq!(all.len(), 200);
+        assert!(all
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p[0] == i as u8 && p.len() == 1400));
+        let buffers: Vec<Vec<u8>> = taken.into_iter().map(PacketsFrame::into_buffer).collect();
+        frames.recycle(buffers);
+        assert_eq!(frames.free.len(), SPARE_FRAMES);
     }
 }

@@ -80,6 +80,13 @@ impl PacketsFrame {
         self.bytes.get_mut(start..start + room)
     }
 
+    /// The first `len` bytes of the last room lent (fewer if it was
+    /// smaller), as written so far: to look at a packet before keeping it.
+    pub fn written(&self, len: usize) -> &[u8] {
+        let start = self.used + 2;
+        &self.bytes[start..start + len.min(self.lent)]
+    }
+
     /// Keeps the first `len` bytes written into the last
     /// [`PacketsFrame::spare`] as a packet; an empty packet, or one longer
     /// than that room, is not kept (returns false).
@@ -179,7 +186,10 @@ mod tests {
     fn a_commit_past_the_room_lent_or_without_a_loan_keeps_nothing() {
         let mut frame = PacketsFrame::new(1, vec![0; 4096]);
         assert!(!frame.commit(10), "nothing was lent");
-        let _ = frame.spare(20);
+        assert!(frame.written(10).is_empty());
+        frame.spare(20).expect("room")[..3].copy_from_slice(&[1, 2, 3]);
+        assert_eq!(frame.written(3), &[1, 2, 3]);
+        assert_eq!(frame.written(30).len(), 20, "no more than was lent");
         assert!(!frame.commit(21));
         assert!(!frame.commit(0));
         assert!(frame.commit(20));
