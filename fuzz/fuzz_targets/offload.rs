@@ -42,13 +42,9 @@ fuzz_target!(|data: &[u8]| {
         packets.len()
     );
     for write in &writes {
-        if let Write::Joined {
-            header,
-            packet,
-            segments,
-        } = write
-        {
-            let mut packet = packet.clone();
+        if let Write::Joined { header, segments, .. } = write {
+            let mut packet = write.to_vec();
+            assert_eq!(packet.len(), write.len());
             let mut scratch = Vec::new();
             let count =
                 split(*header, &mut packet, &mut scratch, |_| {}).expect("a joined packet cuts");

@@ -178,6 +178,39 @@ fn tcp_headers(packet: &[u8], ipv4: bool) -> Result<(usize, usize), OffloadError
     Ok((ip_len, tcp_len))
 }
 
+/// Where [`split_into`] puts the packets it makes.
+pub trait Segments {
+    /// A packet that needed no cutting, in place.
+    fn whole(&mut self, packet: &[u8]);
+    /// Room for a segment of `len` bytes (at most 65535) to be built in,
+    /// or None to drop it.
+    fn room(&mut self, len: usize) -> Option<&mut [u8]>;
+    /// The segment built in the last room is complete (`len` bytes).
+    fn built(&mut self, len: usize);
+}
+
+/// [`Segments`] in a scratch buffer, each handed to a closure.
+struct Scratch<'s, F> {
+    segment: &'s mut Vec<u8>,
+    emit: F,
+}
+
+impl<F: FnMut(&[u8])> Segments for Scratch<'_, F> {
+    fn whole(&mut self, packet: &[u8]) {
+        (self.emit)(packet);
+    }
+
+    fn room(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.segment.clear();
+        self.segment.resize(len, 0);
+        Some(&mut self.segment[..])
+    }
+
+    fn built(&mut self, len: usize) {
+        (self.emit)(&self.segment[..len]);
+    }
+}
+
 /// Turns one packet read from an offload TUN queue (its virtio-net header
 /// already decoded into `header`, `packet` the bytes after it) into plain IP
 /// packets with complete checksums, handing each to `emit` in order. A TSO
@@ -188,7 +221,18 @@ pub fn split(
     header: VnetHeader,
     packet: &mut [u8],
     segment: &mut Vec<u8>,
-    mut emit: impl FnMut(&[u8]),
+    emit: impl FnMut(&[u8]),
+) -> Result<usize, OffloadError> {
+    split_into(header, packet, &mut Scratch { segment, emit })
+}
+
+/// [`split`], with each segment built straight where `out` wants it (the
+/// device plane builds them in the frame that goes to the ingress). Returns
+/// how many packets were made, dropped ones included.
+pub fn split_into(
+    header: VnetHeader,
+    packet: &mut [u8],
+    out: &mut impl Segments,
 ) -> Result<usize, OffloadError> {
     match header.gso_type & !GSO_ECN {
         GSO_NONE => {
@@ -204,7 +248,7 @@ pub fn split(
                 let checksum = if checksum == 0 { 0xffff } else { checksum };
                 packet[at..at + 2].copy_from_slice(&checksum.to_be_bytes());
             }
-            emit(packet);
+            out.whole(packet);
             Ok(1)
         }
         kind @ (GSO_TCPV4 | GSO_TCPV6) => {
@@ -218,7 +262,7 @@ pub fn split(
             let payload_len = packet.len() - headers;
             if payload_len == 0 {
                 tcp_checksum(packet, ipv4, ip_len);
-                emit(packet);
+                out.whole(packet);
                 return Ok(1);
             }
             let (head, payload) = packet.split_at(headers);
@@ -232,9 +276,12 @@ pub fn split(
             let flags = head[ip_len + 13];
             let count = payload_len.div_ceil(mss);
             for (index, chunk) in payload.chunks(mss).enumerate() {
-                segment.clear();
-                segment.extend_from_slice(head);
-                segment.extend_from_slice(chunk);
+                let len = headers + chunk.len();
+                let Some(segment) = out.room(len).and_then(|room| room.get_mut(..len)) else {
+                    continue;
+                };
+                segment[..headers].copy_from_slice(head);
+                segment[headers..].copy_from_slice(chunk);
                 let last = index + 1 == count;
                 if ipv4 {
                     let total = segment.len() as u16;
@@ -257,7 +304,7 @@ pub fn split(
                 }
                 segment[ip_len + 13] = segment_flags;
                 tcp_checksum(segment, ipv4, ip_len);
-                emit(segment);
+                out.built(len);
             }
             Ok(count)
         }
@@ -341,7 +388,9 @@ fn flow_of(packet: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((addresses, &packet[ip_len..ip_len + 4]))
 }
 
-/// One write into an offload TUN queue: the header, then the packet.
+/// One write into an offload TUN queue: the header, then the packet; a
+/// joined super-packet is written gathered ([`Write::parts`]: its headers,
+/// then each segment's payload where it lies), never copied together.
 #[derive(Debug)]
 pub enum Write<'a> {
     /// A packet as it came, behind an all-zero header.
@@ -350,15 +399,17 @@ pub enum Write<'a> {
     Joined {
         /// Its GSO header.
         header: VnetHeader,
-        /// The super-packet.
-        packet: Vec<u8>,
+        /// The first segment's IP and TCP headers, made the super-packet's.
+        head: Vec<u8>,
+        /// Every segment's payload, in order, where it lies.
+        payloads: Vec<&'a [u8]>,
         /// How many packets it joins.
         segments: usize,
     },
 }
 
-impl Write<'_> {
-    /// The virtio-net header to write before [`Write::packet`].
+impl<'a> Write<'a> {
+    /// The virtio-net header to write before the packet.
     pub fn header(&self) -> VnetHeader {
         match self {
             Write::Plain(_) => VnetHeader::default(),
@@ -366,12 +417,33 @@ impl Write<'_> {
         }
     }
 
-    /// The packet's bytes.
-    pub fn packet(&self) -> &[u8] {
+    /// The packet's bytes, in order: the first part, then the rest.
+    pub fn parts(&self) -> (&[u8], &[&'a [u8]]) {
         match self {
-            Write::Plain(packet) => packet,
-            Write::Joined { packet, .. } => packet,
+            Write::Plain(packet) => (packet, &[]),
+            Write::Joined { head, payloads, .. } => (head, payloads),
         }
+    }
+
+    /// The packet's length.
+    pub fn len(&self) -> usize {
+        let (first, rest) = self.parts();
+        first.len() + rest.iter().map(|part| part.len()).sum::<usize>()
+    }
+
+    /// Always false: a write carries at least one packet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The packet's bytes in one buffer (a copy, for checking).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let (first, rest) = self.parts();
+        let mut bytes = first.to_vec();
+        for part in rest {
+            bytes.extend_from_slice(part);
+        }
+        bytes
     }
 
     /// How many of the packets pushed it carries.
@@ -387,8 +459,14 @@ impl Write<'_> {
 #[derive(Debug)]
 struct Group<'a> {
     first: &'a [u8],
-    /// The joined bytes, once a second segment arrived.
-    joined: Vec<u8>,
+    /// The super-packet's headers (the first segment's), once a second
+    /// segment joined.
+    head: Vec<u8>,
+    /// Every joined segment's payload, the first's included, once a second
+    /// segment joined.
+    payloads: Vec<&'a [u8]>,
+    /// The super-packet's length: headers and payloads.
+    length: usize,
     at: Segment,
     gso_size: usize,
     next_seq: u32,
@@ -398,14 +476,6 @@ struct Group<'a> {
 }
 
 impl<'a> Group<'a> {
-    fn len(&self) -> usize {
-        if self.segments == 1 {
-            self.first.len()
-        } else {
-            self.joined.len()
-        }
-    }
-
     /// Whether `packet` (described by `segment`) continues this group.
     fn takes(&self, packet: &[u8], segment: &Segment) -> bool {
         let first = self.first;
@@ -425,7 +495,7 @@ impl<'a> Group<'a> {
             && self.segments < MAX_SEGMENTS
             && segment.seq == self.next_seq
             && segment.payload <= self.gso_size
-            && self.len() + segment.payload <= MAX_JOINED
+            && self.length + segment.payload <= MAX_JOINED
             // Ports, acknowledgement, data offset, window, urgent pointer,
             // options: all equal (as the kernel's GRO asks).
             && first[tcp..tcp + 4] == packet[tcp..tcp + 4]
@@ -434,17 +504,20 @@ impl<'a> Group<'a> {
             && first[tcp + 18..at.headers] == packet[tcp + 18..at.headers]
     }
 
-    fn join(&mut self, packet: &[u8], segment: &Segment) {
+    fn join(&mut self, packet: &'a [u8], segment: &Segment) {
         if self.segments == 1 {
-            self.joined
-                .reserve(MAX_JOINED.min(self.first.len() * MAX_SEGMENTS));
-            self.joined.extend_from_slice(self.first);
+            let headers = self.at.headers;
+            self.head.extend_from_slice(&self.first[..headers]);
+            self.payloads
+                .push(&self.first[headers..headers + self.at.payload]);
         }
-        self.joined.extend_from_slice(&packet[segment.headers..]);
+        self.payloads
+            .push(&packet[segment.headers..segment.headers + segment.payload]);
+        self.length += segment.payload;
         self.segments += 1;
         self.next_seq = self.next_seq.wrapping_add(segment.payload as u32);
         if segment.flags & PSH != 0 {
-            self.joined[self.at.ip_len + 13] |= PSH;
+            self.head[self.at.ip_len + 13] |= PSH;
         }
         if segment.payload < self.gso_size || segment.flags & PSH != 0 {
             self.closed = true;
@@ -457,24 +530,25 @@ impl<'a> Group<'a> {
             return Write::Plain(self.first);
         }
         let Group {
-            mut joined,
+            mut head,
+            payloads,
+            length,
             at,
             gso_size,
             segments,
             ..
         } = self;
-        let length = joined.len();
         if at.ipv4 {
-            joined[2..4].copy_from_slice(&(length as u16).to_be_bytes());
-            ipv4_header_checksum(&mut joined[..20]);
+            head[2..4].copy_from_slice(&(length as u16).to_be_bytes());
+            ipv4_header_checksum(&mut head[..20]);
         } else {
-            joined[4..6].copy_from_slice(&((length - 40) as u16).to_be_bytes());
+            head[4..6].copy_from_slice(&((length - 40) as u16).to_be_bytes());
         }
         // A partial checksum: the pseudo-header's sum over the whole TCP
         // length, which the kernel adjusts for each segment it cuts.
-        let pseudo = fold(pseudo_header(&joined, at.ipv4, length - at.ip_len));
+        let pseudo = fold(pseudo_header(&head, at.ipv4, length - at.ip_len));
         let field = at.ip_len + TCP_CHECKSUM;
-        joined[field..field + 2].copy_from_slice(&pseudo.to_be_bytes());
+        head[field..field + 2].copy_from_slice(&pseudo.to_be_bytes());
         Write::Joined {
             header: VnetHeader {
                 flags: NEEDS_CSUM,
@@ -484,7 +558,8 @@ impl<'a> Group<'a> {
                 csum_start: at.ip_len as u16,
                 csum_offset: TCP_CHECKSUM as u16,
             },
-            packet: joined,
+            head,
+            payloads,
             segments,
         }
     }
@@ -531,7 +606,9 @@ impl<'a> Coalescer<'a> {
         }
         self.open.push(Group {
             first: packet,
-            joined: Vec::new(),
+            head: Vec::new(),
+            payloads: Vec::new(),
+            length: packet.len(),
             at: segment,
             gso_size: segment.payload,
             next_seq: segment.seq.wrapping_add(segment.payload as u32),

@@ -296,10 +296,19 @@ impl Download {
     /// Checks the stream was still running (it outlasted `what`), then that it
     /// ends with success and every byte exact; `diagnostics` for a failure.
     pub fn finish(mut self, what: &str, diagnostics: impl FnOnce() -> String) {
-        assert!(
-            self.child.try_wait().expect("curl state").is_none(),
-            "the stream ended before the {what} did: make it longer"
-        );
+        if let Some(status) = self.child.try_wait().expect("curl state") {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = self.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            let got = std::fs::metadata(&self.file).map_or(0, |m| m.len());
+            panic!(
+                "the stream ended before the {what} did ({status}, {got} of {} bytes; \
+                 make it longer if it succeeded): {stderr}\n{}",
+                self.size,
+                diagnostics()
+            );
+        }
         let status = self.child.wait().expect("curl");
         let mut stderr = String::new();
         if let Some(mut pipe) = self.child.stderr.take() {

@@ -44,8 +44,10 @@ fn bulk_both_ways_arrives_exact_through_an_offload_device_and_across_a_deploy() 
     );
 
     // A deploy hands the offload queues on; a stream across it stays exact,
-    // and the successor reads them in their mode.
-    let stream = world.start_download(12_000_000, "4M");
+    // and the successor reads them in their mode. About 6 s at curl's 4 MiB/s:
+    // 3 s (12 MB) was once shorter than the second of head start and a deploy
+    // that took two on a loaded machine.
+    let stream = world.start_download(24_000_000, "4M");
     std::thread::sleep(Duration::from_secs(1));
     let (device, took) = world.node.deploy(&mut world.device);
     let old = world.device.log_text();

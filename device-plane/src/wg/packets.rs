@@ -462,9 +462,8 @@ impl PacketPath {
 }
 
 async fn write_joined(queue: &TunQueue, write: &Write<'_>, counters: &PacketCounters) {
-    let sent = queue
-        .send_with_header(&write.header(), write.packet())
-        .await;
+    let (first, rest) = write.parts();
+    let sent = queue.send_gathered(&write.header(), first, rest).await;
     if sent.is_ok() && write.segments() > 1 {
         counters.joined_writes.fetch_add(1, Ordering::Relaxed);
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blipless_protocol::channel::{PacketsFrame, MAX_FRAME};
-use blipless_protocol::offload::{self, VnetHeader, HEADER_LEN};
+use blipless_protocol::offload::{self, Segments, VnetHeader, HEADER_LEN};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -40,26 +40,24 @@ pub(super) async fn read_queue(
         }
     };
     // An offload queue's reads start with a virtio-net header, and a TCP
-    // super-packet is cut into its segments, each written into the frame to
-    // the ingress; a plain queue's packets are read straight into it.
+    // super-packet is cut into its segments, each built in the frame to the
+    // ingress; a plain queue's packets are read straight into it.
     let offload = queue.offload();
     let mut buffer = if offload {
         vec![0u8; MAX_PACKET + HEADER_LEN]
     } else {
         Vec::new()
     };
-    let mut segment = Vec::new();
     let mut frames = Frames::default();
-    let mut split_one = |read: &mut [u8], frames: &mut Frames| {
-        let mut add = |packet: &[u8]| {
-            if admitted(packet) {
-                frames.push(packet);
-            }
-        };
+    let split_one = |read: &mut [u8], frames: &mut Frames| {
         let at = HEADER_LEN.min(read.len());
         let (header, packet) = read.split_at_mut(at);
+        let mut into = IntoFrames {
+            frames,
+            admitted: &admitted,
+        };
         let split = VnetHeader::decode(header)
-            .and_then(|header| offload::split(header, packet, &mut segment, &mut add));
+            .and_then(|header| offload::split_into(header, packet, &mut into));
         match split {
             Ok(1) => {}
             Ok(_) => {
@@ -188,6 +186,31 @@ impl Frames {
     fn recycle(&mut self, buffers: Vec<Vec<u8>>) {
         let room = SPARE_FRAMES.saturating_sub(self.free.len());
         self.free.extend(buffers.into_iter().take(room));
+    }
+}
+
+/// What an offload queue's read is cut into: each segment built straight in
+/// the frame to the ingress, and kept if its client's limit admits it.
+struct IntoFrames<'f, A> {
+    frames: &'f mut Frames,
+    admitted: &'f A,
+}
+
+impl<A: Fn(&[u8]) -> bool> Segments for IntoFrames<'_, A> {
+    fn whole(&mut self, packet: &[u8]) {
+        if (self.admitted)(packet) {
+            self.frames.push(packet);
+        }
+    }
+
+    fn room(&mut self, len: usize) -> Option<&mut [u8]> {
+        Some(self.frames.spare(len))
+    }
+
+    fn built(&mut self, len: usize) {
+        if (self.admitted)(self.frames.lent(len)) {
+            self.frames.commit(len);
+        }
     }
 }
 

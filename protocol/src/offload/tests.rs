@@ -127,6 +127,52 @@ fn a_super_packet_becomes_wire_segments_with_valid_checksums() -> Result<(), Off
     Ok(())
 }
 
+/// Segments built one after another in one buffer, as the device plane
+/// builds them in its frame; the second room is refused (dropped).
+#[derive(Default)]
+struct InPlace {
+    buffer: Vec<u8>,
+    used: usize,
+    kept: Vec<std::ops::Range<usize>>,
+    rooms: usize,
+}
+
+impl Segments for InPlace {
+    fn whole(&mut self, packet: &[u8]) {
+        self.buffer.extend_from_slice(packet);
+    }
+
+    fn room(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.rooms += 1;
+        if self.rooms == 2 {
+            return None;
+        }
+        self.buffer.resize(self.used + len + 7, 0);
+        Some(&mut self.buffer[self.used..])
+    }
+
+    fn built(&mut self, len: usize) {
+        self.kept.push(self.used..self.used + len);
+        self.used += len;
+    }
+}
+
+#[test]
+fn segments_built_in_place_are_those_split_makes_and_a_refused_room_drops_one(
+) -> Result<(), OffloadError> {
+    let (header, packet) = super_packet(true, 5000, 1380, ACK);
+    let expected = split_all(header, packet.clone())?;
+    let mut into = InPlace::default();
+    let mut packet = packet;
+    assert_eq!(split_into(header, &mut packet, &mut into)?, 4);
+    let built: Vec<&[u8]> = into.kept.iter().map(|r| &into.buffer[r.clone()]).collect();
+    assert_eq!(built.len(), 3, "the second segment's room was refused");
+    assert_eq!(built[0], &expected[0][..]);
+    assert_eq!(built[1], &expected[2][..]);
+    assert_eq!(built[2], &expected[3][..]);
+    Ok(())
+}
+
 #[test]
 fn a_partial_checksum_on_a_single_packet_is_completed() -> Result<(), OffloadError> {
     let mut packet = tcp(true, 5, ACK, &[], b"hello");
@@ -163,7 +209,7 @@ fn joined_segments_split_back_into_the_same_segments() -> Result<(), OffloadErro
         coalescer.finish(&mut writes);
         assert_eq!(writes.len(), 1, "one flow, in order: one write");
         assert_eq!(writes[0].segments(), segments.len());
-        let again = split_all(writes[0].header(), writes[0].packet().to_vec())?;
+        let again = split_all(writes[0].header(), writes[0].to_vec())?;
         assert_eq!(again, segments, "what the kernel would cut is what came in");
     }
     Ok(())
@@ -191,7 +237,7 @@ fn what_must_not_be_joined_is_written_as_it_came_and_in_order() {
     coalescer.finish(&mut writes);
     let summary: Vec<(usize, usize)> = writes
         .iter()
-        .map(|write| (write.segments(), write.packet().len()))
+        .map(|write| (write.segments(), write.len()))
         .collect();
     // first+second joined (the gap starts a group of its own, which the
     // FIN of the same flow then finishes, before the FIN itself); the

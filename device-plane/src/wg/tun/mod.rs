@@ -39,7 +39,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blipless_protocol::offload::VnetHeader;
+use blipless_protocol::offload::{self, VnetHeader};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -226,6 +226,40 @@ impl TunQueue {
             })
             .await?;
         check_written(written, header.len() + packet.len())
+    }
+
+    /// Writes `header`, then `first` and each of `rest`, as one packet in
+    /// one `writev` (a joined super-packet, its payloads where they lie):
+    /// for an [`offload`](Self::offload) queue only. At most
+    /// [`offload::MAX_SEGMENTS`] parts follow `first`.
+    pub async fn send_gathered(
+        &self,
+        header: &VnetHeader,
+        first: &[u8],
+        rest: &[&[u8]],
+    ) -> io::Result<()> {
+        let header = header.encode();
+        let mut parts = [io::IoSlice::new(&[]); offload::MAX_SEGMENTS + 2];
+        let count = 2 + rest.len();
+        if count > parts.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "more parts than a joined packet has segments",
+            ));
+        }
+        parts[0] = io::IoSlice::new(&header);
+        parts[1] = io::IoSlice::new(first);
+        for (part, bytes) in parts[2..count].iter_mut().zip(rest) {
+            *part = io::IoSlice::new(bytes);
+        }
+        let total: usize = parts[..count].iter().map(|part| part.len()).sum();
+        let written = self
+            .fd
+            .async_io(Interest::WRITABLE, |fd| {
+                nix::sys::uio::writev(fd, &parts[..count]).map_err(io::Error::from)
+            })
+            .await?;
+        check_written(written, total)
     }
 
     /// Reads a packet if one is waiting, without waiting: `Ok(None)` when
