@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    DeviceReport, DrainOrder, Synced, ToDevice, ToIngress, HEADER_LEN, MAX_FRAME,
+    DeviceReport, DrainOrder, Synced, ToDevice, ToIngress, MAX_FRAME,
 };
 use tokio::time::Instant;
 use tokio_seqpacket::UnixSeqpacket;
@@ -42,7 +42,7 @@ pub(super) async fn serve(
     wants_endpoints: bool,
     resume: Option<Draining>,
     config: &Config,
-    buffer: &mut Vec<u8>,
+    buffer: &mut [u8],
     terminate: &CancellationToken,
     activated: &mut bool,
 ) -> anyhow::Result<SessionEnd> {
@@ -79,8 +79,7 @@ pub(super) async fn serve(
                         continue;
                     }
                     ToDevice::Packets(batch) => {
-                        let (len, count) = (HEADER_LEN + batch.encoded_len(), batch.len());
-                        tun_writer.enqueue_frame(buffer, len, count);
+                        tun_writer.enqueue(batch.into_owned());
                         continue;
                     }
                     ToDevice::TunQueues(_) => {
@@ -296,10 +295,7 @@ pub(super) async fn linger(
     loop {
         match link::receive(&socket, &mut buffer).await {
             Ok(Some(Incoming { message, fds })) => match message {
-                ToDevice::Packets(batch) => {
-                    let (len, count) = (HEADER_LEN + batch.encoded_len(), batch.len());
-                    tun_writer.enqueue_frame(&mut buffer, len, count);
-                }
+                ToDevice::Packets(batch) => tun_writer.enqueue(batch.into_owned()),
                 ToDevice::Accepted(accepted) => take_connection(&context, accepted, fds),
                 // Passed on by the old ingress before it handed off: a
                 // connection or the TUN queues of a plane draining there, and
