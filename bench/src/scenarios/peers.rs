@@ -523,6 +523,9 @@ pub struct RateRun {
     pub round_trip: Percentiles,
     /// Proxy CPU per completed connection, µs (None for direct).
     pub cpu_us: Option<f64>,
+    /// The bench's own CPU per completed connection, µs: the load client
+    /// and the origins, which run in this process.
+    pub client_us: Option<f64>,
 }
 
 /// One download.
@@ -878,6 +881,7 @@ pub fn measure(plan: Plan, only: &[String]) -> Results {
                 time: plan.rate_time,
             };
             let before = path.cpu.seconds();
+            let client_before = crate::procfs::cpu_seconds("self");
             let phase = runtime.block_on(rate::phase(
                 &path.proxies,
                 path.mode,
@@ -885,9 +889,11 @@ pub fn measure(plan: Plan, only: &[String]) -> Results {
                 bounds,
             ));
             let after = path.cpu.seconds();
-            let cpu_us = before
-                .zip(after)
-                .map(|(b, a)| (a - b) * 1e6 / phase.completed.max(1) as f64);
+            let per_connection = |(b, a): (f64, f64)| (a - b) * 1e6 / phase.completed.max(1) as f64;
+            let cpu_us = before.zip(after).map(per_connection);
+            let client_us = client_before
+                .zip(crate::procfs::cpu_seconds("self"))
+                .map(per_connection);
             eprintln!(
                 "peers: run {} {:<10} {:<22} {:>6.0} conn/s, p50 {}, p99 {}, proxy CPU {} µs/conn, {} errors",
                 run + 1,
@@ -908,6 +914,7 @@ pub fn measure(plan: Plan, only: &[String]) -> Results {
                 errors: phase.errors,
                 round_trip: phase.round_trip,
                 cpu_us,
+                client_us,
             });
         }
         for &index in &order {
@@ -1060,7 +1067,9 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
          (blipless: ingress + device plane; a peer: every process of its process group, reaped \
          children included), per completed connection, or per GiB received; 10 ms clock ticks. \
          haproxy's and nginx's CPU shows what relaying two loopback TCP connections costs a process in \
-         the middle with no proxy protocol at all (the kernel's share, in stime, included). \
+         the middle with no proxy protocol at all (the kernel's share, in stime, included). *Client + \
+         origin CPU*: the bench process's own utime + stime over the phase (the load client and the \
+         origins run in it), per completed connection. \
          *MB/s* is 10^6 bytes per second, one connection, from sending the request until the last byte. \
          All of it on the same CPUs as the client and the origins, so the absolute figures are a \
          loopback's, and a proxy's ratio also pays for the CPU it takes from the client and the origin.\n\n",
@@ -1073,8 +1082,8 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
         .map(|d| d.as_secs_f64());
     let direct_bulk = direct.and_then(Measured::median_bulk).map(|b| b.mb_s);
     out.push_str(
-        "| server | protocol | conn/s (runs) | conn/s vs direct | round trip p50 (vs direct) | p99 | proxy CPU per connection | MB/s (runs) | MB/s vs direct | proxy CPU per GiB | wrong password refused |\n\
-         |---|---|---|---:|---:|---:|---:|---|---:|---:|---|\n",
+        "| server | protocol | conn/s (runs) | conn/s vs direct | round trip p50 (vs direct) | p99 | proxy CPU per connection | client + origin CPU per connection | MB/s (runs) | MB/s vs direct | proxy CPU per GiB | wrong password refused |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|\n",
     );
     for measured in &results.paths {
         let rate = measured.median_rate();
@@ -1087,7 +1096,7 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
         let errors: u64 = measured.rate.iter().map(|r| r.errors).sum();
         let _ = writeln!(
             out,
-            "| {} | {} | {}{} | {} | {} ({}×) | {} | {} | {}{} | {} | {} | {} |",
+            "| {} | {} | {}{} | {} | {} ({}×) | {} | {} | {} | {}{} | {} | {} | {} |",
             measured.info.server,
             measured.info.protocol,
             runs_of(measured.rate.iter().map(|r| r.rate)),
@@ -1101,6 +1110,8 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
             times(p50_ratio),
             micros(rate.and_then(|r| r.round_trip.p99)),
             rate.and_then(|r| r.cpu_us)
+                .map_or("—".into(), |us| format!("{us:.0} µs")),
+            rate.and_then(|r| r.client_us)
                 .map_or("—".into(), |us| format!("{us:.0} µs")),
             runs_of(measured.bulk.iter().map(|b| b.mb_s)),
             if incomplete > 0 {
@@ -1196,6 +1207,22 @@ pub fn render(machine: &Machine, plan: Plan, results: &Results) -> String {
          On this machine the client and the origins share the CPUs with the proxy, so a proxy's share of \
          the direct rate is bounded by the CPU it leaves them.\n",
     );
+    let direct_client = direct
+        .and_then(Measured::median_rate)
+        .and_then(|r| r.client_us);
+    for measured in results.paths.iter().filter(|m| m.info.server == "blipless") {
+        let client = measured.median_rate().and_then(|r| r.client_us);
+        if let (Some(through), Some(alone)) = (client, direct_client) {
+            let _ = writeln!(
+                out,
+                "\nThrough blipless {}, the client and the origin spent {through:.0} µs of CPU per connection, \
+                 against {alone:.0} µs direct (the handshake's extra writes, reads and wake-ups are the client's): \
+                 on these shared cores, a proxy that cost no CPU at all would leave them at most {} of the direct rate.",
+                measured.info.protocol,
+                times(ratio(alone, Some(through))),
+            );
+        }
+    }
     let _ = writeln!(out, "{}", MARKERS.end);
     out
 }

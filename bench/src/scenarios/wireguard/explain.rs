@@ -128,25 +128,27 @@ pub(super) fn explain(
             (true, false) => {
                 "the device plane reads the TUN device one packet per `read` like wireguard-go, but the ingress \
                  encrypts a whole frame and sends each run of same-size datagrams with one GSO `sendmsg`, where this \
-                 wireguard-go makes one `sendmsg` per packet; against that, the channel hop and its copies"
+                 wireguard-go makes one `sendmsg` per packet; against that, the channel hop (a `sendmsg` and a \
+                 `recvmsg`, a kernel copy each)"
             }
             (true, true) => {
                 "the kernel hands the device plane TCP super-packets of up to 64 KiB (TUN offload), so one `read` \
                  and one pass through the kernel's forwarding and NAT carry what wireguard-go reads one packet at a \
-                 time; the device plane cuts them into segments (a copy and a checksum each), and the ingress sends \
+                 time; the device plane builds their segments in its frame to the ingress (a copy and a checksum each), and the ingress sends \
                  each run of same-size datagrams with one GSO `sendmsg` where this wireguard-go makes one `sendmsg` \
-                 per packet; against that, the channel hop and its copies"
+                 per packet; against that, the channel hop (a `sendmsg` and a `recvmsg`, a kernel copy each)"
             }
             (false, false) => {
                 "both make one `write` per packet into a TUN device (the kernel's forwarding and NAT run inside that \
                  write, billed to the writer: see the system time of the device plane and of wireguard-go); blipless \
-                 adds the channel hop and its copies, and saves on the receive side (`recvmmsg` batches)"
+                 adds the channel hop (a `sendmsg` and a `recvmsg`, a kernel copy each), and saves on the receive \
+                 side (`recvmmsg` batches)"
             }
             (false, true) => {
                 "the device plane joins each batch's consecutive TCP segments of a flow into one super-packet and \
                  writes it with one `writev` (TUN offload), so the kernel's forwarding and NAT, billed to the writer, \
-                 run once per super-packet where wireguard-go pays them per packet; blipless adds the channel hop and \
-                 its copies, and saves on the receive side (`recvmmsg` batches)"
+                 run once per super-packet where wireguard-go pays them per packet; blipless adds the channel hop (a \
+                 `sendmsg` and a `recvmsg`, a kernel copy each), and saves on the receive side (`recvmmsg` batches)"
             }
         };
         let _ = writeln!(out, "- {}: blipless spent {verdict}: {why}.", test.label());
@@ -175,18 +177,18 @@ pub(super) fn explain(
     }
     let (upload_tun, download_tun) = if offload {
         (
-            "the writer task joins each batch's consecutive TCP segments of one flow into a super-packet (a copy \
-             of each payload, `Coalescer`, `protocol/src/offload.rs`) and writes it behind a virtio-net header \
-             with one `writev`, any other packet alone",
+            "the writer task joins each batch's consecutive TCP segments of one flow into a super-packet \
+             (`Coalescer`, `protocol/src/offload.rs`) and writes it behind a virtio-net header with one `writev`, \
+             gathered from where the payloads lie in the batch (no further copy), any other packet alone",
             "The device plane reads each TUN queue one packet or TCP super-packet per `read` (`read_queue`, \
-             `device-plane/src/wg/tun_reader.rs`), cuts a super-packet into its segments (`offload::split`: a \
-             copy and a TCP checksum per segment)",
+             `device-plane/src/wg/tun_reader.rs`), builds each segment of a super-packet straight in the \
+             `Packets` frame to the ingress (`offload::split_into`: a copy and a TCP checksum per segment)",
         )
     } else {
         (
             "the writer task writes one packet per `write`",
             "The device plane reads each TUN queue one packet per `read` (`read_queue`, \
-             `device-plane/src/wg/tun_reader.rs`)",
+             `device-plane/src/wg/tun_reader.rs`), straight into the `Packets` frame to the ingress",
         )
     };
     let _ = write!(
@@ -198,17 +200,17 @@ pub(super) fn explain(
            `ingress/src/wg/workers.rs`): one client is one endpoint, so its datagrams are decrypted by one \
            worker, in order, while other clients' run on other cores. Worker 0 is the receiving task itself, \
            which then awaits the channel send of the resulting `Packets` frames (`ingress/src/dispatch.rs`) \
-           before it receives again. Each inner packet is copied into its batch's buffer \
-           (`InnerBatches::push`, `ingress/src/wg/inner.rs`) and again into the encoded frame. The device plane \
+           before it receives again. Each datagram is decrypted straight into its peer's `Packets` frame \
+           (`InnerBatches`, `ingress/src/wg/inner.rs`; `PacketsFrame`), which is sent as it is. The device plane \
            decodes the frame as a view over the receive buffer (no copy), copies the batch once into the TUN \
            writer's queue (`device-plane/src/wg/writer.rs`) and reads on; {upload_tun} (`PacketPath::to_tun`, \
            `device-plane/src/wg/packets.rs`). wireguard-go decrypts in place on parallel goroutines and writes to \
            its TUN device from there, one packet per `write`: no channel, no copies.\n\
-         - **Download** (internet → customer). {download_tun}, copies each packet into a `Packets` frame (up to \
-           256 packets) and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
+         - **Download** (internet → customer). {download_tun}, up to 256 packets a frame, and sends it; the ingress's reader task for that plane (`ingress/src/device_link.rs`) decodes \
            it as a view over the frame (no copy) and routes each packet to the crypto worker of its peer \
            (`Wireguard::route_from_plane`); the other workers are lent the frame, and the reader encrypts worker \
-           0's share itself. Encryption copies each datagram into its GSO group (`Outgoing::push`) and sends. \
+           0's share itself (a frame of 32 KiB or less shared with another worker is copied for it). Encryption \
+           writes each datagram straight into its GSO group (`Outgoing::push_with`), which is sent as it is. \
            One client's packets are encrypted by one worker, in order.\n\
          - blipless runs from release builds here (`BLIPLESS_PROFILE=release`, see the tools line above); the \
            debug builds `make test` uses are not comparable.\n\n",
