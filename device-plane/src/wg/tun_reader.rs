@@ -119,7 +119,7 @@ pub(super) async fn read_queue(
 /// carries, written in place.
 const FRAME_BUFFER: usize = MAX_FRAME;
 /// Frame buffers a queue's reader keeps for its next rounds.
-const SPARE_FRAMES: usize = 2;
+const SPARE_FRAMES: usize = 4;
 
 /// The frames of one round of reads, each packet written straight into the
 /// frame that goes to the ingress (return packets are addressed by their

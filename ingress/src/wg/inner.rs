@@ -20,7 +20,8 @@ const FRAME_BUFFER: usize = 64 * 1024 + 64;
 /// Frame buffers a lane keeps for its next rounds.
 const SPARE_FRAMES: usize = 8;
 
-/// Inner packets waiting for an active device plane, in finished frames.
+/// Inner packets waiting for an active device plane, in frames of their
+/// own size.
 #[derive(Debug, Default)]
 pub(super) struct Held {
     frames: VecDeque<PacketsFrame>,
@@ -30,53 +31,83 @@ pub(super) struct Held {
 /// Inner packets of one round, per peer in the order peers appeared, each
 /// decrypted straight into the frame that goes to the device plane
 /// ([`PacketsFrame`]): no copy between the decryption and the socket.
+///
+/// A datagram is decrypted before it is known to be authentic, so a peer
+/// that has no frame with room yet is lent the lane's loose frame, which
+/// becomes that peer's only when a packet is kept in it: forged datagrams
+/// naming many peers cost no frame each.
 #[derive(Debug, Default)]
 pub(super) struct InnerBatches {
     frames: HashMap<u32, Vec<PacketsFrame>>,
     order: Vec<u32>,
+    /// The frame lent to whoever has none with room.
+    loose: Option<PacketsFrame>,
+    /// The last room lent was the loose frame's.
+    lent_loose: bool,
     /// Buffers of frames sent, at their full length, for the next rounds.
     free: Vec<Vec<u8>>,
 }
 
 impl InnerBatches {
     /// Room for one more of `peer`'s packets of at most `room` bytes
-    /// (at most 65535): the place to decrypt it into, kept with
-    /// [`InnerBatches::commit`]. None only for a larger room.
-    pub(super) fn spare(&mut self, peer: u32, room: usize) -> Option<&mut [u8]> {
-        let frames = self.frames.entry(peer).or_insert_with(|| {
-            self.order.push(peer);
-            Vec::new()
-        });
-        if !frames.last().is_some_and(|frame| frame.has_room(room)) {
-            let buffer = self.free.pop().unwrap_or_else(|| vec![0; FRAME_BUFFER]);
-            frames.push(PacketsFrame::new(peer, buffer));
-        }
-        frames.last_mut()?.spare(room)
-    }
-
-    /// Keeps the first `len` bytes of `peer`'s last [`InnerBatches::spare`]
-    /// as a packet.
-    pub(super) fn commit(&mut self, peer: u32, len: usize) -> bool {
-        self.frames
+    /// (at most 65535; a larger room is cut to that): the place to decrypt
+    /// it into, kept with [`InnerBatches::commit`].
+    pub(super) fn spare(&mut self, peer: u32, room: usize) -> &mut [u8] {
+        let own = self
+            .frames
             .get_mut(&peer)
             .and_then(|frames| frames.last_mut())
-            .is_some_and(|frame| frame.commit(len))
+            .filter(|frame| frame.has_room(room));
+        self.lent_loose = own.is_none();
+        let frame = match own {
+            Some(frame) => frame,
+            None => {
+                let free = &mut self.free;
+                self.loose.get_or_insert_with(|| {
+                    let buffer = free.pop().unwrap_or_else(|| vec![0; FRAME_BUFFER]);
+                    PacketsFrame::new(peer, buffer)
+                })
+            }
+        };
+        // A fresh frame lends up to 65535 bytes: always some.
+        frame.spare(room).unwrap_or(&mut [])
     }
 
-    /// The round's frames, in the order their peers appeared; frames that
-    /// got no packet go back to the spares.
+    /// Keeps the first `len` bytes of the last room lent to `peer` by
+    /// [`InnerBatches::spare`] as its packet.
+    pub(super) fn commit(&mut self, peer: u32, len: usize) -> bool {
+        if !self.lent_loose {
+            return self
+                .frames
+                .get_mut(&peer)
+                .and_then(|frames| frames.last_mut())
+                .is_some_and(|frame| frame.commit(len));
+        }
+        let Some(mut frame) = self.loose.take() else {
+            return false;
+        };
+        if !frame.commit(len) {
+            self.loose = Some(frame);
+            return false;
+        }
+        frame.set_peer(peer);
+        self.lent_loose = false;
+        let order = &mut self.order;
+        self.frames
+            .entry(peer)
+            .or_insert_with(|| {
+                order.push(peer);
+                Vec::new()
+            })
+            .push(frame);
+        true
+    }
+
+    /// The round's frames, in the order their peers appeared.
     pub(super) fn take(&mut self) -> Vec<PacketsFrame> {
         let mut out = Vec::new();
         for peer in self.order.drain(..) {
-            for frame in self.frames.remove(&peer).into_iter().flatten() {
-                if frame.is_empty() {
-                    if self.free.len() < SPARE_FRAMES {
-                        self.free.push(frame.into_buffer());
-                    }
-                } else {
-                    out.push(frame);
-                }
-            }
+            out.extend(self.frames.remove(&peer).into_iter().flatten());
         }
         out
     }
@@ -84,7 +115,12 @@ impl InnerBatches {
     /// Keeps buffers of sent frames for the next rounds.
     pub(super) fn recycle(&mut self, buffers: Vec<Vec<u8>>) {
         let room = SPARE_FRAMES.saturating_sub(self.free.len());
-        self.free.extend(buffers.into_iter().take(room));
+        self.free.extend(
+            buffers
+                .into_iter()
+                .filter(|buffer| buffer.len() == FRAME_BUFFER)
+                .take(room),
+        );
     }
 }
 
@@ -140,7 +176,9 @@ impl Wireguard {
                 continue;
             }
             held.packets += count;
-            held.frames.push_back(frame);
+            // A frame may wait long, and one packet may sit in a 64 KiB
+            // buffer: it waits in one of its own size.
+            held.frames.push_back(frame.shrunk());
         }
         self.metrics.set_held(held.packets);
         drop(held);
@@ -181,7 +219,7 @@ mod tests {
     use blipless_protocol::channel::{decode, ToDevice};
 
     fn put(batches: &mut InnerBatches, peer: u32, packet: &[u8]) {
-        let spare = batches.spare(peer, packet.len() + 32).expect("room");
+        let spare = batches.spare(peer, packet.len() + 32);
         spare[..packet.len()].copy_from_slice(packet);
         assert!(batches.commit(peer, packet.len()));
     }
@@ -200,8 +238,12 @@ mod tests {
         put(&mut batches, 9, &[1; 40]);
         put(&mut batches, 4, &[2; 60]);
         put(&mut batches, 9, &[3; 1400]);
-        // A room lent and not kept (a handshake's reply) leaves nothing.
-        let _ = batches.spare(5, 256);
+        // Rooms lent and not kept (a handshake's reply, forged datagrams
+        // naming many peers) leave nothing, and take no frame each.
+        for peer in 100..1000 {
+            let _ = batches.spare(peer, 256);
+        }
+        assert!(batches.frames.len() <= 2);
         let mut frames = batches.take();
         assert_eq!(frames.len(), 2, "the peer with no packet has no frame");
         assert_eq!(

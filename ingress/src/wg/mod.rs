@@ -14,7 +14,8 @@
 //!   packet whose inner source is not the peer's own tunnel address is dropped and
 //!   counted (cryptokey routing). An authenticated packet moves the peer's
 //!   endpoint to where it came from (roaming).
-//! - **To the device plane**: one `Packets` message per peer per receive batch, to
+//! - **To the device plane**: `Packets` frames of up to 64 KiB per peer per
+//!   round of a worker's jobs, each packet decrypted straight into its frame, to
 //!   the active plane; while none is active they are held, up to
 //!   `wireguard.queue` packets (more are dropped and counted), and delivered in
 //!   order once one is.
@@ -65,12 +66,13 @@ use workers::{Arrival, BufferPool, Lane, Outbound, Pooled, Routed, Span, Workers
 
 /// How often boringtun's timers run (as its own device loop does).
 const TIMER_TICK: Duration = Duration::from_millis(250);
-/// Room for a decrypted or encrypted packet and WireGuard's overhead.
+/// Room for what boringtun writes outside the frames: cookie replies, and
+/// packets it queued while a session was being made.
 const WORK_BUFFER: usize = MAX_DATAGRAM + 256;
-/// The least room a datagram is decapsulated or a packet encapsulated into:
-/// what boringtun may write for any message (a handshake initiation, 148
-/// bytes, is the largest).
-const MIN_DECAPSULATE_ROOM: usize = 256;
+/// The least room boringtun is given to write into, decapsulating or
+/// encapsulating: what it may write for any message (a handshake
+/// initiation, 148 bytes, is the largest).
+const MIN_BORINGTUN_ROOM: usize = 256;
 
 /// The ingress's WireGuard endpoint.
 pub struct Wireguard {
@@ -340,16 +342,27 @@ impl Wireguard {
                 };
                 jobs[self.workers.for_endpoint(meta.addr)].push(arrival);
             }
+            // With nothing of its own to decrypt, this task takes the share
+            // of a worker that has nothing queued or under way, rather than
+            // wake it and wait: order holds, since all that worker was given
+            // is decrypted and sent on already.
+            let here = if jobs[0].is_empty() {
+                (1..jobs.len())
+                    .find(|&worker| !jobs[worker].is_empty() && self.workers.idle(worker))
+                    .unwrap_or(0)
+            } else {
+                0
+            };
             // The other workers' shares first, so they start while this
-            // task decrypts worker 0's.
+            // task decrypts its own.
             for (worker, arrivals) in jobs.iter_mut().enumerate().skip(1) {
-                if !arrivals.is_empty() {
+                if worker != here && !arrivals.is_empty() {
                     self.workers.decrypt(worker, std::mem::take(arrivals)).await;
                 }
             }
-            if !jobs[0].is_empty() {
-                self.decrypt(&jobs[0], &mut own);
-                jobs[0].clear();
+            if !jobs[here].is_empty() {
+                self.decrypt(&jobs[here], &mut own);
+                jobs[here].clear();
                 self.end_round(&mut own, 1).await;
             }
         }
@@ -422,11 +435,13 @@ impl Wireguard {
         // Decrypted straight into the peer's frame to the device plane
         // (boringtun writes what it makes at the start of the room it is
         // given; the room holds any datagram of 65535 bytes or less).
-        let room = datagram.len().max(MIN_DECAPSULATE_ROOM);
-        let Some(spare) = work.inner.spare(peer.index, room) else {
+        let room = datagram.len().max(MIN_BORINGTUN_ROOM);
+        let spare = work.inner.spare(peer.index, room);
+        if spare.len() < datagram.len() {
+            // Never so: any datagram fits a fresh frame's room.
             self.metrics.count_drop("invalid");
             return;
-        };
+        }
         let kept = match tunnel.decapsulate(Some(from.ip()), datagram, spare) {
             TunnResult::WriteToNetwork(reply) => {
                 // A cookie reply (type 3) answers an unauthenticated message:
@@ -590,7 +605,7 @@ impl Wireguard {
             // A data message is the packet and 32 bytes; with no session
             // yet, boringtun queues the packet and writes a handshake
             // initiation instead.
-            let room = (packet.len() + 32).max(MIN_DECAPSULATE_ROOM);
+            let room = (packet.len() + 32).max(MIN_BORINGTUN_ROOM);
             out.push_with(endpoint, room, segments, |room| {
                 match tunnel.encapsulate(packet, room) {
                     TunnResult::WriteToNetwork(datagram) => {

@@ -88,21 +88,33 @@ impl WgSocket {
     }
 }
 
-/// Room in a group's buffer: a whole GSO send, or one datagram of the
-/// largest size plus room to spare for what is written into it.
-const GROUP_BUFFER: usize = MAX_DATAGRAM + 256;
-/// Group buffers kept for the next sends.
-const SPARE_GROUPS: usize = 8;
+/// The most a GSO send may carry: a UDP datagram's largest payload over
+/// IPv4 (65,535 less the IP and UDP headers); over IPv6 the IP header is
+/// not counted, so 65,527.
+fn max_gso_bytes(destination: SocketAddr) -> usize {
+    if destination.is_ipv4() {
+        65_507
+    } else {
+        65_527
+    }
+}
 
-/// Datagrams waiting to be sent, grouped for GSO. A datagram is written in
-/// place at the end of its group ([`Outgoing::push_with`]: an encryption
-/// writes straight into the buffer that is sent), and the groups' buffers
-/// are kept for the next sends at their full length, so neither is zeroed
-/// nor allocated per datagram.
+/// Bytes a round's buffer keeps across sends at most; a larger one (a
+/// round that sent a lot) is cut back after its send.
+const KEPT_BUFFER: usize = 4 * 1024 * 1024;
+
+/// Datagrams waiting to be sent, grouped for GSO. Every group of a round
+/// lies in one buffer, one after another, and a datagram is written in
+/// place at its end ([`Outgoing::push_with`]: an encryption writes straight
+/// where it is sent from). The buffer keeps its length across sends, so it
+/// is zeroed only when it grows, never per datagram, and holds what a round
+/// sent, not a fixed size per group.
 #[derive(Debug, Default)]
 pub struct Outgoing {
     groups: Vec<Group>,
-    spare: Vec<Vec<u8>>,
+    bytes: Vec<u8>,
+    /// Bytes of `bytes` that hold datagrams.
+    used: usize,
 }
 
 #[derive(Debug)]
@@ -111,8 +123,8 @@ struct Group {
     /// Every datagram's size but the last, which may be shorter.
     segment: usize,
     count: usize,
-    /// [`GROUP_BUFFER`] bytes, of which `len` are datagrams.
-    bytes: Vec<u8>,
+    /// Where its datagrams lie in the buffer.
+    start: usize,
     len: usize,
     /// The last segment was shorter: nothing more may join.
     closed: bool,
@@ -129,8 +141,7 @@ impl Outgoing {
 
     /// Queues the datagram `write` makes for `destination` in at most `room`
     /// bytes (the slice it is given), written where it will be sent from;
-    /// `write` returns its length, or None when it made none. Nothing is
-    /// queued for a room larger than a group's buffer.
+    /// `write` returns its length, or None when it made none.
     pub fn push_with(
         &mut self,
         destination: SocketAddr,
@@ -138,90 +149,47 @@ impl Outgoing {
         max_segments: usize,
         write: impl FnOnce(&mut [u8]) -> Option<usize>,
     ) {
-        if room > GROUP_BUFFER {
-            return;
+        let start = self.used;
+        if self.bytes.len() < start + room {
+            self.bytes.resize(start + room, 0);
         }
-        let joins = self.groups.last().is_some_and(|group| {
-            group.destination == destination
+        let written = self.bytes[start..start + room].as_mut();
+        let Some(len) = write(written).filter(|&len| len > 0 && len <= room) else {
+            return;
+        };
+        self.used += len;
+        if let Some(group) = self.groups.last_mut() {
+            let joins = group.destination == destination
                 && !group.closed
                 && group.count < max_segments
-                && group.len + room <= GROUP_BUFFER
-        });
-        if !joins {
-            let bytes = self.spare.pop().unwrap_or_else(|| vec![0; GROUP_BUFFER]);
-            self.groups.push(Group {
-                destination,
-                segment: 0,
-                count: 0,
-                bytes,
-                len: 0,
-                closed: false,
-            });
-        }
-        let Some(group) = self.groups.last_mut() else {
-            return;
-        };
-        let start = group.len;
-        let written = group
-            .bytes
-            .get_mut(start..start + room)
-            .and_then(write)
-            .filter(|&len| len > 0 && len <= room);
-        let Some(len) = written else {
-            if group.count == 0 {
-                self.drop_last_group();
+                && len <= group.segment
+                && group.len + len <= max_gso_bytes(destination);
+            if joins {
+                group.count += 1;
+                group.len += len;
+                group.closed = len < group.segment;
+                return;
             }
-            return;
-        };
-        if group.count == 0 {
-            group.segment = len;
-        } else if len > group.segment || start + len > MAX_DATAGRAM {
-            // Longer than the group's segments (a handshake initiation after
-            // small packets), or past one send: it starts a group of its own
-            // (the only copy, and a rare one).
-            let moved = group.bytes[start..start + len].to_vec();
-            group.closed = true;
-            self.groups.push(Group {
-                destination,
-                segment: len,
-                count: 1,
-                bytes: {
-                    let mut bytes = self.spare.pop().unwrap_or_else(|| vec![0; GROUP_BUFFER]);
-                    bytes[..len].copy_from_slice(&moved);
-                    bytes
-                },
-                len,
-                closed: false,
-            });
-            return;
         }
-        group.count += 1;
-        group.len += len;
-        group.closed = len < group.segment;
-    }
-
-    fn drop_last_group(&mut self) {
-        if let Some(group) = self.groups.pop() {
-            self.keep(group.bytes);
-        }
-    }
-
-    fn keep(&mut self, bytes: Vec<u8>) {
-        if self.spare.len() < SPARE_GROUPS {
-            self.spare.push(bytes);
-        }
+        self.groups.push(Group {
+            destination,
+            segment: len,
+            count: 1,
+            start,
+            len,
+            closed: false,
+        });
     }
 
     /// Sends everything queued; returns how many datagrams failed to go out
     /// (each failure is logged at debug: UDP sends fail only on local errors).
     pub async fn flush(&mut self, socket: &WgSocket) -> usize {
         let mut failed = 0;
-        let mut groups = std::mem::take(&mut self.groups);
-        for group in groups.drain(..) {
+        for group in &self.groups {
             let transmit = Transmit {
                 destination: group.destination,
                 ecn: None,
-                contents: &group.bytes[..group.len],
+                contents: &self.bytes[group.start..group.start + group.len],
                 segment_size: (group.count > 1).then_some(group.segment),
                 src_ip: None,
             };
@@ -229,10 +197,13 @@ impl Outgoing {
                 tracing::debug!(destination = %group.destination, %error, "WireGuard send failed");
                 failed += group.count;
             }
-            self.keep(group.bytes);
         }
-        // The list's room stays for the next sends.
-        self.groups = groups;
+        self.groups.clear();
+        self.used = 0;
+        if self.bytes.len() > KEPT_BUFFER {
+            self.bytes.truncate(KEPT_BUFFER);
+            self.bytes.shrink_to_fit();
+        }
         failed
     }
 }
@@ -269,7 +240,6 @@ mod tests {
             room[..100].fill(1);
             Some(100)
         });
-        let first = out.groups[0].bytes.as_ptr();
         out.push_with(addr(1), 256, 64, |_| None);
         out.push_with(addr(2), 256, 64, |_| None);
         out.push_with(addr(1), 256, 64, |room| {
@@ -283,17 +253,43 @@ mod tests {
         );
         let group = &out.groups[0];
         assert_eq!((group.count, group.segment, group.len), (2, 100, 200));
-        assert_eq!(group.bytes.as_ptr(), first, "written where it is sent from");
-        assert!(group.bytes[..100].iter().all(|&b| b == 1));
-        assert!(group.bytes[100..200].iter().all(|&b| b == 2));
+        assert_eq!(group.start, 0);
+        assert!(out.bytes[..100].iter().all(|&b| b == 1));
+        assert!(out.bytes[100..200].iter().all(|&b| b == 2));
     }
 
     #[test]
     fn a_write_longer_than_its_room_is_not_queued() {
         let mut out = Outgoing::default();
         out.push_with(addr(1), 50, 64, |_| Some(51));
-        out.push_with(addr(1), GROUP_BUFFER + 1, 64, |_| Some(10));
         assert!(out.groups.is_empty());
+        assert_eq!(out.used, 0);
+    }
+
+    #[test]
+    fn many_destinations_take_what_they_send_not_a_buffer_each() {
+        let mut out = Outgoing::default();
+        for port in 0..10_000u16 {
+            out.push(addr(port), &[4; 32], 64);
+        }
+        assert_eq!(out.groups.len(), 10_000);
+        assert!(
+            out.bytes.len() < 10_000 * 32 + 1024,
+            "{} bytes",
+            out.bytes.len()
+        );
+    }
+
+    #[test]
+    fn a_gso_send_stays_within_one_udp_datagram() {
+        let mut out = Outgoing::default();
+        // 1,365-byte segments: 48 of them would be 65,520 bytes, over IPv4's 65,507.
+        for _ in 0..48 {
+            out.push(addr(1), &[1; 1365], 64);
+        }
+        let sizes: Vec<usize> = out.groups.iter().map(|g| g.len).collect();
+        assert!(sizes.iter().all(|&len| len <= 65_507), "{sizes:?}");
+        assert_eq!(out.groups.iter().map(|g| g.count).sum::<usize>(), 48);
     }
 
     #[tokio::test]
@@ -304,15 +300,12 @@ mod tests {
         let to = receiver.local_addr().expect("addr");
         let mut out = Outgoing::default();
         out.push(to, &[1; 100], 64);
-        let buffer = out.groups[0].bytes.as_ptr();
+        let buffer = out.bytes.as_ptr();
         assert_eq!(out.flush(&sender).await, 0);
         assert!(out.groups.is_empty());
         out.push(to, &[2; 100], 64);
-        assert_eq!(
-            out.groups[0].bytes.as_ptr(),
-            buffer,
-            "the same buffer again"
-        );
+        assert_eq!(out.bytes.as_ptr(), buffer, "the same buffer again");
+        assert_eq!(&out.bytes[..100], &[2; 100][..]);
         assert_eq!(out.flush(&sender).await, 0);
     }
 

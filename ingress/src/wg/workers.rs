@@ -183,18 +183,27 @@ enum Job {
 /// from its making to its drop, however it ends (done, dropped with a queue,
 /// or with a worker that panicked).
 #[derive(Debug)]
-struct Pending(Arc<AtomicUsize>);
+struct Pending {
+    all: Arc<AtomicUsize>,
+    worker: Arc<AtomicUsize>,
+}
 
 impl Pending {
-    fn new(counter: &Arc<AtomicUsize>) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Self(counter.clone())
+    /// Counted in `all` and in its worker's own count.
+    fn new(all: &Arc<AtomicUsize>, worker: &Arc<AtomicUsize>) -> Self {
+        all.fetch_add(1, Ordering::SeqCst);
+        worker.fetch_add(1, Ordering::SeqCst);
+        Self {
+            all: all.clone(),
+            worker: worker.clone(),
+        }
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.worker.fetch_sub(1, Ordering::SeqCst);
+        self.all.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -251,6 +260,8 @@ pub struct Workers {
     hasher: std::hash::RandomState,
     /// Decrypt jobs queued or under way (a handoff's departure waits for none).
     decrypting: Arc<AtomicUsize>,
+    /// The same, per worker task (1 and up).
+    decrypting_in: Vec<Arc<AtomicUsize>>,
     stop: CancellationToken,
 }
 
@@ -277,6 +288,7 @@ impl Workers {
             waiting: Mutex::new(waiting),
             hasher: std::hash::RandomState::new(),
             decrypting: Arc::new(AtomicUsize::new(0)),
+            decrypting_in: (1..count).map(|_| Arc::new(AtomicUsize::new(0))).collect(),
             stop: CancellationToken::new(),
         }
     }
@@ -296,6 +308,15 @@ impl Workers {
         peer.index as usize % self.count
     }
 
+    /// Whether worker task `worker` (1 and up) has no decrypt job queued or
+    /// under way: every datagram it was given is decrypted and sent on.
+    pub fn idle(&self, worker: usize) -> bool {
+        worker
+            .checked_sub(1)
+            .and_then(|task| self.decrypting_in.get(task))
+            .is_some_and(|count| count.load(Ordering::SeqCst) == 0)
+    }
+
     /// Whether decrypt jobs are queued or under way.
     pub fn decrypting(&self) -> bool {
         self.decrypting.load(Ordering::SeqCst) > 0
@@ -305,13 +326,14 @@ impl Workers {
     /// its queue is full: the socket's buffer takes the burst meanwhile.
     /// After [`Workers::finish`] they are dropped.
     pub async fn decrypt(&self, worker: usize, arrivals: Vec<Arrival>) {
-        let Some(queue) = worker
-            .checked_sub(1)
+        let task = worker.checked_sub(1);
+        let Some((queue, count)) = task
             .and_then(|task| self.decrypt.get(task))
+            .zip(task.and_then(|task| self.decrypting_in.get(task)))
         else {
             return;
         };
-        let pending = Pending::new(&self.decrypting);
+        let pending = Pending::new(&self.decrypting, count);
         // A closed queue (a worker gone) drops the job, and `pending` with it.
         let _ = queue.send((arrivals, pending)).await;
     }
@@ -579,12 +601,16 @@ mod tests {
     async fn a_decrypt_job_is_pending_until_it_is_dropped_however_it_ends() {
         let workers = Workers::new(2);
         assert!(!workers.decrypting());
+        assert!(workers.idle(1));
         workers.decrypt(1, Vec::new()).await;
         assert!(workers.decrypting(), "queued: pending");
+        assert!(!workers.idle(1), "its worker is not idle");
+        assert!(!workers.idle(0), "worker 0 is the caller: never idle here");
         // The worker's inbox goes away with the job in it (as with a
         // worker that panicked): no longer pending.
         drop(workers.waiting.lock().expect("lock").pop());
         assert!(!workers.decrypting());
+        assert!(workers.idle(1));
         workers.decrypt(1, Vec::new()).await;
         assert!(
             !workers.decrypting(),

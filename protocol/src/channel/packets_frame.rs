@@ -81,10 +81,30 @@ impl PacketsFrame {
     }
 
     /// The first `len` bytes of the last room lent (fewer if it was
-    /// smaller), as written so far: to look at a packet before keeping it.
+    /// smaller; none if nothing is lent), as written so far: to look at a
+    /// packet before keeping it.
     pub fn written(&self, len: usize) -> &[u8] {
         let start = self.used + 2;
-        &self.bytes[start..start + len.min(self.lent)]
+        self.bytes
+            .get(start..start + len.min(self.lent))
+            .unwrap_or(&[])
+    }
+
+    /// Gives the frame to `peer`: a frame is lent before anyone knows
+    /// whose packet will be kept in it (the ingress decrypts before it
+    /// knows the datagram is authentic).
+    pub fn set_peer(&mut self, peer: u32) {
+        self.peer = peer;
+    }
+
+    /// The same frame in a buffer of its own size (a copy): for a frame
+    /// that waits long, so that it holds only what it carries. No more
+    /// packets fit in it.
+    pub fn shrunk(mut self) -> Self {
+        self.bytes.truncate(self.used);
+        self.bytes.shrink_to_fit();
+        self.lent = 0;
+        self
     }
 
     /// Keeps the first `len` bytes written into the last
@@ -207,6 +227,19 @@ mod tests {
         let mut batch = Packets::new(2);
         assert!(batch.try_push(&[8; 10]));
         assert_eq!(again.finish(), &encode(&ToDevice::Packets(batch))[..]);
+    }
+
+    #[test]
+    fn a_shrunk_frame_is_the_same_frame_in_its_own_size() {
+        let mut frame = PacketsFrame::new(1, vec![0; 4096]);
+        assert!(write(&mut frame, &[5; 100]));
+        frame.set_peer(9);
+        let expected = frame.finish().to_vec();
+        let mut shrunk = frame.shrunk();
+        assert_eq!(shrunk.finish(), &expected[..]);
+        assert!(shrunk.into_buffer().capacity() < 4096);
+        let empty = PacketsFrame::new(1, Vec::new());
+        assert!(empty.written(10).is_empty(), "nothing lent, nothing to see");
     }
 
     #[test]
