@@ -292,7 +292,14 @@ mod tests {
             .enumerate()
             .all(|(i, p)| p[0] == i as u8 && p.len() == 1400));
         let buffers: Vec<Vec<u8>> = taken.into_iter().map(PacketsFrame::into_buffer).collect();
+        let sent = buffers.len();
         frames.recycle(buffers);
-        assert_eq!(frames.free.len(), SPARE_FRAMES);
+        assert_eq!(
+            frames.free.len(),
+            sent.min(SPARE_FRAMES),
+            "kept, up to a bound"
+        );
+        frames.recycle(vec![vec![0; FRAME_BUFFER]; 10]);
+        assert_eq!(frames.free.len(), SPARE_FRAMES, "never more than the bound");
     }
 }
