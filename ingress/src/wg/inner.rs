@@ -42,8 +42,8 @@ pub(super) struct InnerBatches {
     order: Vec<u32>,
     /// The frame lent to whoever has none with room.
     loose: Option<PacketsFrame>,
-    /// The last room lent was the loose frame's.
-    lent_loose: bool,
+    /// Whom the last room was lent to, and whether it was the loose frame's.
+    lent: Option<(u32, bool)>,
     /// Buffers of frames sent, at their full length, for the next rounds.
     free: Vec<Vec<u8>>,
 }
@@ -58,7 +58,7 @@ impl InnerBatches {
             .get_mut(&peer)
             .and_then(|frames| frames.last_mut())
             .filter(|frame| frame.has_room(room));
-        self.lent_loose = own.is_none();
+        self.lent = Some((peer, own.is_none()));
         let frame = match own {
             Some(frame) => frame,
             None => {
@@ -76,7 +76,13 @@ impl InnerBatches {
     /// Keeps the first `len` bytes of the last room lent to `peer` by
     /// [`InnerBatches::spare`] as its packet.
     pub(super) fn commit(&mut self, peer: u32, len: usize) -> bool {
-        if !self.lent_loose {
+        let Some((lent_to, loose)) = self.lent.take() else {
+            return false;
+        };
+        if lent_to != peer {
+            return false;
+        }
+        if !loose {
             return self
                 .frames
                 .get_mut(&peer)
@@ -91,7 +97,6 @@ impl InnerBatches {
             return false;
         }
         frame.set_peer(peer);
-        self.lent_loose = false;
         let order = &mut self.order;
         self.frames
             .entry(peer)
@@ -244,6 +249,10 @@ mod tests {
             let _ = batches.spare(peer, 256);
         }
         assert!(batches.frames.len() <= 2);
+        // A commit for another peer than the room was lent to keeps nothing.
+        let _ = batches.spare(7, 256);
+        assert!(!batches.commit(8, 10));
+        assert!(!batches.commit(7, 10), "one commit per loan");
         let mut frames = batches.take();
         assert_eq!(frames.len(), 2, "the peer with no packet has no frame");
         assert_eq!(

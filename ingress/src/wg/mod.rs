@@ -2,10 +2,12 @@
 //! go to the active device plane in batches, and what the device plane sends back
 //! is encrypted to the peer that owns its inner destination.
 //!
-//! - **Workers** ([`workers`]): the socket task only receives; decryption and
-//!   encryption run in `wireguard.workers` tasks (one per core by default), a
-//!   source endpoint's datagrams and a peer's outgoing packets always in the
-//!   same one, so that each peer's packets keep their order.
+//! - **Workers** ([`workers`]): decryption and encryption run in
+//!   `wireguard.workers` workers (one per core by default; worker 0 is the
+//!   receiving task, or a device plane's reader, itself), a source
+//!   endpoint's datagrams and a peer's outgoing packets always in the same
+//!   one (or in the receiving task, once that worker is idle), so that each
+//!   peer's packets keep their order.
 //! - **Receive** ([`Wireguard::serve`]): a batch of datagrams from the UDP socket
 //!   (GRO), each checked by the shared handshake rate limiter first (mac1, then a
 //!   cookie reply when more initiations arrive per second than

@@ -7,7 +7,10 @@
 //!   share of each frame, after handing the other shares on; tasks run
 //!   workers 1 and up. One worker (`wireguard.workers = 1`) is one task
 //!   doing everything, with no hand-off between threads; each further
-//!   worker takes a share to another core.
+//!   worker takes a share to another core. A receive batch with no share
+//!   for worker 0 has one idle worker's share (nothing of it queued or under
+//!   way: [`Workers::idle`]) decrypted by the receiving task itself, in
+//!   order after all that worker did, rather than handed across threads.
 //! - **Decryption**: each receive slot holds the datagrams of one source
 //!   endpoint (GRO joins only one flow's), and the whole slot, buffer and
 //!   all, goes to the worker that endpoint hashes to. A peer sends from one endpoint at a time, so its datagrams are
