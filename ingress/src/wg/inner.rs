@@ -22,10 +22,45 @@ const SPARE_FRAMES: usize = 8;
 
 /// Inner packets waiting for an active device plane, in frames of their
 /// own size.
+///
+/// The frame [`Wireguard::deliver_held`] is sending counts as held until it
+/// is sent: a round that finds anything held, or that frame under way,
+/// queues behind it rather than overtaking it (a peer's packets keep their
+/// order across a plane's absence).
 #[derive(Debug, Default)]
 pub(super) struct Held {
     frames: VecDeque<PacketsFrame>,
     packets: usize,
+    /// True while the front frame is out being delivered.
+    delivering: bool,
+}
+
+impl Held {
+    /// Whether a round may go straight to the active plane: nothing held
+    /// and nothing held under way.
+    fn may_send_directly(&self) -> bool {
+        self.frames.is_empty() && !self.delivering
+    }
+
+    /// Takes the front frame to deliver; it still counts as held until
+    /// [`Held::delivered`] or [`Held::not_delivered`].
+    fn take_front(&mut self) -> Option<PacketsFrame> {
+        let frame = self.frames.pop_front()?;
+        self.delivering = true;
+        Some(frame)
+    }
+
+    /// The frame taken was sent.
+    fn delivered(&mut self, count: usize) {
+        self.packets = self.packets.saturating_sub(count);
+        self.delivering = false;
+    }
+
+    /// The frame taken was not sent: it goes back to the front.
+    fn not_delivered(&mut self, frame: PacketsFrame) {
+        self.frames.push_front(frame);
+        self.delivering = false;
+    }
 }
 
 /// Inner packets of one round, per peer in the order peers appeared, each
@@ -135,7 +170,7 @@ impl Wireguard {
     pub(super) async fn to_plane(&self, frames: Vec<PacketsFrame>) -> Vec<Vec<u8>> {
         let mut sent = Vec::new();
         let mut pending: VecDeque<PacketsFrame> = frames.into();
-        if self.held_is_empty() {
+        if self.lock_held().may_send_directly() {
             while let Some(mut frame) = pending.pop_front() {
                 if self.send_to_active(&mut frame).await {
                     sent.push(frame.into_buffer());
@@ -160,10 +195,6 @@ impl Wireguard {
         dispatch::to_active(&self.planes, frame, &[], None, Wait::No)
             .await
             .is_some()
-    }
-
-    fn held_is_empty(&self) -> bool {
-        self.lock_held().frames.is_empty()
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -195,15 +226,15 @@ impl Wireguard {
         let mut active = self.planes.subscribe();
         loop {
             loop {
-                let next = self.lock_held().frames.pop_front();
+                let next = self.lock_held().take_front();
                 let Some(mut frame) = next else { break };
                 let count = frame.len();
                 if self.send_to_active(&mut frame).await {
                     let mut held = self.lock_held();
-                    held.packets = held.packets.saturating_sub(count);
+                    held.delivered(count);
                     self.metrics.set_held(held.packets);
                 } else {
-                    self.lock_held().frames.push_front(frame);
+                    self.lock_held().not_delivered(frame);
                     break;
                 }
             }
@@ -261,6 +292,28 @@ mod tests {
         );
         assert_eq!(packets_of(&mut frames[1]), (4, vec![vec![2; 60]]));
         assert!(batches.take().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_frame_under_delivery_still_counts_as_held() {
+        let mut held = Held::default();
+        assert!(held.may_send_directly());
+        let mut batches = InnerBatches::default();
+        put(&mut batches, 1, &[1; 10]);
+        held.frames.extend(batches.take());
+        held.packets = 1;
+        let frame = held.take_front().expect("the held frame");
+        assert!(held.frames.is_empty());
+        assert!(
+            !held.may_send_directly(),
+            "a round must not overtake a held frame under way"
+        );
+        held.not_delivered(frame);
+        assert!(!held.may_send_directly(), "back at the front");
+        let frame = held.take_front().expect("the frame put back");
+        held.delivered(frame.len());
+        assert!(held.may_send_directly());
+        assert_eq!(held.packets, 0);
     }
 
     #[test]
