@@ -4,7 +4,8 @@
 //! device-plane deploys and an ingress handoff with none lost; after each a
 //! new association echoes, resolves a name at dnsmasq, and is refused what
 //! it must be: a denied destination, a fragment and a bad header reach
-//! nobody.
+//! nobody. An association ends with its control connection, when idle, and
+//! when its client is removed.
 
 use std::collections::HashSet;
 use std::net::UdpSocket;
@@ -117,6 +118,21 @@ def ends(proxy, echo):
     result["idle_after"] = round(time.monotonic() - started, 1)
     print(json.dumps(result))
 
+def removed(proxy, echo):
+    # Removing the client ends its association: the control connection is
+    # closed by the proxy.
+    s = associate(*proxy, timeout=5)
+    s.sendto(b"first", echo)
+    assert s.recvfrom(2048)[0] == b"first"
+    print("associated", flush=True)
+    started = time.monotonic()
+    s._proxyconn.settimeout(30)
+    try:
+        closed = s._proxyconn.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    print(json.dumps({"closed": closed, "after": round(time.monotonic() - started, 1)}))
+
 mode = sys.argv[1]
 host, port, user, secret = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 echo = ("127.0.0.1", int(sys.argv[6]))
@@ -124,6 +140,8 @@ if mode == "stream":
     stream((host, port, user, secret), echo, sys.argv[7])
 elif mode == "ends":
     ends((host, port, user, secret), echo)
+elif mode == "removed":
+    removed((host, port, user, secret), echo)
 else:
     denied = ("127.0.0.2", int(sys.argv[7]))
     once((host, port, user, secret), echo, denied, ("127.0.0.1", int(sys.argv[8])), sys.argv[9])
@@ -389,4 +407,43 @@ fn an_association_ends_with_its_control_connection_or_when_idle() {
     assert_eq!(result["idle_closed"], true, "{result}");
     let idle_after = result["idle_after"].as_f64().expect("seconds");
     assert!((0.5..20.0).contains(&idle_after), "{result}");
+}
+
+#[test]
+fn removing_the_client_ends_its_association() {
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let script = node.path().join("socks_udp.py");
+    std::fs::write(&script, CLIENT).expect("write the client");
+    let echo = Echo::start("127.0.0.1");
+    let mut args = vec!["removed".to_string()];
+    args.extend(proxy_args(&client.socks));
+    args.push(echo.port.to_string());
+    let mut child = python(&script, &args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        child.stdout.take().expect("stdout"),
+    ));
+    let first = lines.next().and_then(Result::ok);
+    if first.as_deref() != Some("associated") {
+        let output = child.wait_with_output().expect("python3 ends");
+        panic!(
+            "the association did not echo: {first:?}, {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let removed = node.ctl(&["client", "remove", &client.name]);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    let last = lines.next().and_then(Result::ok).expect("a result line");
+    let _ = child.wait();
+    let result: serde_json::Value = serde_json::from_str(&last).expect("json");
+    assert_eq!(result["closed"], true, "{result}");
+    let after = result["after"].as_f64().expect("seconds");
+    assert!(after < 20.0, "closed within seconds: {result}");
 }

@@ -335,6 +335,10 @@ pub async fn relay<H>(
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     tokio::pin!(handover);
+    // Made once: a token's waiter is registered once per tunnel, not at
+    // every step of the loop.
+    let cut = cut.cancelled();
+    tokio::pin!(cut);
     let stop = {
         let (client_read, mut client_write) = client.split();
         let (egress_read, mut egress_write) = egress.split();
@@ -345,7 +349,7 @@ pub async fn relay<H>(
             }
             tokio::select! {
                 biased;
-                () = cut.cancelled() => break Stop::Cut,
+                () = &mut cut => break Stop::Cut,
                 slot = &mut handover => break Stop::Handover(slot),
                 moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter, may_splice, down_done), if !up_done => match moved {
                     Ok(n) => {

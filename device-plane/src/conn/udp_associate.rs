@@ -312,13 +312,19 @@ impl Relay<'_> {
         let mut last = Instant::now();
         let idle = tokio::time::sleep(timeout);
         tokio::pin!(idle);
+        // Made once, so each token's waiter is registered once per
+        // association, not at every datagram batch.
+        let cut = cut.cancelled();
+        let revoked = self.client.revoked.clone().cancelled_owned();
+        let over_quota = over_quota.cancelled();
+        tokio::pin!(cut, revoked, over_quota);
         loop {
             tokio::select! {
                 biased;
                 slot = &mut handover => return End::Handover(slot),
-                () = cut.cancelled() => return End::Closed("cut"),
-                () = self.client.revoked.cancelled() => return End::Closed("client removed"),
-                () = over_quota.cancelled() => return End::Closed("over quota"),
+                () = &mut cut => return End::Closed("cut"),
+                () = &mut revoked => return End::Closed("client removed"),
+                () = &mut over_quota => return End::Closed("over quota"),
                 ready = association.control.readable() => {
                     if ready.is_err() || control_closed(&association.control) {
                         return End::Closed("control connection closed");
