@@ -419,19 +419,15 @@ fn removing_the_client_ends_its_association() {
     let mut args = vec!["removed".to_string()];
     args.extend(proxy_args(&client.socks));
     args.push(echo.port.to_string());
-    let mut child = python(&script, &args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
+    let mut child = Killed(python(&script, &args).spawn().expect("python3"));
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
-        child.stdout.take().expect("stdout"),
+        child.0.stdout.take().expect("stdout"),
     ));
     let first = lines.next().and_then(Result::ok);
     if first.as_deref() != Some("associated") {
-        let output = child.wait_with_output().expect("python3 ends");
         panic!(
             "the association did not echo: {first:?}, {}",
-            String::from_utf8_lossy(&output.stderr)
+            child.stderr()
         );
     }
     let removed = node.ctl(&["client", "remove", &client.name]);
@@ -440,10 +436,34 @@ fn removing_the_client_ends_its_association() {
         "{}",
         String::from_utf8_lossy(&removed.stderr)
     );
-    let last = lines.next().and_then(Result::ok).expect("a result line");
-    let _ = child.wait();
+    let Some(last) = lines.next().and_then(Result::ok) else {
+        panic!("no result line: {}", child.stderr());
+    };
     let result: serde_json::Value = serde_json::from_str(&last).expect("json");
     assert_eq!(result["closed"], true, "{result}");
     let after = result["after"].as_f64().expect("seconds");
     assert!(after < 20.0, "closed within seconds: {result}");
+}
+
+/// A client process killed (and reaped) when the test ends, whichever way.
+struct Killed(std::process::Child);
+
+impl Killed {
+    /// What it wrote to stderr, once it is stopped.
+    fn stderr(&mut self) -> String {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let mut text = String::new();
+        if let Some(mut stderr) = self.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
