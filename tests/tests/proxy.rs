@@ -1,6 +1,7 @@
 //! The foundation end to end: real binaries, real sockets, curl as the client.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use blipless_tests::curl::{fetch, status_code};
@@ -552,5 +553,99 @@ fn config_check_says_sound_or_lists_every_problem() {
         answer["problems"].as_array().map(Vec::len),
         Some(3),
         "{answer}"
+    );
+}
+
+/// Reads to the end of the stream (the origin closes after one response).
+fn read_to_end(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(stream, &mut bytes).expect("reading the tunnel to its end");
+    bytes
+}
+
+/// Writes `bytes` a byte at a time, with a pause between them.
+fn trickle(stream: &mut std::net::TcpStream, bytes: &[u8]) {
+    for byte in bytes {
+        stream.write_all(&[*byte]).expect("a byte of the handshake");
+        std::thread::sleep(Duration::from_millis(15));
+    }
+}
+
+/// The plane reads what a customer has sent before it registers the socket
+/// (docs/ARCHITECTURE.md, "A handed connection's first bytes"): a handshake
+/// already there, one that comes later, one that comes a byte at a time and
+/// one sent whole with the tunnel's first bytes behind it all reach the
+/// origin the same.
+#[test]
+fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let get = b"GET / HTTP/1.1\r\nHost: origin\r\n\r\n";
+    let mut auth = vec![1, 5];
+    auth.extend_from_slice(b"alice");
+    auth.push(client.secret.len() as u8);
+    auth.extend_from_slice(client.secret.as_bytes());
+    let SocketAddr::V4(target) = origin.address else {
+        panic!("the origin listens on IPv4")
+    };
+    let mut request = vec![5, 1, 0, 1];
+    request.extend_from_slice(&target.ip().octets());
+    request.extend_from_slice(&target.port().to_be_bytes());
+
+    // SOCKS5, the greeting sent long after the connection was handed over,
+    // then a byte at a time.
+    let mut stream = raw::connect(node.socks);
+    std::thread::sleep(Duration::from_millis(300));
+    trickle(&mut stream, &[5, 1, 2]);
+    assert_eq!(raw::read_exact(&mut stream, 2), [5, 2]);
+    trickle(&mut stream, &auth);
+    assert_eq!(raw::read_exact(&mut stream, 2), [1, 0]);
+    stream.write_all(&request).expect("request");
+    assert_eq!(raw::read_exact(&mut stream, 10)[1], 0, "CONNECT succeeded");
+    stream.write_all(get).expect("GET");
+    assert!(read_to_end(&mut stream).ends_with(b"hello"));
+
+    // SOCKS5, everything in one write: the greeting, the credentials, the
+    // request and the tunnel's first bytes.
+    let mut stream = raw::connect(node.socks);
+    let whole = [&[5, 1, 2][..], &auth, &request, get].concat();
+    stream.write_all(&whole).expect("the whole handshake");
+    assert_eq!(raw::read_exact(&mut stream, 2), [5, 2]);
+    assert_eq!(raw::read_exact(&mut stream, 2), [1, 0]);
+    assert_eq!(raw::read_exact(&mut stream, 10)[1], 0, "CONNECT succeeded");
+    assert!(read_to_end(&mut stream).ends_with(b"hello"));
+
+    // HTTP CONNECT, the head sent late and a byte at a time.
+    use base64::Engine as _;
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("alice:{}", client.secret));
+    let connect = format!(
+        "CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nProxy-Authorization: Basic {basic}\r\n\r\n",
+        origin.address
+    );
+    let mut stream = raw::connect(node.http);
+    std::thread::sleep(Duration::from_millis(300));
+    trickle(&mut stream, connect.as_bytes());
+    let established = b"HTTP/1.1 200";
+    assert_eq!(raw::read_exact(&mut stream, established.len()), established);
+    stream.write_all(get).expect("GET");
+    let rest = read_to_end(&mut stream);
+    assert!(
+        rest.ends_with(b"hello"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    // HTTP CONNECT with the tunnel's first bytes in the same write.
+    let mut stream = raw::connect(node.http);
+    stream
+        .write_all(&[connect.as_bytes(), get].concat())
+        .expect("the head and the tunnel's first bytes");
+    let answer = read_to_end(&mut stream);
+    assert!(
+        answer.starts_with(established) && answer.ends_with(b"hello"),
+        "{}",
+        String::from_utf8_lossy(&answer)
     );
 }

@@ -34,15 +34,9 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
     let Some(fd) = fds.into_iter().next() else {
         return;
     };
-    let stream = match stream_from_accepted_fd(fd) {
-        Ok(stream) => stream,
-        Err(error) => {
-            tracing::warn!(%error, id = accepted.connection_id, "cannot use a handed connection");
-            return;
-        }
-    };
+    let socket = socket_from_accepted_fd(fd);
     if !context.fds.admits(context.connections.len() as u64) {
-        // Dropping the stream closes it: the customer's client sees the
+        // Dropping the socket closes it: the customer's client sees the
         // connection end at once, and nothing else is touched.
         context.fds.refuse(accepted.connection_id);
         return;
@@ -56,6 +50,9 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
             cap = context.caps.connections,
             "connection cap reached: refused"
         );
+        let Some(stream) = register(socket, accepted.connection_id) else {
+            return;
+        };
         // Answered by a small task outside the tracker: it never holds a drain.
         match accepted.listener {
             ListenerKind::Socks => tokio::spawn(caps::refuse_socks(stream)),
@@ -64,36 +61,72 @@ pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<Owne
         return;
     }
     if !context.accepted_nodelay.load(Ordering::Relaxed) {
-        let _ = stream.set_nodelay(true);
+        let _ = socket.set_nodelay(true);
     }
     context.taken.fetch_add(1, Ordering::Relaxed);
     let id = accepted.connection_id;
+    let source = accepted.peer.ip();
+    let serving = context.clone();
     match accepted.listener {
         ListenerKind::Socks => {
-            context.connections.spawn(socks::serve(
-                stream,
-                context.clone(),
-                id,
-                accepted.peer.ip(),
-            ));
+            context.connections.spawn(async move {
+                let first = first_bytes(&socket);
+                if let Some(stream) = register(socket, id) {
+                    socks::serve(stream, first, serving, id, source).await;
+                }
+            });
         }
         ListenerKind::Http | ListenerKind::Https => {
-            context.connections.spawn(http::serve(
-                stream,
-                http::Adopted::fresh(accepted.peer.ip()),
-                context.clone(),
-                id,
-            ));
+            context.connections.spawn(async move {
+                let mut adopted = http::Adopted::fresh(source);
+                adopted.prefix = first_bytes(&socket);
+                if let Some(stream) = register(socket, id) {
+                    http::serve(stream, adopted, serving, id).await;
+                }
+            });
         }
     }
 }
 
-/// Turns the fd of a connection the ingress accepted into a tokio socket.
+/// How much of a handed connection [`first_bytes`] reads: more than a
+/// SOCKS5 greeting or a typical proxy request head.
+const FIRST_READ: usize = 1024;
+
+/// Reads what the customer has sent already, before the socket is
+/// registered with the runtime. Most clients send their first message
+/// (a SOCKS5 greeting, an HTTP request head) right after connecting, well
+/// before the ingress's `Accepted` reaches us; a socket registered first
+/// would have no readiness cached until the runtime's next poll, so its
+/// first read would cost a wake-up for bytes that were already there.
+/// Nothing read (not sent yet, or the customer already gone): empty, and
+/// the serving code's own first read finds out which.
+fn first_bytes(socket: &std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut chunk = [0u8; FIRST_READ];
+    match (&*socket).read(&mut chunk) {
+        Ok(n) => chunk[..n].to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Registers a handed connection with the runtime; on failure (the
+/// runtime's registration table is full) the connection is closed.
+fn register(socket: std::net::TcpStream, id: u64) -> Option<TcpStream> {
+    match TcpStream::from_std(socket) {
+        Ok(stream) => Some(stream),
+        Err(error) => {
+            tracing::warn!(%error, id, "cannot use a handed connection");
+            None
+        }
+    }
+}
+
+/// Takes the fd of a connection the ingress accepted as a socket.
 /// Its open file description is non-blocking already (the ingress accepts
-/// with tokio, `accept4` with `SOCK_NONBLOCK`; an HTTPS connection's end is
-/// a tokio socket pair's), and SCM_RIGHTS passes the description, flags
+/// with `accept4` and `SOCK_NONBLOCK`; an HTTPS connection's end is a
+/// tokio socket pair's), and SCM_RIGHTS passes the description, flags
 /// and all: no `ioctl` to set it again.
-fn stream_from_accepted_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
+fn socket_from_accepted_fd(fd: OwnedFd) -> std::net::TcpStream {
     // The tests run debug builds: a blocking fd would be caught there.
     debug_assert!(
         nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).is_ok_and(|flags| {
@@ -101,7 +134,7 @@ fn stream_from_accepted_fd(fd: OwnedFd) -> std::io::Result<TcpStream> {
         }),
         "the ingress handed over a blocking connection"
     );
-    TcpStream::from_std(std::net::TcpStream::from(fd))
+    std::net::TcpStream::from(fd)
 }
 
 /// Turns a received fd into a tokio socket. The fd may be a Unix stream

@@ -9,12 +9,15 @@
 //! failure status without its credentials being checked.
 
 use std::net::IpAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use blipless_protocol::channel::MigrateKind;
 use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
+use nix::errno::Errno;
+use nix::sys::socket::{send, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -78,10 +81,10 @@ enum Asked {
 /// The handshake: returns the client and what it asks for.
 async fn handshake(
     stream: &mut TcpStream,
+    mut buffer: Vec<u8>,
     context: &Context,
     source: IpAddr,
 ) -> Result<(Arc<Client>, Asked), Stop> {
-    let mut buffer = Vec::with_capacity(256);
     let greeting = read_message(stream, &mut buffer, socks5::parse_greeting)
         .await?
         .map_err(|e| match e {
@@ -145,8 +148,21 @@ async fn handshake(
     Ok((client, Asked::Connect(target, buffer)))
 }
 
+/// Writes a handshake answer. The first try is the system call itself,
+/// whatever readiness tokio has cached: a socket registered a moment ago
+/// has none until the runtime's next poll (see `conn::first_bytes`), and
+/// an answer of a few bytes fits an empty send buffer. What does not fit
+/// goes the runtime's way.
 async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Stop> {
-    stream.write_all(bytes).await.map_err(|_| Stop::Gone)
+    let sent = match send(stream.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+        Ok(sent) => sent,
+        Err(Errno::EAGAIN | Errno::EINTR) => 0,
+        Err(_) => return Err(Stop::Gone),
+    };
+    stream
+        .write_all(&bytes[sent..])
+        .await
+        .map_err(|_| Stop::Gone)
 }
 
 fn reply_for(error: &EgressError) -> Reply {
@@ -169,12 +185,19 @@ fn libc_enetunreach() -> i32 {
     nix::errno::Errno::ENETUNREACH as i32
 }
 
-/// Serves one SOCKS5 customer connection to its end; `source` is the
-/// customer's address, as the ingress accepted it.
-pub async fn serve(mut stream: TcpStream, context: Arc<Context>, id: u64, source: IpAddr) {
+/// Serves one SOCKS5 customer connection to its end; `first` is what was
+/// read from it before it was registered, `source` the customer's address
+/// as the ingress accepted it.
+pub async fn serve(
+    mut stream: TcpStream,
+    first: Vec<u8>,
+    context: Arc<Context>,
+    id: u64,
+    source: IpAddr,
+) {
     let handshake = tokio::time::timeout(
         context.handshake_timeout,
-        handshake(&mut stream, &context, source),
+        handshake(&mut stream, first, &context, source),
     )
     .await;
     let (client, asked) = match handshake {
