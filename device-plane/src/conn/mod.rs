@@ -109,6 +109,23 @@ fn first_bytes(socket: &std::net::TcpStream) -> Vec<u8> {
     }
 }
 
+/// Writes what fits now with one `send`, whatever readiness tokio has
+/// cached for `stream`: `Some(n)` bytes written, `None` when nothing fits
+/// (then go tokio's way, which waits for room). A socket registered a
+/// moment ago has no readiness cached until the runtime's next poll (see
+/// [`first_bytes`]), so its first answer would otherwise wait for that poll
+/// although its send buffer is empty.
+pub(crate) fn send_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<Option<usize>> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    match send(stream.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+        Ok(sent) => Ok(Some(sent)),
+        Err(Errno::EAGAIN | Errno::EINTR) => Ok(None),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
 /// Registers a handed connection with the runtime; on failure (the
 /// runtime's registration table is full) the connection is closed.
 fn register(socket: std::net::TcpStream, id: u64) -> Option<TcpStream> {

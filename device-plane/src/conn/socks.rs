@@ -9,15 +9,12 @@
 //! failure status without its credentials being checked.
 
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use blipless_protocol::channel::MigrateKind;
 use blipless_protocol::socks5::{self, Command, Destination, Reply, Socks5Error};
-use nix::errno::Errno;
-use nix::sys::socket::{send, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -148,17 +145,12 @@ async fn handshake(
     Ok((client, Asked::Connect(target, buffer)))
 }
 
-/// Writes a handshake answer. The first try is the system call itself,
-/// whatever readiness tokio has cached: a socket registered a moment ago
-/// has none until the runtime's next poll (see `conn::first_bytes`), and
-/// an answer of a few bytes fits an empty send buffer. What does not fit
-/// goes the runtime's way.
+/// Writes a handshake answer: a `send` first (`conn::send_now`: the socket
+/// may have been registered a moment ago), what did not fit tokio's way.
 async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Stop> {
-    let sent = match send(stream.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
-        Ok(sent) => sent,
-        Err(Errno::EAGAIN | Errno::EINTR) => 0,
-        Err(_) => return Err(Stop::Gone),
-    };
+    let sent = crate::conn::send_now(stream, bytes)
+        .map_err(|_| Stop::Gone)?
+        .unwrap_or(0);
     stream
         .write_all(&bytes[sent..])
         .await

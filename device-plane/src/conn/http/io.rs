@@ -11,6 +11,13 @@ pub(super) struct Counted {
     /// Bytes read before any request authenticated (the first request's
     /// head, usually): billed to the first client that does.
     pub(super) unbilled_up: u64,
+    /// True until the first write: it goes out with a `send` first
+    /// ([`crate::conn::send_now`]), because the socket may have been
+    /// registered a moment ago with no readiness cached. hyper needs it:
+    /// a request it cannot parse gets a 400 and the connection ends, and if
+    /// that answer's flush were left waiting for readiness, hyper would
+    /// close without it.
+    pub(super) first_write: bool,
 }
 
 impl Counted {
@@ -52,6 +59,16 @@ impl AsyncWrite for Counted {
         cx: &mut TaskContext<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if std::mem::take(&mut self.first_write) {
+            match crate::conn::send_now(&self.inner, data) {
+                Ok(Some(written)) => {
+                    self.count(0, written as u64);
+                    return Poll::Ready(Ok(written));
+                }
+                Ok(None) => {}
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
         if let Poll::Ready(Ok(n)) = &poll {
             let written = *n as u64;

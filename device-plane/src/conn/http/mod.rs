@@ -143,6 +143,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
             inner: stream,
             identity: identity.clone(),
             unbilled_up: 0,
+            first_write: true,
         },
     });
     let service_context = context.clone();
