@@ -1,6 +1,6 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
-//! make a device plane miss its ready budget, hold back its peer set or
-//! announce another build.
+//! make a device plane miss its ready budget, hold back its peer set,
+//! announce another build or act older than a message.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -21,6 +21,21 @@ pub const DELAY_PEERS: &str = "BLIPLESS_FAULT_DELAY_PEERS_MS";
 /// test can deploy between two builds it told apart without compiling twice.
 #[cfg(feature = "fault-injection")]
 pub const SOFTWARE: &str = "BLIPLESS_FAULT_SOFTWARE";
+
+/// Act as a plane older than `AcceptedMany`: say nothing of it in the
+/// Hello, and close the channel on one, as an older plane's decoder would.
+#[cfg(feature = "fault-injection")]
+pub const OLDER_THAN_ACCEPTED_MANY: &str = "BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY";
+
+/// Whether this plane reads `AcceptedMany` (says so in its Hello): yes,
+/// unless `BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY` is set.
+pub fn reads_accepted_many() -> bool {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os(OLDER_THAN_ACCEPTED_MANY).is_some() {
+        return false;
+    }
+    true
+}
 
 /// The build this plane announces in its Hello: this binary's
 /// (`blipless_config::build::VERSION`), or `BLIPLESS_FAULT_SOFTWARE` if it

@@ -156,6 +156,7 @@ pub async fn hello(
         pid: std::process::id(),
         software: crate::fault::software(),
         rejoin,
+        accepts_many: crate::fault::reads_accepted_many(),
     });
     let sent = send(socket, &hello).await;
     // Even if the send failed, a refusal may be waiting to be read.

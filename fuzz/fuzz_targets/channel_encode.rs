@@ -4,9 +4,10 @@
 //! in the binary ones (within what a sender may build: the builders'
 //! `try_push`/`try_upsert`/`try_remove`, client names of at most 255 bytes, a
 //! piped direction with no inline bytes, 1 to 252 TUN queues, at most 252
-//! offered sockets). Checked: the frame decodes to an equal message and uses
-//! exactly its bytes, and one over the frame cap (only JSON with absurd
-//! strings can be) is refused as `Oversize`, never misread.
+//! offered sockets, 1 to 32 connections in an `AcceptedMany`). Checked: the
+//! frame decodes to an equal message and uses exactly its bytes, and one
+//! over the frame cap (only JSON with absurd strings can be) is refused as
+//! `Oversize`, never misread.
 #![no_main]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -15,7 +16,7 @@ use blipless_protocol::channel::{
     self, Accepted, DecodeError, DeviceReport, Direction, DrainOrder, Drained, EndpointEntry, ExitQueues,
     EndpointPart, Handoff, HandoffCounters, HandoffOffer, HandoffProgress, Hello, ListenerKind, Migrate,
     MigrateKind, OfferedSocket, UdpAssociation, Packets, PeerEntry, PeerUpdate, Refused, Rejoin, SocketName,
-    SyncClients, Synced, ToDevice, ToIngress, Welcome, MAX_FDS_PER_FRAME, MAX_FRAME,
+    SyncClients, Synced, ToDevice, ToIngress, Welcome, MAX_ACCEPTED_MANY, MAX_FDS_PER_FRAME, MAX_FRAME,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -49,6 +50,16 @@ fn hello(u: &mut Unstructured<'_>) -> Result<Hello> {
         pid: u.arbitrary()?,
         software: u.arbitrary()?,
         rejoin: *u.choose(&[Rejoin::No, Rejoin::Serving, Rejoin::Draining])?,
+        accepts_many: u.arbitrary()?,
+    })
+}
+
+fn accepted(u: &mut Unstructured<'_>) -> Result<Accepted> {
+    Ok(Accepted {
+        listener: *u.choose(&[ListenerKind::Socks, ListenerKind::Http, ListenerKind::Https])?,
+        connection_id: u.arbitrary()?,
+        peer: socket_addr(u)?,
+        local: socket_addr(u)?,
     })
 }
 
@@ -229,7 +240,7 @@ fn exit_queues(u: &mut Unstructured<'_>) -> Result<ExitQueues> {
 }
 
 fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
-    Ok(match u.int_in_range(0..=12)? {
+    Ok(match u.int_in_range(0..=13)? {
         0 => ToDevice::Welcome(Welcome {
             generation: u.arbitrary()?,
             ingress_pid: u.arbitrary()?,
@@ -239,12 +250,11 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
             accepted_nodelay: u.arbitrary()?,
         }),
         1 => ToDevice::Refused(refused(u)?),
-        2 => ToDevice::Accepted(Accepted {
-            listener: *u.choose(&[ListenerKind::Socks, ListenerKind::Http, ListenerKind::Https])?,
-            connection_id: u.arbitrary()?,
-            peer: socket_addr(u)?,
-            local: socket_addr(u)?,
-        }),
+        2 => ToDevice::Accepted(accepted(u)?),
+        12 => {
+            let count = u.int_in_range(1..=MAX_ACCEPTED_MANY)?;
+            ToDevice::AcceptedMany((0..count).map(|_| accepted(u)).collect::<Result<_>>()?)
+        }
         3 => ToDevice::Packets(packets(u)?),
         4 => ToDevice::TunQueues(tun_queues(u)?),
         5 => ToDevice::Endpoints(endpoints(u)?),

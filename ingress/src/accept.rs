@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blipless_protocol::channel::{self, Accepted, ListenerKind, ToDevice};
+use blipless_protocol::channel::{self, Accepted, ListenerKind, ToDevice, MAX_ACCEPTED_MANY};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -62,52 +62,108 @@ pub async fn serve(
         }
     };
     let mut active = context.planes.subscribe();
+    let mut burst = Vec::new();
     loop {
         let Some(plane) = wait_for_plane(&mut active, &shutdown).await else {
             return;
         };
+        // A burst travels in one frame to a plane that reads AcceptedMany;
+        // an HTTPS connection goes through its own TLS task, one by one.
+        let max = if plane.accepts_many && kind != ListenerKind::Https {
+            MAX_ACCEPTED_MANY
+        } else {
+            1
+        };
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = listener.accept_burst(max, &mut burst) => accepted,
             _ = active.changed() => continue,
             () = plane.closed.cancelled() => continue,
             () = shutdown.cancelled() => return,
         };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                // EMFILE, ENOBUFS, ECONNABORTED: transient; the backlog keeps the rest.
-                tracing::warn!(listener = ?kind, %error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        context.metrics.count_accepted(kind);
-        let local = match listener.local_addr_of(&stream) {
-            Ok(local) => local,
-            Err(error) => {
-                tracing::debug!(%error, "accepted socket already gone");
-                continue;
-            }
-        };
-        let accepted = Accepted {
-            listener: kind,
-            connection_id: context.ids.next(),
-            peer,
-            local,
-        };
-        match (&context.tls, kind) {
-            // The handshake runs in its own task: a slow client never holds
-            // up the accept loop.
-            (Some(edge), ListenerKind::Https) => {
-                let stream = std::net::TcpStream::from(stream);
-                match tokio::net::TcpStream::from_std(stream) {
-                    Ok(stream) => crate::tls::relay::spawn(edge, stream, accepted, context.clone()),
-                    Err(error) => tracing::warn!(%error, "cannot watch an HTTPS connection"),
+        if let Err(error) = accepted {
+            // EMFILE, ENOBUFS, ECONNABORTED: transient; the backlog keeps the rest.
+            tracing::warn!(listener = ?kind, %error, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let mut handed = Vec::with_capacity(burst.len());
+        for (stream, peer) in burst.drain(..) {
+            context.metrics.count_accepted(kind);
+            let local = match listener.local_addr_of(&stream) {
+                Ok(local) => local,
+                Err(error) => {
+                    tracing::debug!(%error, "accepted socket already gone");
+                    continue;
                 }
+            };
+            let accepted = Accepted {
+                listener: kind,
+                connection_id: context.ids.next(),
+                peer,
+                local,
+            };
+            match (&context.tls, kind) {
+                // The handshake runs in its own task: a slow client never
+                // holds up the accept loop.
+                (Some(edge), ListenerKind::Https) => {
+                    let stream = std::net::TcpStream::from(stream);
+                    match tokio::net::TcpStream::from_std(stream) {
+                        Ok(stream) => {
+                            crate::tls::relay::spawn(edge, stream, accepted, context.clone())
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot watch an HTTPS connection"),
+                    }
+                }
+                _ => handed.push((stream, accepted)),
             }
-            _ => {
-                hand_over(stream.as_fd(), accepted, &context, &shutdown).await;
+        }
+        match handed.len() {
+            0 => {}
+            1 => {
+                let (stream, accepted) = &handed[0];
+                hand_over(stream.as_fd(), *accepted, &context, &shutdown).await;
             }
+            _ => hand_over_burst(&plane, &handed, &context, &shutdown).await,
+        }
+    }
+}
+
+/// Sends a burst of connections to `plane` in one `AcceptedMany` if it is
+/// still the active one; otherwise (or if the send fails) each goes on its
+/// own to whichever plane is active next, as [`hand_over`] sends it.
+async fn hand_over_burst(
+    plane: &PlaneLink,
+    handed: &[(mio::net::TcpStream, Accepted)],
+    context: &AcceptContext,
+    shutdown: &CancellationToken,
+) {
+    let message = ToDevice::AcceptedMany(handed.iter().map(|(_, accepted)| *accepted).collect());
+    let encoded = channel::encode(&message);
+    let fds: Vec<BorrowedFd<'_>> = handed.iter().map(|(stream, _)| stream.as_fd()).collect();
+    match plane
+        .send_if_active(Frame::of(&message, &encoded), &fds)
+        .await
+    {
+        Ok(true) => {
+            context.metrics.count_burst_handed();
+            for (_, accepted) in handed {
+                plane.count_handed();
+                context.metrics.count_handed();
+                tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, generation = plane.generation, "handed connection");
+            }
+            return;
+        }
+        // Another plane took over meanwhile.
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(generation = plane.generation, %error, "could not send AcceptedMany to the device plane");
+            plane.closed.cancel();
+        }
+    }
+    for (stream, accepted) in handed {
+        if !hand_over(stream.as_fd(), *accepted, context, shutdown).await {
+            // Shutting down: the rest close with the burst.
+            return;
         }
     }
 }

@@ -139,14 +139,9 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     )
     .await
     .context("welcoming the device plane")?;
-    let link = Arc::new(PlaneLink::new(
-        generation,
-        hello.pid,
-        hello.software,
-        hello.rejoin,
-        socket,
-    ));
-    if hello.rejoin == Rejoin::Draining {
+    let rejoin = hello.rejoin;
+    let link = Arc::new(PlaneLink::new(generation, hello, socket));
+    if rejoin == Rejoin::Draining {
         planes.attach_draining(link.clone());
         tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (draining: it carries on from the previous ingress)");
     } else {

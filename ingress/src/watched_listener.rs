@@ -53,16 +53,35 @@ impl WatchedListener {
         }
     }
 
-    /// Accepts the next connection: a non-blocking socket that no reactor
-    /// watches, and the customer's address. Cancel-safe: nothing is accepted
-    /// while waiting, and the accept itself does not wait.
-    pub async fn accept(&self) -> io::Result<(mio::net::TcpStream, SocketAddr)> {
+    /// Accepts the connections waiting, at least one and at most `max`,
+    /// into `into` (which must be empty): non-blocking sockets that no
+    /// reactor watches, and the customers' addresses. Waits only while
+    /// none is waiting. Cancel-safe: nothing is accepted while waiting, and
+    /// once the first is accepted the rest are taken without waiting. An
+    /// error after some were accepted ends the burst; the next call meets it
+    /// again if it lasts.
+    pub async fn accept_burst(
+        &self,
+        max: usize,
+        into: &mut Vec<(mio::net::TcpStream, SocketAddr)>,
+    ) -> io::Result<()> {
+        debug_assert!(into.is_empty() && max > 0);
         loop {
             let mut ready = self.listener.readable().await?;
-            match ready.try_io(|listener| listener.get_ref().accept()) {
-                Ok(accepted) => return accepted,
-                // Nothing left to accept: readiness is cleared; wait again.
-                Err(_would_block) => continue,
+            loop {
+                match ready.try_io(|listener| listener.get_ref().accept()) {
+                    Ok(Ok(pair)) => {
+                        into.push(pair);
+                        if into.len() >= max {
+                            return Ok(());
+                        }
+                    }
+                    Ok(Err(error)) if into.is_empty() => return Err(error),
+                    Ok(Err(_)) => return Ok(()),
+                    // Nothing left to accept: readiness is cleared.
+                    Err(_would_block) if into.is_empty() => break,
+                    Err(_would_block) => return Ok(()),
+                }
             }
         }
     }

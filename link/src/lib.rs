@@ -13,8 +13,9 @@ use blipless_protocol::channel::{self, Conversation, DecodeError, MAX_FRAME};
 use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
 use tokio_seqpacket::UnixSeqpacket;
 
-/// Room for the ancillary data of one frame: SCM_RIGHTS for up to 32 fds
-/// (no frame carries more than 2 today).
+/// Room for the ancillary data of one frame: SCM_RIGHTS for up to 60 fds
+/// (an `AcceptedMany` carries up to 32; TUN queues and an exit's, one per
+/// queue).
 const ANCILLARY_BUFFER: usize = 256;
 
 /// Why a frame could not be sent or received.

@@ -326,6 +326,7 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
             pid: 1,
             software: "fake".into(),
             rejoin: Rejoin::No,
+            accepts_many: false,
         });
         socket.send(&channel::encode(&hello)).await.expect("hello");
         let info = socket.recv(&mut buffer).await.expect("welcome");

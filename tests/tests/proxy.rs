@@ -556,6 +556,29 @@ fn config_check_says_sound_or_lists_every_problem() {
     );
 }
 
+/// A request the origin answers with `hello`.
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: origin\r\n\r\n";
+
+/// RFC 1929 credentials for `alice`.
+fn socks5_auth(secret: &str) -> Vec<u8> {
+    let mut auth = vec![1, 5];
+    auth.extend_from_slice(b"alice");
+    auth.push(secret.len() as u8);
+    auth.extend_from_slice(secret.as_bytes());
+    auth
+}
+
+/// A SOCKS5 CONNECT to an IPv4 address.
+fn socks5_connect(target: SocketAddr) -> Vec<u8> {
+    let SocketAddr::V4(target) = target else {
+        panic!("an IPv4 target")
+    };
+    let mut request = vec![5, 1, 0, 1];
+    request.extend_from_slice(&target.ip().octets());
+    request.extend_from_slice(&target.port().to_be_bytes());
+    request
+}
+
 /// Reads to the end of the stream (the origin closes after one response).
 fn read_to_end(stream: &mut std::net::TcpStream) -> Vec<u8> {
     let mut bytes = Vec::new();
@@ -581,17 +604,9 @@ fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
     let origin = Origin::start();
     let mut node = Node::new("");
     let (_ingress, _device, client) = node.start();
-    let get = b"GET / HTTP/1.1\r\nHost: origin\r\n\r\n";
-    let mut auth = vec![1, 5];
-    auth.extend_from_slice(b"alice");
-    auth.push(client.secret.len() as u8);
-    auth.extend_from_slice(client.secret.as_bytes());
-    let SocketAddr::V4(target) = origin.address else {
-        panic!("the origin listens on IPv4")
-    };
-    let mut request = vec![5, 1, 0, 1];
-    request.extend_from_slice(&target.ip().octets());
-    request.extend_from_slice(&target.port().to_be_bytes());
+    let get = GET;
+    let auth = socks5_auth(&client.secret);
+    let request = socks5_connect(origin.address);
 
     // SOCKS5, the greeting sent long after the connection was handed over,
     // then a byte at a time.
@@ -648,4 +663,57 @@ fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
         "{}",
         String::from_utf8_lossy(&answer)
     );
+}
+
+/// Connections that waited in the listen backlog while no plane was active
+/// reach the plane in one `AcceptedMany` when it becomes active, and each is
+/// served; a plane older than that message (it closes the channel on one)
+/// gets them one `Accepted` each (docs/ARCHITECTURE.md, "The device
+/// channel").
+#[test]
+fn a_backlog_travels_in_one_frame_and_one_by_one_to_an_older_plane() {
+    let origin = Origin::start();
+    for older in [false, true] {
+        let mut node = Node::new("");
+        let _ingress = node.start_ingress();
+        let client = node.add_client("alice");
+        // No plane yet: the ingress does not accept, and the connections
+        // wait in the kernel's backlog with their greetings.
+        let mut waiting: Vec<_> = (0..10).map(|_| raw::connect(node.socks)).collect();
+        for stream in &mut waiting {
+            stream.write_all(&[5, 1, 2]).expect("greeting");
+        }
+        let env: &[(&str, &str)] = if older {
+            &[("BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY", "1")]
+        } else {
+            &[]
+        };
+        let _device = node.start_device_with_env(env);
+        node.wait_ready();
+        for stream in &mut waiting {
+            assert_eq!(raw::read_exact(stream, 2), [5, 2], "older: {older}");
+            stream
+                .write_all(&socks5_auth(&client.secret))
+                .expect("credentials");
+            assert_eq!(raw::read_exact(stream, 2), [1, 0]);
+            stream
+                .write_all(&socks5_connect(origin.address))
+                .expect("request");
+            assert_eq!(raw::read_exact(stream, 10)[1], 0, "CONNECT succeeded");
+            stream.write_all(GET).expect("GET");
+            assert!(read_to_end(stream).ends_with(b"hello"));
+        }
+        assert_eq!(node.metric("blipless_connections_handed_total"), 10.0);
+        let bursts = node.metric("blipless_connection_bursts_handed_total");
+        if older {
+            assert_eq!(bursts, 0.0, "nothing in AcceptedMany to an older plane");
+        } else {
+            assert!(bursts >= 1.0, "the backlog went in AcceptedMany: {bursts}");
+        }
+        assert_eq!(
+            node.active_generation(),
+            Some(1),
+            "the plane kept its channel"
+        );
+    }
 }

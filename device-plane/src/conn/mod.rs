@@ -1,5 +1,5 @@
 //! Customer connections in the device plane: each fd the ingress hands over
-//! (`Accepted`) is served here as SOCKS5 ([`socks`]) or HTTP proxy ([`http`];
+//! (`Accepted`, or several in an `AcceptedMany`) is served here as SOCKS5 ([`socks`]) or HTTP proxy ([`http`];
 //! an HTTPS listener's connection arrives as the plaintext end of a Unix
 //! socket pair the ingress relays TLS for, and is served as HTTP);
 //! an established tunnel ([`tunnel`]) moves bytes with [`relay`] until it ends
@@ -29,11 +29,23 @@ use tokio::net::TcpStream;
 
 pub use context::{Context, Mode};
 
-/// Serves a connection the ingress accepted and handed over.
+/// Serves a connection the ingress accepted and handed over (`Accepted`).
 pub fn take_connection(context: &Arc<Context>, accepted: Accepted, fds: Vec<OwnedFd>) {
-    let Some(fd) = fds.into_iter().next() else {
-        return;
-    };
+    if let Some(fd) = fds.into_iter().next() {
+        serve_handed(context, accepted, fd);
+    }
+}
+
+/// Serves a burst of connections the ingress accepted and handed over in
+/// one frame (`AcceptedMany`): the fds are in the order of `all`, and as
+/// many (the link checked).
+pub fn take_connections(context: &Arc<Context>, all: Vec<Accepted>, fds: Vec<OwnedFd>) {
+    for (accepted, fd) in all.into_iter().zip(fds) {
+        serve_handed(context, accepted, fd);
+    }
+}
+
+fn serve_handed(context: &Arc<Context>, accepted: Accepted, fd: OwnedFd) {
     let socket = socket_from_accepted_fd(fd);
     if !context.fds.admits(context.connections.len() as u64) {
         // Dropping the socket closes it: the customer's client sees the

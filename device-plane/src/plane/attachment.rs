@@ -20,7 +20,7 @@ use super::session::{Action, Draining, Event, Session, SessionEnd};
 use super::Warm;
 use crate::background;
 use crate::conn::auth_guard::AuthCounts;
-use crate::conn::{self, take_connection, Context, Mode};
+use crate::conn::{self, take_connection, take_connections, Context, Mode};
 use crate::fault;
 use crate::link::{self, Incoming};
 use crate::wg::endpoints::Assembler;
@@ -76,6 +76,13 @@ pub(super) async fn serve(
                 Ok(Some(Incoming { message, fds })) => match message {
                     ToDevice::Accepted(accepted) => {
                         take_connection(context, accepted, fds);
+                        continue;
+                    }
+                    ToDevice::AcceptedMany(all) => {
+                        if !crate::fault::reads_accepted_many() {
+                            anyhow::bail!("the ingress sent AcceptedMany, which this plane (acting older) does not read");
+                        }
+                        take_connections(context, all, fds);
                         continue;
                     }
                     ToDevice::Packets(batch) => {
@@ -297,6 +304,7 @@ pub(super) async fn linger(
             Ok(Some(Incoming { message, fds })) => match message {
                 ToDevice::Packets(batch) => tun_writer.enqueue(batch.into_owned()),
                 ToDevice::Accepted(accepted) => take_connection(&context, accepted, fds),
+                ToDevice::AcceptedMany(all) => take_connections(&context, all, fds),
                 // Passed on by the old ingress before it handed off: a
                 // connection or the TUN queues of a plane draining there, and
                 // the confirmations of what this plane handed over there.

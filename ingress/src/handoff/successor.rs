@@ -122,6 +122,7 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
             pid: std::process::id(),
             software: blipless_config::build::VERSION.to_string(),
             rejoin: Rejoin::No,
+            accepts_many: false,
         }),
         &[],
     )

@@ -59,6 +59,7 @@ pub struct Metrics {
     registry: Registry,
     accepted: Family<ListenerLabel, Counter>,
     handed: Counter,
+    bursts_handed: Counter,
     ready: Gauge,
     planes: Family<StateLabel, Gauge>,
     connections_open: Gauge,
@@ -120,6 +121,12 @@ impl Metrics {
             "connections_handed",
             "Connections handed to a device plane",
             handed.clone(),
+        );
+        let bursts_handed = Counter::default();
+        registry.register(
+            "connection_bursts_handed",
+            "Frames that handed a device plane several connections at once (AcceptedMany)",
+            bursts_handed.clone(),
         );
         let ready = Gauge::default();
         registry.register("ready", "1 when /status answers ok", ready.clone());
@@ -300,6 +307,7 @@ impl Metrics {
             deploy_seconds,
             accepted,
             handed,
+            bursts_handed,
             ready,
             planes,
             connections_open,
@@ -401,6 +409,12 @@ impl Metrics {
     /// Counts one connection handed to a plane.
     pub fn count_handed(&self) {
         self.handed.inc();
+    }
+
+    /// Counts one frame that handed a plane several connections (each of
+    /// them is counted by [`Metrics::count_handed`] too).
+    pub fn count_burst_handed(&self) {
+        self.bursts_handed.inc();
     }
 
     /// Refreshes the gauges from the planes and renders the text exposition.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use blipless_protocol::channel::{DeviceReport, Rejoin, ToDevice};
+use blipless_protocol::channel::{DeviceReport, Hello, Rejoin, ToDevice};
 use blipless_protocol::control::DevicePlaneInfo;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
@@ -77,6 +77,9 @@ pub struct PlaneLink {
     pub attached_at: Instant,
     /// What it was at this ingress's predecessor (from its Hello).
     pub rejoin: Rejoin,
+    /// It reads `AcceptedMany` (from its Hello): a burst of connections may
+    /// travel to it in one frame.
+    pub accepts_many: bool,
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
 }
@@ -91,17 +94,11 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl PlaneLink {
     /// A link over an accepted channel socket whose Hello has been read.
-    pub fn new(
-        generation: u64,
-        pid: u32,
-        software: String,
-        rejoin: Rejoin,
-        socket: UnixSeqpacket,
-    ) -> Self {
+    pub fn new(generation: u64, hello: Hello, socket: UnixSeqpacket) -> Self {
         Self {
             generation,
-            pid,
-            software,
+            pid: hello.pid,
+            software: hello.software,
             socket,
             send_lock: tokio::sync::Mutex::new(()),
             state: Mutex::new(PlaneState::Standby),
@@ -110,7 +107,8 @@ impl PlaneLink {
             leaving: std::sync::atomic::AtomicBool::new(false),
             drained: std::sync::atomic::AtomicBool::new(false),
             attached_at: Instant::now(),
-            rejoin,
+            rejoin: hello.rejoin,
+            accepts_many: hello.accepts_many,
             closed: CancellationToken::new(),
         }
     }

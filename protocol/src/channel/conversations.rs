@@ -50,6 +50,10 @@ pub enum ToDevice<'a> {
     Refused(Refused),
     /// A customer connection, its fd beside the frame.
     Accepted(Accepted),
+    /// Several customer connections accepted in one burst, their fds beside
+    /// the frame in the same order; sent only to a plane that said
+    /// `accepts_many` in its [`Hello`].
+    AcceptedMany(Vec<Accepted>),
     /// Inner IP packets of one WireGuard peer (its index), borrowed from the frame.
     Packets(Packets<'a>),
     /// `.0` TUN queues from the plane that handed them over, fds beside the
@@ -140,6 +144,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Welcome(_) => T_WELCOME,
             ToDevice::Refused(_) => T_REFUSED,
             ToDevice::Accepted(_) => T_ACCEPTED,
+            ToDevice::AcceptedMany(_) => T_ACCEPTED_MANY,
             ToDevice::Packets(_) => T_PACKETS,
             ToDevice::TunQueues(_) => T_TUN_QUEUES,
             ToDevice::Endpoints(_) => T_ENDPOINTS,
@@ -156,6 +161,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
     fn fd_count(&self) -> usize {
         match self {
             ToDevice::Accepted(_) => 1,
+            ToDevice::AcceptedMany(all) => all.len(),
             ToDevice::Migrate(migrate) => migrate.fd_count(),
             ToDevice::TunQueues(count) => usize::from(*count),
             ToDevice::ExitQueues(exit) => exit.fd_count(),
@@ -175,6 +181,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Welcome(body) => put_json(out, body),
             ToDevice::Refused(body) => put_json(out, body),
             ToDevice::Accepted(accepted) => encode_accepted(accepted, out),
+            ToDevice::AcceptedMany(all) => encode_accepted_many(all, out),
             ToDevice::Packets(batch) => batch.encode(out),
             ToDevice::TunQueues(count) => out.push(*count),
             ToDevice::Endpoints(part) => endpoints::encode(part, out),
@@ -192,6 +199,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             T_WELCOME => ToDevice::Welcome(json("Welcome", payload)?),
             T_REFUSED => ToDevice::Refused(json("Refused", payload)?),
             T_ACCEPTED => ToDevice::Accepted(p::accepted(payload)?),
+            T_ACCEPTED_MANY => ToDevice::AcceptedMany(p::accepted_many(payload)?),
             T_PACKETS => ToDevice::Packets(Packets::decode(payload)?),
             T_TUN_QUEUES => ToDevice::TunQueues(tun_queues(payload)?),
             T_ENDPOINTS => ToDevice::Endpoints(endpoints::decode(payload)?),

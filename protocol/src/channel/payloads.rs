@@ -39,6 +39,12 @@ pub struct Hello {
     /// off (Goaway) says what it was there. Always `No` between ingresses.
     #[serde(default)]
     pub rejoin: Rejoin,
+    /// The plane reads `AcceptedMany`: the ingress may hand it a burst of
+    /// connections in one frame. Absent (an older plane): false, and each
+    /// connection travels in an `Accepted` of its own. Always false between
+    /// ingresses.
+    #[serde(default)]
+    pub accepts_many: bool,
 }
 
 /// Payload of [`Welcome`].
@@ -313,6 +319,12 @@ pub(crate) const T_SYNC_CLIENTS: u8 = 20;
 pub(crate) const T_SYNCED: u8 = 21;
 pub(crate) const T_EXIT_QUEUES: u8 = 22;
 pub(crate) const T_HANDOFF_PROGRESS: u8 = 23;
+pub(crate) const T_ACCEPTED_MANY: u8 = 24;
+
+/// Most connections one [`AcceptedMany`](super::ToDevice::AcceptedMany)
+/// carries: their fds fit the channel's ancillary buffer with room to spare,
+/// and the first of a burst never waits long behind the rest.
+pub const MAX_ACCEPTED_MANY: usize = 32;
 
 /// The name of a known message type, or None.
 pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
@@ -340,6 +352,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_SYNCED => "Synced",
         T_EXIT_QUEUES => "ExitQueues",
         T_HANDOFF_PROGRESS => "HandoffProgress",
+        T_ACCEPTED_MANY => "AcceptedMany",
         _ => return None,
     })
 }
@@ -384,27 +397,70 @@ pub(crate) fn json<T: serde::de::DeserializeOwned>(
 pub(crate) fn accepted(payload: &[u8]) -> Result<Accepted, DecodeError> {
     const NAME: &str = "Accepted";
     let mut reader = Reader::new(payload);
-    let kind_byte = reader.u8().map_err(truncated(NAME))?;
-    let listener = ListenerKind::from_byte(kind_byte)
-        .ok_or_else(|| malformed(NAME, format!("unknown listener kind {kind_byte}")))?;
-    let connection_id = reader.u64().map_err(truncated(NAME))?;
-    let peer = reader
-        .socket_addr()
-        .map_err(truncated(NAME))?
-        .ok_or_else(|| malformed(NAME, "unknown address family for peer"))?;
-    let local = reader
-        .socket_addr()
-        .map_err(truncated(NAME))?
-        .ok_or_else(|| malformed(NAME, "unknown address family for local"))?;
+    let accepted = read_accepted(NAME, &mut reader)?;
     if !reader.is_empty() {
         return Err(malformed(NAME, "trailing bytes after the addresses"));
     }
+    Ok(accepted)
+}
+
+/// The shortest `Accepted` payload: kind, id and two IPv4 socket addresses.
+const ACCEPTED_MIN_LEN: usize = 1 + 8 + 7 + 7;
+
+/// An `AcceptedMany` payload: a count (1 to [`MAX_ACCEPTED_MANY`]), then
+/// that many `Accepted` payloads back to back (each ends where its second
+/// address does).
+pub(crate) fn accepted_many(payload: &[u8]) -> Result<Vec<Accepted>, DecodeError> {
+    const NAME: &str = "AcceptedMany";
+    let mut reader = Reader::new(payload);
+    let count = usize::from(reader.u8().map_err(truncated(NAME))?);
+    if count == 0 || count > MAX_ACCEPTED_MANY {
+        return Err(malformed(
+            NAME,
+            format!("{count} connections (1 to {MAX_ACCEPTED_MANY})"),
+        ));
+    }
+    // Room for what the payload can hold, not what the count claims.
+    let mut all = Vec::with_capacity(count.min(payload.len() / ACCEPTED_MIN_LEN));
+    for _ in 0..count {
+        all.push(read_accepted(NAME, &mut reader)?);
+    }
+    if !reader.is_empty() {
+        return Err(malformed(NAME, "trailing bytes after the last connection"));
+    }
+    Ok(all)
+}
+
+fn read_accepted(name: &'static str, reader: &mut Reader<'_>) -> Result<Accepted, DecodeError> {
+    let kind_byte = reader.u8().map_err(truncated(name))?;
+    let listener = ListenerKind::from_byte(kind_byte)
+        .ok_or_else(|| malformed(name, format!("unknown listener kind {kind_byte}")))?;
+    let connection_id = reader.u64().map_err(truncated(name))?;
+    let peer = reader
+        .socket_addr()
+        .map_err(truncated(name))?
+        .ok_or_else(|| malformed(name, "unknown address family for peer"))?;
+    let local = reader
+        .socket_addr()
+        .map_err(truncated(name))?
+        .ok_or_else(|| malformed(name, "unknown address family for local"))?;
     Ok(Accepted {
         listener,
         connection_id,
         peer,
         local,
     })
+}
+
+/// Encodes an `AcceptedMany` payload; `all` holds 1 to
+/// [`MAX_ACCEPTED_MANY`] connections (the sender's contract: more would be
+/// refused by the receiver).
+pub(crate) fn encode_accepted_many(all: &[Accepted], out: &mut Vec<u8>) {
+    debug_assert!((1..=MAX_ACCEPTED_MANY).contains(&all.len()));
+    out.push(all.len() as u8);
+    for accepted in all {
+        encode_accepted(accepted, out);
+    }
 }
 
 pub(crate) fn encode_accepted(accepted: &Accepted, out: &mut Vec<u8>) {

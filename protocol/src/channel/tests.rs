@@ -134,7 +134,27 @@ fn hello() -> Hello {
         pid: 42,
         software: "0.1.0".into(),
         rejoin: Rejoin::No,
+        accepts_many: true,
     }
+}
+
+fn accepted_many_sample(count: usize) -> Vec<Accepted> {
+    (0..count)
+        .map(|i| Accepted {
+            listener: if i % 2 == 0 {
+                ListenerKind::Socks
+            } else {
+                ListenerKind::Http
+            },
+            connection_id: 1000 + i as u64,
+            peer: if i % 3 == 0 {
+                addr("[2001:db8::9]:41000")
+            } else {
+                addr("127.0.0.1:5556")
+            },
+            local: addr("127.0.0.1:1080"),
+        })
+        .collect()
 }
 
 fn to_device_samples() -> Vec<ToDevice<'static>> {
@@ -163,6 +183,8 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
             peer: addr("[2001:db8::7]:40000"),
             local: addr("127.0.0.1:8443"),
         }),
+        ToDevice::AcceptedMany(accepted_many_sample(1)),
+        ToDevice::AcceptedMany(accepted_many_sample(MAX_ACCEPTED_MANY)),
         ToDevice::Packets(packets_sample()),
         ToDevice::Packets(Packets::new(1)),
         ToDevice::TunQueues(2),
@@ -265,6 +287,7 @@ fn handoff_samples() -> Vec<Handoff> {
             pid: 7,
             software: "0.1.0".into(),
             rejoin: Rejoin::No,
+            accepts_many: false,
         }),
         Handoff::Refused(Refused {
             reason: "two generations at most".into(),
@@ -603,6 +626,7 @@ fn fd_counts() {
     for message in to_device_samples() {
         let expected = match &message {
             ToDevice::Accepted(_) => 1,
+            ToDevice::AcceptedMany(all) => all.len(),
             ToDevice::Migrate(m) => migrate_fds(m),
             ToDevice::TunQueues(n) => usize::from(*n),
             ToDevice::ExitQueues(exit) => 1 + usize::from(exit.queues),
@@ -1056,4 +1080,75 @@ proptest! {
         lying[at..at + 4].copy_from_slice(&claimed.to_be_bytes());
         prop_assert!(is_malformed(&decode::<ToIngress>(&lying)));
     }
+}
+
+#[test]
+fn accepted_many_counts_and_lengths_are_checked() {
+    let frame = encode(&ToDevice::AcceptedMany(accepted_many_sample(3)));
+    let with_count = |count: u8| {
+        let mut bad = frame.clone();
+        bad[HEADER_LEN] = count;
+        bad
+    };
+    for count in [0, MAX_ACCEPTED_MANY as u8 + 1, u8::MAX] {
+        assert!(
+            matches!(
+                decode::<ToDevice>(&with_count(count)),
+                Err(DecodeError::Malformed {
+                    message: "AcceptedMany",
+                    ..
+                })
+            ),
+            "count {count}"
+        );
+    }
+    // A count promising more connections than follow, or fewer.
+    assert!(matches!(
+        decode::<ToDevice>(&with_count(4)),
+        Err(DecodeError::Malformed {
+            message: "AcceptedMany",
+            ..
+        })
+    ));
+    assert!(matches!(
+        decode::<ToDevice>(&with_count(2)),
+        Err(DecodeError::Malformed {
+            message: "AcceptedMany",
+            ..
+        })
+    ));
+    // The second connection's listener kind unknown: the whole frame is refused.
+    let second = HEADER_LEN + 1 + (1 + 8 + 19 + 7);
+    let mut bad = frame.clone();
+    assert_eq!(
+        bad[second],
+        ListenerKind::Http.to_byte(),
+        "the second entry starts here"
+    );
+    bad[second] = 9;
+    assert!(matches!(
+        decode::<ToDevice>(&bad),
+        Err(DecodeError::Malformed {
+            message: "AcceptedMany",
+            ..
+        })
+    ));
+    // Not a message a device plane may send.
+    assert!(matches!(
+        decode::<ToIngress>(&frame),
+        Err(DecodeError::NotInConversation { .. })
+    ));
+}
+
+#[test]
+fn a_hello_without_accepts_many_is_an_older_plane() {
+    let older = br#"{"pid":7,"software":"0.1.0","rejoin":"no"}"#;
+    let mut frame = encode(&ToIngress::Ready);
+    frame[3] = 1;
+    frame[4..8].copy_from_slice(&(older.len() as u32).to_be_bytes());
+    frame.extend_from_slice(older);
+    let Ok((ToIngress::Hello(hello), _)) = decode::<ToIngress>(&frame) else {
+        panic!("an older plane's Hello decodes");
+    };
+    assert!(!hello.accepts_many);
 }
