@@ -213,7 +213,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Count>(
             "egress.tun.queues",
             Text("2"),
-            "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy.",
+            "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy (at most 252: they are handed over in one frame).",
             |c| &mut c.egress.tun.queues,
         ),
         Key::new::<Flag>(

@@ -419,3 +419,19 @@ fn ipv6_and_port_zero_listeners() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn more_tun_queues_than_a_deploy_can_hand_over_are_refused() {
+    let config = Config::load(None, no_env(), &sets(&["egress.tun.queues=252"]))
+        .expect("252 queues fit one frame");
+    assert_eq!(config.egress.tun.queues, 252);
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&["egress.tun.queues=253"]),
+    ));
+    assert!(
+        matches!(&errors[..], [ConfigError::Conflict { message }] if message.contains("at most 252")),
+        "{errors:?}"
+    );
+}

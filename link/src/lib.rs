@@ -9,14 +9,16 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use blipless_protocol::channel::{self, Conversation, DecodeError, MAX_FRAME};
+use blipless_protocol::channel::{self, Conversation, DecodeError, MAX_FDS_PER_FRAME, MAX_FRAME};
 use tokio_seqpacket::ancillary::{AncillaryMessageWriter, OwnedAncillaryMessage};
 use tokio_seqpacket::UnixSeqpacket;
 
-/// Room for the ancillary data of one frame: SCM_RIGHTS for up to 60 fds
-/// (an `AcceptedMany` carries up to 32; TUN queues and an exit's, one per
-/// queue).
-const ANCILLARY_BUFFER: usize = 256;
+/// Room for the ancillary data of one frame: one SCM_RIGHTS message with
+/// up to [`MAX_FDS_PER_FRAME`] fds, as `CMSG_SPACE` counts it on Linux (a
+/// 16-byte header, then the fds rounded up to 8 bytes). A `TunQueues`
+/// carries one fd per queue, up to that many; 256 bytes (60 fds) lost a
+/// node's queues at a deploy when `egress.tun.queues` was above 59.
+const ANCILLARY_BUFFER: usize = 16 + (4 * MAX_FDS_PER_FRAME).next_multiple_of(8);
 
 /// Why a frame could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +277,51 @@ mod tests {
             receive::<ToIngress>(&ingress, &mut buffer).await,
             Ok(None)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_frame_with_the_most_fds_crosses_whole() {
+        // As many TUN queues as a frame may carry (the protocol's cap), and
+        // a burst of accepted connections, each fd still the one sent.
+        let (a, b) = pair();
+        let (mut near, far) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let copies: Vec<OwnedFd> = (0..MAX_FDS_PER_FRAME)
+            .map(|_| far.as_fd().try_clone_to_owned().expect("dup"))
+            .collect();
+        let borrowed: Vec<BorrowedFd<'_>> = copies.iter().map(|fd| fd.as_fd()).collect();
+        let queues = ToDevice::TunQueues(MAX_FDS_PER_FRAME as u8);
+        send(&a, &queues, &borrowed).await.expect("send");
+        let mut buffer = vec![0u8; MAX_FRAME];
+        let (message, fds) = receive::<ToDevice>(&b, &mut buffer)
+            .await
+            .expect("receive")
+            .expect("a frame");
+        assert_eq!(message, queues);
+        assert_eq!(fds.len(), MAX_FDS_PER_FRAME);
+
+        let burst: Vec<Accepted> = (0..blipless_protocol::channel::MAX_ACCEPTED_MANY as u64)
+            .map(|id| Accepted {
+                listener: ListenerKind::Socks,
+                connection_id: id,
+                peer: "127.0.0.1:4000".parse().expect("addr"),
+                local: "127.0.0.1:1080".parse().expect("addr"),
+            })
+            .collect();
+        let many = ToDevice::AcceptedMany(burst);
+        send(&a, &many, &borrowed[..many.fd_count()])
+            .await
+            .expect("send");
+        let (message, fds) = receive::<ToDevice>(&b, &mut buffer)
+            .await
+            .expect("receive")
+            .expect("a frame");
+        assert_eq!(message, many);
+        let last = fds.into_iter().last().expect("fds");
+        let mut passed = std::os::unix::net::UnixStream::from(last);
+        passed.write_all(b"the last one").expect("write");
+        let mut got = [0u8; 12];
+        near.read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"the last one");
     }
 
     #[tokio::test]
