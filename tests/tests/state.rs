@@ -325,24 +325,67 @@ fn traffic_flows_while_redis_is_down_and_nothing_acknowledged_is_lost() {
 #[test]
 fn http_usage_counts_every_byte_the_client_sent_after_it_authenticated() {
     let origin = Origin::start();
+    let echo = echo_server();
     let mut node = Node::new("");
-    let (_ingress, mut device, client) = node.start();
-    // One absolute-form request, its head written by hand so its length is known.
+    let _ingress = node.start_ingress();
+    let client = node.add_client("alice");
+    // Heads written by hand so their lengths are known.
     let auth = blipless_tests::base64(format!("alice:{}", client.secret).as_bytes());
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\nConnection: close\r\n\r\n",
         origin.url("/bytes/1000"),
         origin.address
     );
-    let mut stream = raw::connect(node.http);
-    stream.write_all(request.as_bytes()).expect("request");
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).expect("response");
-    assert!(
-        response.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&response)
+    let connect = format!(
+        "CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
     );
+    let tunnel_bytes = b"sent with the CONNECT head, before its 200";
+
+    // Sent before any device plane is there: the plane reads these heads
+    // with the connections' first bytes, before it registers them.
+    let mut early = raw::connect(node.http);
+    early.write_all(request.as_bytes()).expect("request");
+    let mut early_connect = raw::connect(node.http);
+    early_connect
+        .write_all(&[connect.as_bytes(), tunnel_bytes].concat())
+        .expect("CONNECT and the tunnel's first bytes");
+    let mut device = node.start_device();
+    node.wait_ready();
+    // Sent long after the connection was handed over: hyper reads it.
+    let mut late = raw::connect(node.http);
+    std::thread::sleep(Duration::from_millis(300));
+    late.write_all(request.as_bytes()).expect("request");
+    let mut late_connect = raw::connect(node.http);
+    std::thread::sleep(Duration::from_millis(300));
+    late_connect
+        .write_all(&[connect.as_bytes(), tunnel_bytes].concat())
+        .expect("CONNECT and the tunnel's first bytes");
+
+    let mut down = 0;
+    for mut stream in [early, late] {
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).expect("response");
+        assert!(
+            response.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&response)
+        );
+        down += response.len();
+    }
+    for mut stream in [early_connect, late_connect] {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.extend(raw::read_exact(&mut stream, 1));
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        let echoed = raw::read_exact(&mut stream, tunnel_bytes.len());
+        assert_eq!(echoed, tunnel_bytes, "the echo");
+        down += head.len() + echoed.len();
+    }
     device.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(device
         .wait_exit(Duration::from_secs(30))
@@ -350,8 +393,8 @@ fn http_usage_counts_every_byte_the_client_sent_after_it_authenticated() {
     let usage = usage_of(&node, "alice");
     assert_eq!(
         usage["bytes_up"],
-        request.len(),
-        "the request head is billed: {usage}"
+        2 * (request.len() + connect.len() + tunnel_bytes.len()),
+        "every head is billed once, and the tunnel's bytes sent with it once: {usage}"
     );
-    assert_eq!(usage["bytes_down"], response.len(), "{usage}");
+    assert_eq!(usage["bytes_down"], down, "{usage}");
 }

@@ -226,6 +226,7 @@ pub async fn adopt(
         MigrateKind::HttpIdle => {
             let adopted = http::Adopted {
                 prefix: migrate.up.pending,
+                unbilled_up: 0,
                 client: known,
                 may_hand_over,
                 source: None,
@@ -263,6 +264,7 @@ pub async fn adopt(
                 egress,
                 up: migrate.up,
                 down: migrate.down,
+                up_billed: 0,
             };
             tunnel::run(
                 context,

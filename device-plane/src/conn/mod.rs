@@ -92,6 +92,7 @@ fn serve_handed(context: &Arc<Context>, accepted: Accepted, fd: OwnedFd) {
             context.connections.spawn(async move {
                 let mut adopted = http::Adopted::fresh(source);
                 adopted.prefix = first_bytes(&socket);
+                adopted.unbilled_up = adopted.prefix.len() as u64;
                 if let Some(stream) = register(socket, id) {
                     http::serve(stream, adopted, serving, id).await;
                 }

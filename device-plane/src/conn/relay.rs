@@ -93,11 +93,15 @@ struct Pump {
     /// Bytes written by copying since the last time a pipe was asked for.
     copied: u64,
     pipe: Option<Pipe>,
+    /// How many of `pending`'s first bytes are billed already
+    /// ([`Tunnel::up_billed`]): written, they are not counted again.
+    billed: usize,
 }
 
 impl Pump {
-    fn new(direction: Direction) -> Self {
+    fn new(direction: Direction, billed: usize) -> Self {
         Self {
+            billed: billed.min(direction.pending.len()),
             pending: direction.pending,
             start: 0,
             eof: direction.eof,
@@ -105,6 +109,14 @@ impl Pump {
             copied: 0,
             pipe: None,
         }
+    }
+
+    /// Of `written` bytes just written, how many are to be counted: those
+    /// past what was billed already.
+    fn countable(&mut self, written: usize) -> u64 {
+        let covered = written.min(self.billed);
+        self.billed -= covered;
+        (written - covered) as u64
     }
 
     fn done(&self) -> bool {
@@ -327,9 +339,10 @@ pub async fn relay<H>(
         mut egress,
         up,
         down,
+        up_billed,
     } = tunnel;
-    let mut up = Pump::new(up);
-    let mut down = Pump::new(down);
+    let mut up = Pump::new(up, up_billed);
+    let mut down = Pump::new(down, 0);
     let mut last_activity = Instant::now();
     // One timer for the tunnel, moved on only when it fires early.
     let idle = tokio::time::sleep(idle_timeout);
@@ -353,7 +366,7 @@ pub async fn relay<H>(
                 slot = &mut handover => break Stop::Handover(slot),
                 moved = up.step(&client_read, &mut egress_write, &limiter.up, limiter, may_splice, down_done), if !up_done => match moved {
                     Ok(n) => {
-                        meter.up.fetch_add(n as u64, Relaxed);
+                        meter.up.fetch_add(up.countable(n), Relaxed);
                         last_activity = Instant::now();
                     }
                     Err(_) => break Stop::Failed,
@@ -379,21 +392,25 @@ pub async fn relay<H>(
         Stop::Failed => RelayEnd::Failed,
         Stop::Idle => RelayEnd::Idle,
         Stop::Cut => RelayEnd::Cut,
-        Stop::Handover(slot) => match (up.into_direction(), down.into_direction()) {
-            (Ok(up), Ok(down)) => RelayEnd::Handover(
-                Tunnel {
-                    client,
-                    egress,
-                    up,
-                    down,
-                },
-                slot,
-            ),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::warn!(%error, "a spliced tunnel's pipe could not be read out: closed");
-                RelayEnd::Failed
+        Stop::Handover(slot) => {
+            let up_billed = up.billed;
+            match (up.into_direction(), down.into_direction()) {
+                (Ok(up), Ok(down)) => RelayEnd::Handover(
+                    Tunnel {
+                        client,
+                        egress,
+                        up,
+                        down,
+                        up_billed,
+                    },
+                    slot,
+                ),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(%error, "a spliced tunnel's pipe could not be read out: closed");
+                    RelayEnd::Failed
+                }
             }
-        },
+        }
     }
 }
 
@@ -445,6 +462,7 @@ pub(crate) mod tests {
                 eof: false,
             },
             down: Direction::default(),
+            up_billed: 0,
         };
         (tunnel, customer, destination)
     }
@@ -480,6 +498,35 @@ pub(crate) mod tests {
         assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
         assert_eq!(meter.up.load(Relaxed), 8);
         assert_eq!(meter.down.load(Relaxed), 6);
+    }
+
+    #[tokio::test]
+    async fn pending_bytes_billed_already_are_written_but_not_counted_again() {
+        let (mut tunnel, mut customer, mut destination) = tunnel(b"billed").await;
+        tunnel.up_billed = 4;
+        let meter = Meter::default();
+        let limiter = Limiter::default();
+        let cut = CancellationToken::new();
+        let relay = relay(
+            tunnel,
+            &meter,
+            &limiter,
+            Duration::from_secs(5),
+            &cut,
+            std::future::pending::<()>(),
+            &|| true,
+        );
+        let peers = async {
+            customer.write_all(b"+more").await.expect("write");
+            customer.shutdown().await.expect("shutdown");
+            let mut got = Vec::new();
+            destination.read_to_end(&mut got).await.expect("read");
+            assert_eq!(got, b"billed+more");
+            destination.shutdown().await.expect("shutdown");
+        };
+        let (end, ()) = tokio::join!(relay, peers);
+        assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
+        assert_eq!(meter.up.load(Relaxed), 11 - 4, "all but the 4 billed");
     }
 
     #[tokio::test]

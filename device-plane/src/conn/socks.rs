@@ -254,7 +254,7 @@ pub async fn serve(
         return;
     }
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
-    let tunnel = Tunnel::established(stream, egress, pending);
+    let tunnel = Tunnel::established(stream, egress, pending, 0);
     crate::conn::tunnel::run(
         context,
         MigrateKind::SocksTunnel,

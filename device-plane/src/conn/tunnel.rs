@@ -26,12 +26,23 @@ pub struct Tunnel {
     pub up: Direction,
     /// Destination toward customer.
     pub down: Direction,
+    /// How many of `up.pending`'s first bytes the client was billed for
+    /// already: an HTTP CONNECT's tunnel bytes that came with its head,
+    /// which the HTTP side billed as it read them. The relay does not
+    /// count them again.
+    pub up_billed: usize,
 }
 
 impl Tunnel {
     /// A tunnel just set up here: `pending_up` is what the customer sent
-    /// after its request, nothing is in flight toward it.
-    pub fn established(client: TcpStream, egress: TcpStream, pending_up: Vec<u8>) -> Self {
+    /// after its request (the first `billed` of it billed already),
+    /// nothing is in flight toward it.
+    pub fn established(
+        client: TcpStream,
+        egress: TcpStream,
+        pending_up: Vec<u8>,
+        billed: usize,
+    ) -> Self {
         Self {
             client,
             egress,
@@ -40,6 +51,7 @@ impl Tunnel {
                 eof: false,
             },
             down: Direction::default(),
+            up_billed: billed,
         }
     }
 }
@@ -118,11 +130,17 @@ pub async fn run(
                 return;
             }
         };
+        // Bytes billed already and not yet written (`up_billed`) are not
+        // carried over: the successor bills them again when it writes them.
+        // A deploy must catch an HTTP CONNECT between its 200 and the
+        // relay's first write for that, and it costs at most what the
+        // customer sent with its head.
         let Tunnel {
             client: client_socket,
             egress,
             up,
             down,
+            up_billed,
         } = state;
         let migrate = Migrate {
             kind,
@@ -149,6 +167,7 @@ pub async fn run(
                     egress,
                     up: migrate.up,
                     down: migrate.down,
+                    up_billed,
                 };
             }
         }

@@ -90,8 +90,15 @@ type ResponseFuture =
 /// What a predecessor handed over with a connection (empty for a new one).
 #[derive(Debug)]
 pub struct Adopted {
-    /// Bytes the predecessor read from the client and did not process.
+    /// Bytes read from the client and not processed yet: by the
+    /// predecessor, or by this plane before the socket was registered
+    /// (a new connection's first bytes, `conn::first_bytes`).
     pub prefix: Vec<u8>,
+    /// How many of `prefix` no client has been billed for: a new
+    /// connection's first bytes, billed like any request bytes to the
+    /// first client that authenticates. A predecessor's prefix is its to
+    /// bill (0).
+    pub unbilled_up: u64,
     /// The client that authenticated on it, if any.
     pub client: Option<Arc<Client>>,
     /// False when it came back from a handover that found no successor.
@@ -107,6 +114,7 @@ impl Adopted {
     pub fn fresh(source: IpAddr) -> Self {
         Self {
             prefix: Vec::new(),
+            unbilled_up: 0,
             client: None,
             may_hand_over: true,
             source: Some(source),
@@ -118,6 +126,7 @@ impl Adopted {
 pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, id: u64) {
     let Adopted {
         prefix,
+        unbilled_up,
         client: known,
         may_hand_over,
         source,
@@ -125,6 +134,10 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     // Usage is counted on the client socket once a request authenticates
     // (the first client to authenticate on a connection is the one billed).
     let identity: Identity = Arc::new(OnceLock::new());
+    // Whether the client will have been billed for `prefix` once one
+    // authenticates: a new connection's first bytes are (`unbilled_up`), a
+    // predecessor's bytes are if a client had authenticated there.
+    let prefix_billed = known.is_some() || unbilled_up == prefix.len() as u64;
     if let Some(client) = known {
         let _ = identity.set(client);
     }
@@ -142,7 +155,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         inner: Counted {
             inner: stream,
             identity: identity.clone(),
-            unbilled_up: 0,
+            unbilled_up,
             first_write: true,
         },
     });
@@ -214,6 +227,15 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     } = parts.io.into_inner();
     let mut pending = prefix[offset..].to_vec();
     pending.extend_from_slice(&parts.read_buf);
+    // What of `pending` the client was billed for as it was read: a
+    // CONNECT's tunnel bytes sent with its head. Reads are billed in order,
+    // so any still unbilled are the last.
+    let billed = if prefix_billed {
+        pending.len()
+    } else {
+        parts.read_buf.len()
+    }
+    .saturating_sub(usize::try_from(inner.unbilled_up).unwrap_or(usize::MAX));
     let mut stream = inner.inner;
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
@@ -230,7 +252,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         counted,
     }) = accepted
     {
-        let tunnel = Tunnel::established(stream, egress, pending);
+        let tunnel = Tunnel::established(stream, egress, pending, billed);
         crate::conn::tunnel::run(
             context,
             MigrateKind::HttpTunnel,
