@@ -20,6 +20,17 @@ use tokio_seqpacket::UnixSeqpacket;
 /// node's queues at a deploy when `egress.tun.queues` was above 59.
 const ANCILLARY_BUFFER: usize = 16 + (4 * MAX_FDS_PER_FRAME).next_multiple_of(8);
 
+/// The ancillary data's room, aligned as a `cmsghdr` is: the writer skips
+/// to that alignment first, and a byte array on an async task's state may
+/// start anywhere, which would leave fewer bytes than 252 fds need.
+#[repr(C, align(8))]
+struct AncillaryBuffer([u8; ANCILLARY_BUFFER]);
+
+const _: () = assert!(
+    std::mem::align_of::<AncillaryBuffer>() >= AncillaryMessageWriter::BUFFER_ALIGN,
+    "the ancillary buffer is aligned for a cmsghdr"
+);
+
 /// Why a frame could not be sent or received.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -77,8 +88,8 @@ pub async fn send_encoded(
             len: frame.len(),
         });
     }
-    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
-    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer);
+    let mut ancillary_buffer = AncillaryBuffer([0u8; ANCILLARY_BUFFER]);
+    let mut ancillary = AncillaryMessageWriter::new(&mut ancillary_buffer.0);
     if !fds.is_empty() {
         ancillary
             .add_fds(fds.iter().copied())
@@ -142,7 +153,7 @@ enum Raw {
 }
 
 async fn receive_raw(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Raw, LinkError> {
-    let mut ancillary_buffer = [0u8; ANCILLARY_BUFFER];
+    let mut ancillary_buffer = AncillaryBuffer([0u8; ANCILLARY_BUFFER]);
     // A peer that closes with frames of ours still unread makes the kernel
     // report ECONNRESET once, ahead of the frames it had sent us before
     // closing (sock_error comes first in the datagram receive path, and is
@@ -152,7 +163,7 @@ async fn receive_raw(socket: &UnixSeqpacket, buffer: &mut [u8]) -> Result<Raw, L
     let mut resets = 0;
     let (info, ancillary) = loop {
         match socket
-            .recv_with_ancillary(buffer, &mut ancillary_buffer)
+            .recv_with_ancillary(buffer, &mut ancillary_buffer.0)
             .await
         {
             Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset && resets == 0 => {
