@@ -224,9 +224,16 @@ pub async fn adopt(
     };
     match migrate.kind {
         MigrateKind::HttpIdle => {
+            // With no client known, the predecessor billed nobody for the
+            // bytes it read and left: the first client to authenticate is.
+            let unbilled_up = if known.is_none() {
+                migrate.up.pending.len() as u64
+            } else {
+                0
+            };
             let adopted = http::Adopted {
                 prefix: migrate.up.pending,
-                unbilled_up: 0,
+                unbilled_up,
                 client: known,
                 may_hand_over,
                 source: None,

@@ -94,10 +94,10 @@ pub struct Adopted {
     /// predecessor, or by this plane before the socket was registered
     /// (a new connection's first bytes, `conn::first_bytes`).
     pub prefix: Vec<u8>,
-    /// How many of `prefix` no client has been billed for: a new
-    /// connection's first bytes, billed like any request bytes to the
-    /// first client that authenticates. A predecessor's prefix is its to
-    /// bill (0).
+    /// How many of `prefix` no client has been billed for, to bill to the
+    /// first that authenticates like any request bytes: all of it for a
+    /// new connection's first bytes, or for a predecessor's when no client
+    /// had authenticated there; none when one had (it billed them).
     pub unbilled_up: u64,
     /// The client that authenticated on it, if any.
     pub client: Option<Arc<Client>>,
@@ -134,10 +134,6 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     // Usage is counted on the client socket once a request authenticates
     // (the first client to authenticate on a connection is the one billed).
     let identity: Identity = Arc::new(OnceLock::new());
-    // Whether the client will have been billed for `prefix` once one
-    // authenticates: a new connection's first bytes are (`unbilled_up`), a
-    // predecessor's bytes are if a client had authenticated there.
-    let prefix_billed = known.is_some() || unbilled_up == prefix.len() as u64;
     if let Some(client) = known {
         let _ = identity.set(client);
     }
@@ -227,15 +223,13 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     } = parts.io.into_inner();
     let mut pending = prefix[offset..].to_vec();
     pending.extend_from_slice(&parts.read_buf);
-    // What of `pending` the client was billed for as it was read: a
-    // CONNECT's tunnel bytes sent with its head. Reads are billed in order,
-    // so any still unbilled are the last.
-    let billed = if prefix_billed {
-        pending.len()
-    } else {
-        parts.read_buf.len()
-    }
-    .saturating_sub(usize::try_from(inner.unbilled_up).unwrap_or(usize::MAX));
+    // What of `pending` the client was billed for as it was read (the
+    // prefix by its `unbilled_up` or by the predecessor): a CONNECT's
+    // tunnel bytes sent with its head. Bytes are billed in the order they
+    // were read, so any still unbilled are the last.
+    let billed = pending
+        .len()
+        .saturating_sub(usize::try_from(inner.unbilled_up).unwrap_or(usize::MAX));
     let mut stream = inner.inner;
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
