@@ -1,6 +1,9 @@
 //! Sending to the active device plane: the one place that decides "send it
 //! to the active plane, or wait for one, or give up", for everything that
-//! goes there: accepted connections ([`crate::accept`]), connections and TUN
+//! goes there: accepted connections ([`crate::accept`]; a burst of them is
+//! first offered in one `AcceptedMany` to the plane active when they were
+//! accepted, by `accept::hand_over_burst` with the same
+//! [`PlaneLink::send_if_active`], and comes here if that fails), connections and TUN
 //! queues passed on from a draining plane ([`crate::device_link`]), and
 //! WireGuard clients' inner packets ([`crate::wg`]).
 //!

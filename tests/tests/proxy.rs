@@ -601,12 +601,35 @@ fn trickle(stream: &mut std::net::TcpStream, bytes: &[u8]) {
 /// origin the same.
 #[test]
 fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
+    use base64::Engine as _;
     let origin = Origin::start();
     let mut node = Node::new("");
-    let (_ingress, _device, client) = node.start();
+    let _ingress = node.start_ingress();
+    let client = node.add_client("alice");
     let get = GET;
     let auth = socks5_auth(&client.secret);
     let request = socks5_connect(origin.address);
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("alice:{}", client.secret));
+    let connect = format!(
+        "CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nProxy-Authorization: Basic {basic}\r\n\r\n",
+        origin.address
+    );
+    let established = b"HTTP/1.1 200";
+
+    // Sent before any device plane is there, so the plane finds it all in
+    // the connection's first bytes: SOCKS5's greeting, credentials, request
+    // and the tunnel's first bytes in one write; HTTP CONNECT's head and the
+    // tunnel's first bytes in one write.
+    let mut socks_whole = raw::connect(node.socks);
+    let whole = [&[5, 1, 2][..], &auth, &request, get].concat();
+    socks_whole.write_all(&whole).expect("the whole handshake");
+    let mut http_whole = raw::connect(node.http);
+    http_whole
+        .write_all(&[connect.as_bytes(), get].concat())
+        .expect("the head and the tunnel's first bytes");
+    let _device = node.start_device();
+    node.wait_ready();
 
     // SOCKS5, the greeting sent long after the connection was handed over,
     // then a byte at a time.
@@ -621,28 +644,10 @@ fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
     stream.write_all(get).expect("GET");
     assert!(read_to_end(&mut stream).ends_with(b"hello"));
 
-    // SOCKS5, everything in one write: the greeting, the credentials, the
-    // request and the tunnel's first bytes.
-    let mut stream = raw::connect(node.socks);
-    let whole = [&[5, 1, 2][..], &auth, &request, get].concat();
-    stream.write_all(&whole).expect("the whole handshake");
-    assert_eq!(raw::read_exact(&mut stream, 2), [5, 2]);
-    assert_eq!(raw::read_exact(&mut stream, 2), [1, 0]);
-    assert_eq!(raw::read_exact(&mut stream, 10)[1], 0, "CONNECT succeeded");
-    assert!(read_to_end(&mut stream).ends_with(b"hello"));
-
     // HTTP CONNECT, the head sent late and a byte at a time.
-    use base64::Engine as _;
-    let basic =
-        base64::engine::general_purpose::STANDARD.encode(format!("alice:{}", client.secret));
-    let connect = format!(
-        "CONNECT {0} HTTP/1.1\r\nHost: {0}\r\nProxy-Authorization: Basic {basic}\r\n\r\n",
-        origin.address
-    );
     let mut stream = raw::connect(node.http);
     std::thread::sleep(Duration::from_millis(300));
     trickle(&mut stream, connect.as_bytes());
-    let established = b"HTTP/1.1 200";
     assert_eq!(raw::read_exact(&mut stream, established.len()), established);
     stream.write_all(get).expect("GET");
     let rest = read_to_end(&mut stream);
@@ -652,12 +657,16 @@ fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
         String::from_utf8_lossy(&rest)
     );
 
-    // HTTP CONNECT with the tunnel's first bytes in the same write.
-    let mut stream = raw::connect(node.http);
-    stream
-        .write_all(&[connect.as_bytes(), get].concat())
-        .expect("the head and the tunnel's first bytes");
-    let answer = read_to_end(&mut stream);
+    // The two sent whole, answered in turn.
+    assert_eq!(raw::read_exact(&mut socks_whole, 2), [5, 2]);
+    assert_eq!(raw::read_exact(&mut socks_whole, 2), [1, 0]);
+    assert_eq!(
+        raw::read_exact(&mut socks_whole, 10)[1],
+        0,
+        "CONNECT succeeded"
+    );
+    assert!(read_to_end(&mut socks_whole).ends_with(b"hello"));
+    let answer = read_to_end(&mut http_whole);
     assert!(
         answer.starts_with(established) && answer.ends_with(b"hello"),
         "{}",
