@@ -87,7 +87,8 @@ type Identity = Arc<OnceLock<Arc<Client>>>;
 type ResponseFuture =
     Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-/// What a predecessor handed over with a connection (empty for a new one).
+/// What a connection comes with: what a predecessor handed over with it,
+/// or, for a new one, the first bytes this plane read before registering it.
 #[derive(Debug)]
 pub struct Adopted {
     /// Bytes read from the client and not processed yet: by the
