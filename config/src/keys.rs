@@ -9,7 +9,8 @@ use std::sync::LazyLock;
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
     IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr, OptionalHostPort,
-    OptionalPath, OptionalQuota, OptionalRate, ResolverList, Shape, SocketDir, StoreUrl, Workers,
+    OptionalPath, OptionalQuota, OptionalRate, Queues, ResolverList, Shape, SocketDir, StoreUrl,
+    Workers,
 };
 use crate::Config;
 
@@ -210,10 +211,10 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "true: the device plane sets up the TUN device, routes and nftables rules.",
             |c| &mut c.egress.tun.manage,
         ),
-        Key::new::<Count>(
+        Key::new::<Queues>(
             "egress.tun.queues",
             Text("2"),
-            "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy (at most 252: they are handed over in one frame).",
+            "Queues the first device plane attaches to the multi-queue TUN device; a successor inherits them at a deploy.",
             |c| &mut c.egress.tun.queues,
         ),
         Key::new::<Flag>(

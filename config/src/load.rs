@@ -210,7 +210,6 @@ impl Loader {
         self.check_listeners();
         self.check_tls();
         self.check_pool6();
-        self.check_tun_queues();
         if self.errors.is_empty() {
             Ok(self.config)
         } else {
@@ -293,21 +292,6 @@ impl Loader {
             self.origin("wireguard.pool6")
         );
         self.errors.push(ConfigError::Conflict { message });
-    }
-
-    /// A deploy hands every TUN queue to the successor in one frame, whose
-    /// fds are capped at 252 (docs/ARCHITECTURE.md, "The device channel";
-    /// the kernel's SCM_MAX_FD is 253).
-    fn check_tun_queues(&mut self) {
-        const MOST: usize = 252;
-        let queues = self.config.egress.tun.queues;
-        if queues > MOST && !self.invalid.contains("egress.tun.queues") {
-            let message = format!(
-                "egress.tun.queues = {queues} ({}): at most {MOST}, the TUN queues a deploy hands over in one frame",
-                self.origin("egress.tun.queues")
-            );
-            self.errors.push(ConfigError::Conflict { message });
-        }
     }
 
     fn origin(&self, key: &str) -> String {

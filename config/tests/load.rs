@@ -431,7 +431,8 @@ fn more_tun_queues_than_a_deploy_can_hand_over_are_refused() {
         &sets(&["egress.tun.queues=253"]),
     ));
     assert!(
-        matches!(&errors[..], [ConfigError::Conflict { message }] if message.contains("at most 252")),
+        matches!(&errors[..], [ConfigError::InvalidValue { key, expected, .. }]
+            if key == "egress.tun.queues" && expected.contains("1 to 252")),
         "{errors:?}"
     );
 }

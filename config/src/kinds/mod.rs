@@ -456,6 +456,24 @@ impl Kind for Count {
     }
 }
 
+/// A number of TUN queues: 1 to 252. A deploy hands every queue to the
+/// successor in one frame, whose fds are capped at 252
+/// (docs/ARCHITECTURE.md, "The device channel"; the kernel's SCM_MAX_FD
+/// is 253).
+pub(crate) struct Queues;
+impl Kind for Queues {
+    type Out = usize;
+    const SHAPE: Shape = Shape::Integer;
+    const EXPECTED: &'static str =
+        "a whole number from 1 to 252 (a deploy hands every queue over in one frame)";
+    fn parse(input: &Input<'_>) -> Option<usize> {
+        match input {
+            Input::Integer(n) if (1..=252).contains(n) => usize::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+}
+
 /// A number of workers: 0 (one per core) to 256.
 pub(crate) struct Workers;
 impl Kind for Workers {
