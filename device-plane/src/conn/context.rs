@@ -59,8 +59,9 @@ pub struct Context {
     /// Replaced by a fresh one if the plane is re-activated afterwards.
     cut_all: Mutex<CancellationToken>,
     /// Descriptors kept in reserve: near the open-file limit new
-    /// connections are refused, never the channel lost.
-    pub fds: super::fd_budget::FdBudget,
+    /// connections are refused, never the channel lost. Shared with the
+    /// DNS gateway's TCP connections (`with_fds`).
+    pub fds: Arc<super::fd_budget::FdBudget>,
     /// `limits.connections` and `limits.tunnels_per_client` (`with_caps`).
     pub caps: super::caps::Caps,
     /// Connections taken since start (accepted and adopted).
@@ -109,7 +110,7 @@ impl Context {
             connections: TaskTracker::new(),
             mode: watch::channel(Mode::Serving).0,
             cut_all: Mutex::new(CancellationToken::new()),
-            fds: super::fd_budget::FdBudget::from_rlimit(),
+            fds: Arc::new(super::fd_budget::FdBudget::from_rlimit()),
             caps: super::caps::Caps::default(),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
@@ -132,6 +133,13 @@ impl Context {
     /// The same context with these caps on connections and tunnels.
     pub fn with_caps(mut self, caps: super::caps::Caps) -> Self {
         self.caps = caps;
+        self
+    }
+
+    /// The same context with this descriptor budget (shared with the DNS
+    /// gateway, whose TCP connections it counts).
+    pub fn with_fds(mut self, fds: Arc<super::fd_budget::FdBudget>) -> Self {
+        self.fds = fds;
         self
     }
 

@@ -19,9 +19,15 @@
 //! and the egress socket; a second connect attempt in flight is what the
 //! reserve is for), and none taken off for those closed: a count that errs,
 //! errs toward refusing, and only until the next count.
+//!
+//! Descriptors held outside the connection tracker (a refusal being
+//! answered at the connection cap, a WireGuard client's DNS-over-TCP
+//! connection) are [`Held`]: each counts one on top of the connections, and
+//! their holders ask [`FdBudget::admits_another`] before taking one, so they
+//! never eat into the reserve either.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Descriptors kept back from new connections, at most (a quarter of the
@@ -37,6 +43,18 @@ struct Counted {
     at: Instant,
     open: u64,
     connections: u64,
+    held: u64,
+}
+
+/// One descriptor held outside the connection tracker, counted by the
+/// budget it came from until dropped.
+#[derive(Debug)]
+pub struct Held(Arc<AtomicU64>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The open-file limit, what is kept back from new connections, and what
@@ -52,6 +70,10 @@ pub struct FdBudget {
     refused: AtomicU64,
     logged: Mutex<Option<(Instant, u64)>>,
     counted: Mutex<Option<Counted>>,
+    /// Descriptors [`Held`] now.
+    held: Arc<AtomicU64>,
+    /// The connections open at the last [`FdBudget::admits`].
+    last_connections: AtomicU64,
 }
 
 impl FdBudget {
@@ -77,6 +99,8 @@ impl FdBudget {
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
             counted: Mutex::new(None),
+            held: Arc::new(AtomicU64::new(0)),
+            last_connections: AtomicU64::new(0),
         }
     }
 
@@ -91,15 +115,35 @@ impl FdBudget {
     /// [`RESERVE`] for what opened since); near it, the process's open
     /// descriptors are counted, at most once per [`RECOUNT_EVERY`].
     pub fn admits(&self, connections: u64) -> bool {
+        self.last_connections.store(connections, Ordering::Relaxed);
         self.admits_counting(connections, Instant::now(), open_descriptors)
+    }
+
+    /// Whether a descriptor held outside the connection tracker may be
+    /// taken now (with the connections open at the last [`Self::admits`]).
+    pub fn admits_another(&self) -> bool {
+        self.admits_counting(
+            self.last_connections.load(Ordering::Relaxed),
+            Instant::now(),
+            open_descriptors,
+        )
+    }
+
+    /// Counts one descriptor held outside the connection tracker until the
+    /// guard is dropped.
+    pub fn hold(&self) -> Held {
+        self.held.fetch_add(1, Ordering::Relaxed);
+        Held(self.held.clone())
     }
 
     /// [`Self::admits`] at `now`, counting open descriptors with `open` when
     /// near the limit and the last count is stale.
     fn admits_counting(&self, connections: u64, now: Instant, open: impl FnOnce() -> u64) -> bool {
         let room = self.limit.saturating_sub(self.reserve);
+        let held = self.held.load(Ordering::Relaxed);
         let estimate = connections
             .saturating_mul(3)
+            .saturating_add(held)
             .saturating_add(self.baseline)
             .saturating_add(RESERVE);
         if estimate < room {
@@ -113,13 +157,15 @@ impl FdBudget {
         let open_now = match fresh {
             Some(c) => c
                 .open
-                .saturating_add(connections.saturating_sub(c.connections).saturating_mul(2)),
+                .saturating_add(connections.saturating_sub(c.connections).saturating_mul(2))
+                .saturating_add(held.saturating_sub(c.held)),
             None => {
                 let open = open();
                 *counted = Some(Counted {
                     at: now,
                     open,
                     connections,
+                    held,
                 });
                 open
             }
@@ -146,6 +192,11 @@ impl FdBudget {
             );
             *logged = Some((Instant::now(), total));
         }
+    }
+
+    /// Descriptors [`Held`] now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Connections refused so far.
@@ -221,6 +272,29 @@ mod tests {
         assert!(open_descriptors() >= 3);
         let budget = FdBudget::new(3);
         assert!(!budget.admits(0));
+    }
+
+    #[test]
+    fn descriptors_held_outside_the_tracker_count() {
+        // A limit of 1000 (reserve 64, room below 936) and 20 at the start:
+        // 280 connections (840) admit one more by the cheap check alone.
+        let budget = FdBudget::with_baseline(1000, 20);
+        let start = Instant::now();
+        assert!(budget.admits_counting(280, start, || unreachable!("counted")));
+        // 20 held descriptors take the estimate to the room: counted now.
+        let held: Vec<Held> = (0..20).map(|_| budget.hold()).collect();
+        assert!(budget.admits_counting(280, start, || 900));
+        // Within RECOUNT_EVERY, descriptors held since the count add to it:
+        // 900 + 35 is under 936, 900 + 36 is not.
+        let more: Vec<Held> = (0..35).map(|_| budget.hold()).collect();
+        let soon = start + RECOUNT_EVERY / 2;
+        assert!(budget.admits_counting(280, soon, || unreachable!("recounted")));
+        let one_more = budget.hold();
+        assert!(!budget.admits_counting(280, soon, || unreachable!("recounted")));
+        // Dropped, they count no more.
+        drop((held, more, one_more));
+        assert_eq!(budget.held.load(Ordering::Relaxed), 0);
+        assert!(budget.admits_counting(280, start + RECOUNT_EVERY, || unreachable!("counted")));
     }
 
     #[test]

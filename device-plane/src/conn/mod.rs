@@ -65,10 +65,20 @@ fn serve_handed(context: &Arc<Context>, accepted: Accepted, fd: OwnedFd) {
         let Some(stream) = register(socket, accepted.connection_id) else {
             return;
         };
-        // Answered by a small task outside the tracker: it never holds a drain.
+        // Answered by a small task outside the tracker: it never holds a
+        // drain. Its descriptor counts in the budget until it ends, so a
+        // flood of refusals ends in refusals without an answer (above),
+        // never in the reserve.
+        let held = context.fds.hold();
         match accepted.listener {
-            ListenerKind::Socks => tokio::spawn(caps::refuse_socks(stream)),
-            ListenerKind::Http | ListenerKind::Https => tokio::spawn(caps::refuse_http(stream)),
+            ListenerKind::Socks => tokio::spawn(async move {
+                caps::refuse_socks(stream).await;
+                drop(held);
+            }),
+            ListenerKind::Http | ListenerKind::Https => tokio::spawn(async move {
+                caps::refuse_http(stream).await;
+                drop(held);
+            }),
         };
         return;
     }

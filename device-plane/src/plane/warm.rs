@@ -120,17 +120,23 @@ pub(super) async fn warm_up(
         .with_routes(routes.clone());
     // A successor inherits its predecessor's TUN queues at handover; the
     // first plane attaches its own now, before Ready.
-    let packets = Arc::new(
-        PacketPath::new(
-            &config.egress.tun.name,
-            config.egress.tun.queues,
-            config.egress.tun.offload,
-            egress.clone(),
-            directory.clone(),
-            successor,
-        )
-        .with_dns(dns_gateway(config)),
+    let packets = PacketPath::new(
+        &config.egress.tun.name,
+        config.egress.tun.queues,
+        config.egress.tun.offload,
+        egress.clone(),
+        directory.clone(),
+        successor,
     );
+    let dns = dns_gateway(config);
+    let packets = Arc::new(packets.with_dns(dns.clone()));
+    // One descriptor budget for customer connections and for what else
+    // clients can make the plane hold (DNS over TCP); made after the TUN
+    // queues and listeners are open, which its baseline counts.
+    let fds = Arc::new(crate::conn::fd_budget::FdBudget::from_rlimit());
+    if let Some(dns) = &dns {
+        dns.count_in(fds.clone());
+    }
     // Failed logins are logged from one task, at most once a second per source.
     let auth = Arc::new(AuthGuard::new());
     tokio::spawn(auth_guard::log_every_second(
@@ -148,6 +154,7 @@ pub(super) async fn warm_up(
         )
         .with_http_limits(crate::conn::http::Limits::from_config(config))
         .with_udp_idle_timeout(config.proxy.udp_idle_timeout)
+        .with_fds(fds)
         .with_caps(crate::conn::caps::Caps::new(
             config.limits.connections,
             config.limits.tunnels_per_client,

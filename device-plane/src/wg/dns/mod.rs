@@ -14,9 +14,10 @@
 //! DNS over TCP (a client's fallback after a truncated answer) goes the
 //! kernel's way: the packet path lets TCP to the node's address, port 53,
 //! through the egress policy, `net setup`'s nftables table redirects it to
-//! [`DNS_TCP_PORT`], and [`DnsGateway::serve_tcp`] answers there (RFC 7766
-//! framing: a two-byte length before each message). Both planes of a deploy
-//! listen with SO_REUSEPORT; the old one stops at its exit.
+//! [`DNS_TCP_PORT`], and [`DnsGateway::serve_tcp`] answers there ([`tcp`]:
+//! RFC 7766 framing, connections capped in all, per client and by the
+//! plane's descriptor budget). Both planes of a deploy listen with
+//! SO_REUSEPORT; the old one stops at its exit.
 //!
 //! [`respond`] and [`refuse`] are pure (bytes in, bytes out); the resolver and
 //! the TCP listener are the only I/O.
@@ -33,13 +34,16 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_resolver::TokioResolver;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use blipless_ctl::net::DNS_TCP_PORT;
+
+use crate::conn::fd_budget::FdBudget;
+
+mod tcp;
 
 /// The port queries are answered on.
 pub const DNS_PORT: u16 = 53;
@@ -52,11 +56,6 @@ const CLASSIC_UDP: usize = 512;
 const EDNS_PAYLOAD: u16 = 1232;
 /// How long a draining plane waits for the queries it is resolving.
 pub const DRAIN_WAIT: Duration = Duration::from_secs(2);
-/// A TCP connection with no query for this long is closed (RFC 7766 §6.2.3
-/// suggests seconds).
-const TCP_IDLE: Duration = Duration::from_secs(10);
-/// Queries answered on one TCP connection before it is closed.
-const TCP_QUERIES: usize = 100;
 
 /// How an answer travels, which bounds its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +69,8 @@ enum Transport {
 pub struct DnsCounters {
     /// Queries answered (with records, NXDOMAIN or an error code).
     pub answered: AtomicU64,
-    /// Queries dropped: unreadable, a response, or too many in flight.
+    /// Queries dropped (unreadable, a response, or too many in flight), and
+    /// TCP connections closed unserved (over a cap, or no descriptor room).
     pub dropped: AtomicU64,
 }
 
@@ -85,6 +85,11 @@ pub struct DnsGateway {
     tasks: TaskTracker,
     /// Stops the TCP listener.
     stop: CancellationToken,
+    /// The TCP connections open now.
+    tcp: tcp::TcpConnections,
+    /// The plane's descriptor budget, which TCP connections count in
+    /// ([`Self::count_in`]).
+    fds: std::sync::OnceLock<Arc<FdBudget>>,
     /// What the gateway did so far.
     pub counters: DnsCounters,
 }
@@ -145,8 +150,17 @@ impl DnsGateway {
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
+            tcp: tcp::TcpConnections::default(),
+            fds: std::sync::OnceLock::new(),
             counters: DnsCounters::default(),
         }
+    }
+
+    /// Counts the TCP connections from now on in `fds`, the plane's
+    /// descriptor budget (and refuses them when it has no room). Set once;
+    /// a second budget is ignored.
+    pub fn count_in(&self, fds: Arc<FdBudget>) {
+        let _ = self.fds.set(fds);
     }
 
     /// The same gateway answering at the node's IPv6 tunnel address too.
@@ -165,93 +179,6 @@ impl DnsGateway {
     pub fn carries_tcp_query(&self, packet: &[u8]) -> bool {
         blipless_protocol::ip::destination(packet).is_some_and(|to| self.is_gateway(to))
             && blipless_protocol::ip::tcp_destination_port(packet) == Some(DNS_PORT)
-    }
-
-    /// Listens on the node's address, [`DNS_TCP_PORT`] (where `net setup`
-    /// redirects TCP port 53), until [`Self::drain`]. Without the address
-    /// (no TUN device set up) it says why and serves only UDP.
-    pub fn serve_tcp(self: &Arc<Self>) {
-        let addresses =
-            std::iter::once(IpAddr::V4(self.address)).chain(self.address6.map(IpAddr::V6));
-        for address in addresses {
-            self.serve_tcp_on(address);
-        }
-    }
-
-    fn serve_tcp_on(self: &Arc<Self>, address: IpAddr) {
-        let listener = match address {
-            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }
-        .and_then(|socket| {
-            socket.set_reuseaddr(true)?;
-            socket.set_reuseport(true)?;
-            socket.bind(SocketAddr::new(address, DNS_TCP_PORT))?;
-            socket.listen(64)
-        });
-        let listener = match listener {
-            Ok(listener) => listener,
-            Err(error) => {
-                tracing::info!(%error, %address, port = DNS_TCP_PORT, "DNS gateway: not answering over TCP (is the TUN device set up?)");
-                return;
-            }
-        };
-        let gateway = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    accepted = listener.accept() => accepted,
-                    () = gateway.stop.cancelled() => break,
-                };
-                match accepted {
-                    Ok((stream, _)) => {
-                        let connection = gateway.clone();
-                        gateway
-                            .tasks
-                            .spawn(async move { connection.serve_connection(stream).await });
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "DNS gateway: accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        });
-    }
-
-    /// Answers the queries of one TCP connection, in order.
-    async fn serve_connection(&self, mut stream: tokio::net::TcpStream) {
-        for _ in 0..TCP_QUERIES {
-            let mut length = [0u8; 2];
-            let read = tokio::select! {
-                read = tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut length)) => read,
-                () = self.stop.cancelled() => return,
-            };
-            if !matches!(read, Ok(Ok(_))) {
-                return;
-            }
-            let mut query = vec![0u8; usize::from(u16::from_be_bytes(length))];
-            if !matches!(
-                tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query)).await,
-                Ok(Ok(_))
-            ) {
-                return;
-            }
-            let Some(answer) = self.resolve(&query, Transport::Tcp).await else {
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
-            };
-            let Ok(size) = u16::try_from(answer.len()) else {
-                return;
-            };
-            let mut framed = Vec::with_capacity(answer.len() + 2);
-            framed.extend_from_slice(&size.to_be_bytes());
-            framed.extend_from_slice(&answer);
-            if stream.write_all(&framed).await.is_err() {
-                return;
-            }
-            self.counters.answered.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// The query `packet` carries, if it is one for this gateway.
