@@ -78,8 +78,8 @@ pub(crate) struct LimitArgs {
     /// 10GB/week, 500MiB/12h, 2TB/30d (`none` clears it).
     #[arg(long, value_name = "BYTES/PERIOD", value_parser = quota_setting)]
     pub quota: Option<Setting<Quota>>,
-    /// Connections (tunnels) open at once on a node, 1 to 1000000 (`none`
-    /// clears it: limits.tunnels_per_client applies).
+    /// Connections (tunnels) open at once across the fleet, 1 to 1000000
+    /// (`none` clears it: limits.tunnels_per_client applies, per node).
     #[arg(long, value_name = "N", value_parser = connections_setting)]
     pub max_connections: Option<Setting<u32>>,
     /// How its direct connections pick a source from egress.sources: sticky
