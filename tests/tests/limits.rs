@@ -345,6 +345,34 @@ fn a_quota_cuts_the_download_refuses_the_next_and_a_reset_frees_it() {
         status_code(&alice.socks, &origin.url("/hello"), &[]) == "200"
     });
     assert_eq!(quota_json(&node)["over"], false);
+    // A forwarded request (absolute-form through the HTTP proxy, no tunnel)
+    // is cut as a tunnel is: its bytes count against the quota as they
+    // move, not only at the next flush (which would let up to a second of
+    // the rate, another 10 MB here, through). The reset was seen right
+    // after a flush; half a flush later the download would cross the quota
+    // half a flush before the next one, so a cut that waited for the flush
+    // would let about 5 MB more through.
+    std::thread::sleep(Duration::from_millis(500));
+    let out = node.path().join("quota-forward.out");
+    let (ok, stderr) = finish(download(
+        &alice.http,
+        &origin.url("/bytes/40000000"),
+        &out,
+        &[],
+    ));
+    assert!(
+        !ok,
+        "a forwarded 40 MB download under a 10 MB quota finished"
+    );
+    let got = len(&out);
+    eprintln!("forwarded: cut after {got} bytes ({})", stderr.trim());
+    assert!(
+        (9_000_000..=11_000_000).contains(&got),
+        "the forwarded download got {got} bytes under a 10 MB quota"
+    );
+    assert!(device
+        .log_text()
+        .contains("http exchange cut: its client is over its quota"));
 }
 
 #[test]

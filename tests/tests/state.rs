@@ -398,3 +398,65 @@ fn http_usage_counts_every_byte_the_client_sent_after_it_authenticated() {
     );
     assert_eq!(usage["bytes_down"], down, "{usage}");
 }
+
+/// Reads one HTTP response with a `Content-Length` body from `stream`,
+/// leaving the connection open for the next: head and body, as sent.
+fn read_one_response(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut response = Vec::new();
+    while !response.ends_with(b"\r\n\r\n") {
+        response.extend(raw::read_exact(stream, 1));
+    }
+    let head = String::from_utf8_lossy(&response).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a Content-Length in {head}"));
+    response.extend(raw::read_exact(stream, length));
+    response
+}
+
+#[test]
+fn requests_of_two_clients_on_one_http_connection_are_billed_each_to_its_own() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let _ingress = node.start_ingress();
+    let (alice, bob) = (node.add_client("alice"), node.add_client("bob"));
+    let mut device = node.start_device();
+    node.wait_ready();
+    let basic =
+        |name: &str, secret: &str| blipless_tests::base64(format!("{name}:{secret}").as_bytes());
+    let request = |size: usize, auth: String, close: &str| {
+        format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\n{close}\r\n",
+            origin.url(&format!("/bytes/{size}")),
+            origin.address
+        )
+    };
+    let first = request(1_000, basic("alice", &alice.secret), "");
+    let second = request(50_000, basic("bob", &bob.secret), "Connection: close\r\n");
+    let mut stream = raw::connect(node.http);
+    stream.write_all(first.as_bytes()).expect("alice's request");
+    let alice_down = read_one_response(&mut stream).len();
+    assert!(alice_down > 1_000, "alice's answer");
+    stream.write_all(second.as_bytes()).expect("bob's request");
+    let mut bob_down = Vec::new();
+    stream.read_to_end(&mut bob_down).expect("bob's answer");
+    assert!(bob_down.starts_with(b"HTTP/1.1 200"), "bob's answer");
+    device.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(device
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    // Each answer is billed to the client that asked for it. A request's
+    // head is read before it authenticates, so bob's goes to alice
+    // (docs/DECISIONS.md, "Usage accounting").
+    let (alice_usage, bob_usage) = (usage_of(&node, "alice"), usage_of(&node, "bob"));
+    assert_eq!(alice_usage["bytes_down"], alice_down, "{alice_usage}");
+    assert_eq!(bob_usage["bytes_down"], bob_down.len(), "{bob_usage}");
+    assert_eq!(
+        alice_usage["bytes_up"],
+        first.len() + second.len(),
+        "{alice_usage}"
+    );
+    assert_eq!(bob_usage["bytes_up"], 0, "{bob_usage}");
+}

@@ -1,10 +1,13 @@
 //! Wrappers around the customer's socket for hyper: [`Counted`] bills bytes
-//! to the client once it is known, [`Prefixed`] replays bytes a predecessor
-//! had read but not yet parsed.
+//! to the client once it is known (and charges them against its quota),
+//! [`Prefixed`] replays bytes a predecessor had read but not yet parsed.
 
 use super::*;
 
-/// The client socket, counting bytes into the client's meter once known.
+/// The client socket, counting bytes into the client's meter once known,
+/// and charging them against its quota at once (as a tunnel's relay does),
+/// so that a forwarded download is cut as soon as this plane sees the
+/// client over, not at the next look at the store.
 pub(super) struct Counted {
     pub(super) inner: TcpStream,
     pub(super) identity: Identity,
@@ -23,7 +26,8 @@ pub(super) struct Counted {
 impl Counted {
     /// Counts `up` and `down` bytes, carrying reads over until a client is known.
     fn count(&mut self, up: u64, down: u64) {
-        let Some(client) = self.identity.get().cloned() else {
+        let identity = self.identity.lock();
+        let Some(client) = identity.as_ref() else {
             self.unbilled_up += up;
             return;
         };
@@ -34,6 +38,9 @@ impl Counted {
         if down > 0 {
             client.meter.down.fetch_add(down, Ordering::Relaxed);
         }
+        client
+            .limiter
+            .charge_quota(usize::try_from(up + down).unwrap_or(usize::MAX));
     }
 }
 

@@ -23,7 +23,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
@@ -81,8 +81,34 @@ struct AcceptedConnect {
 
 type ConnectSlot = Arc<Mutex<Option<AcceptedConnect>>>;
 
-/// The client billed for a connection's bytes, once one authenticated.
-type Identity = Arc<OnceLock<Arc<Client>>>;
+/// The client a connection's bytes are billed to, and charged against the
+/// quota of: the one whose request is being served, that is the last to
+/// authenticate on the connection (none before the first does). A
+/// connection may carry requests of several clients; each is billed for
+/// its own (what is read before a request authenticates, its head, goes to
+/// the client before it).
+#[derive(Clone, Default)]
+struct Identity(Arc<Mutex<Option<Arc<Client>>>>);
+
+impl Identity {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Client>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Bills what follows to `client`.
+    fn set(&self, client: Arc<Client>) {
+        *self.lock() = Some(client);
+    }
+
+    /// The name of the client billed now, if one authenticated.
+    fn name(&self) -> Option<String> {
+        self.lock()
+            .as_ref()
+            .map(|client| client.record.name.clone())
+    }
+}
 
 type ResponseFuture =
     Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -132,11 +158,11 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         may_hand_over,
         source,
     } = adopted;
-    // Usage is counted on the client socket once a request authenticates
-    // (the first client to authenticate on a connection is the one billed).
-    let identity: Identity = Arc::new(OnceLock::new());
+    // Usage is counted on the client socket once a request authenticates,
+    // to the client of the request being served ([`Identity`]).
+    let identity = Identity::default();
     if let Some(client) = known {
-        let _ = identity.set(client);
+        identity.set(client);
     }
     let connect_slot: ConnectSlot = Arc::new(Mutex::new(None));
     let watch = Arc::new(Watch::default());
@@ -263,10 +289,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     if context.mode() == Mode::Handover && may_hand_over {
         // Paced like tunnels: one of the handover slots, held until confirmed.
         let _slot = context.handover_slot().await;
-        let name = identity
-            .get()
-            .map(|client| client.record.name.clone())
-            .unwrap_or_default();
+        let name = identity.name().unwrap_or_default();
         let migrate = Migrate {
             kind: MigrateKind::HttpIdle,
             connection_id: id,
@@ -302,7 +325,7 @@ async fn handle(
         Ok(client) => client,
         Err(refusal) => return refusal.response(),
     };
-    let _ = identity.set(client.clone());
+    identity.set(client.clone());
     if request.method() == Method::CONNECT {
         connect(request, context, client, connect_slot, id).await
     } else {
