@@ -285,3 +285,145 @@ fn a_certificate_that_does_not_load_stops_the_start_with_the_reason() {
     let log = ingress.log_text();
     assert!(log.contains("missing.pem"), "{log}");
 }
+
+/// A TLS connection to the HTTPS proxy through `openssl s_client`: what is
+/// written goes in plaintext to the proxy, what it answers comes back on a
+/// channel, and a disconnected channel is the connection's end.
+struct TlsPipe {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::sync::mpsc::Receiver<Vec<u8>>,
+    read: Vec<u8>,
+}
+
+impl TlsPipe {
+    fn connect(address: std::net::SocketAddr, ca: &str) -> Self {
+        let mut child = std::process::Command::new("openssl")
+            .args(["s_client", "-quiet", "-verify_return_error", "-CAfile", ca])
+            .args(["-connect", &address.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("openssl s_client");
+        let input = child.stdin.take().expect("stdin");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let (sender, output) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut chunk) {
+                if sender.send(chunk[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            input,
+            output,
+            read: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.input.write_all(bytes).expect("to s_client");
+        self.input.flush().expect("to s_client");
+    }
+
+    /// The next response: its head, and its body by `Content-Length`.
+    fn response(&mut self) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = String::from_utf8_lossy(&self.read).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .to_ascii_lowercase()
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    let used = head.len() + 4 + length;
+                    self.read.drain(..used);
+                    return head.to_owned();
+                }
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let chunk = self
+                .output
+                .recv_timeout(left)
+                .unwrap_or_else(|error| panic!("no whole response ({error}): {text:?}"));
+            self.read.extend(chunk);
+        }
+    }
+
+    /// Whether the proxy ends the connection within 10 s.
+    fn ends(&mut self) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(chunk) => self.read.extend(chunk),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return true,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return false,
+            }
+        }
+    }
+}
+
+impl Drop for TlsPipe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_failed_login_on_an_https_connection_adopted_at_a_deploy_ends_only_that_connection() {
+    // A plane that adopts an HTTPS connection cannot see its customer's
+    // address (the connection is one end of a Unix socket pair), so it
+    // cannot throttle failed logins on it by address: it ends the
+    // connection instead, and other customers' connections carry on.
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, mut device, client) = node.start();
+    let ca_path = ca.certificate.to_str().expect("path").to_owned();
+    let request = |password: &str| {
+        let auth = blipless_tests::base64(format!("alice:{password}").as_bytes());
+        format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+            origin.url("/hello"),
+            origin.address
+        )
+    };
+    let (mut guessing, mut other) = (
+        TlsPipe::connect(address, &ca_path),
+        TlsPipe::connect(address, &ca_path),
+    );
+    for pipe in [&mut guessing, &mut other] {
+        pipe.send(request(&client.secret).as_bytes());
+        let head = pipe.response();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    // Both are idle, kept alive, when the deploy moves them.
+    let (_new_device, _) = node.deploy(&mut device);
+    guessing.send(request("wrong").as_bytes());
+    let head = guessing.response();
+    assert!(head.starts_with("HTTP/1.1 407"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert!(
+        guessing.ends(),
+        "the connection with the failed login ended"
+    );
+    for _ in 0..6 {
+        other.send(request(&client.secret).as_bytes());
+        let head = other.response();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+}

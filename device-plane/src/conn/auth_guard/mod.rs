@@ -219,6 +219,11 @@ impl AuthGuard {
         self.table().failed(address, protocol, failure, now)
     }
 
+    /// [`AuthTable::failed_unkeyed`].
+    pub fn failed_unkeyed(&self, protocol: Protocol) {
+        self.table().failed_unkeyed(protocol);
+    }
+
     /// [`AuthTable::succeeded`].
     pub fn succeeded(&self, address: IpAddr) {
         self.table().succeeded(address);

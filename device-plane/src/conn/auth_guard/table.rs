@@ -125,6 +125,12 @@ impl AuthTable {
         self.counts
     }
 
+    /// Counts a failed login whose source is not known (no throttle keeps
+    /// it: the caller ends the connection instead).
+    pub fn failed_unkeyed(&mut self, protocol: Protocol) {
+        self.counts.add(protocol, 1, 0);
+    }
+
     /// Before checking credentials from `address`: refuses while its source
     /// is throttled (and counts the refusal).
     pub fn check(&mut self, address: IpAddr, protocol: Protocol, now: Instant) -> Verdict {

@@ -19,7 +19,7 @@
 //! or logged as sent (`target.rs`).
 
 use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -166,12 +166,10 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     }
     let connect_slot: ConnectSlot = Arc::new(Mutex::new(None));
     let watch = Arc::new(Watch::default());
-    // For the auth throttle (unspecified only if the customer is already gone).
-    let source = source.unwrap_or_else(|| {
-        stream
-            .peer_addr()
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip())
-    });
+    // For the auth throttle. Unknown for an HTTPS connection adopted at a
+    // deploy (its socket is one end of a Unix socket pair, and `Migrate`
+    // carries no address), or when the customer is gone already.
+    let source = source.or_else(|| stream.peer_addr().ok().map(|peer| peer.ip()));
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,
@@ -319,11 +317,22 @@ async fn handle(
     connect_slot: ConnectSlot,
     watch: Arc<Watch>,
     id: u64,
-    source: IpAddr,
+    source: Option<IpAddr>,
 ) -> Response<Body> {
     let client = match authenticate(request.headers(), &context, source) {
         Ok(client) => client,
-        Err(refusal) => return refusal.response(),
+        Err(refusal) => {
+            let mut response = refusal.response();
+            if source.is_none() {
+                // No address to throttle: a failed login ends the connection,
+                // so guessing goes on only over new ones, which have one.
+                response
+                    .headers_mut()
+                    .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+                watch.close_after_answer();
+            }
+            return response;
+        }
     };
     identity.set(client.clone());
     if request.method() == Method::CONNECT {
@@ -375,16 +384,19 @@ impl Refusal {
 /// Checks a request's `Proxy-Authorization: Basic` through the plane's auth
 /// guard. A throttled source is refused (429) without its credentials being
 /// checked; missing, malformed or wrong credentials are refused (407) and
-/// counted (missing ones are no strike towards the throttle).
+/// counted (missing ones are no strike towards the throttle). With no
+/// `source` known nothing is throttled, and failures are only counted.
 fn authenticate(
     headers: &HeaderMap,
     context: &Context,
-    source: IpAddr,
+    source: Option<IpAddr>,
 ) -> Result<Arc<Client>, Refusal> {
-    if let Verdict::Throttled { retry_after } =
-        context.auth.check(source, Protocol::Http, Instant::now())
-    {
-        return Err(Refusal::Throttled(retry_after));
+    if let Some(source) = source {
+        if let Verdict::Throttled { retry_after } =
+            context.auth.check(source, Protocol::Http, Instant::now())
+        {
+            return Err(Refusal::Throttled(retry_after));
+        }
     }
     let header = headers.get(hyper::header::PROXY_AUTHORIZATION);
     let basic = header.and_then(|value| proxy_auth::parse_basic(value.as_bytes()));
@@ -394,7 +406,9 @@ fn authenticate(
             .authenticate(credentials.user(), credentials.password())
     });
     if let Some(client) = client {
-        context.auth.succeeded(source);
+        if let Some(source) = source {
+            context.auth.succeeded(source);
+        }
         return Ok(client);
     }
     let failure = match (header, &basic) {
@@ -404,9 +418,14 @@ fn authenticate(
             username: Some(credentials.user()),
         },
     };
-    context
-        .auth
-        .failed(source, Protocol::Http, failure, Instant::now());
+    match source {
+        Some(source) => {
+            context
+                .auth
+                .failed(source, Protocol::Http, failure, Instant::now());
+        }
+        None => context.auth.failed_unkeyed(Protocol::Http),
+    }
     Err(Refusal::Unauthenticated)
 }
 
