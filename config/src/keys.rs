@@ -407,6 +407,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Tunnels (SOCKS5 and HTTP CONNECT) one client may have open at once on a device plane (0: no cap); over it SOCKS5 reply 2, HTTP 429.",
             |c| &mut c.limits.tunnels_per_client,
         ),
+        Key::new::<Capacity>(
+            "limits.tls_handshakes",
+            Text("4096"),
+            "TLS handshakes the ingress runs at once on the HTTPS listener; a connection over it is closed at once (counted).",
+            |c| &mut c.limits.tls_handshakes,
+        ),
         Key::new::<OptionalRate>(
             "limits.client_rate_up",
             Text(""),

@@ -274,6 +274,10 @@ pub struct LimitsConfig {
     /// a device plane; 0: no cap. Over it: SOCKS5 reply 2, HTTP 429. A
     /// client's own `max_connections` (docs/LIMITS.md) wins over it.
     pub tunnels_per_client: u64,
+    /// TLS handshakes the ingress runs at once on the HTTPS listener, each
+    /// holding a descriptor until it completes or times out; a connection
+    /// over it is closed at once.
+    pub tls_handshakes: usize,
     /// Rates and quota for clients whose own record sets none
     /// (`limits.client_rate_up`, `limits.client_rate_down`,
     /// `limits.client_quota`; `max_connections` is `tunnels_per_client`).

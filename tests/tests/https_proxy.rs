@@ -427,3 +427,59 @@ fn a_failed_login_on_an_https_connection_adopted_at_a_deploy_ends_only_that_conn
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     }
 }
+
+#[test]
+fn connections_that_never_finish_tls_hold_at_most_limits_tls_handshakes() {
+    // Four connections that never start TLS hold the four handshakes the
+    // listener runs at once (for as long as proxy.handshake_timeout); a
+    // fifth is closed at once, counted, and once one of the four goes, a
+    // real client gets its turn.
+    let origin = Origin::start();
+    let mut node =
+        Node::new("[proxy]\nhandshake_timeout = \"60s\"\n\n[limits]\ntls_handshakes = 4\n");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, client) = node.start();
+    let https = client.https.clone().expect("https URL");
+    let ca_path = ca.certificate.to_str().expect("path").to_owned();
+    let mut silent: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(address).expect("connect"))
+        .collect();
+    wait_until(Duration::from_secs(20), "a fifth to be refused", || {
+        let mut fifth = TcpStream::connect(address).expect("connect");
+        fifth
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        // Closed at once: EOF (or a reset), long before the 60 s timeout.
+        let mut byte = [0u8; 1];
+        let closed = match fifth.read(&mut byte) {
+            Ok(n) => n == 0,
+            Err(error) => !matches!(
+                error.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        };
+        closed
+            && node.metric("blipless_tls_handshakes_total{result=\"refused\"}") >= 1.0
+    });
+    let output = curl(&[
+        "--max-time",
+        "10",
+        "--proxy-cacert",
+        &ca_path,
+        "--proxy",
+        &https,
+        &origin.url("/hello"),
+    ]);
+    assert!(
+        !output.status.success(),
+        "a client got through with every handshake taken"
+    );
+    // One of the four goes: its handshake ends (failed) and its place is free.
+    drop(silent.pop());
+    wait_until(Duration::from_secs(20), "a client to get through", || {
+        status_code(&https, &origin.url("/hello"), &["--proxy-cacert", &ca_path]) == "200"
+    });
+    drop(silent);
+}

@@ -26,11 +26,13 @@ pub struct TlsMetrics {
 impl TlsMetrics {
     pub(super) fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
-        for result in ["ok", "failed"] {
+        for result in ["ok", "failed", "refused"] {
             metrics
                 .handshakes
                 .get_or_create(&ResultLabel { result })
                 .inc_by(0);
+        }
+        for result in ["ok", "failed"] {
             metrics
                 .reloads
                 .get_or_create(&ResultLabel { result })
@@ -38,7 +40,7 @@ impl TlsMetrics {
         }
         registry.register(
             "tls_handshakes",
-            "TLS handshakes on the HTTPS proxy listener: ok, or failed (not TLS, an unknown name, a timeout)",
+            "TLS handshakes on the HTTPS proxy listener: ok, failed (not TLS, an unknown name, a timeout), or refused (not begun: limits.tls_handshakes under way)",
             metrics.handshakes.clone(),
         );
         registry.register(
@@ -63,6 +65,14 @@ impl TlsMetrics {
     pub fn count_handshake(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.handshakes.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts a connection closed before its handshake began: as many
+    /// were under way as `limits.tls_handshakes` allows.
+    pub fn count_handshake_refused(&self) {
+        self.handshakes
+            .get_or_create(&ResultLabel { result: "refused" })
+            .inc();
     }
 
     /// One more TLS connection relayed (`+1`), or one fewer (`-1`).

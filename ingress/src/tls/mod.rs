@@ -44,6 +44,15 @@ pub struct TlsEdge {
     acceptor: TlsAcceptor,
     /// How long a client may take to complete its handshake.
     pub handshake_timeout: Duration,
+    /// One permit per handshake under way (`limits.tls_handshakes`): each
+    /// holds a descriptor until it completes or times out, so a flood of
+    /// connections that never finish TLS is bounded; one over it is closed
+    /// at once ([`relay::spawn`]).
+    pub handshakes: Arc<tokio::sync::Semaphore>,
+    /// `limits.tls_handshakes`, for the log.
+    handshake_limit: usize,
+    /// When a refusal for want of a handshake permit was last logged.
+    refusal_logged: std::sync::Mutex<Option<std::time::Instant>>,
     /// TLS figures.
     pub metrics: TlsMetrics,
     /// The relay tasks, which outlive the accept loop (a handoff or a
@@ -116,10 +125,30 @@ impl TlsEdge {
             current,
             acceptor: TlsAcceptor::from(Arc::new(server)),
             handshake_timeout: config.proxy.handshake_timeout,
+            handshakes: Arc::new(tokio::sync::Semaphore::new(config.limits.tls_handshakes)),
+            handshake_limit: config.limits.tls_handshakes,
+            refusal_logged: std::sync::Mutex::new(None),
             metrics,
             relays: TaskTracker::new(),
             stop: CancellationToken::new(),
         })))
+    }
+
+    /// Counts a connection closed for want of a handshake permit, and says
+    /// so at most once a second.
+    fn refused_handshake(&self) {
+        self.metrics.count_handshake_refused();
+        let mut logged = self
+            .refusal_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            tracing::warn!(
+                limit = self.handshake_limit,
+                "HTTPS listener: limits.tls_handshakes handshakes under way; new connections are closed until some finish"
+            );
+            *logged = Some(std::time::Instant::now());
+        }
     }
 
     /// Reads the certificate and key files again. On success the new

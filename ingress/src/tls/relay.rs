@@ -28,15 +28,27 @@ use crate::accept::{self, AcceptContext};
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves one accepted TCP connection on the HTTPS listener, in a task of
-/// the edge's relay tracker.
+/// the edge's relay tracker; with `limits.tls_handshakes` handshakes under
+/// way already, closes it at once (dropped here) and counts it.
 pub fn spawn(edge: &Arc<TlsEdge>, stream: TcpStream, accepted: Accepted, context: AcceptContext) {
+    let Ok(permit) = edge.handshakes.clone().try_acquire_owned() else {
+        edge.refused_handshake();
+        tracing::debug!(id = accepted.connection_id, peer = %accepted.peer, "HTTPS connection closed: too many handshakes under way");
+        return;
+    };
     let edge_for_task = edge.clone();
     edge.relays.spawn(async move {
-        serve(&edge_for_task, stream, accepted, &context).await;
+        serve(&edge_for_task, stream, accepted, &context, permit).await;
     });
 }
 
-async fn serve(edge: &TlsEdge, stream: TcpStream, accepted: Accepted, context: &AcceptContext) {
+async fn serve(
+    edge: &TlsEdge,
+    stream: TcpStream,
+    accepted: Accepted,
+    context: &AcceptContext,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     let _ = stream.set_nodelay(true);
     let handshake = tokio::time::timeout(edge.handshake_timeout, edge.acceptor.accept(stream));
     let tls = tokio::select! {
@@ -56,6 +68,7 @@ async fn serve(edge: &TlsEdge, stream: TcpStream, accepted: Accepted, context: &
         () = edge.stop.cancelled() => return,
     };
     edge.metrics.count_handshake(true);
+    drop(permit);
     let (ours, theirs) = match pair() {
         Ok(pair) => pair,
         Err(error) => {
