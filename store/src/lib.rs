@@ -204,6 +204,16 @@ pub enum StoreError {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// One client's stored record cannot be decoded (written by a newer version,
+    /// or damaged). Only that client is affected: [`Store::read_clients`] reads
+    /// the others.
+    #[error("client {name:?}'s stored record cannot be read: {detail}")]
+    CorruptRecord {
+        /// The client whose record it is.
+        name: String,
+        /// What is wrong with it (never a secret).
+        detail: String,
+    },
     /// The backend failed (a database error, a lost worker thread, a poisoned lock or
     /// corrupt data); the message says what was being done.
     #[error("store backend: {0}")]
@@ -211,6 +221,31 @@ pub enum StoreError {
     /// A filesystem operation failed (creating the store's directory).
     #[error("store I/O: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// What [`Store::read_clients`] found.
+#[derive(Debug, Default)]
+pub struct ClientList {
+    /// The clients whose records could be read, ordered by name.
+    pub records: Vec<ClientRecord>,
+    /// One [`StoreError::CorruptRecord`] for each record that could not.
+    pub unreadable: Vec<StoreError>,
+}
+
+impl ClientList {
+    /// Sorts what was read into records and errors, in the order given.
+    pub fn from_results(
+        results: impl IntoIterator<Item = Result<ClientRecord, StoreError>>,
+    ) -> Self {
+        let mut list = Self::default();
+        for result in results {
+            match result {
+                Ok(record) => list.records.push(record),
+                Err(error) => list.unreadable.push(error),
+            }
+        }
+        list
+    }
 }
 
 /// The device plane's state. Object safe: use it as `Arc<dyn Store>`.
@@ -240,8 +275,20 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn add_client(&self, record: ClientRecord) -> Result<(), StoreError>;
     /// The client of that name, if any.
     async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError>;
-    /// All clients, ordered by name.
-    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError>;
+    /// Every client whose record can be read, ordered by name, and a
+    /// [`StoreError::CorruptRecord`] for each that cannot: one bad record costs
+    /// only its own client (a device plane loads and follows the rest).
+    async fn read_clients(&self) -> Result<ClientList, StoreError>;
+    /// All clients, ordered by name; a record that cannot be read fails it
+    /// ([`StoreError::CorruptRecord`], naming the client), so an operator's
+    /// listing never leaves one out without saying so.
+    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        let list = self.read_clients().await?;
+        match list.unreadable.into_iter().next() {
+            Some(error) => Err(error),
+            None => Ok(list.records),
+        }
+    }
     /// Removes a client (and its usage) and frees its `wg_address`; Ok(false) if there
     /// was none. Appends a Remove change (only when a client was removed).
     async fn remove_client(&self, name: &str) -> Result<bool, StoreError>;

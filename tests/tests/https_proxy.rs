@@ -460,8 +460,7 @@ fn connections_that_never_finish_tls_hold_at_most_limits_tls_handshakes() {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ),
         };
-        closed
-            && node.metric("blipless_tls_handshakes_total{result=\"refused\"}") >= 1.0
+        closed && node.metric("blipless_tls_handshakes_total{result=\"refused\"}") >= 1.0
     });
     let output = curl(&[
         "--max-time",

@@ -140,7 +140,7 @@ impl Directory {
         defaults: ClientLimits,
     ) -> Result<Arc<Self>, StoreError> {
         let head = store.feed_head().await?;
-        let records = store.list_clients().await?;
+        let records = readable_clients(store.as_ref()).await?;
         let clients = records
             .into_iter()
             .map(|record| {
@@ -249,7 +249,17 @@ impl Directory {
             // Fetch each touched client once: its current record is the truth.
             let names: BTreeSet<String> = changes.into_iter().map(|c| c.name).collect();
             for name in names {
-                let record = self.store.get_client(&name).await?;
+                let record = match self.store.get_client(&name).await {
+                    Ok(record) => record,
+                    Err(error @ StoreError::CorruptRecord { .. }) => {
+                        // Not to be retried: it reads the same next time, and
+                        // every later change would wait behind it. The client
+                        // is served as absent until its record is written again.
+                        tracing::warn!(%error, "a client's record cannot be read: it is not served");
+                        None
+                    }
+                    Err(error) => return Err(error),
+                };
                 self.apply(&name, record);
                 applied += 1;
             }
@@ -272,7 +282,7 @@ impl Directory {
             head,
             "the change feed lost entries this plane had applied (a store failover); reloading every client"
         );
-        let records = self.store.list_clients().await?;
+        let records = readable_clients(self.store.as_ref()).await?;
         let listed: BTreeSet<String> = records.iter().map(|r| r.name.clone()).collect();
         let gone: Vec<String> = self
             .read()
@@ -472,6 +482,16 @@ pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Every client whose record can be read; each that cannot is logged and
+/// left out (served as absent), so one bad record costs only its client.
+async fn readable_clients(store: &dyn Store) -> Result<Vec<ClientRecord>, StoreError> {
+    let list = store.read_clients().await?;
+    for error in &list.unreadable {
+        tracing::warn!(%error, "a client's record cannot be read: it is not served");
+    }
+    Ok(list.records)
 }
 
 #[cfg(test)]

@@ -61,3 +61,46 @@ async fn a_feed_that_handed_a_seq_out_again_makes_the_directory_reload() {
     assert!(directory.get("d").is_some());
     assert_eq!(directory.position(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_cannot_be_read_costs_only_its_own_client() {
+    // What a record written by a newer blipless-ctl, or damaged, looks like
+    // to this plane: JSON it cannot decode under the client's key.
+    let redis = Node::start(Mode::Server, |_| String::new());
+    let url = format!("redis://127.0.0.1:{}/0", redis.port());
+    let store: Arc<dyn Store> = blipless_store::open(&url).await.expect("open");
+    store.add_client(record("a")).await.expect("add a");
+    let directory = Directory::load(store.clone()).await.expect("load");
+    store.add_client(record("b")).await.expect("add b");
+    cli(
+        redis.port(),
+        &["SET", "{pc_b}", "{\"name\": \"b\", \"secret_hash\": 7}"],
+    );
+    store.add_client(record("c")).await.expect("add c");
+
+    // Following the feed: b is skipped, and the changes after it apply.
+    directory.catch_up().await.expect("catch up past b");
+    assert!(directory.get("c").is_some(), "c, after b, was applied");
+    assert!(
+        directory.get("b").is_none(),
+        "b's unreadable record is not served"
+    );
+    assert_eq!(directory.position(), 3);
+    // Loading: every other client is there.
+    let loaded = Directory::load(store.clone())
+        .await
+        .expect("load with b unreadable");
+    assert!(loaded.get("a").is_some() && loaded.get("c").is_some());
+    assert!(loaded.get("b").is_none());
+    // The operator's listing names it rather than leave it out unsaid.
+    let listed = store.list_clients().await;
+    assert!(
+        matches!(&listed, Err(blipless_store::StoreError::CorruptRecord { name, .. }) if name == "b"),
+        "{listed:?}"
+    );
+    // Written again, it is served again.
+    assert!(store.remove_client("b").await.expect("remove b"));
+    store.add_client(record("b")).await.expect("add b again");
+    directory.catch_up().await.expect("catch up");
+    assert!(directory.get("b").is_some());
+}

@@ -31,8 +31,8 @@ impl Store for Instrumented {
     async fn get_client(&self, name: &str) -> Result<Option<ClientRecord>, StoreError> {
         self.inner.get_client(name).await
     }
-    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
-        self.inner.list_clients().await
+    async fn read_clients(&self) -> Result<blipless_store::ClientList, StoreError> {
+        self.inner.read_clients().await
     }
     async fn remove_client(&self, name: &str) -> Result<bool, StoreError> {
         self.inner.remove_client(name).await

@@ -15,9 +15,9 @@ use super::{
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
-    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientLimits, ClientRecord,
-    EgressIdentity, EndpointSnapshot, NodeId, Store, StoreError, Usage, ACTIVITY_EXPIRY_SECS,
-    ACTIVITY_RETENTION_SECS, ENDPOINTS_EXPIRY_SECS,
+    ttl_millis, unix_now, validate_name, Change, ChangeKind, ClientLimits, ClientList,
+    ClientRecord, EgressIdentity, EndpointSnapshot, NodeId, Store, StoreError, Usage,
+    ACTIVITY_EXPIRY_SECS, ACTIVITY_RETENTION_SECS, ENDPOINTS_EXPIRY_SECS,
 };
 
 /// Usage hash fields, in [`Usage`] order.
@@ -157,8 +157,18 @@ impl RedisStore {
         }))
     }
 
-    pub(super) fn decode_client(&self, key: &str, json: &str) -> Result<ClientRecord, StoreError> {
-        serde_json::from_str(json).map_err(|err| self.corrupt(key, err))
+    /// A client's record from its JSON; anything else is that client's
+    /// corrupt record (the error names the client and where, never the JSON,
+    /// which holds the secret's hash).
+    pub(super) fn decode_client(&self, name: &str, json: &str) -> Result<ClientRecord, StoreError> {
+        serde_json::from_str(json).map_err(|err| StoreError::CorruptRecord {
+            name: name.to_owned(),
+            detail: format!(
+                "Redis at {}: key {}: {err}",
+                self.shown_url,
+                client_key(name)
+            ),
+        })
     }
 
     fn decode_change(&self, (id, fields): FeedEntry) -> Result<Change, StoreError> {
@@ -238,17 +248,17 @@ impl Store for RedisStore {
         let json: Option<String> = self
             .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
-        json.map(|json| self.decode_client(&key, &json)).transpose()
+        json.map(|json| self.decode_client(name, &json)).transpose()
     }
 
-    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+    async fn read_clients(&self) -> Result<ClientList, StoreError> {
         let mut cmd = redis::cmd("SMEMBERS");
         cmd.arg(INDEX_KEY);
         let mut names: Vec<String> = self
             .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         if names.is_empty() {
-            return Ok(Vec::new());
+            return Ok(ClientList::default());
         }
         names.sort_unstable();
         // One MGET: on a Cluster the client splits it by slot (the records are in
@@ -260,13 +270,13 @@ impl Store for RedisStore {
         let records: Vec<Option<String>> = self
             .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
-        names
-            .iter()
-            .zip(records)
-            // A listed name without a record is being added or removed: skip it.
-            .filter_map(|(name, json)| json.map(|json| (client_key(name), json)))
-            .map(|(key, json)| self.decode_client(&key, &json))
-            .collect()
+        Ok(ClientList::from_results(
+            names
+                .iter()
+                .zip(records)
+                // A listed name without a record is being added or removed: skip it.
+                .filter_map(|(name, json)| json.map(|json| self.decode_client(name, &json))),
+        ))
     }
 
     async fn remove_client(&self, name: &str) -> Result<bool, StoreError> {

@@ -27,10 +27,9 @@ pub(super) fn encode(limits: &ClientLimits) -> Result<Option<String>, StoreError
 pub(super) fn decode(name: &str, json: Option<&str>) -> Result<ClientLimits, StoreError> {
     match json {
         None => Ok(ClientLimits::default()),
-        Some(json) => serde_json::from_str(json).map_err(|err| {
-            StoreError::Backend(format!(
-                "corrupt store: client {name:?} limits {json:?}: {err}"
-            ))
+        Some(json) => serde_json::from_str(json).map_err(|err| StoreError::CorruptRecord {
+            name: name.to_owned(),
+            detail: format!("limits {json:?}: {err}"),
         }),
     }
 }

@@ -42,7 +42,7 @@ use self::rows::{
 };
 pub use self::schema::{BUSY_TIMEOUT, DIR_MODE, FILE_MODE, SCHEMA_VERSION};
 use super::{
-    validate_name, Change, ChangeKind, ClientLimits, ClientRecord, EgressIdentity,
+    validate_name, Change, ChangeKind, ClientLimits, ClientList, ClientRecord, EgressIdentity,
     EndpointSnapshot, NodeId, Store, StoreError, Usage,
 };
 
@@ -188,7 +188,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+    async fn read_clients(&self) -> Result<ClientList, StoreError> {
         self.with_conn(|conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
@@ -200,7 +200,9 @@ impl Store for SqliteStore {
                 .map_err(db("listing clients"))?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(db("listing clients"))?;
-            rows.into_iter().map(client_from_raw).collect()
+            Ok(ClientList::from_results(
+                rows.into_iter().map(client_from_raw),
+            ))
         })
         .await
     }

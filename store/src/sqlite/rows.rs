@@ -70,16 +70,19 @@ pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError
     let limits = super::limits::decode(&name, limits.as_deref())?;
     let wg_address = match wg_address {
         None => None,
-        Some(text) => Some(text.parse::<IpAddr>().map_err(|_| {
-            StoreError::Backend(format!(
-                "corrupt store: client {name:?} wg_address {text:?}"
-            ))
-        })?),
+        Some(text) => Some(
+            text.parse::<IpAddr>()
+                .map_err(|_| StoreError::CorruptRecord {
+                    name: name.clone(),
+                    detail: format!("wg_address {text:?}"),
+                })?,
+        ),
     };
     let egress = match egress {
         None => crate::EgressPolicy::Any,
-        Some(text) => text.parse().map_err(|_| {
-            StoreError::Backend(format!("corrupt store: client {name:?} egress {text:?}"))
+        Some(text) => text.parse().map_err(|_| StoreError::CorruptRecord {
+            name: name.clone(),
+            detail: format!("egress {text:?}"),
         })?,
     };
     Ok(ClientRecord {

@@ -373,3 +373,42 @@ async fn an_identity_from_before_schema_5_is_taken_once() {
         None
     );
 }
+
+#[tokio::test]
+async fn a_record_that_cannot_be_read_is_named_and_the_others_are_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let store = crate::open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open");
+    for name in ["a", "b", "c"] {
+        store
+            .add_client(crate::contract::client(name))
+            .await
+            .expect("add");
+    }
+    // An egress policy this build does not know (a newer blipless-ctl's).
+    rusqlite::Connection::open(&path)
+        .expect("open the file")
+        .execute(
+            "UPDATE clients SET egress = 'via:next-year' WHERE name = 'b'",
+            [],
+        )
+        .expect("update");
+    let unreadable = |error: &StoreError| {
+        matches!(error, StoreError::CorruptRecord { name, detail }
+            if name == "b" && detail.contains("via:next-year"))
+    };
+    let got = store.get_client("b").await;
+    assert!(got.as_ref().is_err_and(unreadable), "{got:?}");
+    let list = store.read_clients().await.expect("read");
+    let names: Vec<&str> = list.records.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a", "c"]);
+    assert!(
+        matches!(&list.unreadable[..], [StoreError::CorruptRecord { name, .. }] if name == "b"),
+        "{:?}",
+        list.unreadable
+    );
+    let listed = store.list_clients().await;
+    assert!(listed.as_ref().is_err_and(unreadable), "{listed:?}");
+}
