@@ -475,11 +475,14 @@ impl Relay<'_> {
                     .collect();
             }
         }
-        let lookup = tokio::net::lookup_host((host.as_str(), port));
-        let addresses: Vec<SocketAddr> = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
-            Ok(Ok(found)) => found.collect(),
-            _ => Vec::new(),
-        };
+        let deadline = tokio::time::Instant::now() + RESOLVE_TIMEOUT;
+        let addresses = self
+            .context
+            .egress
+            .lookups
+            .resolve(&host, port, deadline)
+            .await
+            .unwrap_or_default();
         if self.names.len() >= NAME_CACHE {
             self.names.clear();
         }

@@ -21,6 +21,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 pub mod eyeballs;
 pub mod host_addresses;
+pub mod lookups;
 pub mod report;
 pub mod routes;
 pub mod upstream_socks;
@@ -100,6 +101,8 @@ pub struct Egress {
     host: HostAddresses,
     /// Direct and the upstreams, with their health.
     pub routes: std::sync::Arc<routes::Routes>,
+    /// Name lookups for customers' destinations, bounded per plane.
+    pub lookups: lookups::Lookups,
 }
 
 impl Egress {
@@ -121,6 +124,7 @@ impl Egress {
             connect_timeout,
             host,
             routes: std::sync::Arc::default(),
+            lookups: lookups::Lookups::default(),
         }
     }
 
@@ -162,16 +166,14 @@ impl Egress {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let candidates: Vec<SocketAddr> = match target {
             Target::Address(address) => vec![*address],
-            Target::Name { host, port } => {
-                let resolved = tokio::time::timeout_at(
-                    deadline,
-                    tokio::net::lookup_host((host.as_str(), *port)),
-                )
+            Target::Name { host, port } => self
+                .lookups
+                .resolve(host, *port, deadline)
                 .await
-                .map_err(|_| EgressError::TimedOut(target.to_string()))?
-                .map_err(|_| EgressError::Unresolvable(host.clone()))?;
-                resolved.collect()
-            }
+                .map_err(|error| match error {
+                    lookups::LookupError::TimedOut => EgressError::TimedOut(target.to_string()),
+                    lookups::LookupError::Failed => EgressError::Unresolvable(host.clone()),
+                })?,
         };
         if candidates.is_empty() {
             return Err(EgressError::Unresolvable(target.to_string()));
