@@ -70,7 +70,11 @@ fn every_key_has_a_row_in_the_keys_table() {
         let Some((key, _)) = line.split_once(" = ") else {
             continue;
         };
-        if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
             continue;
         }
         let dotted = format!("{section}.{key}");

@@ -85,7 +85,9 @@ pub async fn add_with_address(
     // Addresses found taken that the list did not show (yet).
     let mut taken: Vec<IpAddr> = Vec::new();
     for _ in 0..ADDRESS_ATTEMPTS {
-        let clients = store.list_clients().await?;
+        // A record that cannot be read is left out (its address, if it has
+        // one, is still refused by the store's own check: AddressTaken).
+        let clients = store.read_clients().await?.records;
         let in_use = clients
             .iter()
             .filter_map(|client| client.wg_address)

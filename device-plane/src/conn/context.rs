@@ -243,15 +243,21 @@ impl Context {
             // sticky one for when the policy changes back.
             return self
                 .egress
-                .connect(self.identities.rotating_source(), target)
+                .connect(client, self.identities.rotating_source(), target)
                 .await;
         }
-        match self.egress.connect(held.identity.source, target).await {
+        match self
+            .egress
+            .connect(client, held.identity.source, target)
+            .await
+        {
             Err(EgressError::SourceUnusable(source, error)) => {
                 tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");
                 self.identities.evict(client).await;
                 let held = self.identities.open(client).await;
-                self.egress.connect(held.identity.source, target).await
+                self.egress
+                    .connect(client, held.identity.source, target)
+                    .await
             }
             other => other,
         }

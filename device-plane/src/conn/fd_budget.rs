@@ -72,7 +72,7 @@ pub struct FdBudget {
     counted: Mutex<Option<Counted>>,
     /// Descriptors [`Held`] now.
     held: Arc<AtomicU64>,
-    /// The connections open at the last [`FdBudget::admits`].
+    /// The connections open at the last [`FdBudget::admits_connection`].
     last_connections: AtomicU64,
 }
 
@@ -115,12 +115,19 @@ impl FdBudget {
     /// [`RESERVE`] for what opened since); near it, the process's open
     /// descriptors are counted, at most once per [`RECOUNT_EVERY`].
     pub fn admits(&self, connections: u64) -> bool {
-        self.last_connections.store(connections, Ordering::Relaxed);
         self.admits_counting(connections, Instant::now(), open_descriptors)
     }
 
+    /// [`Self::admits`] for a new customer connection, with `connections`
+    /// open now: the count [`Self::admits_another`] goes by.
+    pub fn admits_connection(&self, connections: u64) -> bool {
+        self.last_connections.store(connections, Ordering::Relaxed);
+        self.admits(connections)
+    }
+
     /// Whether a descriptor held outside the connection tracker may be
-    /// taken now (with the connections open at the last [`Self::admits`]).
+    /// taken now (with the connections open at the last
+    /// [`Self::admits_connection`]).
     pub fn admits_another(&self) -> bool {
         self.admits_counting(
             self.last_connections.load(Ordering::Relaxed),

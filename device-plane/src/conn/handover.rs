@@ -224,9 +224,11 @@ pub async fn adopt(
     };
     match migrate.kind {
         MigrateKind::HttpIdle => {
-            // With no client known, the predecessor billed nobody for the
+            // With no client named, the predecessor billed nobody for the
             // bytes it read and left: the first client to authenticate is.
-            let unbilled_up = if known.is_none() {
+            // (A client it named but this plane does not know, removed
+            // meanwhile, was billed there already.)
+            let unbilled_up = if migrate.client.is_empty() {
                 migrate.up.pending.len() as u64
             } else {
                 0

@@ -47,7 +47,10 @@ pub fn take_connections(context: &Arc<Context>, all: Vec<Accepted>, fds: Vec<Own
 
 fn serve_handed(context: &Arc<Context>, accepted: Accepted, fd: OwnedFd) {
     let socket = socket_from_accepted_fd(fd);
-    if !context.fds.admits(context.connections.len() as u64) {
+    if !context
+        .fds
+        .admits_connection(context.connections.len() as u64)
+    {
         // Dropping the socket closes it: the customer's client sees the
         // connection end at once, and nothing else is touched.
         context.fds.refuse(accepted.connection_id);

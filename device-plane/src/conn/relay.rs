@@ -140,7 +140,9 @@ impl Pump {
             if written == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
-            limiter.charge_quota(written);
+            // Bytes billed already were charged as they were read (an HTTP
+            // CONNECT's, with its head): the rest is charged now.
+            limiter.charge_quota(written.saturating_sub(self.billed));
             self.copied += written as u64;
             self.start += written;
             if self.start == self.pending.len() {

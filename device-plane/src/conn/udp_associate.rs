@@ -480,7 +480,7 @@ impl Relay<'_> {
             .context
             .egress
             .lookups
-            .resolve(&host, port, deadline)
+            .resolve(&self.client.record.name, &host, port, deadline)
             .await
             .unwrap_or_default();
         if self.names.len() >= NAME_CACHE {

@@ -143,15 +143,17 @@ impl Egress {
             || !(denied_by_default(ip) || self.host.contains(ip))
     }
 
-    /// Resolves `target`, keeps the permitted addresses, and connects to the
+    /// Resolves `target` (a name as one of `client`'s lookups,
+    /// [`lookups`]), keeps the permitted addresses, and connects to the
     /// first that answers (IPv6 and IPv4 raced, [`eyeballs`]), from `source`
     /// when it is of the same family.
     pub async fn connect(
         &self,
+        client: &str,
         source: Option<IpAddr>,
         target: &Target,
     ) -> Result<TcpStream, EgressError> {
-        self.connect_from(source, false, target).await
+        self.connect_from(client, source, false, target).await
     }
 
     /// [`Egress::connect`]; with `source_only`, only addresses of the
@@ -159,6 +161,7 @@ impl Egress {
     /// unbound socket would leave directly).
     pub async fn connect_from(
         &self,
+        client: &str,
         source: Option<IpAddr>,
         source_only: bool,
         target: &Target,
@@ -168,7 +171,7 @@ impl Egress {
             Target::Address(address) => vec![*address],
             Target::Name { host, port } => self
                 .lookups
-                .resolve(host, *port, deadline)
+                .resolve(client, host, *port, deadline)
                 .await
                 .map_err(|error| match error {
                     lookups::LookupError::TimedOut => EgressError::TimedOut(target.to_string()),
@@ -352,7 +355,10 @@ mod tests {
         for address in host_addresses::read().expect("getifaddrs") {
             let target = Target::Address(SocketAddr::new(address, 9));
             assert!(
-                matches!(e.connect(None, &target).await, Err(EgressError::Denied(_))),
+                matches!(
+                    e.connect("alice", None, &target).await,
+                    Err(EgressError::Denied(_))
+                ),
                 "{address}"
             );
         }
@@ -476,7 +482,7 @@ mod tests {
             port: 9,
         };
         assert!(matches!(
-            e.connect(None, &target).await,
+            e.connect("alice", None, &target).await,
             Err(EgressError::Denied(_))
         ));
     }

@@ -86,12 +86,17 @@ impl Egress {
         session: &str,
     ) -> Result<TcpStream, EgressError> {
         let address = match &route.kind {
-            RouteKind::Direct => return self.connect(source, target).await,
+            RouteKind::Direct => return self.connect(client, source, target).await,
             // The host's rule for the exit's tunnel address routes the
             // socket into the exit; its health comes from handshakes.
             RouteKind::Wireguard(exit) => {
                 let stream = self
-                    .connect_from(Some(std::net::IpAddr::V4(exit.address)), true, target)
+                    .connect_from(
+                        client,
+                        Some(std::net::IpAddr::V4(exit.address)),
+                        true,
+                        target,
+                    )
                     .await?;
                 route
                     .opened

@@ -132,10 +132,11 @@ pub(super) async fn warm_up(
     let packets = Arc::new(packets.with_dns(dns.clone()));
     // One descriptor budget for customer connections and for what else
     // clients can make the plane hold (DNS over TCP); made after the TUN
-    // queues and listeners are open, which its baseline counts.
+    // queues are open, which its baseline counts.
     let fds = Arc::new(crate::conn::fd_budget::FdBudget::from_rlimit());
     if let Some(dns) = &dns {
         dns.count_in(fds.clone());
+        dns.serve_tcp();
     }
     // Failed logins are logged from one task, at most once a second per source.
     let auth = Arc::new(AuthGuard::new());
@@ -196,12 +197,11 @@ fn dns_gateway(config: &Config) -> Option<Arc<crate::wg::dns::DnsGateway>> {
                 blipless_config::pool6::TunnelPools::new(config.wireguard.pool, pool6)?
                     .v6_of(address)
             });
-            let gateway = Arc::new(
+            // It serves TCP once it counts in the descriptor budget (below).
+            Some(Arc::new(
                 crate::wg::dns::DnsGateway::new(address, &config.wireguard.dns_upstreams)
                     .with_address6(address6),
-            );
-            gateway.serve_tcp();
-            Some(gateway)
+            ))
         }
         Ok(std::net::IpAddr::V6(_)) | Err(_) => None,
     }

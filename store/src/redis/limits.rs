@@ -37,7 +37,7 @@ impl RedisStore {
             else {
                 return Err(StoreError::NotFound(name.to_owned()));
             };
-            let mut record = self.decode_client(&key, &json)?;
+            let mut record = self.decode_client(name, &json)?;
             record.limits = limits;
             let new = serde_json::to_string(&record)
                 .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;

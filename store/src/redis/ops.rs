@@ -148,7 +148,7 @@ impl RedisStore {
         let json: Option<String> = self
             .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
-        Ok(json.and_then(|json| match self.decode_client(&key, &json) {
+        Ok(json.and_then(|json| match self.decode_client(name, &json) {
             Ok(record) => record.wg_address,
             Err(error) => {
                 tracing::warn!(%error, "reading a client's WireGuard address");
@@ -158,16 +158,27 @@ impl RedisStore {
     }
 
     /// A client's record from its JSON; anything else is that client's
-    /// corrupt record (the error names the client and where, never the JSON,
-    /// which holds the secret's hash).
+    /// corrupt record. The error names the client, the key and where in the
+    /// JSON, never a value from it (serde's own message may quote one, and
+    /// the record holds the secret's hash).
     pub(super) fn decode_client(&self, name: &str, json: &str) -> Result<ClientRecord, StoreError> {
-        serde_json::from_str(json).map_err(|err| StoreError::CorruptRecord {
-            name: name.to_owned(),
-            detail: format!(
-                "Redis at {}: key {}: {err}",
-                self.shown_url,
-                client_key(name)
-            ),
+        serde_json::from_str(json).map_err(|err| {
+            let what = match err.classify() {
+                serde_json::error::Category::Io => "unreadable",
+                serde_json::error::Category::Syntax => "not valid JSON",
+                serde_json::error::Category::Data => "JSON of another shape than a client record",
+                serde_json::error::Category::Eof => "cut short",
+            };
+            StoreError::CorruptRecord {
+                name: name.to_owned(),
+                detail: format!(
+                    "Redis at {}: key {}: {what} (line {}, column {})",
+                    self.shown_url,
+                    client_key(name),
+                    err.line(),
+                    err.column()
+                ),
+            }
         })
     }
 

@@ -323,9 +323,13 @@ async fn handle(
         Ok(client) => client,
         Err(refusal) => {
             let mut response = refusal.response();
-            if source.is_none() {
-                // No address to throttle: a failed login ends the connection,
-                // so guessing goes on only over new ones, which have one.
+            let sent_credentials = request
+                .headers()
+                .contains_key(hyper::header::PROXY_AUTHORIZATION);
+            if source.is_none() && sent_credentials {
+                // No address to throttle: wrong credentials end the
+                // connection, so guessing goes on only over new ones, which
+                // have one. (Asking without any gets the usual challenge.)
                 response
                     .headers_mut()
                     .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
