@@ -31,6 +31,16 @@ fn dig(world: &WgWorld, name: &str, extra: &[&str]) -> String {
         .unwrap_or_else(|error| panic!("dig {name}: {error}\n{}", world.diagnostics()))
 }
 
+/// Waits until `/metrics` counts at least `queries` answered by the gateway.
+fn answered_at_least(world: &WgWorld, queries: f64) {
+    blipless_tests::wait_until(Duration::from_secs(10), "the answers in /metrics", || {
+        world
+            .node
+            .metric("blipless_wg_dns_queries_total{result=\"answered\"}")
+            >= queries
+    });
+}
+
 #[test]
 fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
     let upstream = format!("10.{SUBNET}.2.2");
@@ -119,10 +129,14 @@ fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
             world.diagnostics()
         );
         if round == "before the deploy" {
+            // The ingress counts what the plane answered, from its reports.
+            answered_at_least(&world, 3.0);
             let (new, _) = world.node.deploy(&mut world.device);
             world.device = new;
         }
     }
+    // Three more from the new plane.
+    answered_at_least(&world, 6.0);
     // Every query dig sent reached dnsmasq from the node (the device plane's
     // resolver), none from the client's own address.
     let log = dnsmasq.output();

@@ -62,6 +62,9 @@ pub struct Context {
     /// connections are refused, never the channel lost. Shared with the
     /// DNS gateway's TCP connections (`with_fds`).
     pub fds: Arc<super::fd_budget::FdBudget>,
+    /// What the WireGuard DNS gateway counted, when there is one
+    /// (`with_dns_counters`): reported with the refusals.
+    pub dns_counters: Option<Arc<crate::wg::dns::DnsCounters>>,
     /// `limits.connections` and `limits.tunnels_per_client` (`with_caps`).
     pub caps: super::caps::Caps,
     /// Connections taken since start (accepted and adopted).
@@ -111,6 +114,7 @@ impl Context {
             mode: watch::channel(Mode::Serving).0,
             cut_all: Mutex::new(CancellationToken::new()),
             fds: Arc::new(super::fd_budget::FdBudget::from_rlimit()),
+            dns_counters: None,
             caps: super::caps::Caps::default(),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
@@ -133,6 +137,12 @@ impl Context {
     /// The same context with these caps on connections and tunnels.
     pub fn with_caps(mut self, caps: super::caps::Caps) -> Self {
         self.caps = caps;
+        self
+    }
+
+    /// The same context reporting the DNS gateway's counters.
+    pub fn with_dns_counters(mut self, counters: Option<Arc<crate::wg::dns::DnsCounters>>) -> Self {
+        self.dns_counters = counters;
         self
     }
 

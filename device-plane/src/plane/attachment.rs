@@ -350,6 +350,14 @@ fn refusals(context: &Context) -> DeviceReport {
         udp: context.udp_counters.counts(),
         channel_fds_dropped: blipless_link::fds_dropped(),
         cpu_micros: cpu_micros(),
+        dns_answered: context
+            .dns_counters
+            .as_ref()
+            .map_or(0, |dns| load(&dns.answered)),
+        dns_dropped: context
+            .dns_counters
+            .as_ref()
+            .map_or(0, |dns| load(&dns.dropped)),
         ..DeviceReport::default()
     }
 }
@@ -374,6 +382,8 @@ fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
         udp: now.udp.since(before.udp),
         channel_fds_dropped: less(now.channel_fds_dropped, before.channel_fds_dropped),
         cpu_micros: less(now.cpu_micros, before.cpu_micros),
+        dns_answered: less(now.dns_answered, before.dns_answered),
+        dns_dropped: less(now.dns_dropped, before.dns_dropped),
         ..DeviceReport::default()
     }
 }

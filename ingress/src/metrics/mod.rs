@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 
 use crate::planes::{PlaneState, Planes};
 
+mod dns;
 mod process;
 mod reports;
 mod socks_udp;
@@ -79,6 +80,8 @@ pub struct Metrics {
     pub tls: TlsMetrics,
     /// The SOCKS5 UDP relays' counts, from the planes' reports.
     pub socks5_udp: UdpMetrics,
+    /// The WireGuard DNS gateway's counts, from the planes' reports.
+    dns: dns::DnsMetrics,
     handoffs: Counter,
     handoff_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     auth_failures: Family<ProtocolLabel, Counter>,
@@ -214,6 +217,7 @@ impl Metrics {
         let wg = WgMetrics::register(&mut registry);
         let tls = TlsMetrics::register(&mut registry);
         let socks5_udp = UdpMetrics::register(&mut registry);
+        let dns = dns::DnsMetrics::register(&mut registry);
         let handoffs = Counter::default();
         registry.register(
             "ingress_handoffs",
@@ -291,6 +295,7 @@ impl Metrics {
             wg,
             tls,
             socks5_udp,
+            dns,
             handoffs,
             handoff_seconds,
             auth_failures,

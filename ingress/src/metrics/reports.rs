@@ -105,6 +105,10 @@ impl Metrics {
         self.device_process
             .count_cpu(previous.cpu_micros, report.cpu_micros);
         self.socks5_udp.count(previous.udp, report.udp);
+        self.dns.count(
+            (previous.dns_answered, report.dns_answered),
+            (previous.dns_dropped, report.dns_dropped),
+        );
     }
 
     /// The active plane's routes, replacing what an earlier plane reported

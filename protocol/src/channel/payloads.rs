@@ -179,6 +179,15 @@ pub struct DeviceReport {
     /// its open-file limit), on this attachment.
     #[serde(default)]
     pub channel_fds_dropped: u64,
+    /// WireGuard clients' DNS queries the plane's gateway answered, on this
+    /// attachment.
+    #[serde(default)]
+    pub dns_answered: u64,
+    /// DNS queries the gateway dropped (unreadable, a response, too many in
+    /// flight) and DNS-over-TCP connections it closed unserved (over a cap,
+    /// no descriptor room), on this attachment.
+    #[serde(default)]
+    pub dns_dropped: u64,
     /// The plane's egress routes and their health (docs/EGRESS.md).
     #[serde(default)]
     pub routes: Vec<RouteReport>,

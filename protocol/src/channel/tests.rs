@@ -271,6 +271,8 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
             max_fds: 24,
             resident_bytes: 25,
             cpu_micros: 26,
+            dns_answered: 27,
+            dns_dropped: 28,
         })),
         ToIngress::Synced(Synced {
             token: 3,

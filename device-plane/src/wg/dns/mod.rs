@@ -90,8 +90,8 @@ pub struct DnsGateway {
     /// The plane's descriptor budget, which TCP connections count in
     /// ([`Self::count_in`]).
     fds: std::sync::OnceLock<Arc<FdBudget>>,
-    /// What the gateway did so far.
-    pub counters: DnsCounters,
+    /// What the gateway did so far (shared with the plane's reports).
+    pub counters: Arc<DnsCounters>,
 }
 
 impl std::fmt::Debug for DnsGateway {
@@ -152,7 +152,7 @@ impl DnsGateway {
             stop: CancellationToken::new(),
             tcp: tcp::TcpConnections::default(),
             fds: std::sync::OnceLock::new(),
-            counters: DnsCounters::default(),
+            counters: Arc::default(),
         }
     }
 
