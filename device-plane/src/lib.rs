@@ -13,6 +13,7 @@ pub mod conn;
 pub mod egress;
 mod fault;
 pub mod identity;
+pub mod keyed_places;
 pub mod link;
 pub mod plane;
 pub mod privileges;

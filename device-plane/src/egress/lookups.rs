@@ -15,12 +15,13 @@
 //! address written as a name (`"192.0.2.7"`) needs no lookup and takes no
 //! place.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+use crate::keyed_places::KeyedPlaces;
 
 /// Lookups run at once per device plane.
 pub const AT_ONCE: usize = 128;
@@ -44,9 +45,8 @@ pub enum LookupError {
 #[derive(Debug, Clone)]
 pub struct Lookups {
     permits: Arc<Semaphore>,
-    /// Each client's places in flight (a client with none has no entry).
-    by_client: Arc<Mutex<HashMap<String, usize>>>,
-    per_client: usize,
+    /// Each client's lookups in flight.
+    by_client: KeyedPlaces<String>,
 }
 
 impl Default for Lookups {
@@ -55,34 +55,12 @@ impl Default for Lookups {
     }
 }
 
-/// One client's place, given back when dropped.
-struct ClientPlace {
-    by_client: Arc<Mutex<HashMap<String, usize>>>,
-    client: String,
-}
-
-impl Drop for ClientPlace {
-    fn drop(&mut self) {
-        let mut by_client = self
-            .by_client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = by_client.get_mut(&self.client) {
-            *held -= 1;
-            if *held == 0 {
-                by_client.remove(&self.client);
-            }
-        }
-    }
-}
-
 impl Lookups {
     /// At most `at_once` lookups in flight, `per_client` of one client's.
     pub fn new(at_once: usize, per_client: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(at_once)),
-            by_client: Arc::default(),
-            per_client,
+            by_client: KeyedPlaces::new(per_client),
         }
     }
 
@@ -108,23 +86,6 @@ impl Lookups {
         .await
     }
 
-    /// One of `client`'s places, if it has one left.
-    fn client_place(&self, client: &str) -> Option<ClientPlace> {
-        let mut by_client = self
-            .by_client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let held = by_client.entry(client.to_owned()).or_insert(0);
-        if *held >= self.per_client {
-            return None;
-        }
-        *held += 1;
-        Some(ClientPlace {
-            by_client: self.by_client.clone(),
-            client: client.to_owned(),
-        })
-    }
-
     /// Runs `lookup` on a blocking thread under one of `client`'s places
     /// and a plane-wide permit, both held until it returns; its answer if
     /// that is by `deadline`.
@@ -135,7 +96,8 @@ impl Lookups {
         lookup: impl FnOnce() -> Result<Vec<SocketAddr>, LookupError> + Send + 'static,
     ) -> Result<Vec<SocketAddr>, LookupError> {
         let place = loop {
-            if let Some(place) = self.client_place(client) {
+            // The plane-wide bound is the permits' (below).
+            if let Some(place) = self.by_client.take(&client.to_owned(), usize::MAX) {
                 break place;
             }
             // The client's own lookups are all running: wait for one.
@@ -269,7 +231,7 @@ mod tests {
         for lookup in running {
             assert!(lookup.await.expect("joined").is_ok());
         }
-        assert!(lookups.by_client.lock().expect("lock").is_empty());
+        assert!(lookups.by_client.is_empty());
     }
 
     #[tokio::test]

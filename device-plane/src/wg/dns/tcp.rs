@@ -12,10 +12,9 @@
 //! A query takes one of the gateway's in-flight slots while it is resolved,
 //! as a UDP one does.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::{DnsGateway, Transport, DNS_TCP_PORT};
 use crate::conn::fd_budget::Held;
+use crate::keyed_places::{KeyedPlace, KeyedPlaces};
 
 /// A TCP connection with no query for this long is closed (RFC 7766 §6.2.3
 /// suggests seconds).
@@ -34,35 +34,21 @@ pub(super) const TCP_CONNECTIONS: usize = 256;
 /// TCP connections open at once from one client address.
 pub(super) const TCP_PER_SOURCE: usize = 8;
 
-/// The TCP connections open now, in all and per client address.
-#[derive(Debug, Default)]
-pub(super) struct TcpConnections {
-    by_source: Mutex<HashMap<IpAddr, usize>>,
+/// The TCP connections open now, per client address.
+#[derive(Debug)]
+pub(super) struct TcpConnections(KeyedPlaces<IpAddr>);
+
+impl Default for TcpConnections {
+    fn default() -> Self {
+        Self(KeyedPlaces::new(TCP_PER_SOURCE))
+    }
 }
 
 /// One admitted connection: its place in [`TcpConnections`] (and its
 /// descriptor in the budget, when there is one) until dropped.
 struct Admitted {
-    gateway: Arc<DnsGateway>,
-    source: IpAddr,
+    _place: KeyedPlace<IpAddr>,
     _held: Option<Held>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        let mut by_source = self
-            .gateway
-            .tcp
-            .by_source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(open) = by_source.get_mut(&self.source) {
-            *open -= 1;
-            if *open == 0 {
-                by_source.remove(&self.source);
-            }
-        }
-    }
 }
 
 impl DnsGateway {
@@ -117,28 +103,12 @@ impl DnsGateway {
 
     /// A place for one more connection from `source`, if the caps and the
     /// descriptor budget have room.
-    fn admit(self: &Arc<Self>, source: IpAddr) -> Option<Admitted> {
+    fn admit(&self, source: IpAddr) -> Option<Admitted> {
         if self.fds.get().is_some_and(|fds| !fds.admits_another()) {
             return None;
         }
-        let mut by_source = self
-            .tcp
-            .by_source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let open: usize = by_source.values().sum();
-        let from_source = by_source.entry(source).or_insert(0);
-        if open >= TCP_CONNECTIONS || *from_source >= TCP_PER_SOURCE {
-            if *from_source == 0 {
-                by_source.remove(&source);
-            }
-            return None;
-        }
-        *from_source += 1;
-        drop(by_source);
         Some(Admitted {
-            gateway: self.clone(),
-            source,
+            _place: self.tcp.0.take(&source, TCP_CONNECTIONS)?,
             _held: self.fds.get().map(|fds| fds.hold()),
         })
     }
@@ -309,6 +279,6 @@ mod tests {
         assert_eq!(fds.held(), 1);
         drop(admitted);
         assert_eq!(fds.held(), 0);
-        assert!(gateway.tcp.by_source.lock().expect("lock").is_empty());
+        assert!(gateway.tcp.0.is_empty());
     }
 }
