@@ -100,7 +100,7 @@ impl Listeners {
                 }
                 None => {
                     fresh.push(name);
-                    bind_one(config, name)?
+                    bind_one(config, name, false)?
                 }
             };
             listeners.push(config, name, fd);
@@ -150,7 +150,7 @@ impl Listeners {
         let mut offered: Vec<(OfferedSocket, OwnedFd)> =
             offer.sockets.iter().cloned().zip(fds).collect();
         // The offered socket `name`, if it was bound where we want it.
-        let mut take = |name: SocketName| {
+        let take = |offered: &mut Vec<(OfferedSocket, OwnedFd)>, name: SocketName| {
             let wanted = configured(config, name);
             offered
                 .iter()
@@ -162,16 +162,30 @@ impl Listeners {
         };
         let mut rebound = Vec::new();
         for name in singles(config) {
-            let fd = match take(name) {
+            let fd = match take(&mut offered, name) {
                 Some(fd) => fd,
                 None => {
                     rebound.push(name);
-                    bind_one(config, name)?
+                    // A TCP listener that moved to another address: the
+                    // predecessor's stays open until it exits, and may hold
+                    // the same port (127.0.0.1:1080 to 0.0.0.0:1080).
+                    let moved = offered.iter().find(|(socket, _)| socket.name == name);
+                    let share_port = match moved {
+                        Some((_, old)) if is_tcp(name) => {
+                            sockets::share_port(old.as_fd())?;
+                            true
+                        }
+                        _ => false,
+                    };
+                    bind_one(config, name, share_port)?
                 }
             };
             listeners.push(config, name, fd);
         }
-        let group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
+        let group = match (
+            take(&mut offered, SocketName::Wg0),
+            take(&mut offered, SocketName::Wg1),
+        ) {
             (Some(wg0), Some(wg1)) => [wg0, wg1],
             // The WireGuard address changed: a new group of two.
             _ => {
@@ -314,6 +328,14 @@ impl Listeners {
     }
 }
 
+/// Whether `name` is a TCP listener (a customer's or the status one).
+fn is_tcp(name: SocketName) -> bool {
+    matches!(
+        name,
+        SocketName::Socks | SocketName::Http | SocketName::Https | SocketName::Status
+    )
+}
+
 /// A Unix socket kept by the service manager is only usable while its path
 /// still names it: a drain removes the files, and a kept socket whose file is
 /// gone can no longer be reached (it is bound afresh instead).
@@ -338,11 +360,13 @@ fn bind_wg_group(config: &Config) -> anyhow::Result<[OwnedFd; 2]> {
     Ok([OwnedFd::from(wg0), OwnedFd::from(wg1)])
 }
 
-/// Binds one of [`SINGLES`] afresh (the WireGuard pair is bound as a group).
-fn bind_one(config: &Config, name: SocketName) -> anyhow::Result<OwnedFd> {
+/// Binds one of [`SINGLES`] afresh (the WireGuard pair is bound as a group);
+/// a TCP listener with SO_REUSEPORT when `share_port` (see
+/// [`sockets::bind_tcp`]).
+fn bind_one(config: &Config, name: SocketName, share_port: bool) -> anyhow::Result<OwnedFd> {
     let tcp = |address| -> anyhow::Result<OwnedFd> {
         Ok(OwnedFd::from(
-            sockets::bind_tcp(name.as_str(), address)?.into_std()?,
+            sockets::bind_tcp(name.as_str(), address, share_port)?.into_std()?,
         ))
     };
     Ok(match name {

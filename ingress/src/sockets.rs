@@ -23,8 +23,13 @@ use tokio_seqpacket::UnixSeqpacketListener;
 /// connections while no device plane is attached.
 pub const CUSTOMER_BACKLOG: u32 = 4096;
 
-/// Binds a TCP listener with SO_REUSEADDR and a deep backlog.
-pub fn bind_tcp(name: &str, address: SocketAddr) -> anyhow::Result<TcpListener> {
+/// Binds a TCP listener with SO_REUSEADDR and a deep backlog. With
+/// `share_port`, SO_REUSEPORT too: a successor moving a listener to another
+/// address on the same port (127.0.0.1:1080 to 0.0.0.0:1080) binds beside the
+/// predecessor's, which is still open (see [`share_port`]). A first start does
+/// not share: a second node on the same port is an error, not a silent split
+/// of its customers.
+pub fn bind_tcp(name: &str, address: SocketAddr, share_port: bool) -> anyhow::Result<TcpListener> {
     let socket = if address.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
@@ -32,12 +37,26 @@ pub fn bind_tcp(name: &str, address: SocketAddr) -> anyhow::Result<TcpListener> 
     }
     .with_context(|| format!("creating the {name} socket"))?;
     socket.set_reuseaddr(true)?;
+    if share_port {
+        socket.set_reuseport(true)?;
+    }
     socket
         .bind(address)
         .with_context(|| format!("binding the {name} listener to {address}"))?;
     socket
         .listen(CUSTOMER_BACKLOG)
         .with_context(|| format!("listening on {address} ({name})"))
+}
+
+/// Lets a new listener share the port of `listener` (SO_REUSEPORT on it):
+/// Linux lets a socket bind beside a listening one on the same port only when
+/// both ask for it and belong to the same user. Used on a predecessor's
+/// listener that the successor does not take over (its address changed), so
+/// the successor can bind the new address while the predecessor's copy stays
+/// open until it exits.
+pub fn share_port(listener: std::os::fd::BorrowedFd<'_>) -> anyhow::Result<()> {
+    nix::sys::socket::setsockopt(&listener, nix::sys::socket::sockopt::ReusePort, &true)
+        .context("setting SO_REUSEPORT on the predecessor's listener")
 }
 
 /// Binds the WireGuard UDP socket.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use blipless_tests::curl::fetch;
 use blipless_tests::load::{finish_echoes, steady_load, streaming_echo};
+use blipless_tests::netns::{self, require_root, Netns};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
 use blipless_tests::{pattern, wait_until};
@@ -228,5 +229,52 @@ fn a_listener_whose_address_changed_is_bound_afresh() {
         100
     );
     assert!(second.log_text().contains("socks"), "{}", second.log_text());
+    second.kill();
+}
+
+/// An operator opening a listener to the network (127.0.0.1:1080 to
+/// 0.0.0.0:1080) on an ingress restart: the old listener is still open while
+/// the successor binds, on the same port. Run in a namespace of its own, so
+/// the wildcard address holds only its loopback.
+#[test]
+fn a_listener_moved_to_the_wildcard_address_on_its_port_is_bound_beside_the_old_one() {
+    require_root();
+    let ns = Netns::new("moved").expect("a namespace");
+    let origin: std::net::SocketAddr = "127.0.0.1:8000".parse().expect("address");
+    let _origin = netns::start_origin(&ns, origin).expect("an origin in the namespace");
+    let mut node = Node::in_netns(ns.name(), "allow = [\"127.0.0.1/32\"]", "");
+    let (mut first, _device, client) = node.start();
+    assert!(
+        client.socks.ends_with("@127.0.0.1:1080"),
+        "{}",
+        client.socks
+    );
+    let mut second = node.spawn_ingress_with(&["--set", "listen.socks=0.0.0.0:1080"], &[]);
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(
+        left.is_some_and(|status| status.success()),
+        "the old ingress steps aside ({left:?}); the successor said:\n{}",
+        second.log_text()
+    );
+    node.wait_ready();
+    let url = format!("http://{origin}/bytes/100");
+    let body = ns
+        .exec_bytes(
+            "curl",
+            &[
+                "-sS",
+                "--fail",
+                "--max-time",
+                "20",
+                "--proxy",
+                &client.socks,
+                &url,
+            ],
+        )
+        .expect("curl through the moved listener");
+    assert_eq!(body, blipless_tests::pattern(100));
+    let status = node.ctl(&["status", "--json"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("0.0.0.0:1080"), "{status}");
     second.kill();
 }
