@@ -34,8 +34,19 @@ pub fn pipe_out(bytes: &[u8]) -> std::io::Result<OwnedFd> {
     Ok(read)
 }
 
-/// Reads exactly `len` bytes a predecessor left in a pipe.
+/// Reads exactly `len` bytes a predecessor left in a pipe. `len` comes from
+/// the other plane's frame: it is checked against what the fd can hold (a
+/// pipe never holds more than its capacity) before anything is allocated, so
+/// a wrong length (up to 4 GiB) costs only this connection, never an
+/// allocation that could abort the plane.
 pub fn pipe_in(read: OwnedFd, len: usize) -> std::io::Result<Vec<u8>> {
+    let capacity = fcntl(&read, FcntlArg::F_GETPIPE_SZ)
+        .map_err(|error| std::io::Error::other(format!("not a pipe: {error}")))?;
+    if len > capacity as usize {
+        return Err(std::io::Error::other(format!(
+            "{len} pending bytes announced in a pipe that holds at most {capacity}"
+        )));
+    }
     let mut bytes = vec![0u8; len];
     let mut filled = 0;
     while filled < len {
@@ -64,5 +75,19 @@ mod tests {
     fn a_short_pipe_is_an_error_not_a_hang() {
         let read = pipe_out(b"abc").expect("pipe");
         assert!(pipe_in(read, 10).is_err());
+    }
+
+    #[test]
+    fn a_length_past_the_pipes_capacity_is_refused_before_allocating() {
+        let read = pipe_out(b"abc").expect("pipe");
+        let error = pipe_in(read, u32::MAX as usize).expect_err("refused");
+        assert!(error.to_string().contains("holds at most"), "{error}");
+    }
+
+    #[test]
+    fn a_socket_in_place_of_the_pipe_is_refused() {
+        let (one, _other) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let error = pipe_in(OwnedFd::from(one), 3).expect_err("refused");
+        assert!(error.to_string().contains("not a pipe"), "{error}");
     }
 }
