@@ -246,6 +246,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     running.wait().await;
     // The crypto workers finish what they were given.
     let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
+    // Every listener closes before its file goes: a successor that finds no
+    // handoff.sock starts afresh, and must find the ports free.
+    drop(listeners);
     for path in [
         config.device_socket(),
         config.control_socket(),

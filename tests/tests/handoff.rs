@@ -278,3 +278,47 @@ fn a_listener_moved_to_the_wildcard_address_on_its_port_is_bound_beside_the_old_
     assert!(status.contains("0.0.0.0:1080"), "{status}");
     second.kill();
 }
+
+/// `blipless-ctl drain`, then a new ingress before the old one is gone (an
+/// operator restarting a node it meant to take out): the draining ingress
+/// offers nothing (it is about to remove the node's socket files), the new
+/// one waits for it to exit and then starts afresh, on the same ports.
+#[test]
+fn a_successor_started_while_the_node_drains_waits_and_then_starts_afresh() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\nlame_duck = \"3s\"\ngrace = \"5s\"\n");
+    let (mut first, mut device, client) = node.start();
+    let drain = node.ctl(&["drain"]);
+    assert!(
+        drain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drain.stderr)
+    );
+    let mut second = node.spawn_ingress();
+    wait_until(
+        Duration::from_secs(20),
+        "the new ingress to wait for the draining one",
+        || second.log_text().contains("waiting for its turn"),
+    );
+    assert!(first.log_text().contains("while this ingress drains"));
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(left.is_some_and(|status| status.success()), "{left:?}");
+    assert!(device.wait_exit(Duration::from_secs(30)).is_some());
+    wait_until(
+        Duration::from_secs(30),
+        "the new ingress to serve afresh",
+        || second.log_text().contains("ingress serving"),
+    );
+    assert!(
+        !second.log_text().contains("takes over"),
+        "{}",
+        second.log_text()
+    );
+    let _device = node.start_device();
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    second.kill();
+}

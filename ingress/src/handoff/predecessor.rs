@@ -88,6 +88,23 @@ pub async fn serve(listener: UnixSeqpacketListener, handoffs: Handoffs, stop: Ca
 /// serves, tell the run loop to step aside.
 async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<()> {
     let hello = read_hello(&socket).await?;
+    // A drain was asked for (SIGTERM, `blipless-ctl drain`): the node is
+    // going away, its socket files with it, so nothing is offered; the
+    // successor asks again until this ingress has gone, then starts afresh.
+    if handoffs.node.shutdown.is_cancelled() {
+        tracing::info!(
+            pid = hello.pid,
+            "a successor asks to take over while this ingress drains: it starts once this one has exited"
+        );
+        peercred::refuse_ingress(
+            &socket,
+            "this ingress is draining (a drain was asked for); start afresh once it has exited"
+                .to_string(),
+            true,
+        )
+        .await;
+        return Ok(());
+    }
     if handoffs.lineage.beside_predecessor.load(Ordering::SeqCst) {
         let reason =
             "this ingress is still taking over from its own predecessor (two generations at most)"

@@ -52,17 +52,18 @@ enum Found {
     Nobody,
     /// The running ingress's offer.
     Predecessor(Box<Predecessor>),
-    /// The running ingress is busy with another handoff: ask again.
+    /// The running ingress is busy (another handoff, or draining): ask again.
     Busy(String),
 }
 
 /// Connects to the handoff socket of a running ingress and takes its offer;
 /// `None` when no ingress answers there (a first start, or after a crash).
-/// While the running ingress is busy with another handoff (still beside its
-/// own predecessor: two restarts in a row; or another successor taking
-/// over), this one waits for its turn and asks again, for up to
-/// `drain.grace` plus [`TURN_MARGIN`] (the predecessor's own overlap ends
-/// within `drain.grace`); then, or on any other refusal, it is an error
+/// While the running ingress is busy (still beside its
+/// own predecessor: two restarts in a row; another successor taking
+/// over; or draining, after which it is gone and this one starts afresh),
+/// this one waits for its turn and asks again, for up to `drain.lame_duck`
+/// plus `drain.grace` plus [`TURN_MARGIN`] (the predecessor's own overlap
+/// ends within `drain.grace`); then, or on any other refusal, it is an error
 /// that says why. `socket_kept`: the service manager passed the handoff
 /// socket back, so a connection may succeed with nobody listening; no offer
 /// within `KEPT_SOCKET_ANSWER` (2 s) then means no predecessor.
@@ -71,7 +72,9 @@ pub async fn find_predecessor(
     socket_kept: bool,
 ) -> anyhow::Result<Option<Predecessor>> {
     let started = Instant::now();
-    let patience = config.drain.grace + TURN_MARGIN;
+    // The longest a running ingress stays busy: a drain (lame duck, then
+    // the grace) or its own overlap with a predecessor (within the grace).
+    let patience = config.drain.lame_duck + config.drain.grace + TURN_MARGIN;
     let mut said = false;
     loop {
         match try_predecessor(config, socket_kept).await? {
@@ -79,7 +82,7 @@ pub async fn find_predecessor(
             Found::Predecessor(predecessor) => return Ok(Some(*predecessor)),
             Found::Busy(reason) if started.elapsed() < patience => {
                 if !said {
-                    tracing::info!(%reason, "the running ingress is busy with another handoff: waiting for its turn");
+                    tracing::info!(%reason, "the running ingress is busy (another handoff, or draining): waiting for its turn");
                     let _ = blipless_supervise::notify::notify(
                         "STATUS=waiting for the running ingress to finish its handoff",
                     );
