@@ -310,13 +310,14 @@ fn progress(u: &mut Unstructured<'_>) -> Result<HandoffProgress> {
 }
 
 fn handoff(u: &mut Unstructured<'_>) -> Result<Handoff> {
-    Ok(match u.int_in_range(0..=6)? {
+    Ok(match u.int_in_range(0..=7)? {
         0 => Handoff::Hello(hello(u)?),
         1 => Handoff::Refused(refused(u)?),
         2 => Handoff::Offer(offer(u)?),
         3 => Handoff::Peers(peers(u)?),
         4 => Handoff::Endpoints(endpoints(u)?),
         5 => Handoff::Progress(progress(u)?),
+        6 => Handoff::Stopping,
         _ => Handoff::Serving,
     })
 }

@@ -161,6 +161,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 started,
                 wireguard.clone(),
                 planes.clone(),
+                shutdown.clone(),
             )
             .await?;
     }

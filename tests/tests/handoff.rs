@@ -11,6 +11,8 @@ use blipless_tests::load::{finish_echoes, steady_load, streaming_echo};
 use blipless_tests::netns::{self, require_root, Netns};
 use blipless_tests::node::Node;
 use blipless_tests::origin::Origin;
+use blipless_tests::topology::add_wg_client;
+use blipless_tests::wg_peer::{icmp_echo, TestPeer};
 use blipless_tests::{pattern, wait_until};
 
 #[test]
@@ -321,4 +323,97 @@ fn a_successor_started_while_the_node_drains_waits_and_then_starts_afresh() {
         100
     );
     second.kill();
+}
+
+/// A stop asked of the new ingress while the old one still runs beside it
+/// (`systemctl stop` right after a restart): the new one drains the node and
+/// removes its socket files, so the old one must exit too, not serve again
+/// on sockets no device plane can find. A WireGuard peer that keeps sending
+/// on its session with the old ingress (and a successor that reports no
+/// progress) keeps the old one beside the new one meanwhile.
+#[test]
+fn a_successor_stopped_beside_its_predecessor_takes_the_predecessor_with_it() {
+    let mut node =
+        Node::new("[drain]\ngrace = \"20s\"\n\n[wireguard]\nendpoint = \"127.0.0.1:51820\"\n");
+    let (mut first, mut device, _client) = node.start();
+    let config = add_wg_client(&node, "bob");
+    let (private, server, address) = wg_client_settings(&config);
+    let status = node.status_json();
+    let endpoint: std::net::SocketAddr = status["listeners"]
+        .as_array()
+        .and_then(|all| all.iter().find(|l| l["name"] == "wg"))
+        .and_then(|wg| wg["address"].as_str())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("the WireGuard listener in {status}"));
+    let mut bob = TestPeer::new(private, server, address, endpoint, 7).expect("bob");
+    wait_until(Duration::from_secs(20), "bob's handshake", || {
+        bob.handshake(Duration::from_secs(1)).is_ok()
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let talking = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ping = icmp_echo(address, std::net::Ipv4Addr::new(10, 9, 9, 9), 7, 1);
+            while !stop.load(Ordering::SeqCst) {
+                let _ = bob.send_inner(&ping);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let mut second = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_SILENT_SUCCESSOR", "1")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the old ingress to step aside",
+        || first.log_text().contains("stepping aside"),
+    );
+    // Beside it for a while: bob keeps it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "bob keeps the old ingress: {}",
+        first.log_text()
+    );
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    let second_left = second.wait_exit(Duration::from_secs(30));
+    let first_left = first.wait_exit(Duration::from_secs(10));
+    stop.store(true, Ordering::SeqCst);
+    talking.join().expect("bob's thread");
+    assert!(
+        second_left.is_some_and(|status| status.success()),
+        "{second_left:?}"
+    );
+    assert!(
+        first_left.is_some_and(|status| status.success()),
+        "the old ingress exits too ({first_left:?}):\n{}",
+        first.log_text()
+    );
+    assert!(
+        first.log_text().contains("was asked to stop"),
+        "{}",
+        first.log_text()
+    );
+    assert!(
+        !first.log_text().contains("serving again"),
+        "{}",
+        first.log_text()
+    );
+    assert!(device.wait_exit(Duration::from_secs(30)).is_some());
+}
+
+/// The keys and tunnel address of a wg-quick config.
+fn wg_client_settings(config: &str) -> ([u8; 32], [u8; 32], std::net::Ipv4Addr) {
+    let key = |field: &str| {
+        let line = config
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.trim_start().strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {field} in {config}"));
+        blipless_config::wireguard_key::decode(line.trim()).expect("a base64 key")
+    };
+    let address = config
+        .lines()
+        .find_map(|line| line.strip_prefix("Address = "))
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("an IPv4 Address line");
+    (key("PrivateKey"), key("PublicKey"), address)
 }

@@ -272,6 +272,12 @@ pub async fn step_aside(
         tokio::select! {
             received = blipless_link::receive::<Handoff>(successor, &mut buffer) => match received {
                 Ok(Some((Handoff::Progress(progress), _))) => departure.on_progress(progress),
+                // The successor drains the node (and removes the socket
+                // files): serving again would be serving nowhere.
+                Ok(Some((Handoff::Stopping, _))) => {
+                    tracing::info!(overlap = ?overlap.elapsed(), "the successor ingress was asked to stop and drains the node: exiting");
+                    return SteppedAside::Exit;
+                }
                 Ok(Some((other, _))) => {
                     tracing::debug!("the successor sent {} during the overlap; ignored", other.name());
                 }

@@ -15,6 +15,7 @@ use blipless_protocol::channel::{
     MAX_FRAME,
 };
 use tokio_seqpacket::UnixSeqpacket;
+use tokio_util::sync::CancellationToken;
 
 use super::{check_peer, receive, Lineage};
 use crate::fault;
@@ -211,7 +212,9 @@ impl Predecessor {
     /// counters, tells it so (it steps aside), then reports its progress
     /// (peers moved, device planes attached) until the connection closes,
     /// which it does when the predecessor exits; until then `lineage` refuses
-    /// a third ingress. `started`: when this ingress started.
+    /// a third ingress. `started`: when this ingress started. When `shutdown`
+    /// is cancelled meanwhile, tells the predecessor `HandoffStopping`, so it
+    /// exits rather than serve again on socket files this drain removes.
     pub async fn serve_beside(
         self,
         metrics: &Metrics,
@@ -219,6 +222,7 @@ impl Predecessor {
         started: Instant,
         wireguard: Arc<Wireguard>,
         planes: Arc<Planes>,
+        shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         fault::stall_handoff().await;
         metrics.carry_on(&self.offer.counters, started.elapsed());
@@ -229,7 +233,7 @@ impl Predecessor {
         lineage.beside_predecessor.store(true, Ordering::SeqCst);
         let lineage = lineage.clone();
         tokio::spawn(async move {
-            report_progress(&connection, &wireguard, &planes).await;
+            report_progress(&connection, &wireguard, &planes, &shutdown).await;
             lineage.beside_predecessor.store(false, Ordering::SeqCst);
             tracing::info!("the predecessor ingress has exited");
         });
@@ -243,24 +247,39 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(10);
 
 /// Tells the predecessor, every [`PROGRESS_EVERY`] while there is news, which
 /// peers have sent this ingress data and which device planes have attached
-/// here ([`HandoffProgress`]); returns when the predecessor's connection
-/// closes (it exited).
-async fn report_progress(connection: &UnixSeqpacket, wireguard: &Wireguard, planes: &Planes) {
+/// here ([`HandoffProgress`]), and once that this ingress stops
+/// (`HandoffStopping`, when `shutdown` is cancelled); returns when the
+/// predecessor's connection closes (it exited).
+async fn report_progress(
+    connection: &UnixSeqpacket,
+    wireguard: &Wireguard,
+    planes: &Planes,
+    shutdown: &CancellationToken,
+) {
     let reports = fault::reports_progress();
     let mut moved = HashSet::new();
     let mut attached = HashSet::new();
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut scratch = [0u8; 64];
+    let mut stopping = false;
     loop {
         tokio::select! {
             received = connection.recv(&mut scratch) => match received {
                 Ok(info) if info.bytes_read() > 0 => continue,
                 _ => return,
             },
+            () = shutdown.cancelled(), if !stopping => {
+                stopping = true;
+                tracing::info!("stopping beside the predecessor ingress: telling it to exit, not to serve again");
+                if let Err(error) = blipless_link::send(connection, &Handoff::Stopping, &[]).await {
+                    tracing::debug!(%error, "could not tell the predecessor we stop");
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
-        if !reports {
+        if !reports || stopping {
             continue;
         }
         let progress = HandoffProgress {

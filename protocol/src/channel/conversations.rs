@@ -134,6 +134,11 @@ pub enum Handoff {
     /// Successor to predecessor, while both serve: peers that moved and
     /// device planes that attached since the last one.
     Progress(HandoffProgress),
+    /// Successor to predecessor, while both serve: a stop was asked of the
+    /// successor (SIGTERM, `blipless-ctl drain`); it drains the node and
+    /// removes the socket files, so the predecessor exits rather than serve
+    /// again when the connection closes.
+    Stopping,
 }
 
 impl<'a> Conversation<'a> for ToDevice<'a> {
@@ -317,6 +322,7 @@ impl<'a> Conversation<'a> for Handoff {
             Handoff::Endpoints(_) => T_ENDPOINTS,
             Handoff::Serving => T_HANDOFF_SERVING,
             Handoff::Progress(_) => T_HANDOFF_PROGRESS,
+            Handoff::Stopping => T_HANDOFF_STOPPING,
         }
     }
 
@@ -334,7 +340,7 @@ impl<'a> Conversation<'a> for Handoff {
             Handoff::Offer(body) => put_json(out, body),
             Handoff::Peers(update) => peers::encode(update, out),
             Handoff::Endpoints(part) => endpoints::encode(part, out),
-            Handoff::Serving => {}
+            Handoff::Serving | Handoff::Stopping => {}
             Handoff::Progress(body) => progress::encode(body, out),
         }
     }
@@ -351,6 +357,10 @@ impl<'a> Conversation<'a> for Handoff {
                 Handoff::Serving
             }
             T_HANDOFF_PROGRESS => Handoff::Progress(progress::decode(payload)?),
+            T_HANDOFF_STOPPING => {
+                empty(message_type, payload)?;
+                Handoff::Stopping
+            }
             other => return Err(not_carried(other, Self::NAME)),
         })
     }

@@ -329,6 +329,7 @@ pub(crate) const T_SYNCED: u8 = 21;
 pub(crate) const T_EXIT_QUEUES: u8 = 22;
 pub(crate) const T_HANDOFF_PROGRESS: u8 = 23;
 pub(crate) const T_ACCEPTED_MANY: u8 = 24;
+pub(crate) const T_HANDOFF_STOPPING: u8 = 25;
 
 /// Most connections one [`AcceptedMany`](super::ToDevice::AcceptedMany)
 /// carries: their fds fit the channel's ancillary buffer with room to spare,
@@ -362,6 +363,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_EXIT_QUEUES => "ExitQueues",
         T_HANDOFF_PROGRESS => "HandoffProgress",
         T_ACCEPTED_MANY => "AcceptedMany",
+        T_HANDOFF_STOPPING => "HandoffStopping",
         _ => return None,
     })
 }

@@ -311,6 +311,7 @@ fn handoff_samples() -> Vec<Handoff> {
             planes: vec![4242],
         }),
         Handoff::Progress(HandoffProgress::default()),
+        Handoff::Stopping,
     ]
 }
 
