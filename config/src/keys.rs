@@ -8,9 +8,9 @@ use std::sync::LazyLock;
 
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
-    IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr, OptionalHostPort,
-    OptionalPath, OptionalQuota, OptionalRate, Queues, ResolverList, Shape, SocketDir, StoreUrl,
-    Workers,
+    InterfaceOrFound, IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr,
+    OptionalHostPort, OptionalPath, OptionalQuota, OptionalRate, Queues, ResolverList, Shape,
+    SocketDir, StoreUrl, Workers,
 };
 use crate::Config;
 
@@ -199,10 +199,10 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "TUN device for packet egress of WireGuard clients.",
             |c| &mut c.egress.tun.name,
         ),
-        Key::new::<Interface>(
+        Key::new::<InterfaceOrFound>(
             "egress.tun.out_interface",
-            Text("eth0"),
-            "Interface packet egress is masqueraded out of.",
+            Text(""),
+            "Interface packet egress is masqueraded out of (empty: the IPv4 default route's, found at `net setup`).",
             |c| &mut c.egress.tun.out_interface,
         ),
         Key::new::<Flag>(

@@ -31,7 +31,7 @@ sources = []                    # source addresses the direct egress binds clien
 
 [egress.tun]                    # packet egress for WireGuard clients
 name = "blip0"
-out_interface = "eth0"          # masquerade out of this interface
+out_interface = ""              # masquerade out of this interface ("": the default route's)
 manage = false                  # true: the device plane sets up TUN, routes, nftables
 
 [wireguard]
@@ -107,7 +107,7 @@ fn defaults_when_nothing_is_given() {
     assert!(config.egress.allow.is_empty());
     assert!(config.egress.sources.is_empty());
     assert_eq!(config.egress.tun.name, "blip0");
-    assert_eq!(config.egress.tun.out_interface, "eth0");
+    assert_eq!(config.egress.tun.out_interface, "");
     assert!(!config.egress.tun.manage);
     assert_eq!(config.wireguard.endpoint, None);
     assert_eq!(config.wireguard.pool.to_string(), "10.64.0.0/16");

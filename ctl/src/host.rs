@@ -11,14 +11,14 @@ use crate::NetCommand;
 /// `net setup` and `net teardown`.
 pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyhow::Result<()> {
     // Checks the configuration (IPv4 pool, interface names) before any change.
-    let plan = net::Plan::from_config(config)?;
+    let mut plan = net::Plan::from_config(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     match command {
         NetCommand::Setup => {
-            runtime.block_on(net::setup(config))?;
+            plan = runtime.block_on(net::setup(config))?;
             if as_json {
                 say!(
                     "{}",

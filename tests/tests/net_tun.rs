@@ -52,7 +52,26 @@ impl Netns {
             "ip netns add {name}: {}",
             text(&output.stderr)
         );
-        Netns { name }
+        let netns = Netns { name };
+        // The uplink the tests masquerade out of (`net setup` refuses an
+        // interface the host does not have): one end of a veth pair.
+        ok(
+            &netns.exec(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    "eth9",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth9-peer",
+                ],
+            ),
+            "adding the uplink eth9",
+        );
+        netns
     }
 
     /// `ip netns exec NAME program args...`
@@ -317,6 +336,59 @@ fn net_setup_makes_the_tun_owned_by_the_service_user() {
         "ip addr",
     );
     assert!(addresses.contains("inet 10.77.0.1/16"), "{addresses}");
+}
+
+#[test]
+fn net_setup_refuses_an_uplink_the_host_lacks_and_finds_the_default_routes() {
+    let ns = Netns::new("uplink");
+    let output = ns.ctl(&["--set", "egress.tun.out_interface=eth8", "net", "setup"]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("eth8") && stderr.contains("no such network interface"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no IPv4 default route"), "{stderr}");
+    let link = ns.exec("ip", &["link", "show", TUN]);
+    assert!(!link.status.success(), "a refused setup created {TUN}");
+    // Empty: the default route's interface, which there is none of yet.
+    let output = ns.ctl(&["--set", "egress.tun.out_interface=", "net", "setup"]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("no IPv4 default route"), "{stderr}");
+    // With a default route out of eth9, the named eth8 is refused with
+    // advice, and empty finds eth9.
+    for command in [
+        &["addr", "add", "10.200.0.2/24", "dev", "eth9"][..],
+        &["link", "set", "eth9", "up"],
+        &["link", "set", "eth9-peer", "up"],
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.200.0.1",
+            "dev",
+            "eth9",
+        ],
+    ] {
+        ok(&ns.exec("ip", command), "routing out of eth9");
+    }
+    let output = ns.ctl(&["--set", "egress.tun.out_interface=eth8", "net", "setup"]);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("the default route leaves by eth9"),
+        "{stderr}"
+    );
+    let output = ns.ctl(&["--set", "egress.tun.out_interface=", "net", "setup"]);
+    let said = ok(&output, "net setup out of the default route's interface");
+    assert!(said.contains("out of eth9"), "{said}");
+    let rules = ok(
+        &ns.exec("nft", &["list", "table", "inet", "blipless"]),
+        "nft list",
+    );
+    assert!(rules.contains("oifname \"eth9\" masquerade"), "{rules}");
+    ok(&ns.ctl(&["net", "teardown"]), "net teardown");
 }
 
 #[test]

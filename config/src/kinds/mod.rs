@@ -301,6 +301,22 @@ impl Kind for Interface {
     }
 }
 
+/// An interface name as [`Interface`], or empty: found when it is used
+/// (`egress.tun.out_interface`: the IPv4 default route's interface).
+pub(crate) struct InterfaceOrFound;
+impl Kind for InterfaceOrFound {
+    type Out = String;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str =
+        "an interface name of 1 to 15 characters without '/', ':' or whitespace, or \"\" (the default route's)";
+    fn parse(input: &Input<'_>) -> Option<String> {
+        match input.text()? {
+            "" => Some(String::new()),
+            _ => Interface::parse(input),
+        }
+    }
+}
+
 /// An optional user or group: a name (`[A-Za-z_][A-Za-z0-9_.-]*`, an optional
 /// final `$`, at most 32 characters) or a numeric id; the empty string means unset.
 pub(crate) struct OptionalAccount;

@@ -35,7 +35,8 @@
 //! reading `ip`'s link JSON ([`parse_link`]), and [`setup`] / [`teardown`];
 //! `owner.rs` who owns the TUN device ([`TunOwner`]); `nft.rs` the nftables
 //! scripts ([`Plan::nft_script`], [`Plan::nft_teardown_script`]); `run.rs`
-//! running the steps on the host.
+//! running the steps on the host; `uplink.rs` the interface traffic leaves
+//! by (the configured one, which must exist, or the default route's).
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -77,6 +78,19 @@ pub enum NetError {
         name: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// `egress.tun.out_interface` is empty (the default route's interface)
+    /// and the host has no IPv4 default route.
+    #[error("egress.tun.out_interface is empty, meaning the IPv4 default route's interface, and this host has no IPv4 default route: set egress.tun.out_interface to the interface toward the internet")]
+    NoDefaultRoute,
+    /// `egress.tun.out_interface` names no interface of this host: the
+    /// masquerade would match nothing and clients would reach nothing.
+    #[error("egress.tun.out_interface = {name:?}: no such network interface on this host{default_route}")]
+    NoSuchInterface {
+        /// The name as configured.
+        name: String,
+        /// Which interface the default route leaves by, as advice.
+        default_route: String,
     },
     /// A device with the TUN's name exists but is not a multi-queue TUN.
     #[error("a network device named {name} exists but is {what}: delete it (`ip link del {name}`) or pick another egress.tun.name")]
@@ -162,7 +176,9 @@ const HINT_CAP: &str = " (host network setup needs CAP_NET_ADMIN: run as root)";
 pub struct Plan {
     /// The TUN device (`egress.tun.name`).
     pub tun: String,
-    /// The interface client traffic is masqueraded out of (`egress.tun.out_interface`).
+    /// The interface client traffic is masqueraded out of
+    /// (`egress.tun.out_interface`; empty until [`setup`] finds the default
+    /// route's, see `uplink.rs`).
     pub out_interface: String,
     /// The client pool (`wireguard.pool`), host bits cleared.
     pub pool: Ipv4Net,
@@ -272,7 +288,9 @@ impl Plan {
     pub fn from_config(config: &Config) -> Result<Plan, NetError> {
         let tun = &config.egress.tun;
         check_interface("egress.tun.name", &tun.name)?;
-        check_interface("egress.tun.out_interface", &tun.out_interface)?;
+        if !tun.out_interface.is_empty() {
+            check_interface("egress.tun.out_interface", &tun.out_interface)?;
+        }
         let pool = match config.wireguard.pool {
             IpNet::V4(pool) => pool.trunc(),
             IpNet::V6(pool) => return Err(NetError::Ipv6Pool(pool)),
@@ -487,9 +505,11 @@ pub fn parse_link(json: &str) -> Result<LinkState, String> {
 }
 
 /// Sets the host up for packet egress as `config` says (see the module
-/// documentation). Idempotent.
-pub async fn setup(config: &Config) -> Result<(), NetError> {
-    let plan = Plan::from_config(config)?;
+/// documentation). Idempotent. Returns the plan it carried out, with the
+/// interface traffic leaves by found (`uplink.rs`).
+pub async fn setup(config: &Config) -> Result<Plan, NetError> {
+    let mut plan = Plan::from_config(config)?;
+    plan.out_interface = uplink::find(&plan.out_interface)?;
     run_steps(&plan.setup_steps()).await?;
     tracing::info!(
         tun = %plan.tun,
@@ -499,7 +519,7 @@ pub async fn setup(config: &Config) -> Result<(), NetError> {
         out_interface = %plan.out_interface,
         "packet egress host setup done"
     );
-    Ok(())
+    Ok(plan)
 }
 
 /// Removes what [`setup`] made: the nftables table and the TUN device.
@@ -518,6 +538,7 @@ mod run;
 pub mod steer;
 #[cfg(test)]
 mod tests;
+mod uplink;
 
 use exits::exit_teardown_steps;
 pub use exits::{ExitPlan, STEER_TABLE};
