@@ -7,14 +7,16 @@
 //! `/var/tmp` included, lands in the overlay's upper folder or the
 //! container's own tmpfs mounts, never on this machine's files.
 //!
-//! In it, as an operator would: `dpkg -i` (postinst creates the user and
-//! starts blipless-net, the ingress and the device plane), `client add`,
-//! then under load (batches of short requests and two long streaming
-//! tunnels, curl run in the container's network namespace) a `systemctl
-//! restart` of the device plane, of the ingress, of the ingress twice in a
-//! row (the second waits for its turn), and of both at once as a package
-//! upgrade does, with zero failed requests and the tunnels' bytes
-//! exact; `wg show blipless`; a crashed ingress (SIGKILL) restarted by
+//! In it, as an operator would: an uplink with a default route, `dpkg -i`
+//! (postinst creates the user and starts blipless-net, masquerading out of
+//! the default route's interface, the ingress and the device plane),
+//! `client add`, then under load (batches of short requests and two long
+//! streaming tunnels, curl run in the container's network namespace) a
+//! `systemctl restart` of the device plane, of the ingress, of the ingress
+//! twice in a row (the second waits for its turn), and `dpkg -i` again (an
+//! upgrade: postinst restarts both), with zero failed requests and the
+//! tunnels' bytes exact; an upgrade over a config the new version refuses,
+//! which restarts nothing and says why; `wg show blipless`; a crashed ingress (SIGKILL) restarted by
 //! systemd with its listening sockets from the fd store; `systemctl stop`
 //! leaving no process behind. The container is then shut down.
 
@@ -295,6 +297,13 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
     let deb = blipless_tests::package::build_deb(out.path());
     let machine = Machine::boot(&deb);
 
+    // An uplink with the default route, as any host has: blipless-net
+    // masquerades out of the default route's interface (and fails without
+    // one).
+    machine.ok(
+        "ip link add eth0 type veth peer name eth0-peer && ip addr add 192.0.2.2/24 dev eth0 \
+         && ip link set eth0 up && ip link set eth0-peer up && ip route add default via 192.0.2.1",
+    );
     // Install: postinst creates the user and starts the three units.
     machine.ok("dpkg -i /root/blipless.deb");
     for unit in ["blipless-net", "blipless-ingress", "blipless-device"] {
@@ -307,6 +316,9 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         );
     }
     assert!(machine.ok("ip tuntap show").contains("blip0"));
+    assert!(machine
+        .ok("nft list table inet blipless")
+        .contains("oifname \"eth0\" masquerade"));
 
     // The origin listens on the container's loopback, which the shipped
     // config's egress denies like every loopback: allow it, check the
@@ -383,8 +395,8 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         // Two in a row: the second ingress waits for the first handoff to
         // finish (its predecessor still overlaps), then takes its turn.
         "systemctl restart blipless-ingress && systemctl restart blipless-ingress",
-        // A package upgrade restarts both at once (postinst).
-        "systemctl restart blipless-ingress blipless-device",
+        // A package upgrade: postinst restarts both at once.
+        "dpkg -i /root/blipless.deb",
     ] {
         let restarting = Instant::now();
         machine.ok(restart);
@@ -429,6 +441,27 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
             >= 4,
         "four ingress handoffs: {during}"
     );
+
+    // An upgrade with a config the new version refuses: postinst says why
+    // and leaves the running daemons alone.
+    let main_pid = |unit: &str| machine.ok(&format!("systemctl show -P MainPID {unit}"));
+    let before_pids = (main_pid("blipless-ingress"), main_pid("blipless-device"));
+    machine.ok("cp /etc/blipless/blipless.toml /root/good.toml");
+    machine.ok("printf 'no_such_key = 1\\n' >> /etc/blipless/blipless.toml");
+    let upgrade = machine.run("dpkg -i /root/blipless.deb");
+    let said = String::from_utf8_lossy(&upgrade.stderr).into_owned();
+    assert!(upgrade.status.success(), "{said}");
+    assert!(
+        said.contains("does not pass the new version's check"),
+        "{said}"
+    );
+    assert!(said.contains("no_such_key"), "{said}");
+    assert_eq!(
+        (main_pid("blipless-ingress"), main_pid("blipless-device")),
+        before_pids,
+        "not restarted"
+    );
+    machine.ok("cp /root/good.toml /etc/blipless/blipless.toml");
 
     // A crash: systemd restarts the ingress, which takes its listening
     // sockets back from the fd store.
