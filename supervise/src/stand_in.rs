@@ -21,6 +21,12 @@
 //!   the restarted unit's main process; the child waits for its successor to
 //!   take over, or drains after `drain.grace`. Before READY=1 the child is
 //!   stopped instead (SIGTERM) and the stand-in exits with its status.
+//! - SIGABRT (the service manager's watchdog: `WatchdogSec=` passed with no
+//!   `WATCHDOG=1` from the child, so the child is wedged and cannot drain):
+//!   the stand-in SIGKILLs the child's process group, reaps the child and
+//!   exits 134 (128 + SIGABRT). With `KillMode=process` systemd signals only
+//!   the stand-in; without this a wedged child would outlive its unit and
+//!   hold the node's sockets against the restarted one.
 //! - The child exiting by itself: the stand-in exits with its code (128 +
 //!   the signal if a signal ended it), so `Restart=on-failure` sees it.
 
@@ -128,6 +134,8 @@ async fn supervise(
     let mut sigint = signal(SignalKind::interrupt()).map_err(setup("handling SIGINT"))?;
     let mut sigusr2 = signal(SignalKind::user_defined2()).map_err(setup("handling SIGUSR2"))?;
     let mut sighup = signal(SignalKind::hangup()).map_err(setup("handling SIGHUP"))?;
+    let mut sigabrt =
+        signal(SignalKind::from_raw(Signal::SIGABRT as i32)).map_err(setup("handling SIGABRT"))?;
 
     let dir = private_dir()?;
     let path = dir.path().join("notify.sock");
@@ -187,6 +195,19 @@ async fn supervise(
             _ = sigterm.recv() => pass(prefix, pid, Signal::SIGTERM),
             _ = sigint.recv() => pass(prefix, pid, Signal::SIGINT),
             _ = sighup.recv() => pass(prefix, pid, Signal::SIGHUP),
+            _ = sigabrt.recv() => {
+                eprintln!(
+                    "{prefix}: SIGABRT (the service manager's watchdog: pid {pid} stopped \
+                     answering): killing it and its process group"
+                );
+                // The child leads its own process group (process_group(0)).
+                if let Err(error) = kill(Pid::from_raw(-raw_pid), Signal::SIGKILL) {
+                    eprintln!("{prefix}: killing process group {pid}: {error}");
+                }
+                let status = child.wait().await.map_err(setup("waiting for the child"))?;
+                eprintln!("{prefix}: pid {pid} exited ({status}); exiting 134");
+                return Ok(128 + Signal::SIGABRT as i32);
+            }
             _ = sigusr2.recv() => {
                 if ready {
                     pass(prefix, pid, Signal::SIGUSR2);

@@ -383,3 +383,30 @@ fn watchdog_pings_pass_through_the_stand_in_when_systemd_asks_for_them() {
     );
     assert_eq!(exit_code(&mut ingress, "the stand-in"), 0);
 }
+
+/// systemd's watchdog (`WatchdogSec=`) signals only the main process with
+/// `KillMode=process`: the stand-in must not leave its wedged child behind.
+/// Here the ingress is frozen (SIGSTOP), as a wedged one would be.
+#[test]
+fn a_watchdog_abort_of_the_stand_in_kills_its_wedged_daemon() {
+    let node = Node::new("");
+    let listener = systemd(&node);
+    let mut stand_in = start_supervised(&node, "blipless-ingress", Some(listener.path()), &[]);
+    let mut ingress = Supervised::of(&stand_in);
+    expect_line(&listener, "READY=1");
+    kill(ingress.pid, Signal::SIGSTOP).expect("freezing the ingress");
+    stand_in.signal(Signal::SIGABRT);
+    assert_eq!(exit_code(&mut stand_in, "the stand-in"), 134);
+    assert!(
+        stand_in.log_text().contains("SIGABRT"),
+        "{}",
+        stand_in.log_text()
+    );
+    ingress.assert_gone();
+    // Its sockets went with it: a new ingress starts afresh.
+    let mut next = start_supervised(&node, "blipless-ingress", Some(listener.path()), &[]);
+    let _next_ingress = Supervised::of(&next);
+    expect_line(&listener, "READY=1");
+    next.signal(Signal::SIGTERM);
+    assert_eq!(exit_code(&mut next, "the next stand-in"), 0);
+}
