@@ -224,8 +224,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tokio::time::sleep(config.drain.lame_duck).await;
     running.stop_accepting();
     listeners.close(&[SocketName::Socks, SocketName::Http, SocketName::Https]);
-    Planes::send_orders(planes.drain_all()).await;
+    // The grace counts from here, and bounds telling the planes too: a
+    // wedged plane that reads nothing must not hold the drain past it.
     let deadline = tokio::time::Instant::now() + config.drain.grace;
+    if tokio::time::timeout_at(deadline, Planes::send_orders(planes.drain_all()))
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain grace over while telling the device planes to drain");
+    }
     while !planes.all().is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

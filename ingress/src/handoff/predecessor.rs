@@ -256,14 +256,18 @@ pub async fn step_aside(
     running.stop_accepting();
     running.stop_serving();
     running.wait().await;
-    Planes::send_orders(
+    // Bounded by the grace: a wedged plane that reads nothing must not keep
+    // this ingress from its departure checks.
+    let goaway = Planes::send_orders(
         planes
             .all()
             .into_iter()
             .map(|p| (p, ToDevice::Goaway))
             .collect(),
-    )
-    .await;
+    );
+    if tokio::time::timeout(grace, goaway).await.is_err() {
+        tracing::warn!("drain grace over while telling the device planes Goaway");
+    }
     let mut departure = Departure::new(grace);
     let mut buffer = vec![0u8; MAX_FRAME];
     let mut check = tokio::time::interval(CHECK_EVERY);
