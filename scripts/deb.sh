@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # make deb: blipless_<version>-1_<arch>.deb with cargo-deb (docs/INSTALL.md).
+# <version> is the crate version and, built from a git checkout, the commit's
+# date and hash (0.1.0+git20261205081500.2c2a9b09b1c4), so that each commit's
+# package upgrades the one before; the binaries are built with that name in
+# BLIPLESS_VERSION, so --version, /metrics and deploy records say it too.
+# With --no-build (the tests) the package has the crate version alone.
 #   scripts/deb.sh [--profile release|dev] [--output DIR] [--no-build]
 # Builds the three binaries, stages what the package holds that the
 # repository does not have as files (the units with /usr/bin paths, man
@@ -27,7 +32,18 @@ if ! "$cargo" deb --version >/dev/null 2>&1; then
 fi
 # By package, not --workspace: the tests crate's fault-injection feature
 # must not reach a binary that ships.
-[ "$build" = yes ] && "$cargo" build --profile "$profile" -p blipless-ingress -p blipless-device -p blipless-ctl
+crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+version_args=()
+if [ "$build" = yes ]; then
+  upstream=$crate_version
+  if stamp=$(git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S 2>/dev/null) \
+    && commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+    upstream="$crate_version+git$stamp.$commit"
+  fi
+  export BLIPLESS_VERSION=$upstream
+  version_args=(--deb-version "$upstream-1")
+  "$cargo" build --profile "$profile" -p blipless-ingress -p blipless-device -p blipless-ctl
+fi
 bin_dir=target/$([ "$profile" = dev ] && echo debug || echo "$profile")
 stage=.deb-staging
 rm -rf "$stage"
@@ -46,4 +62,4 @@ gzip -9n "$stage"/docs/man1/*.1
 # bash-completion loads a command's completion from a file named after it.
 for file in "$stage"/docs/completions/bash/*.bash; do mv "$file" "${file%.bash}"; done
 mkdir -p "$output"
-"$cargo" deb -p blipless-ingress --no-build --profile "$profile" --output "$output"
+"$cargo" deb -p blipless-ingress --no-build --profile "$profile" --output "$output" "${version_args[@]}"

@@ -123,6 +123,8 @@ fn the_package_installs_lays_down_what_it_should_and_purges_cleanly() {
         "/usr/share/zsh/vendor-completions/_blipless-ctl",
         "/usr/share/fish/vendor_completions.d/blipless-ctl.fish",
         "/usr/share/doc/blipless/OPERATIONS.md",
+        "/usr/share/doc/blipless/contrib/prometheus/alerts.yml",
+        "/usr/share/doc/blipless/contrib/grafana/blipless.json",
         "/usr/share/doc/blipless/copyright",
     ] {
         assert_eq!(mode_owner(file).0, 0o644, "{file}");
