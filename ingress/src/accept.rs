@@ -23,13 +23,51 @@ use crate::metrics::Metrics;
 use crate::planes::{Frame, PlaneLink, Planes};
 use crate::watched_listener::WatchedListener;
 
-/// Numbers every accepted connection, across listeners, for logs on both planes.
-#[derive(Debug, Default)]
+/// Numbers every accepted connection, across listeners, for logs on both
+/// planes and as the key a device plane keeps a migrating connection under.
+/// Device planes outlive an ingress (a handoff, a crash restart), so numbers
+/// must not repeat from one ingress to the next: each ingress counts from
+/// its start time in milliseconds times 2^20, and two ingresses' ranges
+/// meet only if one accepts more than 2^20 connections per millisecond
+/// between their starts.
+#[derive(Debug)]
 pub struct ConnectionIds(AtomicU64);
 
+/// The bits below an ingress's start time in its first connection number.
+const IDS_PER_MILLISECOND_BITS: u32 = 20;
+
 impl ConnectionIds {
+    /// Numbering that starts from `started_ms` (milliseconds since the epoch).
+    pub fn starting_at(started_ms: u64) -> Self {
+        Self(AtomicU64::new(started_ms << IDS_PER_MILLISECOND_BITS))
+    }
+
+    /// Numbering for an ingress starting now.
+    pub fn now() -> Self {
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        Self::starting_at(started_ms)
+    }
+
     fn next(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+#[cfg(test)]
+mod ids_tests {
+    use super::ConnectionIds;
+
+    #[test]
+    fn two_ingresses_a_millisecond_apart_never_share_a_number() {
+        let first = ConnectionIds::starting_at(1_764_900_000_000);
+        let second = ConnectionIds::starting_at(1_764_900_000_001);
+        let mut last_of_first = 0;
+        for _ in 0..(1 << 20) - 1 {
+            last_of_first = first.next();
+        }
+        assert!(last_of_first < second.next());
     }
 }
 

@@ -115,7 +115,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let context = AcceptContext {
         planes: planes.clone(),
         metrics: metrics.clone(),
-        ids: Arc::new(ConnectionIds::default()),
+        ids: Arc::new(ConnectionIds::now()),
         tls: tls.clone(),
     };
     let device_context = device_link::DeviceContext {
