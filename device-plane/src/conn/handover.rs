@@ -57,19 +57,26 @@ impl Context {
     }
 
     /// Completes when the plane hands connections over and this one may go
-    /// now: it yields the slot to hold while sending.
+    /// now: it yields the slot to hold while sending. The mode is checked
+    /// again once the slot is had: a connection that queued for a slot while
+    /// the plane handed over must not go once the plane serves again (its
+    /// successor died and it was activated again).
     pub fn handover_slot(
         &self,
     ) -> impl std::future::Future<Output = OwnedSemaphorePermit> + Send + 'static {
         let mut mode = self.mode.subscribe();
         let slots = self.handover_slots.clone();
         async move {
-            if mode.wait_for(|m| *m == Mode::Handover).await.is_err() {
-                return std::future::pending().await;
-            }
-            match slots.acquire_owned().await {
-                Ok(slot) => slot,
-                Err(_) => std::future::pending().await,
+            loop {
+                if mode.wait_for(|m| *m == Mode::Handover).await.is_err() {
+                    return std::future::pending().await;
+                }
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return std::future::pending().await;
+                };
+                if *mode.borrow() == Mode::Handover {
+                    return slot;
+                }
             }
         }
     }
