@@ -144,8 +144,11 @@ impl Session {
         Self {
             grace,
             active: false,
-            // SIGTERM was passed on already, or is moot: the plane drains.
-            asked_to_leave: true,
+            // SIGTERM is passed on to this ingress too, even if the last one
+            // had it (or it came before this attachment): a draining plane
+            // may be activated again if the active one dies, unless the
+            // ingress knows it is leaving.
+            asked_to_leave: false,
             drain: Some(drain),
             answer_endpoints: false,
         }

@@ -213,10 +213,14 @@ fn goaway_follows_the_successor_and_a_drain_carries_on_there() {
         session.on(Event::Goaway, now),
         vec![Action::End(SessionEnd::Goaway(Some(carried)))]
     );
-    // At the successor ingress: still draining, same deadline, no Ready
-    // or SIGTERM to pass on, and the summary counts the whole drain.
+    // At the successor ingress: still draining, same deadline, no Ready,
+    // and the summary counts the whole drain. A SIGTERM (now, or one the
+    // last ingress had) is passed on, so this ingress never activates it
+    // again; once.
     let mut resumed = Session::resume(GRACE, carried);
     assert!(resumed.draining());
+    assert!(resumed.listens_for_terminate());
+    assert_eq!(resumed.on(Event::Terminate, now), vec![Action::AskToDrain]);
     assert!(!resumed.listens_for_terminate());
     assert_eq!(resumed.grace_deadline(), Some(now + GRACE));
     assert_eq!(
