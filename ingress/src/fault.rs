@@ -22,6 +22,13 @@ pub const DIE_AFTER_SERVING: &str = "BLIPLESS_FAULT_DIE_AFTER_SERVING_MS";
 #[cfg(feature = "fault-injection")]
 pub const SILENT_SUCCESSOR: &str = "BLIPLESS_FAULT_SILENT_SUCCESSOR";
 
+/// A stopping ingress waits this many milliseconds after its handoff
+/// server has stopped and before it closes its sockets and removes their
+/// files: a successor that connects then sits in the handoff socket's
+/// backlog until the close.
+#[cfg(feature = "fault-injection")]
+pub const LINGER_AT_STOP: &str = "BLIPLESS_FAULT_LINGER_AT_STOP_MS";
+
 /// False when `BLIPLESS_FAULT_SILENT_SUCCESSOR` is set: this successor
 /// reports no progress to its predecessor.
 pub fn reports_progress() -> bool {
@@ -38,6 +45,15 @@ pub async fn stall_handoff() {
     #[cfg(feature = "fault-injection")]
     if let Some(delay) = delay(STALL_HANDOFF) {
         tracing::warn!(?delay, "fault injection: {STALL_HANDOFF}");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// `BLIPLESS_FAULT_LINGER_AT_STOP_MS`: waits that long, if it is set.
+pub async fn linger_at_stop() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(LINGER_AT_STOP) {
+        tracing::warn!(?delay, "fault injection: {LINGER_AT_STOP}");
         tokio::time::sleep(delay).await;
     }
 }

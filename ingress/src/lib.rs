@@ -254,8 +254,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     running.wait().await;
     // The crypto workers finish what they were given.
     let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
+    fault::linger_at_stop().await;
     // Every listener closes before its file goes: a successor that finds no
-    // handoff.sock starts afresh, and must find the ports free.
+    // handoff.sock starts afresh, and must find the ports free. One that
+    // connected since the handoff server stopped sits in the socket's
+    // backlog until this close, and asks again (successor.rs).
     drop(listeners);
     for path in [
         config.device_socket(),

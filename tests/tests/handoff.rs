@@ -325,6 +325,62 @@ fn a_successor_started_while_the_node_drains_waits_and_then_starts_afresh() {
     second.kill();
 }
 
+/// A new ingress that connects to the handoff socket in the last moment of
+/// a drain, after the draining ingress stopped answering there and before
+/// it closed its sockets (a fault hook holds that moment open for 3 s):
+/// it sits in the socket's backlog until the close, asks once more, finds
+/// no socket there, and starts afresh on the same ports (before, it took
+/// the close for an error and exited 1).
+#[test]
+fn a_successor_caught_in_the_last_moment_of_a_drain_starts_afresh() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\nlame_duck = \"100ms\"\ngrace = \"2s\"\n");
+    let mut first = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_LINGER_AT_STOP_MS", "3000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the first ingress's status listener",
+        || node.status().0 != 0,
+    );
+    let client = node.add_client("alice");
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    wait_until(
+        Duration::from_secs(20),
+        "the draining ingress to linger with its sockets open",
+        || {
+            first
+                .log_text()
+                .contains("BLIPLESS_FAULT_LINGER_AT_STOP_MS")
+        },
+    );
+    let mut second = node.spawn_ingress();
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(left.is_some_and(|status| status.success()), "{left:?}");
+    wait_until(
+        Duration::from_secs(30),
+        "the new ingress to serve afresh",
+        || second.log_text().contains("ingress serving"),
+    );
+    assert!(
+        second
+            .log_text()
+            .contains("closed the handoff socket before answering"),
+        "the new ingress connected in the moment the hook held open: {}",
+        second.log_text()
+    );
+    assert!(
+        second.wait_exit(Duration::from_millis(10)).is_none(),
+        "{}",
+        second.log_text()
+    );
+    let _device = node.start_device();
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    second.kill();
+}
+
 /// A stop asked of the new ingress while the old one still runs beside it
 /// (`systemctl stop` right after a restart): the new one drains the node and
 /// removes its socket files, so the old one must exit too, not serve again

@@ -55,6 +55,13 @@ enum Found {
     Predecessor(Box<Predecessor>),
     /// The running ingress is busy (another handoff, or draining): ask again.
     Busy(String),
+    /// The connection closed before any answer: an ingress at the very end
+    /// of its drain (its handoff server stopped and its sockets about to
+    /// close, this connection in the handoff socket's backlog until they
+    /// did), one that died, or one of another protocol version (it reads
+    /// the hello and closes). Asked again once: nobody there (the first
+    /// two) means start afresh; closed again (the last) is an error.
+    Closed,
 }
 
 /// Connects to the handoff socket of a running ingress and takes its offer;
@@ -77,6 +84,7 @@ pub async fn find_predecessor(
     // the grace) or its own overlap with a predecessor (within the grace).
     let patience = config.drain.lame_duck + config.drain.grace + TURN_MARGIN;
     let mut said = false;
+    let mut closed_once = false;
     loop {
         match try_predecessor(config, socket_kept).await? {
             Found::Nobody => return Ok(None),
@@ -91,11 +99,29 @@ pub async fn find_predecessor(
                 }
                 tokio::time::sleep(BUSY_RETRY).await;
             }
+            Found::Closed if !closed_once => {
+                tracing::info!("the running ingress closed the handoff socket before answering (it may be stopping): asking once more");
+                closed_once = true;
+                tokio::time::sleep(BUSY_RETRY).await;
+            }
+            Found::Closed => {
+                anyhow::bail!("the other ingress closed the handoff before the handoff offer")
+            }
             Found::Busy(reason) => anyhow::bail!(
                 "the running ingress refused to hand off: {reason}, and was still busy after {patience:?}"
             ),
         }
     }
+}
+
+/// Whether `error` says the other end closed the connection.
+fn closed_by_peer(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionAborted
+    )
 }
 
 /// How much longer than `drain.grace` a successor waits for its turn.
@@ -120,7 +146,7 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
     };
     check_peer(&socket)?;
     let _ = blipless_link::size_buffers(&socket);
-    blipless_link::send(
+    let said_hello = blipless_link::send(
         &socket,
         &Handoff::Hello(Hello {
             pid: std::process::id(),
@@ -130,24 +156,37 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
         }),
         &[],
     )
-    .await
-    .context("saying hello to the running ingress")?;
-    let mut buffer = vec![0u8; MAX_FRAME];
-    let first = if socket_kept {
-        match tokio::time::timeout(
-            KEPT_SOCKET_ANSWER,
-            receive(&socket, &mut buffer, "the handoff offer"),
-        )
-        .await
-        {
-            Ok(first) => first?,
-            Err(_) => {
-                tracing::info!("no ingress answers on the kept handoff socket: starting afresh");
-                return Ok(Found::Nobody);
-            }
+    .await;
+    match said_hello {
+        Ok(()) => {}
+        Err(blipless_link::LinkError::Io(error)) if closed_by_peer(&error) => {
+            return Ok(Found::Closed)
         }
+        Err(error) => return Err(error).context("saying hello to the running ingress"),
+    }
+    let mut buffer = vec![0u8; MAX_FRAME];
+    let wait = if socket_kept {
+        KEPT_SOCKET_ANSWER
     } else {
-        receive(&socket, &mut buffer, "the handoff offer").await?
+        super::STEP_TIMEOUT
+    };
+    let first = match tokio::time::timeout(
+        wait,
+        blipless_link::receive::<Handoff>(&socket, &mut buffer),
+    )
+    .await
+    {
+        Ok(Ok(Some(first))) => first,
+        Ok(Ok(None)) => return Ok(Found::Closed),
+        Ok(Err(blipless_link::LinkError::Io(error))) if closed_by_peer(&error) => {
+            return Ok(Found::Closed)
+        }
+        Ok(Err(error)) => return Err(error).context("reading the handoff offer"),
+        Err(_) if socket_kept => {
+            tracing::info!("no ingress answers on the kept handoff socket: starting afresh");
+            return Ok(Found::Nobody);
+        }
+        Err(_) => anyhow::bail!("no handoff offer within {:?}", super::STEP_TIMEOUT),
     };
     let (offer, fds) = match first {
         (Handoff::Offer(offer), fds) => (offer, fds),
