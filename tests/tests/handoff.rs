@@ -358,7 +358,9 @@ fn a_successor_caught_in_the_last_moment_of_a_drain_starts_afresh() {
 
 /// The new ingress, once its predecessor left, serves afresh (no handoff):
 /// a device plane started now attaches to it, and a SOCKS5 fetch through it
-/// brings all its bytes. The node's first device plane is gone by then.
+/// brings all its bytes. No device plane is attached when it is called.
+/// Serving here also says the new ingress is still running: before the fix
+/// that the second caller tests, it exited 1 instead.
 fn serves_afresh(node: &mut Node, second: &Daemon, origin: &Origin, client: &ClientUrls) {
     wait_until(
         Duration::from_secs(30),
