@@ -184,19 +184,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     loop {
+        // A successor that serves comes first; a drain asked for while one
+        // takes over waits for that handoff's outcome (`Lineage`).
         let successor = tokio::select! {
-            () = shutdown.cancelled() => break,
-            successor = takeovers.recv() => match successor {
-                Some(successor) => successor,
-                None => break,
-            },
+            biased;
+            successor = takeovers.recv() => successor,
+            () = shutdown.cancelled() => lineage.drain_or_step_aside(&mut takeovers).await,
         };
+        let Some(successor) = successor else { break };
         // A successor serves: step aside, keep decrypting our own sessions
         // until nothing depends on us, or take everything back if it dies.
+        // A drain asked for before it served is met by this departure, which
+        // runs its course within the grace as a drain would (a stop asked
+        // for during the overlap, by contrast, cuts it short).
+        let stop = if shutdown.is_cancelled() {
+            CancellationToken::new()
+        } else {
+            shutdown.clone()
+        };
         let grace = config.drain.grace;
         let handoff_started = tokio::time::Instant::now();
         match handoff::step_aside(
-            &successor, running, &planes, &wireguard, &lineage, grace, &shutdown,
+            &successor, running, &planes, &wireguard, &lineage, grace, &stop,
         )
         .await
         {

@@ -356,6 +356,72 @@ fn a_successor_caught_in_the_last_moment_of_a_drain_starts_afresh() {
     second.kill();
 }
 
+/// A stop asked of the running ingress after it offered its sockets to a
+/// successor and before that one serves (SIGTERM, or the SIGUSR2 fallback
+/// at `drain.grace` while a slow successor takes over): the handoff is
+/// already under way, so the old ingress waits for its outcome. The
+/// successor serves, and the old one steps aside as after any handoff: its
+/// device plane moves to the successor, and the node's socket files stay.
+/// Before, it drained the node under the successor: its device plane
+/// drained and exited, and `device.sock`, `control.sock` and `handoff.sock`
+/// went from under the successor.
+#[test]
+fn a_stop_asked_while_a_successor_takes_over_leaves_the_node_to_the_successor() {
+    let origin = Origin::start();
+    let (node, mut first, mut device, client, _successor) =
+        stop_while_a_successor_takes_over("3000");
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(left.is_some_and(|status| status.success()), "{left:?}");
+    assert_logged(&first, "waits for its outcome");
+    assert_not_logged(&first, "draining the node");
+    for (file, there) in socket_files(&node) {
+        assert!(there, "{file} is gone");
+    }
+    assert!(
+        device.wait_exit(Duration::from_millis(10)).is_none(),
+        "the device plane moved to the successor rather than drain: {}",
+        device.log_text()
+    );
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    let status = node.ctl(&["status"]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+/// The same stop, but the successor dies before it serves: the drain the
+/// old ingress was asked for goes ahead once the handoff has failed (it
+/// drains its device plane and removes the node's socket files), rather
+/// than wait for a successor that will never serve.
+#[test]
+fn a_stop_asked_while_a_successor_takes_over_drains_once_the_successor_died() {
+    let (node, mut first, mut device, _client, mut doomed) =
+        stop_while_a_successor_takes_over("60000");
+    wait_until(
+        Duration::from_secs(20),
+        "the old ingress to wait for the handoff's outcome",
+        || first.log_text().contains("waits for its outcome"),
+    );
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "the old ingress waits"
+    );
+    doomed.kill();
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(left.is_some_and(|status| status.success()), "{left:?}");
+    assert_logged(&first, "draining the node");
+    assert!(device.wait_exit(Duration::from_secs(30)).is_some());
+    for (file, there) in socket_files(&node) {
+        assert!(!there, "{file} is left");
+    }
+}
+
 /// The new ingress, once its predecessor left, serves afresh (no handoff):
 /// a device plane started now attaches to it, and a SOCKS5 fetch through it
 /// brings all its bytes. No device plane is attached when it is called.
@@ -437,17 +503,48 @@ fn a_successor_stopped_beside_its_predecessor_takes_the_predecessor_with_it() {
         "the old ingress exits too ({first_left:?}):\n{}",
         first.log_text()
     );
-    assert!(
-        first.log_text().contains("was asked to stop"),
-        "{}",
-        first.log_text()
-    );
-    assert!(
-        !first.log_text().contains("serving again"),
-        "{}",
-        first.log_text()
-    );
+    assert_logged(&first, "was asked to stop");
+    assert_not_logged(&first, "serving again");
     assert!(device.wait_exit(Duration::from_secs(30)).is_some());
+}
+
+/// Fails the test, with the log, unless `daemon` logged `text`.
+#[track_caller]
+fn assert_logged(daemon: &Daemon, text: &str) {
+    let log = daemon.log_text();
+    assert!(log.contains(text), "no {text:?} in:\n{log}");
+}
+
+/// Fails the test, with the log, if `daemon` logged `text`.
+#[track_caller]
+fn assert_not_logged(daemon: &Daemon, text: &str) {
+    let log = daemon.log_text();
+    assert!(!log.contains(text), "{text:?} in:\n{log}");
+}
+
+/// Whether each of the node's socket files (`device.sock`, `control.sock`,
+/// `handoff.sock`) is there.
+fn socket_files(node: &Node) -> Vec<(&'static str, bool)> {
+    ["device.sock", "control.sock", "handoff.sock"]
+        .into_iter()
+        .map(|file| (file, node.path().join("run").join(file).exists()))
+        .collect()
+}
+
+/// A node whose ingress has offered its sockets to a successor that stalls
+/// `stall_ms` before it serves, and has then been sent SIGTERM: the node,
+/// the old ingress, its device plane and the successor.
+fn stop_while_a_successor_takes_over(stall_ms: &str) -> (Node, Daemon, Daemon, ClientUrls, Daemon) {
+    let mut node = Node::new("[drain]\nlame_duck = \"100ms\"\ngrace = \"10s\"\n");
+    let (first, device, client) = node.start();
+    let successor = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_STALL_HANDOFF_MS", stall_ms)]);
+    wait_until(
+        Duration::from_secs(20),
+        "the successor to take the offer",
+        || successor.log_text().contains("taking over"),
+    );
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    (node, first, device, client, successor)
 }
 
 /// The keys and tunnel address of a wg-quick config.

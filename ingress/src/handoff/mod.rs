@@ -37,11 +37,12 @@ pub mod predecessor;
 pub mod successor;
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use blipless_protocol::channel::Handoff;
+use tokio::sync::{mpsc, Notify};
 use tokio_seqpacket::UnixSeqpacket;
 
 use crate::peercred;
@@ -58,8 +59,29 @@ pub struct Lineage {
     /// Our predecessor still runs (its handoff connection is open): a third
     /// ingress is refused.
     beside_predecessor: AtomicBool,
-    /// A successor is taking over (or has): no other may.
-    handing_off: AtomicBool,
+    /// What this ingress does with its place ([`STAYING`], [`HANDING_OFF`],
+    /// [`DRAINING`]): one at a time, changed only by compare-and-swap, so a
+    /// drain and a handoff never both go ahead.
+    leaving: AtomicU8,
+    /// Woken when a handoff ends without the successor serving: a drain
+    /// waiting for its outcome goes ahead.
+    handoff_ended: Notify,
+}
+
+/// Serving, with no successor taking over and no drain asked for.
+const STAYING: u8 = 0;
+/// A successor was offered the sockets (and, once it serves, has them).
+const HANDING_OFF: u8 = 1;
+/// The node drains: no successor is offered anything any more.
+const DRAINING: u8 = 2;
+
+/// Why a would-be successor cannot take over now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Another successor is taking over (or has).
+    HandingOff,
+    /// The node drains.
+    Draining,
 }
 
 impl Lineage {
@@ -71,7 +93,73 @@ impl Lineage {
     pub fn new(predecessor: Option<&Predecessor>) -> Self {
         Self {
             beside_predecessor: AtomicBool::new(predecessor.is_some()),
-            handing_off: AtomicBool::new(false),
+            leaving: AtomicU8::new(STAYING),
+            handoff_ended: Notify::new(),
+        }
+    }
+
+    /// A successor may be offered the sockets: `Err` when another is taking
+    /// over or the node drains.
+    fn begin_handoff(&self) -> Result<(), Busy> {
+        match self.leaving.compare_exchange(
+            STAYING,
+            HANDING_OFF,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => Ok(()),
+            Err(DRAINING) => Err(Busy::Draining),
+            Err(_) => Err(Busy::HandingOff),
+        }
+    }
+
+    /// The successor went away (before serving, or after: this ingress
+    /// serves again); another may take over, and a drain waiting for this
+    /// handoff's outcome goes ahead.
+    fn end_handoff(&self) {
+        let _ =
+            self.leaving
+                .compare_exchange(HANDING_OFF, STAYING, Ordering::SeqCst, Ordering::SeqCst);
+        self.handoff_ended.notify_waiters();
+    }
+
+    /// A drain was asked for. `None`: this ingress drains the node (no
+    /// successor is taking over, and none will be offered anything from now
+    /// on). `Some(successor)`: a handoff was under way and the successor
+    /// serves, so this ingress steps aside for it instead (the drain was
+    /// this ingress's, not the node's: the successor serves on, and stops
+    /// when it is asked to). A handoff under way ends within the
+    /// predecessor's serving timeout: the successor serves, goes away, or
+    /// is given up on.
+    pub async fn drain_or_step_aside(
+        &self,
+        takeovers: &mut mpsc::Receiver<UnixSeqpacket>,
+    ) -> Option<UnixSeqpacket> {
+        let mut told = false;
+        loop {
+            let ended = self.handoff_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the state is read: an end in between wakes it.
+            ended.as_mut().enable();
+            if let Ok(successor) = takeovers.try_recv() {
+                return Some(successor);
+            }
+            if self
+                .leaving
+                .compare_exchange(STAYING, DRAINING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return None;
+            }
+            if !told {
+                told = true;
+                tracing::info!("a drain was asked for while a successor takes over: this ingress waits for its outcome");
+            }
+            tokio::select! {
+                biased;
+                successor = takeovers.recv() => return successor,
+                () = ended => {}
+            }
         }
     }
 }

@@ -20,7 +20,7 @@ use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 use tokio_util::sync::CancellationToken;
 
 use super::departure::{Departure, Look, Verdict};
-use super::{check_peer, receive, Lineage};
+use super::{check_peer, receive, Busy, Lineage};
 use crate::listeners::Listeners;
 use crate::node::Node;
 use crate::peercred;
@@ -28,7 +28,8 @@ use crate::planes::Planes;
 use crate::serving::Running;
 use crate::wg::Wireguard;
 
-/// How long a predecessor waits for its successor to start serving.
+/// How long a predecessor waits for its successor to take the offer and
+/// start serving.
 const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a predecessor that stepped aside checks whether it may leave.
 const CHECK_EVERY: Duration = Duration::from_millis(10);
@@ -116,18 +117,21 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         peercred::refuse_ingress(&socket, reason, true).await;
         return Ok(());
     }
-    if handoffs.lineage.handing_off.swap(true, Ordering::SeqCst) {
-        tracing::info!(
-            pid = hello.pid,
-            "another successor is taking over: this one waits for its turn"
-        );
-        peercred::refuse_ingress(
-            &socket,
-            "another successor is taking over this ingress".to_string(),
-            true,
-        )
-        .await;
-        return Ok(());
+    match handoffs.lineage.begin_handoff() {
+        Ok(()) => {}
+        Err(busy) => {
+            let reason = match busy {
+                Busy::HandingOff => "another successor is taking over this ingress",
+                Busy::Draining => "this ingress is draining (a drain was asked for); start afresh once it has exited",
+            };
+            tracing::info!(
+                pid = hello.pid,
+                reason,
+                "a successor asks to take over: it waits for its turn"
+            );
+            peercred::refuse_ingress(&socket, reason.to_string(), true).await;
+            return Ok(());
+        }
     }
     tracing::info!(pid = hello.pid, software = %hello.software, "a successor ingress asks to take over");
     let (offer, fds) = &handoffs.offer;
@@ -141,17 +145,24 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         endpoints,
         taken_at_ms: handoffs.node.wireguard.now_ms(),
     };
-    let serves = send_offer(&socket, offering).await.unwrap_or(false);
+    // Bounded as a whole: a drain asked for meanwhile waits for this.
+    let serves = match tokio::time::timeout(SERVING_TIMEOUT, send_offer(&socket, offering)).await {
+        Ok(serves) => serves.unwrap_or(false),
+        Err(_) => {
+            tracing::warn!("the successor did not serve within {SERVING_TIMEOUT:?}");
+            false
+        }
+    };
     if !serves {
         tracing::warn!(
             pid = hello.pid,
             "the successor went away before serving; carrying on"
         );
-        handoffs.lineage.handing_off.store(false, Ordering::SeqCst);
+        handoffs.lineage.end_handoff();
         return Ok(());
     }
     if handoffs.takeovers.send(socket).await.is_err() {
-        handoffs.lineage.handing_off.store(false, Ordering::SeqCst);
+        handoffs.lineage.end_handoff();
     }
     Ok(())
 }
@@ -203,25 +214,16 @@ async fn send_offer(socket: &UnixSeqpacket, offering: Offering<'_>) -> Result<bo
         blipless_link::send(socket, &Handoff::Endpoints(part), &[]).await?;
     }
     let mut buffer = vec![0u8; MAX_FRAME];
-    match tokio::time::timeout(
-        SERVING_TIMEOUT,
-        blipless_link::receive::<Handoff>(socket, &mut buffer),
-    )
-    .await
-    {
-        Ok(Ok(Some((Handoff::Serving, _)))) => Ok(true),
-        Ok(Ok(Some((other, _)))) => {
+    match blipless_link::receive::<Handoff>(socket, &mut buffer).await {
+        Ok(Some((Handoff::Serving, _))) => Ok(true),
+        Ok(Some((other, _))) => {
             tracing::warn!(
                 "the successor sent {} instead of HandoffServing",
                 other.name()
             );
             Ok(false)
         }
-        Ok(Ok(None)) | Ok(Err(_)) => Ok(false),
-        Err(_) => {
-            tracing::warn!("the successor did not serve within {SERVING_TIMEOUT:?}");
-            Ok(false)
-        }
+        Ok(None) | Err(_) => Ok(false),
     }
 }
 
@@ -317,6 +319,6 @@ pub async fn step_aside(
         }
     }
     tracing::warn!("the successor ingress died after taking over; serving again");
-    lineage.handing_off.store(false, Ordering::SeqCst);
+    lineage.end_handoff();
     SteppedAside::ServeAgain
 }
