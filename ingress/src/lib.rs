@@ -269,6 +269,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // connected since the handoff server stopped sits in the socket's
     // backlog until this close, and asks again (successor.rs).
     drop(listeners);
+    // The WireGuard socket too (a duplicate, owned by `Wireguard`): bound
+    // with SO_REUSEPORT, it would not refuse a fresh group on its port, but
+    // take the fresh group into its own, where closing it later shuffles the
+    // members the steering program picks by position.
+    let wireguard_socket = Arc::downgrade(&wireguard);
+    drop((wireguard, node, device_context));
+    if wait_until_dropped(&wireguard_socket, Duration::from_secs(2)).await {
+        tracing::info!("every socket closed; removing the node's socket files");
+    } else {
+        tracing::warn!(
+            "the WireGuard socket is still held after 2 s; removing the node's socket files anyway"
+        );
+    }
     for path in [
         config.device_socket(),
         config.control_socket(),
@@ -278,4 +291,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     tracing::info!("ingress stopped");
     Ok(())
+}
+
+/// Waits, at most `bound`, until nothing holds what `weak` points to;
+/// whether nothing does.
+async fn wait_until_dropped<T>(weak: &std::sync::Weak<T>, bound: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + bound;
+    while weak.strong_count() > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
