@@ -119,8 +119,15 @@ pub async fn serve(
             () = shutdown.cancelled() => return,
         };
         if let Err(error) = accepted {
-            // EMFILE, ENOBUFS, ECONNABORTED: transient; the backlog keeps the rest.
-            tracing::warn!(listener = ?kind, %error, "accept failed");
+            if error.raw_os_error() == Some(libc::EINVAL) {
+                // Shut by a successor that bound another address for it
+                // (`listeners::stop_listening`); this loop stops with the
+                // step aside, or accepts again once the listener reopens.
+                tracing::debug!(listener = ?kind, "the listener is shut");
+            } else {
+                // EMFILE, ENOBUFS, ECONNABORTED: transient; the backlog keeps the rest.
+                tracing::warn!(listener = ?kind, %error, "accept failed");
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }

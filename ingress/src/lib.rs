@@ -220,6 +220,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 return Ok(());
             }
             SteppedAside::ServeAgain => {
+                // The successor shut our listeners it left behind.
+                listeners.listen_again();
                 listeners.steer_to(generation)?;
                 drop(uapi.take());
                 uapi = wg::uapi::start(uapi_path.clone(), wireguard.clone(), &stop_wireguard);

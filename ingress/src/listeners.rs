@@ -6,10 +6,11 @@
 //! sockets can be offered to a successor, and served again if the successor
 //! dies. A listener is bound once and then only ever moves, so nothing queued on
 //! it is lost; only a listener whose configured address changed is bound afresh
-//! (the old one closes when the predecessor exits).
+//! (the old one is shut once the successor serves, and closes when the
+//! predecessor exits).
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use anyhow::Context;
 use blipless_config::Config;
@@ -133,14 +134,15 @@ impl Listeners {
     }
 
     /// Takes over the sockets a predecessor offered. A socket whose configured
-    /// address differs from ours is bound afresh (its offered fd is closed
-    /// here; the predecessor's copy closes when it exits). Returns the names
-    /// bound afresh too.
+    /// address differs from ours is bound afresh; a TCP listener of the
+    /// predecessor's that is not taken is left behind ([`Adopted`]), the rest
+    /// of the offer closed here (the predecessor's copies close when it
+    /// exits).
     pub fn adopt(
         config: &Config,
         offer: &HandoffOffer,
         fds: Vec<OwnedFd>,
-    ) -> anyhow::Result<(Self, Vec<SocketName>)> {
+    ) -> anyhow::Result<Adopted> {
         anyhow::ensure!(
             offer.sockets.len() == fds.len(),
             "the predecessor offered {} sockets with {} fds",
@@ -171,8 +173,11 @@ impl Listeners {
                     // the same port (127.0.0.1:1080 to 0.0.0.0:1080).
                     let moved = offered.iter().find(|(socket, _)| socket.name == name);
                     let share_port = match moved {
-                        Some((_, old)) if is_tcp(name) => {
-                            sockets::share_port(old.as_fd())?;
+                        Some((old, fd))
+                            if is_tcp(name)
+                                && port_of(&old.address) == port_of(&configured(config, name)) =>
+                        {
+                            sockets::share_port(fd.as_fd())?;
                             true
                         }
                         _ => false,
@@ -194,7 +199,16 @@ impl Listeners {
             }
         };
         listeners.push_wg_group(config, group);
-        Ok((listeners, rebound))
+        let left_behind = offered
+            .into_iter()
+            .filter(|(socket, _)| is_tcp(socket.name))
+            .map(|(socket, fd)| (socket.name, fd))
+            .collect();
+        Ok(Adopted {
+            listeners,
+            rebound,
+            left_behind,
+        })
     }
 
     fn push(&mut self, config: &Config, name: SocketName, fd: OwnedFd) {
@@ -321,11 +335,60 @@ impl Listeners {
         ))
     }
 
+    /// Listens again on every TCP listener: the ones a successor shut down
+    /// ([`stop_listening`]) before it died reopen; the others only get
+    /// their backlog set again.
+    pub fn listen_again(&self) {
+        for (name, _, fd) in &self.sockets {
+            if !is_tcp(*name) {
+                continue;
+            }
+            let backlog = nix::sys::socket::Backlog::new(sockets::CUSTOMER_BACKLOG as i32)
+                .unwrap_or(nix::sys::socket::Backlog::MAXCONN);
+            if let Err(error) = nix::sys::socket::listen(fd, backlog) {
+                tracing::warn!(listener = %name, %error, "could not listen again");
+            }
+        }
+    }
+
     /// Steers handshake initiations to `generation` (see [`steer`]).
     pub fn steer_to(&self, generation: u32) -> anyhow::Result<()> {
         steer::steer(self.fd(SocketName::Wg0)?, generation)
             .context("attaching the WireGuard steering program")
     }
+}
+
+/// What a successor made of its predecessor's offer ([`Listeners::adopt`]).
+#[derive(Debug)]
+pub struct Adopted {
+    /// This ingress's sockets, taken over or bound afresh.
+    pub listeners: Listeners,
+    /// The names bound afresh (their configured address changed).
+    pub rebound: Vec<SocketName>,
+    /// The predecessor's TCP listeners this ingress did not take (their
+    /// address changed, or `listen.https` went off), to be shut
+    /// ([`stop_listening`]) once this ingress serves.
+    pub left_behind: Vec<(SocketName, OwnedFd)>,
+}
+
+/// Stops a listening TCP socket from taking connections without closing it
+/// (`shutdown(SHUT_RD)`: Linux takes it out of the listening table, resets
+/// what was queued on it, and keeps its bound address, so a `listen` again
+/// ([`Listeners::listen_again`]) reopens it). Used by a successor on the
+/// predecessor's listeners it left behind: the predecessor no longer
+/// accepts, and a specific address (127.0.0.1:1080) left listening would
+/// take the connections Linux prefers it for from this ingress's wildcard
+/// one (0.0.0.0:1080) and queue them until the predecessor exits.
+pub fn stop_listening(listener: BorrowedFd<'_>) -> nix::Result<()> {
+    nix::sys::socket::shutdown(listener.as_raw_fd(), nix::sys::socket::Shutdown::Read)
+}
+
+/// The port of an `ip:port` address, if it is one.
+fn port_of(address: &str) -> Option<u16> {
+    address
+        .parse::<SocketAddr>()
+        .ok()
+        .map(|address| address.port())
 }
 
 /// Whether `name` is a TCP listener (a customer's or the status one).

@@ -51,9 +51,9 @@ pub fn bind_tcp(name: &str, address: SocketAddr, share_port: bool) -> anyhow::Re
 /// Lets a new listener share the port of `listener` (SO_REUSEPORT on it):
 /// Linux lets a socket bind beside a listening one on the same port only when
 /// both ask for it and belong to the same user. Used on a predecessor's
-/// listener that the successor does not take over (its address changed), so
-/// the successor can bind the new address while the predecessor's copy stays
-/// open until it exits.
+/// listener that the successor does not take over (its address changed, its
+/// port the same), so the successor can bind the new address while the
+/// predecessor's copy is still open.
 pub fn share_port(listener: std::os::fd::BorrowedFd<'_>) -> anyhow::Result<()> {
     nix::sys::socket::setsockopt(&listener, nix::sys::socket::sockopt::ReusePort, &true)
         .context("setting SO_REUSEPORT on the predecessor's listener")

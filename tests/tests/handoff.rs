@@ -180,10 +180,13 @@ fn a_successor_that_dies_after_serving_gives_the_node_back_to_the_old_one() {
     // Keep the old ingress around long enough to see the successor die: a
     // successor that reports no progress keeps it 3 s (its device plane
     // may still depend on it).
+    // The successor moves the SOCKS5 listener to another port, and so shuts
+    // the old one's: the old one must listen there again.
     let mut node = Node::new("");
     let (mut first, _device, client) = node.start();
+    let moved = format!("listen.socks=127.0.0.1:{}", blipless_tests::free_port());
     let mut second = node.spawn_ingress_with(
-        &[],
+        &["--set", &moved],
         &[
             ("BLIPLESS_FAULT_DIE_AFTER_SERVING_MS", "300"),
             ("BLIPLESS_FAULT_SILENT_SUCCESSOR", "1"),
@@ -198,9 +201,14 @@ fn a_successor_that_dies_after_serving_gives_the_node_back_to_the_old_one() {
         "the old ingress to serve again",
         || first.log_text().contains("serving again"),
     );
+    assert_logged(&second, "stops taking connections");
     node.wait_ready();
     assert_eq!(
         fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+    assert_eq!(
+        fetch(&client.http, &origin.url("/bytes/100"), &[]).len(),
         100
     );
     assert!(
@@ -251,17 +259,22 @@ fn a_listener_moved_to_the_wildcard_address_on_its_port_is_bound_beside_the_old_
         "{}",
         client.socks
     );
-    let mut second = node.spawn_ingress_with(&["--set", "listen.socks=0.0.0.0:1080"], &[]);
-    let left = first.wait_exit(Duration::from_secs(30));
-    assert!(
-        left.is_some_and(|status| status.success()),
-        "the old ingress steps aside ({left:?}); the successor said:\n{}",
-        second.log_text()
+    // A successor that reports no progress keeps the old ingress beside it
+    // for 3 s: new connections to 127.0.0.1:1080 meanwhile must reach the
+    // successor's wildcard listener, not queue on the old one's.
+    let mut second = node.spawn_ingress_with(
+        &["--set", "listen.socks=0.0.0.0:1080"],
+        &[("BLIPLESS_FAULT_SILENT_SUCCESSOR", "1")],
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the old ingress to step aside",
+        || first.log_text().contains("stepping aside"),
     );
     node.wait_ready();
     let url = format!("http://{origin}/bytes/100");
-    let body = ns
-        .exec_bytes(
+    let fetch_in_ns = || {
+        ns.exec_bytes(
             "curl",
             &[
                 "-sS",
@@ -273,8 +286,20 @@ fn a_listener_moved_to_the_wildcard_address_on_its_port_is_bound_beside_the_old_
                 &url,
             ],
         )
-        .expect("curl through the moved listener");
-    assert_eq!(body, blipless_tests::pattern(100));
+        .expect("curl through the moved listener")
+    };
+    assert_eq!(fetch_in_ns(), blipless_tests::pattern(100));
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "the fetch was made while the old ingress ran beside the new one"
+    );
+    let left = first.wait_exit(Duration::from_secs(30));
+    assert!(
+        left.is_some_and(|status| status.success()),
+        "the old ingress steps aside ({left:?}); the successor said:\n{}",
+        second.log_text()
+    );
+    assert_eq!(fetch_in_ns(), blipless_tests::pattern(100));
     let status = node.ctl(&["status", "--json"]);
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(status.contains("0.0.0.0:1080"), "{status}");

@@ -3,7 +3,7 @@
 //! same sockets, and says so.
 
 use std::collections::HashSet;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,14 +12,14 @@ use anyhow::Context;
 use blipless_config::Config;
 use blipless_protocol::channel::{
     EndpointEntry, Handoff, HandoffOffer, HandoffProgress, Hello, PeerEntry, Refused, Rejoin,
-    MAX_FRAME,
+    SocketName, MAX_FRAME,
 };
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
 use super::{check_peer, receive, Lineage};
 use crate::fault;
-use crate::listeners::Listeners;
+use crate::listeners::{self, Adopted, Listeners};
 use crate::metrics::Metrics;
 use crate::planes::Planes;
 use crate::wg::Wireguard;
@@ -41,6 +41,9 @@ pub struct Predecessor {
     pub peers: Vec<PeerEntry>,
     /// Where the peers were last heard from.
     pub endpoints: Vec<EndpointEntry>,
+    /// The predecessor's TCP listeners this ingress did not take, shut once
+    /// it serves ([`listeners::stop_listening`]).
+    left_behind: Vec<(SocketName, OwnedFd)>,
 }
 
 /// How often a successor asks again while the running ingress is busy with
@@ -226,6 +229,7 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
         fds,
         peers,
         endpoints,
+        left_behind: Vec::new(),
     })))
 }
 
@@ -235,7 +239,12 @@ impl Predecessor {
     /// Returns them with this ingress's WireGuard generation: the other one.
     pub fn take_listeners(&mut self, config: &Config) -> anyhow::Result<(Listeners, u32)> {
         let fds = std::mem::take(&mut self.fds);
-        let (listeners, rebound) = Listeners::adopt(config, &self.offer, fds)?;
+        let Adopted {
+            listeners,
+            rebound,
+            left_behind,
+        } = Listeners::adopt(config, &self.offer, fds)?;
+        self.left_behind = left_behind;
         listeners.park(&rebound);
         let rebound: Vec<&str> = rebound.iter().map(|name| name.as_str()).collect();
         tracing::info!(
@@ -268,6 +277,18 @@ impl Predecessor {
         blipless_link::send(&self.socket, &Handoff::Serving, &[])
             .await
             .context("telling the predecessor we serve")?;
+        // Ours take the connections from now on (the predecessor listens
+        // again on these if we die beside it).
+        for (name, listener) in self.left_behind {
+            match listeners::stop_listening(listener.as_fd()) {
+                Ok(()) => {
+                    tracing::info!(listener = %name, "the predecessor's listener at the old address stops taking connections")
+                }
+                Err(error) => {
+                    tracing::warn!(listener = %name, %error, "could not stop the predecessor's listener at the old address")
+                }
+            }
+        }
         let connection = self.socket;
         lineage.beside_predecessor.store(true, Ordering::SeqCst);
         let lineage = lineage.clone();
