@@ -209,33 +209,47 @@ impl Drop for Echo {
     }
 }
 
-/// dnsmasq on 127.0.0.1 at a free port, answering `shop.example`.
+/// dnsmasq on 127.0.0.1 at a free port, answering `shop.example`. The port
+/// is free for TCP when picked; dnsmasq also needs it for UDP, where another
+/// test's socket may hold it: dnsmasq then exits, and another port is tried.
 fn dnsmasq() -> (Background, u16) {
-    let port = free_port();
-    let mut command = Command::new("dnsmasq");
-    command.args([
-        "--keep-in-foreground",
-        "--conf-file=/dev/null",
-        "--no-resolv",
-        "--no-hosts",
-        "--bind-interfaces",
-        "--listen-address=127.0.0.1",
-        &format!("--port={port}"),
-        "--user=root",
-        "--pid-file=",
-        "--log-queries",
-        "--log-facility=-",
-        "--address=/shop.example/192.0.2.77",
-    ]);
-    let server = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
-    wait_until(Duration::from_secs(10), "dnsmasq to answer", || {
-        Command::new("dig")
-            .args(["+short", "+time=1", "+tries=1", "-p", &port.to_string()])
-            .args(["@127.0.0.1", "shop.example"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("192.0.2.77"))
-    });
-    (server, port)
+    let mut said = Vec::new();
+    for _ in 0..3 {
+        let port = free_port();
+        let mut command = Command::new("dnsmasq");
+        command.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--listen-address=127.0.0.1",
+            &format!("--port={port}"),
+            "--user=root",
+            "--pid-file=",
+            "--log-queries",
+            "--log-facility=-",
+            "--address=/shop.example/192.0.2.77",
+        ]);
+        let mut server = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while server.running() && std::time::Instant::now() < deadline {
+            let answered = Command::new("dig")
+                .args(["+short", "+time=1", "+tries=1", "-p", &port.to_string()])
+                .args(["@127.0.0.1", "shop.example"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("192.0.2.77"));
+            if answered {
+                return (server, port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        said.push(format!("port {port}: {}", server.output()));
+    }
+    panic!(
+        "dnsmasq did not answer on any of three ports:\n{}",
+        said.join("\n")
+    );
 }
 
 /// The four parts of a `socks5h://name:secret@host:port` URL.
