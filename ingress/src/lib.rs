@@ -266,19 +266,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // The crypto workers finish what they were given.
     let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
     fault::linger_at_stop().await;
-    // Every listener closes before its file goes: a successor that finds no
-    // handoff.sock starts afresh, and must find the ports free. One that
-    // connected since the handoff server stopped sits in the socket's
-    // backlog until this close, and asks again (successor.rs).
-    drop(listeners);
-    // The WireGuard socket too (a duplicate, owned by `Wireguard`): bound
-    // with SO_REUSEPORT, it would not refuse a fresh group on its port, but
-    // take the fresh group into its own, where closing it later shuffles the
-    // members the steering program picks by position.
+    // Every socket but handoff.sock closes before the files go: a successor
+    // that finds no handoff.sock starts afresh, and must find the ports
+    // free. The WireGuard pair too, with the duplicate `Wireguard` owns:
+    // bound with SO_REUSEPORT, it would not refuse a fresh group on its
+    // port, but take the fresh group into its own, where closing it later
+    // shuffles the members the steering program picks by position.
+    listeners.close(&[
+        SocketName::Socks,
+        SocketName::Http,
+        SocketName::Https,
+        SocketName::Status,
+        SocketName::Device,
+        SocketName::Control,
+        SocketName::Wg0,
+        SocketName::Wg1,
+    ]);
     let wireguard_socket = Arc::downgrade(&wireguard);
     drop((wireguard, node, device_context));
     if wait_until_dropped(&wireguard_socket, Duration::from_secs(2)).await {
-        tracing::info!("every socket closed; removing the node's socket files");
+        tracing::info!("every socket but handoff.sock closed; removing the node's socket files");
     } else {
         tracing::warn!(
             "the WireGuard socket is still held after 2 s; removing the node's socket files anyway"
@@ -291,6 +298,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     ] {
         let _ = std::fs::remove_file(path);
     }
+    // handoff.sock last, once its file is gone: a successor that connected
+    // since the handoff server stopped sat in its backlog until now, asks
+    // again and finds no file (successor.rs). Had it closed first, a
+    // successor finding nobody there would start afresh, bind the files
+    // anew, and lose them to the removal above.
+    drop(listeners);
     tracing::info!("ingress stopped");
     Ok(())
 }
