@@ -117,8 +117,8 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         peercred::refuse_ingress(&socket, reason, true).await;
         return Ok(());
     }
-    match handoffs.lineage.begin_handoff() {
-        Ok(()) => {}
+    let handing_off = match handoffs.lineage.begin_handoff() {
+        Ok(()) => HandingOff(&handoffs.lineage),
         Err(busy) => {
             let reason = match busy {
                 Busy::HandingOff => "another successor is taking over this ingress",
@@ -132,7 +132,7 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
             peercred::refuse_ingress(&socket, reason.to_string(), true).await;
             return Ok(());
         }
-    }
+    };
     tracing::info!(pid = hello.pid, software = %hello.software, "a successor ingress asks to take over");
     let (offer, fds) = &handoffs.offer;
     let mut offer = offer.clone();
@@ -158,13 +158,25 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
             pid = hello.pid,
             "the successor went away before serving; carrying on"
         );
-        handoffs.lineage.end_handoff();
         return Ok(());
     }
-    if handoffs.takeovers.send(socket).await.is_err() {
-        handoffs.lineage.end_handoff();
+    if handoffs.takeovers.send(socket).await.is_ok() {
+        // The run loop steps aside; it ends the handoff if it serves again.
+        std::mem::forget(handing_off);
     }
     Ok(())
+}
+
+/// A handoff under way: ends it ([`Lineage::end_handoff`]) when dropped,
+/// however `hand_off` leaves (the successor went away, an error, a panic),
+/// unless the run loop took the successor over. A drain waiting for the
+/// handoff's outcome must never wait for one that will not come.
+struct HandingOff<'a>(&'a Lineage);
+
+impl Drop for HandingOff<'_> {
+    fn drop(&mut self) {
+        self.0.end_handoff();
+    }
 }
 
 /// What a predecessor offers.
