@@ -272,16 +272,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // bound with SO_REUSEPORT, it would not refuse a fresh group on its
     // port, but take the fresh group into its own, where closing it later
     // shuffles the members the steering program picks by position.
-    listeners.close(&[
-        SocketName::Socks,
-        SocketName::Http,
-        SocketName::Https,
-        SocketName::Status,
-        SocketName::Device,
-        SocketName::Control,
-        SocketName::Wg0,
-        SocketName::Wg1,
-    ]);
+    let all_but_handoff: Vec<SocketName> = SocketName::ALL
+        .into_iter()
+        .filter(|name| *name != SocketName::Handoff)
+        .collect();
+    listeners.close(&all_but_handoff);
     let wireguard_socket = Arc::downgrade(&wireguard);
     drop((wireguard, node, device_context));
     if wait_until_dropped(&wireguard_socket, Duration::from_secs(2)).await {
