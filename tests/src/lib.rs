@@ -12,6 +12,7 @@
 
 pub mod curl;
 pub mod dante;
+pub mod dns;
 pub mod exit_world;
 pub mod fake_upstream;
 pub mod fleet;

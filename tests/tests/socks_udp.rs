@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use blipless_tests::dns::dnsmasq_args;
 use blipless_tests::netns::Background;
 use blipless_tests::node::Node;
 use blipless_tests::{free_port, wait_until};
@@ -217,20 +218,7 @@ fn dnsmasq() -> (Background, u16) {
     for _ in 0..3 {
         let port = free_port();
         let mut command = Command::new("dnsmasq");
-        command.args([
-            "--keep-in-foreground",
-            "--conf-file=/dev/null",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            "--listen-address=127.0.0.1",
-            &format!("--port={port}"),
-            "--user=root",
-            "--pid-file=",
-            "--log-queries",
-            "--log-facility=-",
-            "--address=/shop.example/192.0.2.77",
-        ]);
+        command.args(dnsmasq_args("127.0.0.1", port, &[]));
         let mut server = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while server.running() && std::time::Instant::now() < deadline {

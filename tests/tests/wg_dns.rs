@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use blipless_tests::dns::dnsmasq_args;
 use blipless_tests::netns::Background;
 use blipless_tests::topology::WgWorld;
 
@@ -57,21 +58,7 @@ fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
         world.client_config
     );
     let mut command = world.net.internet.command("dnsmasq");
-    command.args([
-        "--keep-in-foreground",
-        "--conf-file=/dev/null",
-        "--no-resolv",
-        "--no-hosts",
-        "--bind-interfaces",
-        &format!("--listen-address={upstream}"),
-        "--port=53",
-        "--user=root",
-        "--pid-file=",
-        "--log-queries",
-        "--log-facility=-",
-        "--address=/shop.example/192.0.2.77",
-        "--address=/gone.example/",
-    ]);
+    command.args(dnsmasq_args(&upstream, 53, &["--address=/gone.example/"]));
     let dnsmasq = Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq");
     // dnsmasq serves once it answers in its own namespace.
     let deadline = Instant::now() + Duration::from_secs(10);

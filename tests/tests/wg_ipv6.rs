@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
+use blipless_tests::dns::dnsmasq_args;
 use blipless_tests::netns::{start_origin, Background};
 use blipless_tests::node::Node;
 use blipless_tests::topology::{add_wg_client, tail, Topology, POOL};
@@ -32,20 +33,7 @@ const GATEWAY6: &str = "fd64:91::1";
 fn dnsmasq(net: &Topology) -> Background {
     let upstream = net.origin.ip().to_string();
     let mut command = net.internet.command("dnsmasq");
-    command.args([
-        "--keep-in-foreground",
-        "--conf-file=/dev/null",
-        "--no-resolv",
-        "--no-hosts",
-        "--bind-interfaces",
-        &format!("--listen-address={upstream}"),
-        "--port=53",
-        "--user=root",
-        "--pid-file=",
-        "--log-queries",
-        "--log-facility=-",
-        "--address=/shop.example/192.0.2.77",
-    ]);
+    command.args(dnsmasq_args(&upstream, 53, &[]));
     Background::spawn(command, None, Duration::from_secs(5)).expect("dnsmasq")
 }
 

@@ -85,6 +85,10 @@ pub async fn serve(listener: UnixSeqpacketListener, handoffs: Handoffs, stop: Ca
     .await;
 }
 
+/// Why a successor is refused by an ingress that drains.
+const DRAINING: &str =
+    "this ingress is draining (a drain was asked for); start afresh once it has exited";
+
 /// One would-be successor: refuse it, or offer it everything and, once it
 /// serves, tell the run loop to step aside.
 async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<()> {
@@ -97,13 +101,7 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
             pid = hello.pid,
             "a successor asks to take over while this ingress drains: it starts once this one has exited"
         );
-        peercred::refuse_ingress(
-            &socket,
-            "this ingress is draining (a drain was asked for); start afresh once it has exited"
-                .to_string(),
-            true,
-        )
-        .await;
+        peercred::refuse_ingress(&socket, DRAINING.to_string(), true).await;
         return Ok(());
     }
     if handoffs.lineage.beside_predecessor.load(Ordering::SeqCst) {
@@ -122,7 +120,7 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         Err(busy) => {
             let reason = match busy {
                 Busy::HandingOff => "another successor is taking over this ingress",
-                Busy::Draining => "this ingress is draining (a drain was asked for); start afresh once it has exited",
+                Busy::Draining => DRAINING,
             };
             tracing::info!(
                 pid = hello.pid,
