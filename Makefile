@@ -5,7 +5,7 @@ SOAK_SECONDS ?= 600
 # Debian packages the tests drive (package:command); make run needs only curl.
 TEST_PACKAGES = curl:curl redis-server:redis-server dante-server:danted wireguard-go:wireguard-go wireguard-tools:wg iperf3:iperf3 nftables:nft iputils-ping:ping openssl:openssl systemd:systemd-analyze python3-jsonschema:jsonschema systemd-container:systemd-nspawn zbar-tools:zbarimg dnsmasq-base:dnsmasq bind9-dnsutils:dig python3-socks:/usr/lib/python3/dist-packages/socks.py python3-dnspython:/usr/lib/python3/dist-packages/dns/message.py
 RUN_PACKAGES = curl:curl
-# make bench's peers beside blipless (bench/src/scenarios/peers.rs); dante-server is in TEST_PACKAGES.
+# make bench's peers beside blipless (bench/src/scenarios/peers/); dante-server is in TEST_PACKAGES.
 # On a host with systemd, installing nginx, haproxy or tinyproxy starts its service too (the bench
 # starts its own, in the foreground, on free ports): stop or disable those if unwanted.
 BENCH_PACKAGES = microsocks:microsocks tinyproxy:tinyproxy haproxy:haproxy nginx:nginx libnginx-mod-stream:/usr/lib/nginx/modules/ngx_stream_module.so
