@@ -18,11 +18,13 @@
 //! readers: memory, CPU time, command names, load), [`ping`] (ping's
 //! output), [`logs`] (the daemons' log lines), [`metrics`] (the ingress's
 //! `/metrics`), [`client`] (the load client), [`echo`] (the echo server),
-//! [`report`] (machine facts, header table, section markers) and [`format`]
-//! (how figures are written). The scenarios are in [`scenarios`]. Starting
+//! [`report`] (machine facts, header table, section markers, the checks
+//! before a bench), [`cli`] (the options and run of a bench that rewrites
+//! one section) and [`format`] (how figures are written). The scenarios are in [`scenarios`]. Starting
 //! nodes, namespaces and WireGuard peers is the end-to-end harness's
 //! (`blipless_tests`), shared with the tests.
 
+pub mod cli;
 pub mod client;
 pub mod document;
 pub mod echo;

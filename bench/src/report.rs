@@ -121,13 +121,27 @@ pub fn on_path(program: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
-/// The checks before a bench that runs the daemons in network namespaces:
-/// root, the `tools` on PATH and the release binaries. It sets
+/// Whether a bench needs root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privileges {
+    /// Network namespaces, TUN devices, nftables, system users.
+    Root,
+    /// Loopback only, as any user.
+    Any,
+}
+
+/// The checks before a bench: root when it needs it, the `tools` on PATH
+/// and the release binaries. It sets
 /// `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` unless given (call
 /// it before any thread starts), and returns the command line to print, with
 /// `shown_args`. `Err` carries what to tell the operator.
-pub fn prepare(name: &str, tools: &[&str], shown_args: &[String]) -> Result<String, String> {
-    if !nix::unistd::geteuid().is_root() {
+pub fn prepare(
+    name: &str,
+    privileges: Privileges,
+    tools: &[&str],
+    shown_args: &[String],
+) -> Result<String, String> {
+    if privileges == Privileges::Root && !nix::unistd::geteuid().is_root() {
         return Err(format!(
             "{name}: needs root (network namespaces, a TUN device, nftables); run `sudo make bench`"
         ));

@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine};
+use blipless_bench::report::{self, Machine, Privileges};
 use blipless_bench::scenarios::egress::{self, inside, Plan, MARKERS};
 
 fn usage() -> ExitCode {
@@ -81,6 +81,7 @@ fn main() -> ExitCode {
     }
     let command = match report::prepare(
         "blipless-bench-egress",
+        Privileges::Root,
         &["wireguard-go", "wg", "wg-quick", "nft", "ip", "curl"],
         &shown_args,
     ) {

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine};
+use blipless_bench::report::{self, Machine, Privileges};
 use blipless_bench::scenarios::handoff::{self, Clock, Knobs, Plan, MARKERS};
 
 fn usage() -> ExitCode {
@@ -92,6 +92,7 @@ fn main() -> ExitCode {
     }
     let command = match report::prepare(
         "blipless-bench-handoff",
+        Privileges::Root,
         &[
             "ping",
             "wireguard-go",

@@ -8,65 +8,38 @@
 //! only. Options: `--out PATH` (default `docs/BENCHMARKS.md`), `--quick`. It
 //! sets `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` unless they are set.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine};
+use blipless_bench::cli::{Section, SectionArgs};
+use blipless_bench::report::Privileges;
 use blipless_bench::scenarios::limits::{self, Plan, MARKERS};
+use clap::Parser;
 
-fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-limits [--out PATH] [--quick]");
-    ExitCode::from(2)
+/// Per-client limits: a rate limit's accuracy, and the limiter's cost.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-bench-limits")]
+struct Args {
+    #[command(flatten)]
+    section: SectionArgs,
 }
 
 fn main() -> ExitCode {
-    let mut out = PathBuf::from("docs/BENCHMARKS.md");
-    let mut plan = Plan::full();
-    let mut shown_args = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => match args.next() {
-                Some(path) => {
-                    shown_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--quick" => {
-                shown_args.push(arg.clone());
-                plan = Plan::quick();
-            }
-            _ => return usage(),
-        }
-    }
-    if std::env::var_os("BLIPLESS_PROFILE").is_none() {
-        std::env::set_var("BLIPLESS_PROFILE", "release");
-    }
-    if std::env::var_os("BLIPLESS_TEST_LOG").is_none() {
-        std::env::set_var("BLIPLESS_TEST_LOG", "info");
-    }
-    let command = match report::prepare("blipless-bench-limits", &["curl"], &shown_args) {
-        Ok(command) => command,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
+    let args = Args::parse();
+    let plan = if args.section.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
     };
-    let mut machine = Machine::now(command);
-    let results = match std::panic::catch_unwind(|| limits::measure(plan)) {
-        Ok(results) => results,
-        Err(_) => {
-            eprintln!("blipless-bench-limits: the bench failed (see the panic above)");
-            return ExitCode::FAILURE;
-        }
-    };
-    machine.finish();
-    let section = limits::render(&machine, plan, &results);
-    if let Err(error) = MARKERS.write(&out, &section) {
-        eprintln!("blipless-bench-limits: {error}");
-        return ExitCode::FAILURE;
+    Section {
+        name: "blipless-bench-limits",
+        title: "limits",
+        markers: MARKERS,
+        privileges: Privileges::Any,
+        tools: &["curl"],
     }
-    eprintln!("wrote the limits section of {}", out.display());
-    ExitCode::SUCCESS
+    .run(
+        &args.section.out,
+        |_| Ok(limits::measure(plan)),
+        |machine, results| limits::render(machine, plan, results),
+    )
 }

@@ -15,97 +15,50 @@
 //! (measure only those servers; the others still start). It sets
 //! `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` unless they are set.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::Machine;
+use blipless_bench::cli::{Section, SectionArgs};
+use blipless_bench::report::Privileges;
 use blipless_bench::scenarios::peers::{self, Plan, MARKERS};
+use clap::Parser;
 
-fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-peers [--out PATH] [--quick] [--only SERVER,SERVER,...]");
-    ExitCode::from(2)
+/// blipless beside dante, microsocks, tinyproxy, haproxy and nginx.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-bench-peers")]
+struct Args {
+    #[command(flatten)]
+    section: SectionArgs,
+    /// Measure only these servers (direct, blipless, dante, microsocks,
+    /// tinyproxy, haproxy, nginx); the others still start.
+    #[arg(long, value_name = "SERVER,SERVER,...", value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 fn main() -> ExitCode {
-    let mut out = PathBuf::from("docs/BENCHMARKS.md");
-    let mut plan = Plan::full();
-    let mut shown_args = Vec::new();
-    let mut only: Vec<String> = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => match args.next() {
-                Some(path) => {
-                    shown_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--quick" => {
-                shown_args.push(arg.clone());
-                plan = Plan::quick();
-            }
-            "--only" => match args.next() {
-                Some(list) => {
-                    shown_args.push(format!("--only {list}"));
-                    only = list.split(',').map(str::to_string).collect();
-                }
-                None => return usage(),
-            },
-            _ => return usage(),
-        }
-    }
-    for (key, value) in [
-        ("BLIPLESS_PROFILE", "release"),
-        ("BLIPLESS_TEST_LOG", "info"),
-    ] {
-        if std::env::var_os(key).is_none() {
-            std::env::set_var(key, value);
-        }
-    }
-    let profile = std::env::var("BLIPLESS_PROFILE").unwrap_or_default();
-    if profile != "release" {
-        eprintln!("blipless-bench-peers: warning: BLIPLESS_PROFILE={profile}: figures from a non-release build are not comparable");
-    }
-    for binary in ["blipless-ingress", "blipless-device", "blipless-ctl"] {
-        let path = blipless_tests::bin_dir().join(binary);
-        if !path.exists() {
-            eprintln!(
-                "blipless-bench-peers: {} is missing: run `make bench` (it builds the release binaries)",
-                path.display()
-            );
-            return ExitCode::FAILURE;
-        }
-    }
-    let command = format!(
-        "BLIPLESS_PROFILE={profile} BLIPLESS_TEST_LOG={} target/release/blipless-bench-peers{}{}",
-        std::env::var("BLIPLESS_TEST_LOG").unwrap_or_default(),
-        if shown_args.is_empty() { "" } else { " " },
-        shown_args.join(" ")
-    );
-    blipless_tests::raise_fd_limit();
-    let mut machine = Machine::now(command);
-    let started = std::time::Instant::now();
-    let results = match std::panic::catch_unwind(|| peers::measure(plan, &only)) {
-        Ok(results) => results,
-        Err(_) => {
-            eprintln!("blipless-bench-peers: the bench failed (see the panic above)");
-            return ExitCode::FAILURE;
-        }
+    let args = Args::parse();
+    let plan = if args.section.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
     };
-    machine.finish();
-    for stopped in &results.stopped {
-        eprintln!("blipless-bench-peers: stopped {stopped}");
+    Section {
+        name: "blipless-bench-peers",
+        title: "peers",
+        markers: MARKERS,
+        // dante needs root (its harness creates a system user): without
+        // it, dante is left out and the rest measured.
+        privileges: Privileges::Any,
+        tools: &[],
     }
-    let section = peers::render(&machine, plan, &results);
-    if let Err(error) = MARKERS.write(&out, &section) {
-        eprintln!("blipless-bench-peers: {error}");
-        return ExitCode::FAILURE;
-    }
-    eprintln!(
-        "wrote the peers section of {} ({:.0} s)",
-        out.display(),
-        started.elapsed().as_secs_f64()
-    );
-    ExitCode::SUCCESS
+    .run(
+        &args.section.out,
+        |_| {
+            let results = peers::measure(plan, &args.only);
+            for stopped in &results.stopped {
+                eprintln!("blipless-bench-peers: stopped {stopped}");
+            }
+            Ok(results)
+        },
+        |machine, results| peers::render(machine, plan, results),
+    )
 }

@@ -14,56 +14,42 @@
 //! `BLIPLESS_PROFILE=release` and `BLIPLESS_TEST_LOG=info` (the production
 //! log level) unless they are set.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine};
+use blipless_bench::cli::{Section, SectionArgs};
+use blipless_bench::report::Privileges;
 use blipless_bench::scenarios::wireguard::{self, Plan, MARKERS};
+use clap::Parser;
 
-fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-wg [--out PATH] [--quick] [--no-offload] [--workers N]");
-    ExitCode::from(2)
+/// WireGuard throughput and latency, blipless beside wireguard-go.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-bench-wg")]
+struct Args {
+    #[command(flatten)]
+    section: SectionArgs,
+    /// blipless without `egress.tun.offload` (otherwise on).
+    #[arg(long)]
+    no_offload: bool,
+    /// blipless's `wireguard.workers` (default: one per core).
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
 }
 
 fn main() -> ExitCode {
-    let mut out = PathBuf::from("docs/BENCHMARKS.md");
-    let mut plan = Plan::full();
-    let mut shown_args = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => match args.next() {
-                Some(path) => {
-                    shown_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--quick" => {
-                shown_args.push(arg.clone());
-                plan = Plan {
-                    offload: plan.offload,
-                    workers: plan.workers,
-                    ..Plan::quick()
-                };
-            }
-            "--no-offload" => {
-                shown_args.push(arg.clone());
-                plan.offload = false;
-            }
-            "--workers" => match args.next().and_then(|n| n.parse().ok()) {
-                Some(workers) => {
-                    shown_args.push(format!("--workers {workers}"));
-                    plan.workers = Some(workers);
-                }
-                None => return usage(),
-            },
-            _ => return usage(),
-        }
-    }
-    let command = match report::prepare(
-        "blipless-bench-wg",
-        &[
+    let args = Args::parse();
+    let mut plan = if args.section.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    plan.offload = !args.no_offload;
+    plan.workers = args.workers;
+    Section {
+        name: "blipless-bench-wg",
+        title: "WireGuard",
+        markers: MARKERS,
+        privileges: Privileges::Root,
+        tools: &[
             "iperf3",
             "ping",
             "wireguard-go",
@@ -72,39 +58,21 @@ fn main() -> ExitCode {
             "nft",
             "ip",
         ],
-        &shown_args,
-    ) {
-        Ok(command) => command,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    blipless_tests::raise_fd_limit();
-    let mut machine = Machine::now(command);
-    eprintln!(
-        "blipless-bench-wg: {} CPUs, {}, kernel {}, load {}; {} s runs, {} repeat(s)",
-        machine.cpus,
-        machine.model,
-        machine.kernel,
-        machine.load_before,
-        plan.seconds,
-        plan.repeats
-    );
-
-    let (blipless, baseline) = match wireguard::measure(plan) {
-        Ok(results) => results,
-        Err(error) => {
-            eprintln!("blipless-bench-wg: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    machine.finish();
-    let section = wireguard::render(&machine, plan, &blipless, &baseline);
-    if let Err(error) = MARKERS.write(&out, &section) {
-        eprintln!("blipless-bench-wg: {error}");
-        return ExitCode::FAILURE;
     }
-    eprintln!("wrote the WireGuard section of {}", out.display());
-    ExitCode::SUCCESS
+    .run(
+        &args.section.out,
+        |machine| {
+            eprintln!(
+                "blipless-bench-wg: {} CPUs, {}, kernel {}, load {}; {} s runs, {} repeat(s)",
+                machine.cpus,
+                machine.model,
+                machine.kernel,
+                machine.load_before,
+                plan.seconds,
+                plan.repeats
+            );
+            wireguard::measure(plan)
+        },
+        |machine, (blipless, baseline)| wireguard::render(machine, plan, blipless, baseline),
+    )
 }

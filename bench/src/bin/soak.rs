@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine};
+use blipless_bench::report::{self, Machine, Privileges};
 use blipless_bench::scenarios::soak::{self, Options};
 
 const NAME: &str = "blipless-soak";
@@ -35,34 +35,6 @@ fn usage() -> ExitCode {
         "usage: {NAME} [--seconds N] [--quick] [--seed N] [--out PATH] [--no-wg] [--logs DIR]"
     );
     ExitCode::from(2)
-}
-
-/// Without root: the environment `report::prepare` would set, the binaries
-/// checked, and the command line.
-fn prepare_unprivileged(shown_args: &[String]) -> Result<String, String> {
-    for (key, value) in [
-        ("BLIPLESS_PROFILE", "release"),
-        ("BLIPLESS_TEST_LOG", "info"),
-    ] {
-        if std::env::var_os(key).is_none() {
-            std::env::set_var(key, value);
-        }
-    }
-    for binary in ["blipless-ingress", "blipless-device", "blipless-ctl"] {
-        let path = blipless_tests::bin_dir().join(binary);
-        if !path.exists() {
-            return Err(format!(
-                "{NAME}: {} is missing: `make soak` builds it",
-                path.display()
-            ));
-        }
-    }
-    Ok(format!(
-        "BLIPLESS_PROFILE={} BLIPLESS_TEST_LOG={} target/release/{NAME} {}",
-        std::env::var("BLIPLESS_PROFILE").unwrap_or_default(),
-        std::env::var("BLIPLESS_TEST_LOG").unwrap_or_default(),
-        shown_args.join(" ")
-    ))
 }
 
 fn main() -> ExitCode {
@@ -133,9 +105,9 @@ fn main() -> ExitCode {
         if wireguard.is_ok() {
             tools.extend(WG_TOOLS);
         }
-        report::prepare(NAME, &tools, &shown_args)
+        report::prepare(NAME, Privileges::Root, &tools, &shown_args)
     } else {
-        prepare_unprivileged(&shown_args)
+        report::prepare(NAME, Privileges::Any, &[], &shown_args)
     };
     let command = match prepared {
         Ok(command) => command,
