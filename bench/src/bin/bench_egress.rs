@@ -21,21 +21,20 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine, Privileges};
+use blipless_bench::cli::{Section, SectionArgs};
+use blipless_bench::report::Privileges;
 use blipless_bench::scenarios::egress::{self, inside, Plan, MARKERS};
+use clap::Parser;
 
-fn usage() -> ExitCode {
-    eprintln!("usage: blipless-bench-egress [--out PATH] [--quick] [--logs DIR]");
-    ExitCode::from(2)
-}
-
-/// What a panic said.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a panic".into())
+/// Egress through a SOCKS5 upstream and a WireGuard exit, beside direct.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-bench-egress")]
+struct Args {
+    #[command(flatten)]
+    section: SectionArgs,
+    /// Where the daemons' logs are kept.
+    #[arg(long, value_name = "DIR")]
+    logs: Option<PathBuf>,
 }
 
 /// Whether danted (or upstream's sockd) is on PATH or in an sbin folder,
@@ -50,46 +49,15 @@ fn has_dante() -> bool {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some(inside::FLAG) {
-        return inside::main(&args[1..]);
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.first().map(String::as_str) == Some(inside::FLAG) {
+        return inside::main(&raw[1..]);
     }
-    let mut out = PathBuf::from("docs/BENCHMARKS.md");
-    let mut plan = Plan::full();
-    let mut logs = None;
-    let mut shown_args = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => match args.next() {
-                Some(path) => {
-                    shown_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--quick" => {
-                shown_args.push(arg.clone());
-                plan = Plan::quick();
-            }
-            "--logs" => match args.next() {
-                Some(path) => logs = Some(PathBuf::from(path)),
-                None => return usage(),
-            },
-            _ => return usage(),
-        }
-    }
-    let command = match report::prepare(
-        "blipless-bench-egress",
-        Privileges::Root,
-        &["wireguard-go", "wg", "wg-quick", "nft", "ip", "curl"],
-        &shown_args,
-    ) {
-        Ok(command) => command,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
+    let args = Args::parse();
+    let plan = if args.section.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
     };
     // danted is in /usr/sbin, which a PATH may lack: the harness looks there too.
     if !has_dante() {
@@ -98,43 +66,32 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    blipless_tests::raise_fd_limit();
-    let mut machine = Machine::now(command);
-    eprintln!(
-        "blipless-bench-egress: {} CPUs, {}, kernel {}, load {}; {} connections x {} round(s), {} MiB, {} deploy(s), {} failover(s)",
-        machine.cpus,
-        machine.model,
-        machine.kernel,
-        machine.load_before,
-        plan.connections,
-        plan.rounds,
-        plan.download / (1024 * 1024),
-        plan.deploys,
-        plan.failovers
-    );
-    // The harness panics on what it cannot set up; the world is torn down
-    // (namespaces, dantes, daemons) while the panic unwinds.
-    let measured = std::panic::catch_unwind(|| egress::measure(plan, logs.as_deref()));
-    let results = match measured {
-        Ok(Ok(results)) => results,
-        Ok(Err(error)) => {
-            eprintln!("blipless-bench-egress: {error}");
-            return ExitCode::FAILURE;
-        }
-        Err(panic) => {
-            eprintln!(
-                "blipless-bench-egress: the bench failed: {}",
-                panic_text(panic.as_ref())
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    machine.finish();
-    let section = egress::render(&machine, plan, &results);
-    if let Err(error) = MARKERS.write(&out, &section) {
-        eprintln!("blipless-bench-egress: {error}");
-        return ExitCode::FAILURE;
+    Section {
+        name: "blipless-bench-egress",
+        title: "egress",
+        markers: MARKERS,
+        privileges: Privileges::Root,
+        tools: &["wireguard-go", "wg", "wg-quick", "nft", "ip", "curl"],
     }
-    eprintln!("wrote the egress section of {}", out.display());
-    ExitCode::SUCCESS
+    .run(
+        &args.section.out,
+        |machine| {
+            eprintln!(
+                "blipless-bench-egress: {} CPUs, {}, kernel {}, load {}; {} connections x {} round(s), {} MiB, {} deploy(s), {} failover(s)",
+                machine.cpus,
+                machine.model,
+                machine.kernel,
+                machine.load_before,
+                plan.connections,
+                plan.rounds,
+                plan.download / (1024 * 1024),
+                plan.deploys,
+                plan.failovers
+            );
+            // The harness panics on what it cannot set up; the world is
+            // torn down (namespaces, dantes, daemons) while the panic unwinds.
+            egress::measure(plan, args.logs.as_deref())
+        },
+        |machine, results| egress::render(machine, plan, results),
+    )
 }

@@ -19,81 +19,63 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use blipless_bench::report::{self, Machine, Privileges};
+use blipless_bench::cli::{Section, SectionArgs};
+use blipless_bench::report::Privileges;
 use blipless_bench::scenarios::handoff::{self, Clock, Knobs, Plan, MARKERS};
+use clap::Parser;
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: blipless-bench-handoff [--out PATH] [--quick] [--peers N,N,...] [--runs N] [--logs DIR] [--handshake-limit N]"
-    );
-    ExitCode::from(2)
+/// Ingress handoffs under WireGuard traffic.
+#[derive(Debug, Parser)]
+#[command(name = "blipless-bench-handoff")]
+struct Args {
+    #[command(flatten)]
+    section: SectionArgs,
+    /// The numbers of WireGuard peers to measure at.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = at_least_one)]
+    peers: Vec<usize>,
+    /// Handoffs at each number of peers.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    runs: Option<usize>,
+    /// Where the daemons' logs are kept.
+    #[arg(long, value_name = "DIR")]
+    logs: Option<PathBuf>,
+    /// The node's `wireguard.handshake_limit` (default: the configuration's).
+    #[arg(long, value_name = "N")]
+    handshake_limit: Option<usize>,
+}
+
+/// A count of one or more.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be 1 or more".into()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 fn main() -> ExitCode {
-    let mut out = PathBuf::from("docs/BENCHMARKS.md");
-    let mut plan = Plan::full();
-    let mut sizes: Vec<usize> = Vec::new();
-    let mut runs_override = None;
-    let mut knobs = Knobs::default();
-    let mut shown_args = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => match args.next() {
-                Some(path) => {
-                    shown_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--quick" => {
-                shown_args.push(arg.clone());
-                plan = Plan::quick();
-            }
-            "--peers" => {
-                let Some(list) = args.next() else {
-                    return usage();
-                };
-                let parsed: Result<Vec<usize>, _> = list.split(',').map(str::parse).collect();
-                match parsed {
-                    Ok(parsed) if parsed.iter().all(|n| *n >= 1) && !parsed.is_empty() => {
-                        shown_args.push(format!("--peers {list}"));
-                        sizes = parsed;
-                    }
-                    _ => return usage(),
-                }
-            }
-            "--logs" => match args.next() {
-                Some(path) => knobs.logs = Some(PathBuf::from(path)),
-                None => return usage(),
-            },
-            "--handshake-limit" => match args.next().and_then(|n| n.parse::<usize>().ok()) {
-                Some(limit) => {
-                    shown_args.push(format!("--handshake-limit {limit}"));
-                    knobs.handshake_limit = Some(limit);
-                }
-                None => return usage(),
-            },
-            "--runs" => match args.next().and_then(|n| n.parse::<usize>().ok()) {
-                Some(runs) if runs >= 1 => {
-                    shown_args.push(format!("--runs {runs}"));
-                    runs_override = Some(runs);
-                }
-                _ => return usage(),
-            },
-            _ => return usage(),
-        }
+    let args = Args::parse();
+    let mut plan = if args.section.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if !args.peers.is_empty() {
+        plan.sizes = &args.peers;
     }
-    if !sizes.is_empty() {
-        plan.sizes = &sizes;
-    }
-    if let Some(runs) = runs_override {
+    if let Some(runs) = args.runs {
         plan.runs = runs;
     }
-    let command = match report::prepare(
-        "blipless-bench-handoff",
-        Privileges::Root,
-        &[
+    let knobs = Knobs {
+        logs: args.logs.clone(),
+        handshake_limit: args.handshake_limit,
+    };
+    Section {
+        name: "blipless-bench-handoff",
+        title: "handoff",
+        markers: MARKERS,
+        privileges: Privileges::Root,
+        tools: &[
             "ping",
             "wireguard-go",
             "wg",
@@ -102,37 +84,23 @@ fn main() -> ExitCode {
             "ip",
             "curl",
         ],
-        &shown_args,
-    ) {
-        Ok(command) => command,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    blipless_tests::raise_fd_limit();
-    let mut machine = Machine::now(command);
-    eprintln!(
-        "blipless-bench-handoff: {} CPUs, {}, kernel {}, load {}; peers {:?}, {} handoff(s) each",
-        machine.cpus, machine.model, machine.kernel, machine.load_before, plan.sizes, plan.runs
-    );
-    let clock = Clock::new();
-    let mut results = Vec::new();
-    for &peers in plan.sizes {
-        match handoff::measure_size(peers, plan.runs, clock, &knobs) {
-            Ok(result) => results.push(result),
-            Err(error) => {
-                eprintln!("blipless-bench-handoff: {peers} peer(s): {error}");
-                return ExitCode::FAILURE;
-            }
-        }
     }
-    machine.finish();
-    let section = handoff::render(&machine, plan, &knobs, &results);
-    if let Err(error) = MARKERS.write(&out, &section) {
-        eprintln!("blipless-bench-handoff: {error}");
-        return ExitCode::FAILURE;
-    }
-    eprintln!("wrote the handoff section of {}", out.display());
-    ExitCode::SUCCESS
+    .run(
+        &args.section.out,
+        |machine| {
+            eprintln!(
+                "blipless-bench-handoff: {} CPUs, {}, kernel {}, load {}; peers {:?}, {} handoff(s) each",
+                machine.cpus, machine.model, machine.kernel, machine.load_before, plan.sizes, plan.runs
+            );
+            let clock = Clock::new();
+            plan.sizes
+                .iter()
+                .map(|&peers| {
+                    handoff::measure_size(peers, plan.runs, clock, &knobs)
+                        .map_err(|error| format!("{peers} peer(s): {error}"))
+                })
+                .collect::<Result<Vec<_>, String>>()
+        },
+        |machine, results| handoff::render(machine, plan, &knobs, results),
+    )
 }
