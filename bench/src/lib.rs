@@ -1,15 +1,19 @@
 //! The benchmarks behind docs/BENCHMARKS.md and the chaos soak behind
-//! docs/RELIABILITY.md, as one crate: four binaries over shared modules,
+//! docs/RELIABILITY.md, as one crate: nine binaries over shared modules,
 //! one module per scenario.
 //!
 //! - `blipless-bench` (`src/bin/bench.rs`): connection rate, throughput,
 //!   memory, deploys under open tunnels, pre-warm and SOCKS5 UDP ASSOCIATE,
 //!   on loopback; it writes the whole file ([`document`]).
-//! - `blipless-bench-wg` (`src/bin/bench_wg.rs`): WireGuard throughput and
-//!   latency beside wireguard-go, in network namespaces (root); it replaces
-//!   its own section.
-//! - `blipless-bench-handoff` (`src/bin/bench_handoff.rs`): ingress handoffs
-//!   under WireGuard traffic (root); it replaces its own section.
+//! - Seven that each replace their own section of it, through [`cli`]:
+//!   `blipless-bench-wg` (WireGuard beside wireguard-go, root),
+//!   `blipless-bench-handoff` (ingress handoffs under WireGuard traffic,
+//!   root), `blipless-bench-egress` (a SOCKS5 upstream and a WireGuard exit,
+//!   root), `blipless-bench-fleet` (the store on Redis, Sentinel and
+//!   Cluster), `blipless-bench-limits` (per-client limits),
+//!   `blipless-bench-scale` (100,000 clients and peers) and
+//!   `blipless-bench-peers` (beside dante, microsocks, tinyproxy, haproxy
+//!   and nginx).
 //! - `blipless-soak` (`src/bin/soak.rs`): the chaos soak (`make soak`), mixed
 //!   load through random deploys, handoffs and SIGKILLs; it writes
 //!   docs/RELIABILITY.md.

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use blipless_bench::report::{self, Machine, Privileges};
 use blipless_bench::scenarios::soak::{self, Options};
+use clap::Parser;
 
 const NAME: &str = "blipless-soak";
 /// What the WireGuard stream needs on PATH.
@@ -30,51 +31,48 @@ const WG_TOOLS: [&str; 7] = [
     "curl",
 ];
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: {NAME} [--seconds N] [--quick] [--seed N] [--out PATH] [--no-wg] [--logs DIR]"
-    );
-    ExitCode::from(2)
+/// The chaos soak: mixed load on one node while deploys, handoffs and
+/// SIGKILLs happen at random; writes docs/RELIABILITY.md and exits 1 when a
+/// check fails.
+#[derive(Debug, Parser)]
+#[command(name = NAME)]
+struct Args {
+    /// How long the load and the chaos last (10 or more).
+    #[arg(long, value_name = "N", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
+    seconds: u64,
+    /// 60 seconds.
+    #[arg(long)]
+    quick: bool,
+    /// The schedule's seed (printed, so a run can be repeated; default: the clock).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// The report written.
+    #[arg(long, value_name = "PATH", default_value = "docs/RELIABILITY.md")]
+    out: PathBuf,
+    /// Without the WireGuard stream (which needs root).
+    #[arg(long)]
+    no_wg: bool,
+    /// Where the daemons' logs are kept (default: target/soak-logs).
+    #[arg(long, value_name = "DIR")]
+    logs: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
-    let mut seconds = 600u64;
-    let mut seed = None;
-    let mut out = PathBuf::from("docs/RELIABILITY.md");
-    let mut logs =
+    let args = Args::parse();
+    let seconds = if args.quick { 60 } else { args.seconds };
+    let out = args.out;
+    let no_wg = args.no_wg;
+    let logs = args.logs.unwrap_or_else(|| {
         PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
-            .join("soak-logs");
-    let mut no_wg = false;
+            .join("soak-logs")
+    });
+    let seed = args.seed;
     let mut extra_args = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--seconds" => match args.next().and_then(|n| n.parse().ok()) {
-                Some(n) if n >= 10 => seconds = n,
-                _ => return usage(),
-            },
-            "--quick" => seconds = 60,
-            "--seed" => match args.next().and_then(|n| n.parse().ok()) {
-                Some(n) => seed = Some(n),
-                None => return usage(),
-            },
-            "--out" => match args.next() {
-                Some(path) => {
-                    extra_args.push(format!("--out {path}"));
-                    out = PathBuf::from(path);
-                }
-                None => return usage(),
-            },
-            "--logs" => match args.next() {
-                Some(path) => logs = PathBuf::from(path),
-                None => return usage(),
-            },
-            "--no-wg" => {
-                extra_args.push(arg.clone());
-                no_wg = true;
-            }
-            _ => return usage(),
-        }
+    if out != std::path::Path::new("docs/RELIABILITY.md") {
+        extra_args.push(format!("--out {}", out.display()));
+    }
+    if no_wg {
+        extra_args.push("--no-wg".to_string());
     }
     let seed = seed.unwrap_or_else(soak::clock_seed);
     let mut shown_args = vec![format!("--seconds {seconds}"), format!("--seed {seed}")];
