@@ -47,7 +47,7 @@ impl Section<'_> {
         render: impl FnOnce(&Machine, &R) -> String,
     ) -> ExitCode {
         let name = self.name;
-        let shown_args: Vec<String> = std::env::args().skip(1).collect();
+        let shown_args = shown_args(std::env::args().skip(1));
         let command = match report::prepare(name, self.privileges, self.tools, &shown_args) {
             Ok(command) => command,
             Err(error) => {
@@ -83,5 +83,38 @@ impl Section<'_> {
             started.elapsed().as_secs_f64()
         );
         ExitCode::SUCCESS
+    }
+}
+
+/// The arguments as the report's command line shows them: as given, but
+/// for `--logs DIR` (where this run kept its logs changes no figure, and a
+/// local path has no place in docs/BENCHMARKS.md).
+fn shown_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut shown = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if arg == "--logs" {
+            skip_value = true;
+        } else if !arg.starts_with("--logs=") {
+            shown.push(arg);
+        }
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_args;
+
+    #[test]
+    fn the_command_line_leaves_out_where_logs_went() {
+        let args = ["--quick", "--logs", "/tmp/x", "--out", "o.md", "--logs=/y"];
+        assert_eq!(
+            shown_args(args.iter().map(|arg| arg.to_string())),
+            ["--quick", "--out", "o.md"]
+        );
     }
 }

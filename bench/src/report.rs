@@ -1,9 +1,9 @@
 //! Writing docs/BENCHMARKS.md, for every bench: the facts about the machine
 //! and the run, the header table each section starts with, the checks before
-//! a bench that runs in network namespaces (and the command line it
+//! a bench (root when it needs it, tools, binaries; and the command line it
 //! prints), and a section between two markers, replaced in place.
-//! `blipless-bench` writes the whole file ([`crate::document`]); the
-//! WireGuard and handoff benches each replace only their own section.
+//! `blipless-bench` writes the whole file ([`crate::document`]); the other
+//! benches each replace only their own section ([`crate::cli`]).
 
 use std::fmt::Write as _;
 use std::io;
@@ -174,7 +174,7 @@ pub fn prepare(
         let path = blipless_tests::bin_dir().join(binary);
         if !path.exists() {
             return Err(format!(
-                "{name}: {} is missing: run `cargo build --release --workspace --bins` (`make bench` does)",
+                "{name}: {} is missing: run `cargo build --release --workspace --bins` (`make bench` and `make soak` build what they need)",
                 path.display()
             ));
         }

@@ -134,7 +134,7 @@ impl Plan {
 /// Connection rate, throughput, memory, deploys, pre-warm and SOCKS5 UDP
 /// ASSOCIATE of a blipless node on loopback; writes the whole document.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench")]
+#[command(name = "blipless-bench", args_override_self = true)]
 struct Args {
     /// The document written (all of it: the other benches then rewrite
     /// their own sections in it).

@@ -20,7 +20,7 @@ use clap::Parser;
 
 /// The store on one Redis, on Sentinel and on Cluster.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-fleet")]
+#[command(name = "blipless-bench-fleet", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,

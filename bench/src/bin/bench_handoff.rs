@@ -26,7 +26,7 @@ use clap::Parser;
 
 /// Ingress handoffs under WireGuard traffic.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-handoff")]
+#[command(name = "blipless-bench-handoff", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,
@@ -36,7 +36,7 @@ struct Args {
     /// Handoffs at each number of peers.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     runs: Option<usize>,
-    /// Where the daemons' logs are kept.
+    /// Keep the daemons' logs in this folder (otherwise they are not kept).
     #[arg(long, value_name = "DIR")]
     logs: Option<PathBuf>,
     /// The node's `wireguard.handshake_limit` (default: the configuration's).

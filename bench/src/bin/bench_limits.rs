@@ -17,7 +17,7 @@ use clap::Parser;
 
 /// Per-client limits: a rate limit's accuracy, and the limiter's cost.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-limits")]
+#[command(name = "blipless-bench-limits", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,

@@ -7,7 +7,7 @@
 //!
 //! Needs the release binaries and Debian's `dante-server`, `microsocks`,
 //! `tinyproxy`, `haproxy`, `nginx` and `libnginx-mod-stream` (`make bench`
-//! builds and installs them; `scripts/bench.sh` runs this after the limits
+//! builds and installs them; `scripts/bench.sh` runs this after the scale
 //! bench). A peer that is missing or does not start is left out, with the
 //! reason in the section; dante needs root (its harness creates a system
 //! user), so without root it is left out. Loopback only. Options: `--out
@@ -24,7 +24,7 @@ use clap::Parser;
 
 /// blipless beside dante, microsocks, tinyproxy, haproxy and nginx.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-peers")]
+#[command(name = "blipless-bench-peers", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,

@@ -22,7 +22,7 @@ use clap::Parser;
 
 /// The scale of a node: 100,000 clients and peers in the store.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-scale")]
+#[command(name = "blipless-bench-scale", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,

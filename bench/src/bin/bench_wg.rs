@@ -23,7 +23,7 @@ use clap::Parser;
 
 /// WireGuard throughput and latency, blipless beside wireguard-go.
 #[derive(Debug, Parser)]
-#[command(name = "blipless-bench-wg")]
+#[command(name = "blipless-bench-wg", args_override_self = true)]
 struct Args {
     #[command(flatten)]
     section: SectionArgs,

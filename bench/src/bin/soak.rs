@@ -35,12 +35,12 @@ const WG_TOOLS: [&str; 7] = [
 /// SIGKILLs happen at random; writes docs/RELIABILITY.md and exits 1 when a
 /// check fails.
 #[derive(Debug, Parser)]
-#[command(name = NAME)]
+#[command(name = NAME, args_override_self = true)]
 struct Args {
     /// How long the load and the chaos last (10 or more).
     #[arg(long, value_name = "N", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..))]
     seconds: u64,
-    /// 60 seconds.
+    /// 60 seconds, whatever `--seconds` says.
     #[arg(long)]
     quick: bool,
     /// The schedule's seed (printed, so a run can be repeated; default: the clock).

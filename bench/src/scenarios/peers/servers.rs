@@ -414,7 +414,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(super) fn reads_the_group_and_all_four_times() {
+    fn reads_the_group_and_all_four_times() {
         let line = "1234 (nginx: worker (x)) S 1 77 4 5 6 7 8 9 10 11 250 75 3 2 20 0 4 0 100\n";
         assert_eq!(parse_group_stat(line), Some((77, 330)));
         assert_eq!(parse_group_stat("1234 (x) S 1 2"), None);
