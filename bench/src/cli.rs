@@ -20,6 +20,17 @@ pub struct SectionArgs {
     pub quick: bool,
 }
 
+impl SectionArgs {
+    /// The bench's plan: `quick()` with `--quick`, otherwise `full()`.
+    pub fn plan<P>(&self, quick: impl FnOnce() -> P, full: impl FnOnce() -> P) -> P {
+        if self.quick {
+            quick()
+        } else {
+            full()
+        }
+    }
+}
+
 /// One section bench.
 #[derive(Debug, Clone, Copy)]
 pub struct Section<'a> {

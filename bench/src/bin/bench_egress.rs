@@ -54,11 +54,7 @@ fn main() -> ExitCode {
         return inside::main(&raw[1..]);
     }
     let args = Args::parse();
-    let plan = if args.section.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
-    };
+    let plan = args.section.plan(Plan::quick, Plan::full);
     Section {
         name: "blipless-bench-egress",
         title: "egress",

@@ -28,11 +28,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let plan = if args.section.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
-    };
+    let plan = args.section.plan(Plan::quick, Plan::full);
     Section {
         name: "blipless-bench-fleet",
         title: "fleet",

@@ -55,11 +55,7 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let mut plan = if args.section.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
-    };
+    let mut plan = args.section.plan(Plan::quick, Plan::full);
     if !args.peers.is_empty() {
         plan.sizes = &args.peers;
     }

@@ -37,11 +37,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let mut plan = if args.section.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
-    };
+    let mut plan = args.section.plan(Plan::quick, Plan::full);
     plan.offload = !args.no_offload;
     plan.workers = args.workers;
     Section {
