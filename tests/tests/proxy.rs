@@ -595,10 +595,10 @@ fn trickle(stream: &mut std::net::TcpStream, bytes: &[u8]) {
 }
 
 /// The plane reads what a customer has sent before it registers the socket
-/// (docs/ARCHITECTURE.md, "A handed connection's first bytes"): a handshake
-/// already there, one that comes later, one that comes a byte at a time and
-/// one sent whole with the tunnel's first bytes behind it all reach the
-/// origin the same.
+/// (docs/ARCHITECTURE.md, "Following one SOCKS5 connection", the paragraph
+/// "A handed connection's first bytes"): a handshake already there, one
+/// that comes later, one that comes a byte at a time and one sent whole with
+/// the tunnel's first bytes behind it all reach the origin the same.
 #[test]
 fn a_handshake_early_late_trickled_or_whole_opens_the_same_tunnel() {
     use base64::Engine as _;

@@ -1,5 +1,5 @@
 //! When an ingress that handed off may exit (docs/ARCHITECTURE.md, "Ingress
-//! restart-by-handoff", step 6), as a state machine with no I/O: the
+//! restart-by-handoff", step 7), as a state machine with no I/O: the
 //! predecessor feeds it its successor's [`HandoffProgress`] reports and, on
 //! every check, what its own sessions and device planes look like now.
 //!

@@ -30,8 +30,9 @@
 //! - **Stopping** ([`Workers::finish`]): the receiving task stops, then each
 //!   worker task finishes what is queued for it and ends.
 //!
-//! The design and what it measured: docs/ARCHITECTURE.md, "WireGuard in the
-//! ingress".
+//! The design: docs/ARCHITECTURE.md, "WireGuard" (its "Crypto workers"
+//! item); what it measured: docs/DECISIONS.md, "Crypto workers (issue 13
+//! item 7)".
 
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
