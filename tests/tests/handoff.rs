@@ -174,6 +174,46 @@ fn a_successor_killed_mid_handoff_leaves_the_old_one_serving() {
     );
 }
 
+/// A successor that dies after taking the offer and before it serves has
+/// steered WireGuard initiations to its own member of the port's group
+/// already (it does so before it serves): the old ingress steers them back,
+/// so a peer's handshake is answered. Before, every initiation went to a
+/// socket nobody read, until the next handoff.
+#[test]
+fn a_successor_killed_before_serving_leaves_wireguard_handshakes_with_the_old_one() {
+    let mut node = Node::new("[wireguard]\nendpoint = \"127.0.0.1:51820\"\n");
+    let (mut first, _device, _client) = node.start();
+    let config = add_wg_client(&node, "bob");
+    let (private, server, address) = wg_client_settings(&config);
+    let endpoint = wg_listener(&node);
+    let mut doomed = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_STALL_HANDOFF_MS", "60000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the successor to steer WireGuard to itself and stall before serving",
+        || {
+            doomed
+                .log_text()
+                .contains("fault injection: BLIPLESS_FAULT_STALL_HANDOFF_MS")
+        },
+    );
+    doomed.kill();
+    wait_until(
+        Duration::from_secs(20),
+        "the old ingress to see the successor go",
+        || first.log_text().contains("went away before serving"),
+    );
+    let mut bob = TestPeer::new(private, server, address, endpoint, 9).expect("bob");
+    wait_until(
+        Duration::from_secs(20),
+        "bob's handshake with the old ingress",
+        || bob.handshake(Duration::from_secs(1)).is_ok(),
+    );
+    assert!(
+        first.wait_exit(Duration::from_millis(10)).is_none(),
+        "the old one serves on"
+    );
+}
+
 #[test]
 fn a_successor_that_dies_after_serving_gives_the_node_back_to_the_old_one() {
     let origin = Origin::start();
@@ -485,14 +525,7 @@ fn a_successor_stopped_beside_its_predecessor_takes_the_predecessor_with_it() {
     let (mut first, mut device, _client) = node.start();
     let config = add_wg_client(&node, "bob");
     let (private, server, address) = wg_client_settings(&config);
-    let status = node.status_json();
-    let endpoint: std::net::SocketAddr = status["listeners"]
-        .as_array()
-        .and_then(|all| all.iter().find(|l| l["name"] == "wg"))
-        .and_then(|wg| wg["address"].as_str())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("the WireGuard listener in {status}"));
-    let mut bob = TestPeer::new(private, server, address, endpoint, 7).expect("bob");
+    let mut bob = TestPeer::new(private, server, address, wg_listener(&node), 7).expect("bob");
     wait_until(Duration::from_secs(20), "bob's handshake", || {
         bob.handshake(Duration::from_secs(1)).is_ok()
     });
@@ -579,6 +612,17 @@ fn stop_while_a_successor_takes_over(stall_ms: &str) -> (Node, Daemon, Daemon, C
 }
 
 /// The keys and tunnel address of a wg-quick config.
+/// Where the node's WireGuard listener is bound, from `/status`.
+fn wg_listener(node: &Node) -> std::net::SocketAddr {
+    let status = node.status_json();
+    status["listeners"]
+        .as_array()
+        .and_then(|all| all.iter().find(|l| l["name"] == "wg"))
+        .and_then(|wg| wg["address"].as_str())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("the WireGuard listener in {status}"))
+}
+
 fn wg_client_settings(config: &str) -> ([u8; 32], [u8; 32], std::net::Ipv4Addr) {
     let key = |field: &str| {
         let line = config

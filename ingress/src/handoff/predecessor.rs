@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use blipless_link::LinkError;
 use blipless_protocol::channel::{
-    EndpointEntry, EndpointPart, Handoff, HandoffOffer, Hello, PeerEntry, PeerUpdate, ToDevice,
-    MAX_FRAME,
+    EndpointEntry, EndpointPart, Handoff, HandoffOffer, Hello, PeerEntry, PeerUpdate, SocketName,
+    ToDevice, MAX_FRAME,
 };
 use tokio::sync::mpsc;
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
@@ -26,7 +26,7 @@ use crate::node::Node;
 use crate::peercred;
 use crate::planes::Planes;
 use crate::serving::Running;
-use crate::wg::Wireguard;
+use crate::wg::{steer, Wireguard};
 
 /// How long a predecessor waits for its successor to take the offer and
 /// start serving.
@@ -57,10 +57,19 @@ impl Handoffs {
         takeovers: mpsc::Sender<UnixSeqpacket>,
     ) -> Self {
         let (sockets, fds) = listeners.offer();
-        let owned = fds
-            .iter()
-            .filter_map(|fd| fd.try_clone_to_owned().ok())
-            .collect();
+        // A socket whose fd cannot be duplicated (EMFILE) is left out of the
+        // offer with its fd, so that names and fds stay in step.
+        let (sockets, owned) = sockets
+            .into_iter()
+            .zip(fds)
+            .filter_map(|(socket, fd)| match fd.try_clone_to_owned() {
+                Ok(owned) => Some((socket, owned)),
+                Err(error) => {
+                    tracing::warn!(socket = %socket.name, %error, "cannot duplicate a socket to offer: a successor binds it afresh");
+                    None
+                }
+            })
+            .unzip();
         let offer = HandoffOffer {
             sockets,
             wg_generation: generation,
@@ -71,6 +80,26 @@ impl Handoffs {
             node,
             lineage,
             takeovers,
+        }
+    }
+
+    /// Steers WireGuard initiations back to this ingress's own member of
+    /// the port's group: a successor that went away before serving may have
+    /// steered them to its own already (it does before it serves), and
+    /// nobody reads that member now.
+    fn steer_back(&self) {
+        let (offer, fds) = &self.offer;
+        let wg0 = offer
+            .sockets
+            .iter()
+            .zip(fds)
+            .find(|(socket, _)| socket.name == SocketName::Wg0);
+        let Some((_, wg0)) = wg0 else {
+            tracing::warn!("no WireGuard socket offered: cannot steer WireGuard back");
+            return;
+        };
+        if let Err(error) = steer::steer(wg0.as_fd(), offer.wg_generation) {
+            tracing::error!(%error, "could not steer WireGuard back to this ingress");
         }
     }
 }
@@ -152,6 +181,7 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         }
     };
     if !serves {
+        handoffs.steer_back();
         tracing::warn!(
             pid = hello.pid,
             "the successor went away before serving; carrying on"
