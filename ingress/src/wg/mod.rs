@@ -433,7 +433,21 @@ impl Wireguard {
             return;
         };
         let segments = self.socket.max_gso_segments();
-        let mut tunnel = self.tunnel_of(&peer);
+        // Only an initiation (its sender's key proven by the decryption in
+        // `parse_handshake_anon`) may make a peer's WireGuard state. A
+        // response, a cookie reply or data answers what a state of ours sent
+        // or holds: without one it cannot be genuine, and making one for it
+        // would let anyone who guesses receiver indexes (generation and slot,
+        // handed out in order) make every peer's, about 11 KiB and two X25519
+        // operations each (docs/DECISIONS.md, "A node of 100,000 peers").
+        let mut tunnel = if matches!(packet, Packet::HandshakeInit(_)) {
+            self.tunnel_of(&peer)
+        } else if let Some(tunnel) = peer.made_tunnel() {
+            tunnel
+        } else {
+            self.metrics.count_drop("no_session");
+            return;
+        };
         // Decrypted straight into the peer's frame to the device plane
         // (boringtun writes what it makes at the start of the room it is
         // given; the room holds any datagram of 65535 bytes or less).
@@ -481,11 +495,13 @@ impl Wireguard {
                     .then_some(inner.len())
             }
             TunnResult::Done => {
-                peer.heard_from(from, self.now_ms());
                 if data {
                     // A keepalive: data on a session of ours all the same.
+                    peer.heard_from(from, self.now_ms());
                     peer.sent_data(self.now_ms());
                 }
+                // Else a cookie reply: anyone who saw our initiation can
+                // make one, so it must not move the endpoint.
                 None
             }
             TunnResult::Err(error) => {

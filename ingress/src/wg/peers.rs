@@ -45,7 +45,8 @@ pub struct Peer {
     /// The client's name, for logs.
     pub client: String,
     /// boringtun's session state, made when the peer is first used on this
-    /// ingress (a handshake, a packet for it, a call-back): a peer that never
+    /// ingress (its handshake initiation, a packet for it from the device
+    /// plane, a call-back; never another message from the network): a peer that never
     /// connects costs no `Tunn` (11 KiB, and an X25519 computation to make;
     /// boxed, so that an empty slot is one pointer, not the 11 KiB inline).
     tunnel: Mutex<Option<Box<Tunn>>>,
