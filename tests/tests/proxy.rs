@@ -407,8 +407,27 @@ fn removing_a_client_closes_its_open_tunnels_within_seconds() {
             .expect("request");
         stream
     };
+    // And a forwarded HTTP exchange (absolute form) waiting on its answer.
+    let open_exchange = |name: &str, secret: &str| {
+        use base64::Engine as _;
+        let credentials =
+            base64::engine::general_purpose::STANDARD.encode(format!("{name}:{secret}"));
+        let mut stream = raw::connect(node.http);
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: o\r\nProxy-Authorization: Basic {credentials}\r\n\r\n",
+            origin.url("/slow/30000")
+        );
+        stream.write_all(request.as_bytes()).expect("request");
+        stream
+    };
     let mut alice_tunnel = open_tunnel("alice", &client.secret);
+    let mut alice_exchange = open_exchange("alice", &client.secret);
     let mut bob_tunnel = open_tunnel("bob", &bob.secret);
+    blipless_tests::wait_until(
+        Duration::from_secs(10),
+        "the three requests to reach the origin",
+        || origin.requests() >= 3,
+    );
     let removed = node.ctl(&["client", "remove", "alice"]);
     assert!(
         removed.status.success(),
@@ -419,6 +438,13 @@ fn removing_a_client_closes_its_open_tunnels_within_seconds() {
     let mut byte = [0u8; 1];
     let closed = matches!(alice_tunnel.read(&mut byte), Ok(0) | Err(_));
     assert!(closed, "alice's tunnel was closed");
+    let mut answer = Vec::new();
+    let _ = alice_exchange.read_to_end(&mut answer);
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("ok"),
+        "alice's exchange was cut before the origin answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "closed within seconds, took {:?}",

@@ -8,7 +8,9 @@
 //! deadline is answered here (408 for a client too slow with its body, 504
 //! for an origin that does not answer or read), with `Connection: close`;
 //! after it, the connection's [`Watch`] cuts the connection. Either way the
-//! origin socket is closed as the exchange ends.
+//! origin socket is closed as the exchange ends. So it is when the client is
+//! removed or its credentials change (its `revoked` token), as its tunnels
+//! are.
 
 use tokio_util::sync::CancellationToken;
 
@@ -72,6 +74,7 @@ pub(super) async fn forward(
     let origin = CancellationToken::new();
     let origin_over = origin.clone();
     let over_quota = client.limiter.over_quota_token();
+    let revoked = client.revoked.clone();
     tokio::spawn(async move {
         let route_down = async move {
             match route_down {
@@ -92,6 +95,9 @@ pub(super) async fn forward(
             () = over_quota.cancelled() => {
                 tracing::info!(id, "http exchange cut: its client is over its quota");
             }
+            () = revoked.cancelled() => {
+                tracing::info!(id, "http exchange cut: its client was removed or its credentials changed");
+            }
         }
     });
     let origin_guard = origin.drop_guard();
@@ -106,6 +112,7 @@ pub(super) async fn forward(
     let answer = tokio::select! {
         answer = sender.send_request(request) => answer,
         stall = exchange.stalled() => return missed(stall, &context, &watch, id),
+        () = client.revoked.cancelled() => return revoked_answer(&watch),
     };
     match answer {
         Ok(response) => {
@@ -145,6 +152,26 @@ fn missed(stall: Stall, context: &Context, watch: &Watch, id: u64) -> Response<B
     response
         .headers_mut()
         .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    watch.close_after_answer();
+    response
+}
+
+/// The answer to an exchange whose client was removed, or whose
+/// credentials changed, before the origin answered (docs/OPERATIONS.md,
+/// "Removing a client"): authenticate again, on a new connection; this one closes.
+/// After the answer has started, cutting the origin connection ends the
+/// response body, and hyper the connection with it.
+fn revoked_answer(watch: &Watch) -> Response<Body> {
+    let mut response = plain(
+        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+        "these proxy credentials are no longer valid\n",
+    );
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::PROXY_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"blipless\""),
+    );
+    headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     watch.close_after_answer();
     response
 }
