@@ -100,3 +100,22 @@ pub fn socks5_connect_v4(stream: &mut TcpStream, target: SocketAddr) -> u8 {
     assert_eq!(reply[0], 5, "SOCKS5 reply version");
     reply[1]
 }
+
+/// Sends a CONNECT to a domain name (ATYP 3) and returns the reply code
+/// (reading the reply's bound address, whatever its type).
+pub fn socks5_connect_name(stream: &mut TcpStream, host: &str, port: u16) -> u8 {
+    let length = u8::try_from(host.len()).expect("a name of 255 bytes at most");
+    let mut request = vec![5, 1, 0, 3, length];
+    request.extend_from_slice(host.as_bytes());
+    request.extend_from_slice(&port.to_be_bytes());
+    stream.write_all(&request).expect("request");
+    let head = read_exact(stream, 4);
+    assert_eq!(head[0], 5, "SOCKS5 reply version");
+    let rest = match head[3] {
+        4 => 18,
+        3 => usize::from(read_exact(stream, 1)[0]) + 2,
+        _ => 6,
+    };
+    read_exact(stream, rest);
+    head[1]
+}

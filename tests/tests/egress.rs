@@ -523,6 +523,21 @@ fn names_go_to_the_upstream_unresolved_and_literal_addresses_as_given() {
             .status
             .success()
     );
+    // Names that are addresses in another spelling (curl would normalise
+    // them, so sent raw): 127.2 is 127.0.0.2, outside egress.allow, and is
+    // refused here (reply 2) like the literal; 2130706433 is 127.0.0.1,
+    // allowed, and goes to the upstream as the address it is; a name that
+    // ends in a number and is no address is refused too.
+    let port = origin.address.port();
+    for (host, refused) in [("127.2", true), ("2130706433", false), ("1.2.3.4.5", true)] {
+        let mut stream = raw::connect(node.socks);
+        assert_eq!(
+            raw::socks5_login(&mut stream, &client.name, &client.secret),
+            0
+        );
+        let reply = raw::socks5_connect_name(&mut stream, host, port);
+        assert_eq!(reply == 2, refused, "{host}: reply {reply}");
+    }
     let seen = seen
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -531,7 +546,7 @@ fn names_go_to_the_upstream_unresolved_and_literal_addresses_as_given() {
     let ip = (1u8, vec![127, 0, 0, 1]);
     assert_eq!(
         seen,
-        vec![name.clone(), name.clone(), name, ip],
+        vec![name.clone(), name.clone(), name, ip.clone(), ip],
         "the destinations the upstream was sent (ATYP, address)"
     );
 }

@@ -15,6 +15,7 @@ use blipless_protocol::socks5::Destination;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use super::numeric_host::{self, HostKind};
 use super::routes::{Route, RouteKind, Routes};
 use super::upstream_socks::{self, UpstreamCredentials, UpstreamError};
 use super::{Egress, EgressError, Target};
@@ -110,9 +111,19 @@ impl Egress {
                 return Err(EgressError::Denied(target.to_string()));
             }
             Target::Address(address) => Destination::Ip(*address),
-            Target::Name { host, port } => Destination::Domain {
-                host: host.clone(),
-                port: *port,
+            // A name that is an address in disguise (`127.1`, `2130706433`)
+            // is held to the same deny as one given literally.
+            Target::Name { host, port } => match numeric_host::classify(host) {
+                HostKind::Name => Destination::Domain {
+                    host: host.clone(),
+                    port: *port,
+                },
+                HostKind::Address(ip) if self.permits(ip) => {
+                    Destination::Ip(std::net::SocketAddr::new(ip, *port))
+                }
+                HostKind::Address(_) | HostKind::BadNumber => {
+                    return Err(EgressError::Denied(target.to_string()));
+                }
             },
         };
         let started = Instant::now();

@@ -1,0 +1,155 @@
+//! Names that are addresses. A SOCKS5 domain or an HTTP host such as
+//! `127.0.0.1`, `::1`, or one of the older spellings a resolver still reads
+//! as IPv4 (`inet_aton(3)`: `127.1`, `2130706433`, `0x7f.1`, `0177.0.0.1`)
+//! names an address, not a host. Names go to an upstream unresolved, so
+//! these must be caught here and held to the default deny like any literal
+//! address (docs/EGRESS.md, "Streams through an upstream").
+
+use std::net::{IpAddr, Ipv4Addr};
+
+/// What a host name turns out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    /// A name to resolve.
+    Name,
+    /// An address, however spelt.
+    Address(IpAddr),
+    /// Ends in a number but is no address (`1.2.3.4.5`, `300.1.1.1`): no
+    /// resolver reads it as a name, and neither do we.
+    BadNumber,
+}
+
+/// Reads `host` (a trailing dot and IPv6 brackets allowed) as a resolver
+/// would: an address in any spelling `inet_aton` accepts, or a name. A host
+/// whose last label is a number is never a name (as in the WHATWG URL
+/// standard's "ends in a number").
+pub fn classify(host: &str) -> HostKind {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(address) = bare.parse::<IpAddr>() {
+        return HostKind::Address(address);
+    }
+    let last = host.rsplit('.').next().unwrap_or(host);
+    if !is_number(last) {
+        return HostKind::Name;
+    }
+    inet_aton(host).map_or(HostKind::BadNumber, |v4| HostKind::Address(IpAddr::V4(v4)))
+}
+
+/// A label `inet_aton` would read as a number: decimal or octal digits, or
+/// `0x` and hex digits (possibly none).
+fn is_number(label: &str) -> bool {
+    match label
+        .strip_prefix("0x")
+        .or_else(|| label.strip_prefix("0X"))
+    {
+        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit()),
+    }
+}
+
+/// One to four parts, each decimal, octal (a leading 0) or hex (`0x`); the
+/// last fills the bytes the others left.
+fn inet_aton(host: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<u32> = host.split('.').map(part).collect::<Option<_>>()?;
+    let (last, leading) = parts.split_last()?;
+    if leading.len() > 3 || leading.iter().any(|&p| p > 255) {
+        return None;
+    }
+    let last_bits = 8 * (4 - leading.len() as u32);
+    if last_bits < 32 && *last >= 1 << last_bits {
+        return None;
+    }
+    let high = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &p)| acc | p << (24 - 8 * i as u32));
+    Some(Ipv4Addr::from(high | last))
+}
+
+fn part(text: &str) -> Option<u32> {
+    if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        if hex.is_empty() {
+            return Some(0);
+        }
+        return u32::from_str_radix(hex, 16).ok();
+    }
+    if text.len() > 1 && text.starts_with('0') {
+        return u32::from_str_radix(&text[1..], 8).ok();
+    }
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> HostKind {
+        HostKind::Address(IpAddr::V4(Ipv4Addr::new(a, b, c, d)))
+    }
+
+    #[test]
+    fn every_spelling_of_an_address_is_one() {
+        assert_eq!(classify("127.0.0.1"), v4(127, 0, 0, 1));
+        assert_eq!(classify("127.0.0.1."), v4(127, 0, 0, 1));
+        assert_eq!(classify("127.1"), v4(127, 0, 0, 1));
+        assert_eq!(classify("127.0.1"), v4(127, 0, 0, 1));
+        assert_eq!(classify("2130706433"), v4(127, 0, 0, 1));
+        assert_eq!(classify("0x7f.1"), v4(127, 0, 0, 1));
+        assert_eq!(classify("0X7F000001"), v4(127, 0, 0, 1));
+        assert_eq!(classify("0177.0.0.1"), v4(127, 0, 0, 1));
+        assert_eq!(classify("169.254.43518"), v4(169, 254, 169, 254));
+        assert_eq!(classify("1.65536"), v4(1, 1, 0, 0));
+        assert_eq!(classify("0"), v4(0, 0, 0, 0));
+        assert_eq!(classify("0x"), v4(0, 0, 0, 0));
+        assert_eq!(classify("4294967295"), v4(255, 255, 255, 255));
+        assert_eq!(
+            classify("::1"),
+            HostKind::Address(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST))
+        );
+        assert_eq!(
+            classify("[::ffff:10.0.0.1]"),
+            HostKind::Address("::ffff:10.0.0.1".parse().expect("v6"))
+        );
+    }
+
+    #[test]
+    fn numbers_that_are_no_address_are_refused() {
+        for host in [
+            "1.2.3.4.5",
+            "256.1.1.1",
+            "1.2.3.256",
+            "1.16777216",
+            "1.2.65536",
+            "4294967296",
+            "08.1.1.1",
+            "1..1",
+            "example.123",
+        ] {
+            assert_eq!(classify(host), HostKind::BadNumber, "{host}");
+        }
+    }
+
+    #[test]
+    fn names_are_names() {
+        for host in [
+            "example.com",
+            "exit-resolves-this.invalid",
+            "1.example",
+            "0x7f.example",
+            "localhost",
+            "a1",
+            "123.456.example.com",
+            "[not-v6]",
+            "0xg",
+        ] {
+            assert_eq!(classify(host), HostKind::Name, "{host}");
+        }
+    }
+}
