@@ -224,6 +224,26 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
 
+    // A head hyper cannot read (a Content-Length that is no number) with a
+    // body behind it the proxy never reads: the 400 still arrives, rather
+    // than a reset that would throw it away.
+    let mut stream = raw::connect(node.http);
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        origin.url("/")
+    );
+    stream.write_all(head.as_bytes()).expect("write");
+    // Sent while hyper answers; a reset would fail these writes too.
+    let body_sent = stream.write_all(&vec![b'x'; 256 * 1024]).is_ok();
+    let mut answer = Vec::new();
+    let read = std::io::Read::read_to_end(&mut stream, &mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 400"),
+        "{answer} (body sent: {body_sent}, read: {read:?})"
+    );
+    assert!(body_sent && read.is_ok(), "{body_sent} {read:?}");
+
     // An origin-form request to a proxy: 400 (after authentication).
     let mut stream = raw::connect(node.http);
     let auth = format!("alice:{}", client.secret);

@@ -223,17 +223,24 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         }
     };
     if let Err(error) = result {
-        if error.is_parse_too_large() {
-            // hyper has answered 431; the refusal must not become a reset.
-            context
-                .http_counters
-                .head_too_large
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                id,
-                limit = context.http_limits.header_bytes,
-                "request head too large; 431"
-            );
+        if error.is_parse() {
+            // hyper has answered (431 for a head too large, 400 for one it
+            // cannot read); with the client's unread bytes behind it, a
+            // plain close would reset the connection and could lose that
+            // answer.
+            if error.is_parse_too_large() {
+                context
+                    .http_counters
+                    .head_too_large
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    id,
+                    limit = context.http_limits.header_bytes,
+                    "request head too large; 431"
+                );
+            } else {
+                tracing::debug!(id, %error, "malformed request; 400");
+            }
             limits::linger_close(connection.into_parts().io.into_inner().inner.inner).await;
             return;
         }
@@ -246,8 +253,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         offset,
         inner,
     } = parts.io.into_inner();
-    let mut pending = prefix[offset..].to_vec();
-    pending.extend_from_slice(&parts.read_buf);
+    let pending = pending_in_order(&parts.read_buf, &prefix[offset..]);
     // What of `pending` the client was billed for as it was read (the
     // prefix by its `unbilled_up` or by the predecessor): a CONNECT's
     // tunnel bytes sent with its head. Bytes are billed in the order they
@@ -308,6 +314,18 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
         }
     }
     let _ = stream.shutdown().await;
+}
+
+/// What the client sent that hyper left unprocessed, in the order it was
+/// sent: hyper's read buffer, then what of the prefix (the predecessor's
+/// pending bytes, or this plane's first read) [`Prefixed`] never gave it.
+/// `Prefixed` yields the prefix first, one read's room at a time, so while
+/// any of it is left the read buffer holds only earlier prefix bytes.
+fn pending_in_order(read_buf: &[u8], prefix_left: &[u8]) -> Vec<u8> {
+    let mut pending = Vec::with_capacity(read_buf.len() + prefix_left.len());
+    pending.extend_from_slice(read_buf);
+    pending.extend_from_slice(prefix_left);
+    pending
 }
 
 async fn handle(
@@ -523,4 +541,30 @@ async fn connect(
             .map_err(|never| match never {})
             .boxed(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    /// A prefix longer than one read: hyper's buffer holds its start, the
+    /// prefix keeps its end; put together they are the stream as sent.
+    #[tokio::test]
+    async fn pending_bytes_keep_the_order_they_were_sent_in() {
+        let sent: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut near, far) = tokio::io::duplex(64);
+        drop(far);
+        let mut prefixed = super::Prefixed {
+            prefix: sent.clone(),
+            offset: 0,
+            inner: &mut near,
+        };
+        let mut read_buf = vec![0u8; 8192];
+        prefixed
+            .read_exact(&mut read_buf)
+            .await
+            .expect("one read's room");
+        let left = &prefixed.prefix[prefixed.offset..];
+        assert_eq!(super::pending_in_order(&read_buf, left), sent);
+    }
 }
