@@ -3,7 +3,8 @@
 //! TCP port 53 to the node's tunnel address.
 //!
 //! A connection holds a descriptor for as long as its client keeps it
-//! (up to [`TCP_IDLE`] between queries), so what clients can open is
+//! (up to [`TCP_IDLE`] between queries, and as long for an answer to be
+//! taken), so what clients can open is
 //! bounded: [`TCP_CONNECTIONS`] at once in all and [`TCP_PER_SOURCE`] per
 //! client address (a redirected connection keeps its client's tunnel
 //! address), each counted in the plane's descriptor budget and refused when
@@ -146,7 +147,12 @@ impl DnsGateway {
             let mut framed = Vec::with_capacity(answer.len() + 2);
             framed.extend_from_slice(&size.to_be_bytes());
             framed.extend_from_slice(&answer);
-            if stream.write_all(&framed).await.is_err() {
+            // Bounded like the reads: a client that stops reading must not
+            // hold its place, and a descriptor, for ever.
+            if !matches!(
+                tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+                Ok(Ok(()))
+            ) {
                 return;
             }
             self.counters.answered.fetch_add(1, Ordering::Relaxed);
