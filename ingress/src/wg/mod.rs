@@ -81,6 +81,9 @@ pub struct Wireguard {
     private: StaticSecret,
     public: PublicKey,
     limiter: Arc<RateLimiter>,
+    /// Every peer's `Tunn` checks handshakes with this one: mac1 only, never
+    /// a cookie (the node-wide `limiter` decides when cookies are due).
+    mac1_only: Arc<RateLimiter>,
     peers: RwLock<PeerTable>,
     socket: WgSocket,
     planes: Arc<Planes>,
@@ -154,10 +157,13 @@ impl Wireguard {
     ) -> Self {
         let private = StaticSecret::from(private_key);
         let public = PublicKey::from(&private);
-        // Initiations from anyone, before they are routed to a peer. Each
-        // peer's Tunn also has a limiter of its own (boringtun's default, 10
-        // handshakes a second for that peer, reset by its timers).
+        // Initiations from anyone, before they are routed to a peer. The
+        // peers' Tunns share one that never asks for a cookie: with a limiter
+        // of their own (boringtun's default), a peer named by forged
+        // initiations would be asked for a cookie of another secret than
+        // the node's, and could satisfy only one of the two at a time.
         let limiter = Arc::new(RateLimiter::new(&public, handshake_limit as u64));
+        let mac1_only = Arc::new(RateLimiter::new(&public, u64::MAX));
         let epoch_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -166,6 +172,7 @@ impl Wireguard {
             private,
             public,
             limiter,
+            mac1_only,
             peers: RwLock::new(PeerTable::new(generation)),
             socket,
             planes,
@@ -297,7 +304,7 @@ impl Wireguard {
             None,
             None,
             index,
-            None,
+            Some(self.mac1_only.clone()),
         )
     }
 
@@ -384,7 +391,7 @@ impl Wireguard {
         // Only initiations pass the shared limiter: under load they get cookie
         // replies. Responses answer this ingress's own initiations (a
         // call-back may send a thousand at once), so they are not limited
-        // here; each peer's own limiter still checks their mac1.
+        // here; the peer's Tunn still checks their mac1 (`mac1_only`).
         let packet = if matches!(parsed, Packet::HandshakeInit(_)) {
             match self
                 .limiter
