@@ -233,8 +233,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(lame_duck = ?config.drain.lame_duck, grace = ?config.drain.grace, "draining the node");
     node.start_draining();
     tokio::time::sleep(config.drain.lame_duck).await;
-    running.stop_accepting();
-    listeners.close(&[SocketName::Socks, SocketName::Http, SocketName::Https]);
+    running.close_customer_listeners(&mut listeners);
     // The grace counts from here, and bounds telling the planes too: a
     // wedged plane that reads nothing must not hold the drain past it.
     let deadline = tokio::time::Instant::now() + config.drain.grace;

@@ -220,9 +220,11 @@ impl Listeners {
         self.push(config, SocketName::Wg1, wg1);
     }
 
-    /// Closes the named listeners now (the accept loops hold duplicates; they
-    /// close when those loops stop). A drain closes the customer listeners
-    /// after its lame-duck period, so new customers are refused, not queued.
+    /// Closes this ingress's own copies of the named listeners now (the
+    /// accept loops and the handoff offer hold duplicates:
+    /// `Running::close_customer_listeners` closes all of them, as a drain
+    /// does after its lame-duck period, so new customers are refused, not
+    /// queued).
     pub fn close(&mut self, names: &[SocketName]) {
         self.sockets.retain(|(name, _, _)| !names.contains(name));
     }

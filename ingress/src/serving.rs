@@ -47,6 +47,9 @@ pub struct Running {
     stop_accepting: CancellationToken,
     stop_serving: CancellationToken,
     tasks: TaskTracker,
+    /// What the handoff task offers (a drain withdraws the customer
+    /// listeners); weak, so that the offer's fds close with that task.
+    handoffs: std::sync::Weak<Handoffs>,
 }
 
 impl Serving<'_> {
@@ -90,15 +93,16 @@ impl Serving<'_> {
             self.node.clone(),
             stop_serving.clone(),
         ));
+        let handoffs = Arc::new(Handoffs::new(
+            self.listeners,
+            self.generation,
+            self.node.clone(),
+            self.lineage.clone(),
+            self.takeovers.clone(),
+        ));
         tasks.spawn(handoff::serve(
             self.listeners.handoff()?,
-            Handoffs::new(
-                self.listeners,
-                self.generation,
-                self.node.clone(),
-                self.lineage.clone(),
-                self.takeovers.clone(),
-            ),
+            handoffs.clone(),
             stop_serving.clone(),
         ));
         tasks.close();
@@ -106,6 +110,7 @@ impl Serving<'_> {
             stop_accepting,
             stop_serving,
             tasks,
+            handoffs: Arc::downgrade(&handoffs),
         })
     }
 }
@@ -115,6 +120,20 @@ impl Running {
     /// connections already accepted are relayed on).
     pub fn stop_accepting(&self) {
         self.stop_accepting.cancel();
+    }
+
+    /// Closes the customer listeners (SOCKS5, HTTP, HTTPS) for a drain:
+    /// stops their accept loops, and closes this ingress's copies and the
+    /// handoff offer's, so that new customers are refused, not queued
+    /// (under systemd the fd store keeps its own: docs/OPERATIONS.md,
+    /// "Stopping").
+    pub fn close_customer_listeners(&self, listeners: &mut Listeners) {
+        const CUSTOMERS: [SocketName; 3] = [SocketName::Socks, SocketName::Http, SocketName::Https];
+        self.stop_accepting();
+        listeners.close(&CUSTOMERS);
+        if let Some(handoffs) = self.handoffs.upgrade() {
+            handoffs.withdraw(&CUSTOMERS);
+        }
     }
 
     /// Stops the others: status, device, control and handoff.

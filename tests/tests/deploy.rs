@@ -214,6 +214,18 @@ fn a_drain_with_a_tunnel_open_ends_at_the_grace_and_not_before() {
             code == 0 || (code == 503 && body.starts_with("draining\n"))
         },
     );
+    // After the lame duck (2 s by default) the customer listeners close
+    // while the tunnel still holds the node: a new customer is refused at
+    // once rather than left in the backlog to be reset at the exit.
+    wait_until(
+        Duration::from_secs(10),
+        "the SOCKS5 and HTTP listeners to refuse new connections",
+        || refused(node.socks) && refused(node.http),
+    );
+    assert!(
+        ingress.child.try_wait().expect("poll").is_none(),
+        "the listeners closed before the ingress exited, not with it"
+    );
     let status = ingress
         .wait_exit(Duration::from_secs(30))
         .expect("the ingress exits");
@@ -434,4 +446,10 @@ fn a_tunnel_with_a_full_buffer_moves_with_every_pending_byte() {
         }
     }
     assert!(piped, "no deploy caught a buffer over 64 KiB in six tries");
+}
+
+/// Whether a TCP connection to `address` is refused (nothing listens there).
+fn refused(address: std::net::SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))
+        .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionRefused)
 }

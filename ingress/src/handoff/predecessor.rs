@@ -38,12 +38,20 @@ const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// serves.
 #[derive(Debug)]
 pub struct Handoffs {
-    /// The offer and duplicates of its sockets' fds, in the offer's order.
-    offer: (HandoffOffer, Vec<OwnedFd>),
+    /// The offer and duplicates of its sockets' fds, in the offer's order;
+    /// replaced when a drain withdraws the customer listeners.
+    offer: std::sync::Mutex<Arc<Offered>>,
     node: Arc<Node>,
     lineage: Arc<Lineage>,
     /// Where a successor that serves goes: the run loop steps aside for it.
     takeovers: mpsc::Sender<UnixSeqpacket>,
+}
+
+/// What a successor is offered: the sockets and their fds, in step.
+#[derive(Debug)]
+struct Offered {
+    offer: HandoffOffer,
+    fds: Vec<OwnedFd>,
 }
 
 impl Handoffs {
@@ -76,7 +84,7 @@ impl Handoffs {
             counters: Default::default(),
         };
         Self {
-            offer: (offer, owned),
+            offer: std::sync::Mutex::new(Arc::new(Offered { offer, fds: owned })),
             node,
             lineage,
             takeovers,
@@ -87,8 +95,40 @@ impl Handoffs {
     /// the port's group: a successor that went away before serving may have
     /// steered them to its own already (it does before it serves), and
     /// nobody reads that member now.
+    fn offered(&self) -> Arc<Offered> {
+        self.offer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes the `names` sockets out of the offer and closes its copies of
+    /// them: a draining ingress offers nothing any more, and its customer
+    /// listeners must close with its own copies, so that new customers are
+    /// refused rather than queued (docs/ARCHITECTURE.md, "Ingress shutdown").
+    pub fn withdraw(&self, names: &[SocketName]) {
+        let mut current = self
+            .offer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (sockets, fds) = current
+            .offer
+            .sockets
+            .iter()
+            .zip(&current.fds)
+            .filter(|(socket, _)| !names.contains(&socket.name))
+            .filter_map(|(socket, fd)| Some((socket.clone(), fd.try_clone().ok()?)))
+            .unzip();
+        let offer = HandoffOffer {
+            sockets,
+            ..current.offer.clone()
+        };
+        *current = Arc::new(Offered { offer, fds });
+    }
+
     fn steer_back(&self) {
-        let (offer, fds) = &self.offer;
+        let offered = self.offered();
+        let Offered { offer, fds } = &*offered;
         let wg0 = offer
             .sockets
             .iter()
@@ -105,8 +145,11 @@ impl Handoffs {
 }
 
 /// Accepts would-be successors on the handoff socket until `stop`.
-pub async fn serve(listener: UnixSeqpacketListener, handoffs: Handoffs, stop: CancellationToken) {
-    let handoffs = Arc::new(handoffs);
+pub async fn serve(
+    listener: UnixSeqpacketListener,
+    handoffs: Arc<Handoffs>,
+    stop: CancellationToken,
+) {
     crate::sockets::accept_each(listener, stop, "handoff", "handoff failed", move |socket| {
         let handoffs = handoffs.clone();
         async move { hand_off(socket, &handoffs).await }
@@ -161,7 +204,8 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         }
     };
     tracing::info!(pid = hello.pid, software = %hello.software, "a successor ingress asks to take over");
-    let (offer, fds) = &handoffs.offer;
+    let offered = handoffs.offered();
+    let Offered { offer, fds } = &*offered;
     let mut offer = offer.clone();
     offer.counters = handoffs.node.metrics.handoff_counters();
     let (peers, endpoints) = handoffs.node.wireguard.snapshot();
