@@ -285,6 +285,22 @@ fn sigterm_to_a_lone_device_plane_finishes_its_work_then_exits() {
         "the request to reach the origin",
         || origin.connections() >= 1,
     );
+    // SIGHUP first: a device plane has nothing to reload, and carries on
+    // (the signal's default would end it and the request with it).
+    device.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_until(
+        Duration::from_secs(10),
+        "the plane to log the SIGHUP",
+        || {
+            device
+                .log_text()
+                .contains("SIGHUP: a device plane has nothing to reload")
+        },
+    );
+    assert!(
+        device.wait_exit(Duration::from_millis(200)).is_none(),
+        "SIGHUP left the device plane running"
+    );
     let started = Instant::now();
     device.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(

@@ -25,10 +25,29 @@ use crate::link::{self, HelloError};
 use session::{Draining, SessionEnd};
 use warm::Warm;
 
+/// SIGHUP would end the process by default, and every tunnel with it
+/// (`kill -HUP`, or the `--supervise` stand-in passing one on). A device
+/// plane has nothing to reload: it says so and carries on.
+fn ignore_hangups() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hangups) => {
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    tracing::info!("SIGHUP: a device plane has nothing to reload; a new configuration takes a deploy (docs/OPERATIONS.md, \"Deploying a new device plane\")");
+                }
+            });
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot handle SIGHUP: one would stop this device plane")
+        }
+    }
+}
+
 /// Runs the device plane: attach (Standby), warm up, say Ready, serve; on
 /// Drain hand over or finish, and return once nothing is held. SIGTERM
 /// (`terminate`) asks the ingress for a drain without a successor.
 pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result<()> {
+    ignore_hangups();
     if config.egress.tun.manage {
         blipless_ctl::net::setup(&config).await.context(
             "setting up the host for packet egress (egress.tun.manage = true; or set it false and run `blipless-ctl net setup` once)",
