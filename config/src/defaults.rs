@@ -151,7 +151,8 @@ pub fn documented_defaults() -> String {
          # The variable for a key is BLIPLESS_ + the key in upper case with dots as\n\
          # underscores (egress.tun.name: BLIPLESS_EGRESS_TUN_NAME); lists are\n\
          # comma-separated there. Other BLIPLESS_* variables (BLIPLESS_CONFIG,\n\
-         # BLIPLESS_LOG) belong to the binaries and are ignored here.\n",
+         # BLIPLESS_LOG, BLIPLESS_SUPERVISE) belong to the binaries and are\n\
+         # ignored here.\n",
     );
     let mut table = None;
     for key in KEYS.iter() {
