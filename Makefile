@@ -75,7 +75,7 @@ lint:
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain via RUSTC_BOOTSTRAP);
 ## FUZZ_TARGETS=... runs some of them. A crash stops it non-zero (fuzz/README.md).
 ## Feature `ingress` is what wg_datagram needs (it links the ingress crate).
-FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 socks5_client control wg_datagram config http_target wg_quick store_url wg_uapi client_limits inner_udp proxy_auth socks5_udp offload
+FUZZ_TARGETS ?= channel channel_typed channel_encode socks5 socks5_client control wg_datagram config http_target wg_quick store_url wg_uapi client_limits inner_udp proxy_auth socks5_udp offload numeric_host
 fuzz:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for target in $(FUZZ_TARGETS); do \

@@ -4,6 +4,8 @@
 //!   (one frame per SOCK_SEQPACKET message, file descriptors beside it).
 //! - [`control`]: the JSON-lines messages of the ingress control socket.
 //! - [`ip`]: the addresses in an inner IP packet's header.
+//! - [`numeric_host`]: host names that are addresses (`127.1`), as a
+//!   resolver reads them.
 //! - [`offload`]: the virtio-net header of an offload TUN queue, TCP
 //!   segmentation of what it reads and joining of what it writes.
 //! - [`udp`]: a UDP datagram in an inner IPv4 packet, read and built (the
@@ -38,6 +40,7 @@ pub mod channel;
 pub mod control;
 pub mod http_target;
 pub mod ip;
+pub mod numeric_host;
 pub mod offload;
 pub mod proxy_auth;
 pub mod socks5;

@@ -22,7 +22,6 @@ use tokio::net::{TcpSocket, TcpStream};
 pub mod eyeballs;
 pub mod host_addresses;
 pub mod lookups;
-pub mod numeric_host;
 pub mod report;
 pub mod routes;
 pub mod upstream_socks;

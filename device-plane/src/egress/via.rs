@@ -11,11 +11,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blipless_protocol::numeric_host::{self, HostKind};
 use blipless_protocol::socks5::Destination;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::numeric_host::{self, HostKind};
 use super::routes::{Route, RouteKind, Routes};
 use super::upstream_socks::{self, UpstreamCredentials, UpstreamError};
 use super::{Egress, EgressError, Target};

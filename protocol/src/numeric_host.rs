@@ -3,7 +3,8 @@
 //! as IPv4 (`inet_aton(3)`: `127.1`, `2130706433`, `0x7f.1`, `0177.0.0.1`)
 //! names an address, not a host. Names go to an upstream unresolved, so
 //! these must be caught here and held to the default deny like any literal
-//! address (docs/EGRESS.md, "Streams through an upstream").
+//! address (docs/EGRESS.md, "Streams through an upstream"; the device
+//! plane's `egress/via.rs`).
 
 use std::net::{IpAddr, Ipv4Addr};
 
