@@ -19,6 +19,10 @@ fn the_png_scans_as_the_printed_config_and_show_says_why_it_has_no_code() {
     let node = Node::new("[wireguard]\nendpoint = \"vpn.example.com:51820\"\n");
     let png = node.path().join("bob.png");
     let png_arg = png.to_string_lossy().into_owned();
+    // A file that is there already, readable by all (a re-run): it gets the
+    // private key's mode too, not only a file made afresh.
+    std::fs::write(&png, b"an older picture").expect("an older file");
+    std::fs::set_permissions(&png, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let added = node.ctl(&[
         "--json", "client", "add", "bob", "--wg", "--qr-png", &png_arg,
     ]);
