@@ -176,13 +176,37 @@ pub fn parse(url: &str) -> Result<StoreUrl, StoreUrlError> {
         "redis" | "rediss" if rest.is_empty() || rest.starts_with('/') => {
             Err(StoreUrlError::NoHost)
         }
-        "redis" | "rediss" => Ok(StoreUrl::Redis(url.to_owned())),
+        "redis" | "rediss" => {
+            one_server(rest)?;
+            Ok(StoreUrl::Redis(url.to_owned()))
+        }
         "redis+sentinel" => sentinel(rest, false),
         "rediss+sentinel" => sentinel(rest, true),
         "redis+cluster" => cluster(rest, false),
         "rediss+cluster" => cluster(rest, true),
         _ => Err(StoreUrlError::Scheme),
     }
+}
+
+/// Checks a one-server URL's host, port and database, which the redis
+/// crate reads only when the store opens: a mistake there is then a
+/// configuration error listed with the others (exit 64), not a failed start
+/// that a service manager would retry. What follows a `?` (options the redis
+/// crate reads) is left to it.
+fn one_server(rest: &str) -> Result<(), StoreUrlError> {
+    let credentials_end = rest.rfind('@').map_or(0, |at| at + 1);
+    let end = rest[credentials_end..]
+        .find(['?', '#'])
+        .map_or(rest.len(), |at| credentials_end + at);
+    let (_, host, path) = split(&rest[..end])?;
+    if host.contains(',') {
+        return Err(StoreUrlError::Host(host.to_owned()));
+    }
+    host_port(host, REDIS_PORT)?;
+    if !path.is_empty() && path.parse::<i64>().ok().filter(|db| *db >= 0).is_none() {
+        return Err(StoreUrlError::Db(path.to_owned()));
+    }
+    Ok(())
 }
 
 fn sentinel(rest: &str, tls: bool) -> Result<StoreUrl, StoreUrlError> {
@@ -322,6 +346,26 @@ mod tests {
         let url = "rediss://u:pw@r.example:6380/2?x=1";
         assert_eq!(parse(url), Ok(StoreUrl::Redis(url.into())));
         assert_eq!(parse("redis://"), Err(StoreUrlError::NoHost));
+        for url in [
+            "redis://h",
+            "redis://h/",
+            "redis://h:7000/15",
+            "redis://:p%40w@[::1]:1/0?protocol=resp3",
+        ] {
+            assert_eq!(parse(url), Ok(StoreUrl::Redis(url.into())), "{url}");
+        }
+        // What the redis crate would refuse only when the store opens.
+        assert_eq!(
+            parse("redis://10.0.0.5:63x9/0"),
+            Err(StoreUrlError::Port("63x9".into()))
+        );
+        assert_eq!(parse("redis://h/abc"), Err(StoreUrlError::Db("abc".into())));
+        assert_eq!(parse("redis://h/-1"), Err(StoreUrlError::Db("-1".into())));
+        assert_eq!(parse("redis://a,b"), Err(StoreUrlError::Host("a,b".into())));
+        assert_eq!(
+            parse("redis://bad host"),
+            Err(StoreUrlError::Host("bad host".into()))
+        );
         assert_eq!(parse("postgres://x"), Err(StoreUrlError::Scheme));
         assert_eq!(parse("redis:/x"), Err(StoreUrlError::Scheme));
     }
