@@ -106,15 +106,22 @@ impl WireguardKey {
                 .map_err(io)?;
         }
         let key = Self::generate()?;
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path);
-        match created {
-            Ok(mut file) => {
-                writeln!(file, "{}", key.private_base64()).map_err(io)?;
-                file.sync_all().map_err(io)?;
+        // Written whole to a file of our own first, then linked in place: the
+        // key file never exists empty or half written, for another process
+        // starting at the same moment to read, or after a crash or a full
+        // disk to refuse every later start. The link fails if the file is
+        // there already, as `create_new` would.
+        let draft = draft_path(path);
+        let written = write_draft(&draft, &key);
+        let linked = written.and_then(|()| std::fs::hard_link(&draft, path));
+        let _ = std::fs::remove_file(&draft);
+        match linked {
+            Ok(()) => {
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::File::open(parent)
+                        .and_then(|dir| dir.sync_all())
+                        .map_err(io)?;
+                }
                 Ok(key)
             }
             // Another process created it first: use its key.
@@ -133,6 +140,29 @@ impl WireguardKey {
                 path: path.to_owned(),
             })
     }
+}
+
+/// Where this call drafts the key file: beside it, named for the process
+/// and the call.
+fn draft_path(path: &Path) -> std::path::PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map_or_else(|| "key".into(), |name| name.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.{call}.draft", std::process::id()))
+}
+
+/// Writes `key` to a new file at `draft`, mode 0600, flushed to disk.
+fn write_draft(draft: &Path, key: &WireguardKey) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(draft);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(draft)?;
+    writeln!(file, "{}", key.private_base64())?;
+    file.sync_all()
 }
 
 /// A 32-byte key in standard base64 (44 characters), as WireGuard writes keys.
@@ -164,6 +194,33 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn racing_creators_all_get_the_one_key_and_leave_no_draft() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("wireguard.key");
+        let keys: Vec<String> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| WireguardKey::load_or_create(&path)))
+                .collect();
+            racers
+                .into_iter()
+                .map(|racer| {
+                    racer
+                        .join()
+                        .expect("no panic")
+                        .expect("a key")
+                        .public_base64()
+                })
+                .collect()
+        });
+        assert!(keys.iter().all(|key| *key == keys[0]), "{keys:?}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("the directory")
+            .map(|entry| entry.expect("an entry").file_name())
+            .collect();
+        assert_eq!(left, ["wireguard.key"]);
     }
 
     #[test]
