@@ -320,6 +320,17 @@ impl Context {
         *self.mode.borrow()
     }
 
+    /// Completes when the plane stops handing over (serving again, or
+    /// finishing).
+    pub fn handover_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        async move {
+            if mode.wait_for(|m| *m != Mode::Handover).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// Completes when the plane stops serving (handover or finish).
     pub fn serving_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut mode = self.mode.subscribe();

@@ -102,6 +102,11 @@ impl Identity {
         *self.lock() = Some(client);
     }
 
+    /// The client billed now, if one authenticated.
+    fn current(&self) -> Option<Arc<Client>> {
+        self.lock().clone()
+    }
+
     /// The name of the client billed now, if one authenticated.
     fn name(&self) -> Option<String> {
         self.lock()
@@ -151,6 +156,21 @@ impl Adopted {
 
 /// Serves one HTTP proxy customer connection to its end.
 pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, id: u64) {
+    let mut next = Some((stream, adopted));
+    while let Some((stream, adopted)) = next.take() {
+        next = serve_until_handover(stream, adopted, &context, id).await;
+    }
+}
+
+/// Serves the connection until it ends or is handed over; gives it back
+/// when it was waiting to be handed over and the plane serves again (its
+/// successor died), to be served from the start with what the client sent.
+async fn serve_until_handover(
+    stream: TcpStream,
+    adopted: Adopted,
+    context: &Arc<Context>,
+    id: u64,
+) -> Option<(TcpStream, Adopted)> {
     let Adopted {
         prefix,
         unbilled_up,
@@ -213,12 +233,12 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
                 stopping = true;
                 Pin::new(&mut connection).graceful_shutdown();
             }
-            () = cut.cancelled() => return,
+            () = cut.cancelled() => return None,
             stall = watch.stalled() => {
                 // The answer has started: all we can do is end it.
                 context.http_counters.body_stalls.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(id, ?stall, "response stalled; connection cut");
-                return;
+                return None;
             }
         }
     };
@@ -242,10 +262,10 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
                 tracing::debug!(id, %error, "malformed request; 400");
             }
             limits::linger_close(connection.into_parts().io.into_inner().inner.inner).await;
-            return;
+            return None;
         }
         tracing::debug!(id, %error, "http connection ended");
-        return;
+        return None;
     }
     let parts = connection.into_parts();
     let Prefixed {
@@ -265,7 +285,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
         limits::linger_close(stream).await;
-        return;
+        return None;
     }
     let accepted = connect_slot
         .lock()
@@ -279,7 +299,7 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
     {
         let tunnel = Tunnel::established(stream, egress, pending, billed);
         crate::conn::tunnel::run(
-            context,
+            context.clone(),
             MigrateKind::HttpTunnel,
             id,
             client,
@@ -288,11 +308,32 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
             Some(counted),
         )
         .await;
-        return;
+        return None;
     }
     if context.mode() == Mode::Handover && may_hand_over {
-        // Paced like tunnels: one of the handover slots, held until confirmed.
-        let _slot = context.handover_slot().await;
+        // Paced like tunnels: one of the handover slots, held until
+        // confirmed. The wait ends too when the plane stops handing over
+        // (its successor died: served here again, or, finishing, closed) or
+        // the drain's grace cuts what is left.
+        let slot = tokio::select! {
+            slot = context.handover_slot() => Some(slot),
+            () = context.handover_ended() => None,
+            () = cut.cancelled() => return None,
+        };
+        let Some(_slot) = slot else {
+            if context.mode() != Mode::Serving {
+                let _ = stream.shutdown().await;
+                return None;
+            }
+            let adopted = Adopted {
+                unbilled_up: (pending.len() - billed) as u64,
+                prefix: pending,
+                client: identity.current(),
+                may_hand_over: true,
+                source,
+            };
+            return Some((stream, adopted));
+        };
         let name = identity.name().unwrap_or_default();
         let migrate = Migrate {
             kind: MigrateKind::HttpIdle,
@@ -310,10 +351,11 @@ pub async fn serve(stream: TcpStream, adopted: Adopted, context: Arc<Context>, i
             udp: None,
         };
         if context.hand_over(migrate, &[stream.as_fd()]).await.is_ok() {
-            return;
+            return None;
         }
     }
     let _ = stream.shutdown().await;
+    None
 }
 
 /// What the client sent that hyper left unprocessed, in the order it was
