@@ -1,6 +1,6 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
 //! make a device plane miss its ready budget, hold back its peer set,
-//! announce another build or act older than a message.
+//! announce another build, act older than a message or adopt slowly.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -26,6 +26,12 @@ pub const SOFTWARE: &str = "BLIPLESS_FAULT_SOFTWARE";
 /// Hello, and close the channel on one, as an older plane's decoder would.
 #[cfg(feature = "fault-injection")]
 pub const OLDER_THAN_ACCEPTED_MANY: &str = "BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY";
+
+/// An adopting plane waits this many milliseconds after confirming each
+/// connection it takes over, before it serves it (as reading a long pipe of
+/// pending bytes might), so a test can have a deploy begin meanwhile.
+#[cfg(feature = "fault-injection")]
+pub const SLOW_ADOPTION: &str = "BLIPLESS_FAULT_SLOW_ADOPTION_MS";
 
 /// Whether this plane reads `AcceptedMany` (says so in its Hello): yes,
 /// unless `BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY` is set.
@@ -63,6 +69,15 @@ pub async fn delay_peers() {
     #[cfg(feature = "fault-injection")]
     if let Some(delay) = delay(DELAY_PEERS) {
         tracing::warn!(?delay, "fault injection: delaying the peer set");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// `BLIPLESS_FAULT_SLOW_ADOPTION_MS`: waits that long, if it is set.
+pub async fn slow_adoption() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(SLOW_ADOPTION) {
+        tracing::warn!(?delay, "fault injection: adopting slowly");
         tokio::time::sleep(delay).await;
     }
 }

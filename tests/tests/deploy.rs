@@ -469,3 +469,84 @@ fn refused(address: std::net::SocketAddr) -> bool {
     std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))
         .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionRefused)
 }
+
+/// A deploy that begins while the last one still moves tunnels: the plane
+/// in the middle is still taking tunnels over from the oldest (slowly: a
+/// fault hook holds each adoption 3 s) when the newest takes over from it.
+/// It passes them on rather than keep them to its drain grace (60 s here),
+/// as connections that came back to it would be. Both older planes exit
+/// long before that, and every tunnel still echoes through the newest.
+#[test]
+fn a_deploy_during_a_deploy_passes_every_tunnel_on_to_the_newest_plane() {
+    use std::io::{Read, Write};
+    const TUNNELS: usize = 50;
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").expect("echo listener");
+    let echo_address = echo.local_addr().expect("address");
+    std::thread::spawn(move || {
+        for stream in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut reader, mut writer) = (&stream, &stream);
+                let _ = std::io::copy(&mut reader, &mut writer);
+            });
+        }
+    });
+    let mut node = Node::new("[drain]\ngrace = \"60s\"\n");
+    let (_ingress, mut oldest, client) = node.start();
+    let echoes = |stream: &mut std::net::TcpStream, n: usize| {
+        let line = format!("tunnel {n}\n");
+        stream.write_all(line.as_bytes()).expect("write");
+        let mut back = vec![0u8; line.len()];
+        stream.read_exact(&mut back).expect("read back");
+        assert_eq!(back, line.as_bytes(), "tunnel {n}");
+    };
+    let mut tunnels: Vec<std::net::TcpStream> = (0..TUNNELS)
+        .map(|n| {
+            let mut stream = blipless_tests::raw::connect(node.socks);
+            assert_eq!(
+                blipless_tests::raw::socks5_login(&mut stream, "alice", &client.secret),
+                0
+            );
+            assert_eq!(
+                blipless_tests::raw::socks5_connect_v4(&mut stream, echo_address),
+                0
+            );
+            echoes(&mut stream, n);
+            stream
+        })
+        .collect();
+    let first = node.active_generation();
+    let mut middle = node.start_device_with_env(&[("BLIPLESS_FAULT_SLOW_ADOPTION_MS", "3000")]);
+    wait_until(
+        Duration::from_secs(30),
+        "the middle plane to be active",
+        || node.active_generation().is_some_and(|g| Some(g) != first),
+    );
+    let second = node.active_generation();
+    let mut newest = node.start_device();
+    wait_until(
+        Duration::from_secs(30),
+        "the newest plane to be active",
+        || node.active_generation().is_some_and(|g| Some(g) != second),
+    );
+    let exits_soon = |plane: &mut blipless_tests::node::Daemon, what: &str| {
+        let status = plane.wait_exit(Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{what} exits cleanly before its grace ({status:?}):\n{}",
+            plane.log_text()
+        );
+    };
+    exits_soon(&mut oldest, "the oldest plane");
+    exits_soon(&mut middle, "the middle plane");
+    assert!(
+        middle.log_text().contains("adopting slowly"),
+        "the middle plane took tunnels over"
+    );
+    assert!(
+        newest.wait_exit(Duration::from_millis(10)).is_none(),
+        "the newest plane serves"
+    );
+    for (n, stream) in tunnels.iter_mut().enumerate() {
+        echoes(stream, n);
+    }
+}

@@ -183,9 +183,17 @@ pub async fn adopt(
     mut fds: Vec<OwnedFd>,
 ) {
     let id = migrate.connection_id;
+    // A connection this plane sent away itself and still awaits the
+    // confirmation of came back: the ingress found no plane to take it.
+    // It stays here rather than go round again. Asked before confirming,
+    // which ends that wait. (Not the mode: a plane adopting from its
+    // predecessor may be handing over already, to a newer plane whose
+    // deploy began meanwhile, and what it adopts then must move on.)
+    let bounced = context.awaiting_map().contains_key(&id);
     // The fds are ours now, whatever happens below: the predecessor may
     // send the next connection.
     context.confirm_adoption(&via, id).await;
+    crate::fault::slow_adoption().await;
     // Pipes come last: down after up.
     for (piped, pending) in [
         (migrate.down_piped, &mut migrate.down.pending),
@@ -203,9 +211,7 @@ pub async fn adopt(
             }
         }
     }
-    // Adopted while draining means it came back from a handover that found
-    // no successor: keep it here rather than send it round again.
-    let may_hand_over = context.mode() == Mode::Serving;
+    let may_hand_over = !bounced;
     let mut fds = fds.into_iter();
     let (Some(client_fd), second, third) = (fds.next(), fds.next(), fds.next()) else {
         return;
