@@ -458,7 +458,7 @@ pub(crate) fn confirmation_text(confirmation: &Confirmation, effect: &str) -> St
 /// Adds a WireGuard client: a new key pair, the lowest free address of the pool.
 /// A change the node confirmed but no Redis replica did is [`Unconfirmed`] too
 /// (exit 75): it stands unless the master fails before replicating it.
-fn unreplicated_is_unconfirmed(
+pub(crate) fn unreplicated_is_unconfirmed(
     confirmation: anyhow::Result<Confirmation>,
     unreplicated: Option<String>,
     done: &str,

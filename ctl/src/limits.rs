@@ -227,9 +227,13 @@ pub(crate) async fn set(
         anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
     };
     let limits = flags.apply(record.limits);
+    // A change no Redis replica confirmed is stored: the rest goes on, and
+    // it ends in exit status 75, as for `client add` and `client remove`.
+    let mut unreplicated = None;
     if flags.any() {
         match store.set_limits(name, limits).await {
             Ok(()) => {}
+            Err(StoreError::Unconfirmed(detail)) => unreplicated = Some(detail),
             Err(StoreError::NotFound(_)) => {
                 anyhow::bail!("no client named {name} (it was removed meanwhile)")
             }
@@ -239,7 +243,11 @@ pub(crate) async fn set(
     if quota_reset {
         store.reset_quota_usage(name).await?;
     }
-    let confirmation = confirm(store, config).await;
+    let confirmation = crate::clients::unreplicated_is_unconfirmed(
+        confirm(store, config).await,
+        unreplicated,
+        &format!("the limits of client {name} are stored"),
+    );
     let defaults = node_defaults(config);
     let quota = quota_use(store, name, limits.or(&defaults).quota).await;
     if as_json {
