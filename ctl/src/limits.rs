@@ -226,13 +226,20 @@ pub(crate) async fn set(
     let Some(record): Option<ClientRecord> = store.get_client(name).await? else {
         anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
     };
-    let limits = flags.apply(record.limits);
+    // The flags given change only their own limits, applied by the store to
+    // the limits as they are then: a `client set` of another limit at the
+    // same moment is not undone.
+    let mut limits = flags.apply(record.limits);
     // A change no Redis replica confirmed is stored: the rest goes on, and
     // it ends in exit status 75, as for `client add` and `client remove`.
     let mut unreplicated = None;
     if flags.any() {
-        match store.set_limits(name, limits).await {
-            Ok(()) => {}
+        let given = flags.clone();
+        match store
+            .update_limits(name, std::sync::Arc::new(move |now| given.apply(now)))
+            .await
+        {
+            Ok(stored) => limits = stored,
             Err(StoreError::Unconfirmed(detail)) => unreplicated = Some(detail),
             Err(StoreError::NotFound(_)) => {
                 anyhow::bail!("no client named {name} (it was removed meanwhile)")

@@ -35,6 +35,10 @@ pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 pub use blipless_config::client_limits::{ClientLimits, SourcePolicy};
 
+/// A change to a client's limits, given the limits it finds
+/// ([`Store::update_limits`]).
+pub type LimitsChange = Arc<dyn Fn(ClientLimits) -> ClientLimits + Send + Sync>;
+
 /// How often [`Store::wait_for_change`] looks at a store that cannot block
 /// on its feed (the embedded one).
 pub const FEED_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
@@ -380,7 +384,22 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Replaces a client's limits (docs/LIMITS.md) and appends an Upsert
     /// change, so every node's device plane applies them.
     /// `StoreError::NotFound` if there is no such client.
-    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError>;
+    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError> {
+        self.update_limits(name, Arc::new(move |_| limits))
+            .await
+            .map(|_| ())
+    }
+    /// Changes a client's limits with `change`, applied to the limits as
+    /// they are at that moment in one atomic step (a transaction, or a
+    /// compare and set repeated on a conflict), so that two changes to
+    /// different limits made at once both stand; appends an Upsert change
+    /// and returns the new limits. `StoreError::NotFound` if there is no
+    /// such client.
+    async fn update_limits(
+        &self,
+        name: &str,
+        change: LimitsChange,
+    ) -> Result<ClientLimits, StoreError>;
     /// Adds `bytes` to the client's quota count for `window` (a quota
     /// period's key, [`blipless_config::client_limits::Window::key`]) and
     /// returns the count. A count kept for another window is replaced: the

@@ -104,8 +104,12 @@ impl Store for Instrumented {
     ) -> Result<Option<store::EndpointSnapshot>, StoreError> {
         self.inner.get_endpoints(node).await
     }
-    async fn set_limits(&self, name: &str, limits: store::ClientLimits) -> Result<(), StoreError> {
-        self.inner.set_limits(name, limits).await
+    async fn update_limits(
+        &self,
+        name: &str,
+        change: store::LimitsChange,
+    ) -> Result<store::ClientLimits, StoreError> {
+        self.inner.update_limits(name, change).await
     }
     async fn add_quota_usage(
         &self,

@@ -205,3 +205,42 @@ pub(crate) async fn live_tunnels_are_summed_per_node_and_expire(store: Arc<dyn S
     store.add_client(client("u")).await.expect("add again");
     assert_eq!(store.live_tunnels("u", &node("c")).await.expect("fresh"), 0);
 }
+
+/// Two handles (two `blipless-ctl client set` at once) change different
+/// limits of one client over and over: every change stands, none is undone
+/// by the other's write of the limits it read before.
+pub(crate) async fn limit_changes_from_two_handles_both_stand(
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+) {
+    a.add_client(client("u")).await.expect("add");
+    const ROUNDS: u32 = 20;
+    let rates = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for round in 1..=ROUNDS {
+                let rate = format!("{}kbit", 100 + round).parse().expect("rate");
+                let change = Arc::new(move |mut limits: ClientLimits| {
+                    limits.rate_up = Some(rate);
+                    limits
+                });
+                a.update_limits("u", change).await.expect("rate");
+            }
+        })
+    };
+    for round in 1..=ROUNDS {
+        let change = Arc::new(move |mut limits: ClientLimits| {
+            limits.max_connections = Some(round);
+            limits
+        });
+        let after = b.update_limits("u", change).await.expect("connections");
+        assert_eq!(after.max_connections, Some(round));
+    }
+    rates.await.expect("the rate task");
+    let stored = a.get_client("u").await.expect("get").expect("u").limits;
+    assert_eq!(stored.max_connections, Some(ROUNDS));
+    assert_eq!(
+        stored.rate_up,
+        Some(format!("{}kbit", 100 + ROUNDS).parse().expect("rate"))
+    );
+}

@@ -103,7 +103,7 @@ macro_rules! contract_tests {
             quota_counts_add_roll_over_and_reset, live_tunnels_are_summed_per_node_and_expire);
         contract_tests!(@two [$($how)*] $fixture; handles_see_each_other, concurrent_handles,
             identity_race, wg_address_race, feed_wait_wakes_on_a_write,
-            quota_counts_are_shared_by_handles);
+            quota_counts_are_shared_by_handles, limit_changes_from_two_handles_both_stand);
     };
     (@one [each] $fixture:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,19 +16,24 @@ fn node_field(node: &NodeId) -> String {
 }
 
 /// Attempts of a compare-and-set before giving up on a record that keeps
-/// changing under it.
-const REPLACE_ATTEMPTS: usize = 8;
+/// changing under it; after a conflict the next waits a little longer
+/// (1 ms more each time), so that writers racing on one record take turns.
+const REPLACE_ATTEMPTS: u64 = 32;
 
 impl RedisStore {
-    /// [`crate::Store::set_limits`]: the record with new limits, replaced if
-    /// unchanged since read; the caller appends the feed entry.
+    /// [`crate::Store::update_limits`]: the record with its limits changed
+    /// by `change`, replaced if unchanged since read (read and changed again
+    /// if not); the caller appends the feed entry. The new limits.
     pub(super) async fn replace_limits(
         &self,
         name: &str,
-        limits: ClientLimits,
-    ) -> Result<(), StoreError> {
+        change: &(dyn Fn(ClientLimits) -> ClientLimits + Send + Sync),
+    ) -> Result<ClientLimits, StoreError> {
         let key = client_key(name);
-        for _ in 0..REPLACE_ATTEMPTS {
+        for attempt in 0..REPLACE_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
+            }
             let mut cmd = redis::cmd("GET");
             cmd.arg(&key);
             let Some(json): Option<String> = self
@@ -38,11 +43,12 @@ impl RedisStore {
                 return Err(StoreError::NotFound(name.to_owned()));
             };
             let mut record = self.decode_client(name, &json)?;
-            record.limits = limits;
+            record.limits = change(record.limits);
+            let limits = record.limits;
             let new = serde_json::to_string(&record)
                 .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;
             if new == json {
-                return Ok(());
+                return Ok(limits);
             }
             let mut script = scripts::REPLACE_CLIENT.prepare_invoke();
             script.key(&key).arg(&json).arg(&new);
@@ -51,7 +57,7 @@ impl RedisStore {
                 .run("setting limits", Retry::Idempotent, &Req::Script(script))
                 .await?;
             match replaced {
-                1 => return Ok(()),
+                1 => return Ok(limits),
                 -1 => return Err(StoreError::NotFound(name.to_owned())),
                 _ => continue,
             }

@@ -559,13 +559,17 @@ impl Store for RedisStore {
         json.map(|json| decode_endpoints(node, &json)).transpose()
     }
 
-    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError> {
+    async fn update_limits(
+        &self,
+        name: &str,
+        change: crate::LimitsChange,
+    ) -> Result<ClientLimits, StoreError> {
         if !is_valid_name(name) {
             return Err(StoreError::NotFound(name.to_owned()));
         }
-        self.replace_limits(name, limits).await?;
+        let limits = self.replace_limits(name, &*change).await?;
         self.append_change(name, ChangeKind::Upsert, false).await?;
-        Ok(())
+        Ok(limits)
     }
 
     async fn add_quota_usage(

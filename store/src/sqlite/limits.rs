@@ -34,27 +34,37 @@ pub(super) fn decode(name: &str, json: Option<&str>) -> Result<ClientLimits, Sto
     }
 }
 
-/// Replaces `name`'s limits and appends an Upsert change.
-pub(super) fn set_limits(
+/// Changes `name`'s limits with `change`, read and written in one
+/// transaction (`BEGIN IMMEDIATE`: no other writer between the two), and
+/// appends an Upsert change.
+pub(super) fn update_limits(
     conn: &mut Connection,
     name: &str,
-    limits: &ClientLimits,
-) -> Result<(), StoreError> {
-    let json = encode(limits)?;
+    change: &(dyn Fn(ClientLimits) -> ClientLimits + Send + Sync),
+) -> Result<ClientLimits, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(db("beginning set_limits"))?;
-    let updated = tx
-        .execute(
-            "UPDATE clients SET limits = ?2 WHERE name = ?1",
-            params![name, json],
+        .map_err(db("beginning update_limits"))?;
+    let stored: Option<Option<String>> = tx
+        .query_row(
+            "SELECT limits FROM clients WHERE name = ?1",
+            params![name],
+            |row| row.get(0),
         )
-        .map_err(db("setting limits"))?;
-    if updated == 0 {
+        .optional()
+        .map_err(db("reading limits"))?;
+    let Some(stored) = stored else {
         return Err(StoreError::NotFound(name.to_owned()));
-    }
+    };
+    let limits = change(decode(name, stored.as_deref())?);
+    tx.execute(
+        "UPDATE clients SET limits = ?2 WHERE name = ?1",
+        params![name, encode(&limits)?],
+    )
+    .map_err(db("setting limits"))?;
     append_change(&tx, name, ChangeKind::Upsert)?;
-    tx.commit().map_err(db("committing set_limits"))
+    tx.commit().map_err(db("committing update_limits"))?;
+    Ok(limits)
 }
 
 /// Adds `bytes` to `name`'s count in `window` (starting it at zero if the

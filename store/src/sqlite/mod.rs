@@ -414,12 +414,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn set_limits(&self, name: &str, limits: ClientLimits) -> Result<(), StoreError> {
+    async fn update_limits(
+        &self,
+        name: &str,
+        change: crate::LimitsChange,
+    ) -> Result<ClientLimits, StoreError> {
         if !super::is_valid_name(name) {
             return Err(StoreError::NotFound(name.to_owned()));
         }
         let name = name.to_owned();
-        self.with_conn(move |conn| limits::set_limits(conn, &name, &limits))
+        self.with_conn(move |conn| limits::update_limits(conn, &name, &*change))
             .await
     }
 
