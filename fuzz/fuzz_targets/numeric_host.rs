@@ -3,8 +3,10 @@
 //!
 //! - every address, written as Rust writes it, is read back as itself;
 //! - whatever `std` reads as an address is read as that address;
-//! - a name (`HostKind::Name`) never ends in a number label, so nothing a
-//!   resolver would read as IPv4 goes to an upstream as a name.
+//! - a name (`HostKind::Name`) never ends in a number label and holds no
+//!   `:` or `%`, so nothing a resolver would read as an address (IPv4 in
+//!   any spelling, IPv6 with or without a zone) goes to an upstream as a
+//!   name.
 #![no_main]
 
 use std::net::IpAddr;
@@ -28,5 +30,6 @@ fuzz_target!(|data: &[u8]| {
             !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit())
         });
         assert!(!numeric, "{host:?} ends in a number but was read as a name");
+        assert!(!host.contains([':', '%']), "{host:?} was read as a name");
     }
 });

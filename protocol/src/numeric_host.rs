@@ -15,14 +15,17 @@ pub enum HostKind {
     Name,
     /// An address, however spelt.
     Address(IpAddr),
-    /// Ends in a number but is no address (`1.2.3.4.5`, `300.1.1.1`): no
-    /// resolver reads it as a name, and neither do we.
-    BadNumber,
+    /// Neither a name nor an address: ends in a number but is no address
+    /// (`1.2.3.4.5`, `300.1.1.1`), or holds a `:` or `%` (no host name
+    /// does) and is no address. No resolver reads it as a name, and
+    /// neither do we.
+    NotAName,
 }
 
 /// Reads `host` (a trailing dot and IPv6 brackets allowed) as a resolver
-/// would: an address in any spelling `inet_aton` accepts, or a name. A host
-/// whose last label is a number is never a name (as in the WHATWG URL
+/// would: an address in any spelling `inet_aton` accepts, an IPv6 address
+/// with a zone (`::1%lo`, which `getaddrinfo` reads as `::1`), or a name. A
+/// host whose last label is a number is never a name (as in the WHATWG URL
 /// standard's "ends in a number").
 pub fn classify(host: &str) -> HostKind {
     let host = host.strip_suffix('.').unwrap_or(host);
@@ -33,11 +36,19 @@ pub fn classify(host: &str) -> HostKind {
     if let Ok(address) = bare.parse::<IpAddr>() {
         return HostKind::Address(address);
     }
+    if let Some((address, _zone)) = bare.split_once('%') {
+        if let Ok(address) = address.parse::<std::net::Ipv6Addr>() {
+            return HostKind::Address(IpAddr::V6(address));
+        }
+    }
+    if host.contains([':', '%']) {
+        return HostKind::NotAName;
+    }
     let last = host.rsplit('.').next().unwrap_or(host);
     if !is_number(last) {
         return HostKind::Name;
     }
-    inet_aton(host).map_or(HostKind::BadNumber, |v4| HostKind::Address(IpAddr::V4(v4)))
+    inet_aton(host).map_or(HostKind::NotAName, |v4| HostKind::Address(IpAddr::V4(v4)))
 }
 
 /// A label `inet_aton` would read as a number: decimal or octal digits, or
@@ -109,6 +120,9 @@ mod tests {
             ("4294967295", "255.255.255.255"),
             ("::1", "::1"),
             ("[::ffff:10.0.0.1]", "::ffff:10.0.0.1"),
+            ("::1%lo", "::1"),
+            ("[::1%1]", "::1"),
+            ("::ffff:169.254.169.254%0", "::ffff:169.254.169.254"),
         ] {
             let expected: IpAddr = address.parse().expect("an address");
             assert_eq!(classify(host), HostKind::Address(expected), "{host}");
@@ -127,8 +141,12 @@ mod tests {
             "08.1.1.1",
             "1..1",
             "example.123",
+            "::1::1",
+            "host:80",
+            "exa%mple.com",
+            "%lo",
         ] {
-            assert_eq!(classify(host), HostKind::BadNumber, "{host}");
+            assert_eq!(classify(host), HostKind::NotAName, "{host}");
         }
     }
 

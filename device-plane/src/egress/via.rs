@@ -121,7 +121,7 @@ impl Egress {
                 HostKind::Address(ip) if self.permits(ip) => {
                     Destination::Ip(std::net::SocketAddr::new(ip, *port))
                 }
-                HostKind::Address(_) | HostKind::BadNumber => {
+                HostKind::Address(_) | HostKind::NotAName => {
                     return Err(EgressError::Denied(target.to_string()));
                 }
             },
