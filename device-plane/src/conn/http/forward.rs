@@ -109,10 +109,13 @@ pub(super) async fn forward(
     parts.headers.insert(hyper::header::HOST, host);
     let exchange = Exchange::new(context.http_limits);
     let request = Request::from_parts(parts, RequestBody::new(body, exchange.clone()));
+    // The revocation first: it also cuts the origin connection, and the
+    // request's failure that follows must not be taken for the origin's.
     let answer = tokio::select! {
+        biased;
+        () = client.revoked.cancelled() => return revoked_answer(&watch),
         answer = sender.send_request(request) => answer,
         stall = exchange.stalled() => return missed(stall, &context, &watch, id),
-        () = client.revoked.cancelled() => return revoked_answer(&watch),
     };
     match answer {
         Ok(response) => {
@@ -123,6 +126,7 @@ pub(super) async fn forward(
             let body = ResponseBody::new(body, exchange, origin_guard);
             Response::from_parts(parts, body.boxed())
         }
+        Err(_) if client.revoked.is_cancelled() => revoked_answer(&watch),
         Err(error) => {
             tracing::info!(id, %error, "origin failed mid-request");
             plain(StatusCode::BAD_GATEWAY, "destination failed\n")
