@@ -111,9 +111,8 @@ impl WireguardKey {
         // starting at the same moment to read, or after a crash or a full
         // disk to refuse every later start. The link fails if the file is
         // there already, as `create_new` would.
-        let draft = draft_path(path);
-        let written = write_draft(&draft, &key);
-        let linked = written.and_then(|()| std::fs::hard_link(&draft, path));
+        let draft = draft_path(path, &key);
+        let linked = write_draft(&draft, &key).and_then(|()| std::fs::hard_link(&draft, path));
         let _ = std::fs::remove_file(&draft);
         match linked {
             Ok(()) => {
@@ -122,15 +121,14 @@ impl WireguardKey {
                         .and_then(|dir| dir.sync_all())
                         .map_err(io)?;
                 }
-                Ok(key)
             }
-            // Another process created it first: use its key.
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-                let text = std::fs::read_to_string(path).map_err(io)?;
-                Self::parse(path, &text)
-            }
-            Err(error) => Err(io(error)),
+            // Another process created it first: its key is the node's.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(io(error)),
         }
+        // What the file holds, whoever wrote it, is the key.
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        Self::parse(path, &text)
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self, KeyFileError> {
@@ -142,20 +140,22 @@ impl WireguardKey {
     }
 }
 
-/// Where this call drafts the key file: beside it, named for the process
-/// and the call.
-fn draft_path(path: &Path) -> std::path::PathBuf {
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// Where this call drafts the key file: beside it, named for the new key's
+/// public half (random, so no other writer picks the same name, whatever
+/// its process id or namespace).
+fn draft_path(path: &Path, key: &WireguardKey) -> std::path::PathBuf {
     let name = path
         .file_name()
         .map_or_else(|| "key".into(), |name| name.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.{}.{call}.draft", std::process::id()))
+    let tag: String = key.public.as_bytes()[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    path.with_file_name(format!(".{name}.{tag}.draft"))
 }
 
 /// Writes `key` to a new file at `draft`, mode 0600, flushed to disk.
 fn write_draft(draft: &Path, key: &WireguardKey) -> std::io::Result<()> {
-    let _ = std::fs::remove_file(draft);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

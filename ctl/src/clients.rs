@@ -328,7 +328,12 @@ pub(crate) async fn show(
     if qr_png.is_some() {
         anyhow::bail!("{why}");
     }
-    let usage = store.usage(name).await.unwrap_or_default();
+    // A store that fails here fails the command: zeros would pass for a
+    // client that used nothing, to whoever bills from this.
+    let usage = store
+        .usage(name)
+        .await
+        .with_context(|| format!("reading the usage of client {name}"))?;
     let defaults = crate::limits::node_defaults(config);
     let effective = client.limits.or(&defaults);
     let quota = crate::limits::quota_use(store, name, effective.quota).await;
@@ -525,7 +530,10 @@ pub(crate) async fn list(store: &dyn Store, config: &Config, as_json: bool) -> a
     let defaults = crate::limits::node_defaults(config);
     let mut rows = Vec::new();
     for client in clients {
-        let usage = store.usage(&client.name).await.unwrap_or_default();
+        let usage = store
+            .usage(&client.name)
+            .await
+            .with_context(|| format!("reading the usage of client {}", client.name))?;
         let quota =
             crate::limits::quota_use(store, &client.name, client.limits.or(&defaults).quota).await;
         rows.push((client, usage, quota));

@@ -174,10 +174,13 @@ pub fn write_qr_png(text: &str, path: &std::path::Path) -> Result<(), QrPngError
         .mode(0o600)
         .open(path)
         .map_err(io_error)?;
-    // `mode` applies only to a file this call creates: one that was there
-    // (a re-run) keeps its own, and the code holds the private key.
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .map_err(io_error)?;
+    // `mode` applies only to a file this call creates: a file that was
+    // there (a re-run) keeps its own, and the code holds the private key.
+    // Only a regular file: `/dev/stdout` or a pipe is left as it is.
+    if file.metadata().map_err(io_error)?.is_file() {
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(io_error)?;
+    }
     let side = u32::try_from(side).map_err(|_| QrPngError::TooLong)?;
     let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), side, side);
     encoder.set_color(png::ColorType::Grayscale);
