@@ -611,7 +611,6 @@ fn stop_while_a_successor_takes_over(stall_ms: &str) -> (Node, Daemon, Daemon, C
     (node, first, device, client, successor)
 }
 
-/// The keys and tunnel address of a wg-quick config.
 /// Where the node's WireGuard listener is bound, from `/status`.
 fn wg_listener(node: &Node) -> std::net::SocketAddr {
     let status = node.status_json();
@@ -623,6 +622,7 @@ fn wg_listener(node: &Node) -> std::net::SocketAddr {
         .unwrap_or_else(|| panic!("the WireGuard listener in {status}"))
 }
 
+/// The keys and tunnel address of a wg-quick config.
 fn wg_client_settings(config: &str) -> ([u8; 32], [u8; 32], std::net::Ipv4Addr) {
     let key = |field: &str| {
         let line = config

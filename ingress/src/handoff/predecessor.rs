@@ -91,10 +91,7 @@ impl Handoffs {
         }
     }
 
-    /// Steers WireGuard initiations back to this ingress's own member of
-    /// the port's group: a successor that went away before serving may have
-    /// steered them to its own already (it does before it serves), and
-    /// nobody reads that member now.
+    /// What is offered now.
     fn offered(&self) -> Arc<Offered> {
         self.offer
             .lock()
@@ -126,6 +123,10 @@ impl Handoffs {
         *current = Arc::new(Offered { offer, fds });
     }
 
+    /// Steers WireGuard initiations back to this ingress's own member of
+    /// the port's group: a successor that went away before serving may have
+    /// steered them to its own already (it does before it serves), and
+    /// nobody reads that member now.
     fn steer_back(&self) {
         let offered = self.offered();
         let Offered { offer, fds } = &*offered;

@@ -321,10 +321,12 @@ async fn serve_until_handover(
             () = cut.cancelled() => return None,
         };
         let Some(_slot) = slot else {
-            if context.mode() != Mode::Serving {
+            if context.mode() == Mode::Finish {
                 let _ = stream.shutdown().await;
                 return None;
             }
+            // Serving again (or, a new successor already, handing over
+            // again): from the start, which serves it or hands it over.
             let adopted = Adopted {
                 unbilled_up: (pending.len() - billed) as u64,
                 prefix: pending,
