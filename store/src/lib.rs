@@ -37,7 +37,9 @@ pub use blipless_config::client_limits::{ClientLimits, SourcePolicy};
 
 /// A change to a client's limits, given the limits it finds
 /// ([`Store::update_limits`]).
-pub type LimitsChange = Arc<dyn Fn(ClientLimits) -> ClientLimits + Send + Sync>;
+pub type LimitsChange = Arc<LimitsFn>;
+/// What a [`LimitsChange`] holds.
+pub type LimitsFn = dyn Fn(ClientLimits) -> ClientLimits + Send + Sync;
 
 /// How often [`Store::wait_for_change`] looks at a store that cannot block
 /// on its feed (the embedded one).

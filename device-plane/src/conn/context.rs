@@ -323,19 +323,20 @@ impl Context {
     /// Completes when the plane stops handing over (serving again, or
     /// finishing).
     pub fn handover_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut mode = self.mode.subscribe();
-        async move {
-            if mode.wait_for(|m| *m != Mode::Handover).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.mode_left(Mode::Handover)
     }
 
     /// Completes when the plane stops serving (handover or finish).
     pub fn serving_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.mode_left(Mode::Serving)
+    }
+
+    /// Completes once the plane's mode is not `left` (at once if it is not
+    /// now); never if the mode can no longer change.
+    fn mode_left(&self, left: Mode) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut mode = self.mode.subscribe();
         async move {
-            if mode.wait_for(|m| *m != Mode::Serving).await.is_err() {
+            if mode.wait_for(|m| *m != left).await.is_err() {
                 std::future::pending::<()>().await;
             }
         }

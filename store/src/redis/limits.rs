@@ -27,7 +27,7 @@ impl RedisStore {
     pub(super) async fn replace_limits(
         &self,
         name: &str,
-        change: &(dyn Fn(ClientLimits) -> ClientLimits + Send + Sync),
+        change: &crate::LimitsFn,
     ) -> Result<ClientLimits, StoreError> {
         let key = client_key(name);
         for attempt in 0..REPLACE_ATTEMPTS {

@@ -40,7 +40,7 @@ pub(super) fn decode(name: &str, json: Option<&str>) -> Result<ClientLimits, Sto
 pub(super) fn update_limits(
     conn: &mut Connection,
     name: &str,
-    change: &(dyn Fn(ClientLimits) -> ClientLimits + Send + Sync),
+    change: &crate::LimitsFn,
 ) -> Result<ClientLimits, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
