@@ -593,9 +593,21 @@ pub(crate) async fn remove(
     name: &str,
     as_json: bool,
 ) -> anyhow::Result<()> {
+    use blipless_ctl::patience::Removal;
     let unreplicated = match blipless_ctl::patience::remove_client(store, name).await {
-        Ok(true) => None,
-        Ok(false) => anyhow::bail!("no client named {name} (see `blipless-ctl client list`)"),
+        Ok(Removal::Removed) => None,
+        Ok(Removal::Absent) => {
+            anyhow::bail!("no client named {name} (see `blipless-ctl client list`)")
+        }
+        // A try made while the store failed over may have removed it: the
+        // operator's aim stands, so this is not an error (docs/OPERATIONS.md).
+        Ok(Removal::AbsentAfterRetry) => {
+            eprintln!(
+                "blipless-ctl: no client named {name} is stored now; the try made while \
+                 the store was unavailable may have removed it"
+            );
+            None
+        }
         // Removed on the master: said with exit status 75.
         Err(StoreError::Unconfirmed(detail)) => Some(detail),
         Err(error) => return Err(error.into()),

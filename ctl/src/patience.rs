@@ -4,7 +4,9 @@
 //! Redis Sentinel or Cluster failover gets it stored once the new master is
 //! elected instead of an error. Repeating is safe: adding the record that is
 //! stored finishes that add (`Store::add_client`), and a repeated remove finds
-//! nothing left to remove or finishes the feed entry it lacked.
+//! nothing left to remove or finishes the feed entry it lacked. A remove that
+//! finds nothing after a failed try cannot tell "removed by that try" from
+//! "never there", and says so ([`Removal::AbsentAfterRetry`]).
 
 use std::time::Duration;
 
@@ -16,8 +18,10 @@ pub const STORE_PATIENCE: Duration = Duration::from_secs(15);
 const PAUSE: Duration = Duration::from_millis(250);
 
 /// Repeats `attempt` while it fails with `StoreError::Unavailable`, for up to
-/// [`STORE_PATIENCE`], saying once on stderr that it waits.
-async fn patiently<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, StoreError>
+/// [`STORE_PATIENCE`], saying once on stderr that it waits. The flag says
+/// whether the answer came from a repeat, after a try whose fate is unknown
+/// (an unavailable store may have applied it before the connection failed).
+async fn patiently<T, F, Fut>(what: &str, mut attempt: F) -> (Result<T, StoreError>, bool)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -37,17 +41,74 @@ where
                 }
                 tokio::time::sleep(PAUSE).await;
             }
-            other => return other,
+            other => return (other, said),
         }
     }
 }
 
 /// Adds `record`, repeating it while the store is unavailable.
 pub async fn add_client(store: &dyn Store, record: &ClientRecord) -> Result<(), StoreError> {
-    patiently("adding the client", || store.add_client(record.clone())).await
+    patiently("adding the client", || store.add_client(record.clone()))
+        .await
+        .0
+}
+
+/// What [`remove_client`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The client was there and this removal took it out.
+    Removed,
+    /// No client of that name was stored, on the first try.
+    Absent,
+    /// No client of that name was stored when a repeat asked, after a try
+    /// the failing store may have carried out: the client is gone either way,
+    /// but whether it ever existed is unknown.
+    AbsentAfterRetry,
 }
 
 /// Removes client `name`, repeating it while the store is unavailable.
-pub async fn remove_client(store: &dyn Store, name: &str) -> Result<bool, StoreError> {
-    patiently("removing the client", || store.remove_client(name)).await
+pub async fn remove_client(store: &dyn Store, name: &str) -> Result<Removal, StoreError> {
+    let (result, repeated) = patiently("removing the client", || store.remove_client(name)).await;
+    result.map(|removed| match (removed, repeated) {
+        (true, _) => Removal::Removed,
+        (false, false) => Removal::Absent,
+        (false, true) => Removal::AbsentAfterRetry,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_says_that_an_earlier_try_may_have_landed() {
+        let tries = AtomicUsize::new(0);
+        let (result, repeated) = patiently("testing", || async {
+            if tries.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(StoreError::Unavailable("failing over".into()))
+            } else {
+                Ok(false)
+            }
+        })
+        .await;
+        assert!(matches!(result, Ok(false)));
+        assert!(repeated);
+        assert_eq!(tries.load(Ordering::SeqCst), 2);
+
+        let (result, repeated) =
+            patiently("testing", || async { Ok::<_, StoreError>(false) }).await;
+        assert!(matches!(result, Ok(false)));
+        assert!(!repeated);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_store_is_given_up_on_after_the_patience() {
+        let (result, repeated) = patiently("testing", || async {
+            Err::<bool, _>(StoreError::Unavailable("down".into()))
+        })
+        .await;
+        assert!(matches!(result, Err(StoreError::Unavailable(_))));
+        assert!(repeated);
+    }
 }
