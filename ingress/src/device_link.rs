@@ -312,9 +312,9 @@ async fn forward_migration(
 ) {
     match pass_on(planes, from, &message, &fds).await {
         Some(to) => {
-            planes.migration_passed(id, to);
+            planes.migration_passed(id, from, to);
             metrics.count_migrated();
         }
-        None => planes.migration_passed(id, from.generation),
+        None => planes.migration_passed(id, from, from.generation),
     }
 }

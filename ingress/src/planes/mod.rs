@@ -110,10 +110,16 @@ impl Planes {
         );
     }
 
-    /// Remembers which plane connection `id` was passed to.
-    pub fn migration_passed(&self, id: u64, to: u64) {
+    /// Remembers which plane connection `id`, sent by `from`, was passed to.
+    /// Only the record of that sending is changed: this bookkeeping runs after
+    /// the pass, and by then the receiver may have confirmed it and sent the
+    /// same connection on again (a deploy during a deploy), which is a new
+    /// record this late word must not overwrite.
+    pub fn migration_passed(&self, id: u64, from: &Arc<PlaneLink>, to: u64) {
         if let Some(migration) = lock(&self.migrations).get_mut(&id) {
-            migration.to = Some(to);
+            if std::ptr::eq(migration.from.as_ptr(), Arc::as_ptr(from)) {
+                migration.to = Some(to);
+            }
         }
     }
 
@@ -417,5 +423,44 @@ impl Planes {
                 tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blipless_protocol::channel::Hello;
+
+    fn plane(generation: u64) -> Arc<PlaneLink> {
+        let (socket, _peer) = tokio_seqpacket::UnixSeqpacket::pair().expect("socket pair");
+        let hello = Hello {
+            pid: 1,
+            software: "test".into(),
+            rejoin: Rejoin::default(),
+            accepts_many: true,
+        };
+        Arc::new(PlaneLink::new(generation, hello, socket))
+    }
+
+    /// A deploy during a deploy: A's connection reaches B, B confirms it and
+    /// sends it on to C before A's forwarding task records where it went.
+    /// That late record must not make C's record say B, or C's death would
+    /// leave B waiting for a confirmation nobody answers for.
+    #[tokio::test]
+    async fn a_late_record_of_an_earlier_pass_leaves_the_next_pass_alone() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let (a, b, c) = (plane(1), plane(2), plane(3));
+        planes.migration_sent(7, &a);
+        assert!(Arc::ptr_eq(&planes.migration_done(7).expect("from a"), &a));
+        planes.migration_sent(7, &b);
+        planes.migration_passed(7, &b, c.generation);
+        planes.migration_passed(7, &a, b.generation);
+        let orders = planes.detach(c.generation, false);
+        assert!(
+            orders.iter().any(|(to, order)| Arc::ptr_eq(to, &b)
+                && matches!(order, ToDevice::MigrateDone(7))),
+            "B is answered for C: {orders:?}"
+        );
+        assert_eq!(planes.migrations_in_flight(), 0);
     }
 }
