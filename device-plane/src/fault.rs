@@ -1,6 +1,7 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
 //! make a device plane miss its ready budget, hold back its peer set,
-//! announce another build, act older than a message or adopt slowly.
+//! announce another build, act older than a message, adopt slowly or die
+//! adopting.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -32,6 +33,21 @@ pub const OLDER_THAN_ACCEPTED_MANY: &str = "BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_M
 /// pending bytes might), so a test can have a deploy begin meanwhile.
 #[cfg(feature = "fault-injection")]
 pub const SLOW_ADOPTION: &str = "BLIPLESS_FAULT_SLOW_ADOPTION_MS";
+
+/// An adopting plane exits at once (status 70, no drain, as a crash would)
+/// on the first connection handed over to it, before confirming it, so a
+/// test can have a successor die with connections it never took.
+#[cfg(feature = "fault-injection")]
+pub const DIE_ADOPTING: &str = "BLIPLESS_FAULT_DIE_ADOPTING";
+
+/// `BLIPLESS_FAULT_DIE_ADOPTING`: exits the process, if it is set.
+pub fn die_adopting() {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os(DIE_ADOPTING).is_some() {
+        tracing::error!("fault injection: dying instead of adopting a connection");
+        std::process::exit(70);
+    }
+}
 
 /// Whether this plane reads `AcceptedMany` (says so in its Hello): yes,
 /// unless `BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY` is set.

@@ -157,6 +157,7 @@ pub async fn hello(
         software: crate::fault::software(),
         rejoin,
         accepts_many: crate::fault::reads_accepted_many(),
+        reads_not_taken: true,
     });
     let sent = send(socket, &hello).await;
     // Even if the send failed, a refusal may be waiting to be read.

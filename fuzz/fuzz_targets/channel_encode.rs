@@ -51,6 +51,7 @@ fn hello(u: &mut Unstructured<'_>) -> Result<Hello> {
         software: u.arbitrary()?,
         rejoin: *u.choose(&[Rejoin::No, Rejoin::Serving, Rejoin::Draining])?,
         accepts_many: u.arbitrary()?,
+        reads_not_taken: u.arbitrary()?,
     })
 }
 
@@ -240,7 +241,7 @@ fn exit_queues(u: &mut Unstructured<'_>) -> Result<ExitQueues> {
 }
 
 fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
-    Ok(match u.int_in_range(0..=13)? {
+    Ok(match u.int_in_range(0..=14)? {
         0 => ToDevice::Welcome(Welcome {
             generation: u.arbitrary()?,
             ingress_pid: u.arbitrary()?,
@@ -266,6 +267,7 @@ fn to_device(u: &mut Unstructured<'_>) -> Result<ToDevice<'static>> {
         9 => ToDevice::MigrateDone(u.arbitrary()?),
         10 => ToDevice::Goaway,
         11 => ToDevice::ExitQueues(exit_queues(u)?),
+        13 => ToDevice::MigrateNotTaken(u.arbitrary()?),
         _ => ToDevice::SyncClients(SyncClients {
             token: u.arbitrary()?,
             through: u.arbitrary()?,

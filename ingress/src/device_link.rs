@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::peercred;
+use crate::planes::process::PlaneProcess;
 use crate::planes::{send_frame, Frame, PlaneLink, Planes};
 use crate::wg::workers::Span;
 use crate::wg::Wireguard;
@@ -140,7 +141,8 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     .await
     .context("welcoming the device plane")?;
     let rejoin = hello.rejoin;
-    let link = Arc::new(PlaneLink::new(generation, hello, socket));
+    let process = PlaneProcess::open(credentials.pid());
+    let link = Arc::new(PlaneLink::new(generation, hello, socket, process));
     if rejoin == Rejoin::Draining {
         planes.attach_draining(link.clone());
         tracing::info!(generation, pid = link.pid, software = %link.software, "device plane attached (draining: it carries on from the previous ingress)");
@@ -160,15 +162,48 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     });
 
     let outcome = read_loop(&link, &context, &mut buffer).await;
-    let orders = planes.detach(generation, link.drained());
+    if outcome.is_ok() {
+        link.mark_read_to_end();
+    }
+    let detached = planes.detach(generation, link.drained());
     link.closed.cancel();
     match &outcome {
         Ok(()) => tracing::info!(generation, "device plane detached"),
         Err(error) => tracing::warn!(generation, "device plane disconnected: {error:#}"),
     }
-    Planes::send_orders(orders).await;
+    Planes::send_orders(detached.orders).await;
+    answer_for_gone(&link, detached.unconfirmed).await;
     outcome
 }
+
+/// Answers the senders of connections the gone plane `gone` never confirmed
+/// ([`Planes::answers_for_gone`]).
+async fn answer_for_gone(gone: &PlaneLink, unconfirmed: Vec<(Arc<PlaneLink>, u64)>) {
+    if unconfirmed.is_empty() {
+        return;
+    }
+    let never_taken = gone.never_took_unconfirmed(EXIT_WAIT).await;
+    let (generation, count) = (gone.generation, unconfirmed.len());
+    if never_taken {
+        tracing::warn!(
+            generation,
+            count,
+            "device plane gone before taking connections handed to it; their sender keeps them"
+        );
+    } else {
+        tracing::warn!(
+            generation,
+            count,
+            "device plane gone with connections handed to it unconfirmed; they are lost with it"
+        );
+    }
+    Planes::send_orders(Planes::answers_for_gone(unconfirmed, never_taken)).await;
+}
+
+/// How long a plane whose channel closed is given to be seen exited, when it
+/// left connections unconfirmed: a crashing process closes its descriptors
+/// a moment before it exits.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 async fn read_loop(
     link: &Arc<PlaneLink>,
@@ -272,14 +307,14 @@ async fn read_loop(
 
 /// Passes what a plane gives up (a migrating connection, its TUN queues) to
 /// the active plane, waiting up to [`MIGRATION_WAIT`] for one other than the
-/// sender; returns its generation. When none takes it, it goes back to the
+/// sender; returns it. When none takes it, it goes back to the
 /// sender, which then keeps it (`None`). Fds are never dropped here.
 async fn pass_on(
     planes: &Planes,
     from: &Arc<PlaneLink>,
     message: &ToDevice<'_>,
     fds: &[OwnedFd],
-) -> Option<u64> {
+) -> Option<Arc<PlaneLink>> {
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
     let deadline = tokio::time::Instant::now() + MIGRATION_WAIT;
     let wait = Wait::Until(deadline);
@@ -288,7 +323,7 @@ async fn pass_on(
     if let Some(to) =
         dispatch::to_active(planes, frame, &borrowed, Some(from.generation), wait).await
     {
-        return Some(to.generation);
+        return Some(to);
     }
     if let Err(error) = from.send(message, &borrowed).await {
         tracing::warn!(generation = from.generation, %error, "could not return {}; it is lost", message.name());
@@ -310,11 +345,17 @@ async fn forward_migration(
     fds: Vec<OwnedFd>,
     metrics: &Metrics,
 ) {
-    match pass_on(planes, from, &message, &fds).await {
+    let to = match pass_on(planes, from, &message, &fds).await {
         Some(to) => {
-            planes.migration_passed(id, from, to);
             metrics.count_migrated();
+            to
         }
-        None => planes.migration_passed(id, from, from.generation),
+        None => from.clone(),
+    };
+    // Recorded after the pass: the receiver may have gone meanwhile.
+    if let Some(id) = planes.migration_passed(id, from, &to) {
+        if !Arc::ptr_eq(&to, from) {
+            answer_for_gone(&to, vec![(from.clone(), id)]).await;
+        }
     }
 }

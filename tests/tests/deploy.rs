@@ -355,6 +355,7 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
             software: "fake".into(),
             rejoin: Rejoin::No,
             accepts_many: false,
+            reads_not_taken: false,
         });
         socket.send(&channel::encode(&hello)).await.expect("hello");
         let info = socket.recv(&mut buffer).await.expect("welcome");
@@ -468,6 +469,102 @@ fn a_tunnel_with_a_full_buffer_moves_with_every_pending_byte() {
 fn refused(address: std::net::SocketAddr) -> bool {
     std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))
         .is_err_and(|error| error.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
+/// A new plane that dies before taking the tunnels handed to it (the fault
+/// hook aborts it on the first) takes none of them: the ingress sees its
+/// channel end and its process exit, answers "not taken", and the old plane,
+/// given the node back, serves every tunnel on, byte-exact. At the next
+/// deploy they move as any other (the old plane then exits well before its
+/// 60 s grace).
+#[test]
+fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plane() {
+    use std::io::{Read, Write};
+    const TUNNELS: usize = 20;
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").expect("echo listener");
+    let echo_address = echo.local_addr().expect("address");
+    std::thread::spawn(move || {
+        for stream in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut reader, mut writer) = (&stream, &stream);
+                let _ = std::io::copy(&mut reader, &mut writer);
+            });
+        }
+    });
+    let mut node = Node::new("[drain]\ngrace = \"60s\"\n");
+    let (ingress, mut old, client) = node.start();
+    let echoes = |stream: &mut std::net::TcpStream, n: usize, round: usize| {
+        let line = format!("tunnel {n} round {round}\n");
+        stream.write_all(line.as_bytes()).expect("write");
+        let mut back = vec![0u8; line.len()];
+        stream
+            .read_exact(&mut back)
+            .unwrap_or_else(|error| panic!("tunnel {n} round {round}: {error}"));
+        assert_eq!(back, line.as_bytes(), "tunnel {n} round {round}");
+    };
+    let mut tunnels: Vec<std::net::TcpStream> = (0..TUNNELS)
+        .map(|n| {
+            let mut stream = blipless_tests::raw::connect(node.socks);
+            stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("read timeout");
+            assert_eq!(
+                blipless_tests::raw::socks5_login(&mut stream, "alice", &client.secret),
+                0
+            );
+            assert_eq!(
+                blipless_tests::raw::socks5_connect_v4(&mut stream, echo_address),
+                0
+            );
+            echoes(&mut stream, n, 0);
+            stream
+        })
+        .collect();
+    let first = node.active_generation();
+    let mut dying = node.start_device_with_env(&[("BLIPLESS_FAULT_DIE_ADOPTING", "1")]);
+    let status = dying.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the new plane dies adopting ({status:?}):\n{}",
+        dying.log_text()
+    );
+    assert!(
+        dying.log_text().contains("dying instead of adopting"),
+        "it died at the hook:\n{}",
+        dying.log_text()
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the old plane to be given the node back",
+        || node.active_generation() == first,
+    );
+    for (n, stream) in tunnels.iter_mut().enumerate() {
+        echoes(stream, n, 1);
+    }
+    assert!(
+        ingress.log_text().contains("their sender keeps them"),
+        "the ingress answered \"not taken\":\n{}",
+        ingress.log_text()
+    );
+    assert!(
+        old.wait_exit(Duration::from_millis(10)).is_none(),
+        "the old plane serves"
+    );
+    let _newest = node.start_device();
+    wait_until(
+        Duration::from_secs(30),
+        "the next plane to be active",
+        || node.active_generation().is_some_and(|g| Some(g) != first),
+    );
+    let status = old.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the old plane hands every tunnel over and exits before its grace ({status:?}):\n{}",
+        old.log_text()
+    );
+    for (n, stream) in tunnels.iter_mut().enumerate() {
+        echoes(stream, n, 2);
+    }
 }
 
 /// A deploy that begins while the last one still moves tunnels: the plane

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use tokio::net::TcpStream;
 
 use super::auth_guard::AuthGuard;
+use super::handover::Answer;
 use crate::clients::Directory;
 use crate::egress::routes::DIRECT;
 use crate::egress::{Egress, EgressError, Target};
@@ -76,8 +77,8 @@ pub struct Context {
     /// Handovers in flight at once: a tunnel keeps relaying until it holds
     /// one, so each pauses only for its own handover, not for the whole queue.
     pub(super) handover_slots: Arc<Semaphore>,
-    /// Handovers sent and not yet confirmed by the successor (MigrateDone).
-    pub(super) awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    /// Handovers sent and not yet answered (MigrateDone, MigrateNotTaken).
+    pub(super) awaiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// A SOCKS5 UDP association with no datagram for this long is closed
     /// (`with_udp_idle_timeout`; 2 minutes by default).
     pub udp_idle_timeout: Duration,

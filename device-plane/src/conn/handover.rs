@@ -1,7 +1,8 @@
 //! Handing connections over between device planes, both sides: the draining
 //! plane sends each established tunnel or idle HTTP connection to its
 //! successor through the ingress (`Migrate`, paced by a few slots, each held
-//! until the successor confirms with `MigrateDone`), and the successor adopts
+//! until the successor confirms with `MigrateDone`, or the ingress answers
+//! `MigrateNotTaken` for a successor that died first), and the successor adopts
 //! what arrives and serves it on, byte-exact (docs/ARCHITECTURE.md,
 //! "Handing connections over"). A SOCKS5 UDP association moves the same way,
 //! its three sockets together ([`udp_associate`]).
@@ -31,28 +32,70 @@ const CHANNEL_WAIT: Duration = Duration::from_secs(10);
 /// Handovers sent at once.
 pub(super) const HANDOVER_SLOTS: usize = 32;
 
+/// The ingress's answer for a connection handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The successor took it over (`MigrateDone`): let it go.
+    Taken,
+    /// The successor died without taking it (`MigrateNotTaken`): serve it on.
+    NotTaken,
+}
+
+/// Why [`Context::hand_over`] did not hand a connection over; either way the
+/// caller still holds it, and the state it sent comes back to serve it on.
+#[derive(Debug)]
+pub enum NotHandedOver {
+    /// It could not be sent (no channel, no pipe, a failed send): keep it
+    /// here for good, as a connection that came back is kept.
+    Kept(Migrate),
+    /// It was sent and the successor died before taking it: serve it on,
+    /// and hand it over at the next deploy.
+    NotTaken(Migrate),
+}
+
+impl NotHandedOver {
+    /// The state the handover carried.
+    pub fn into_migrate(self) -> Migrate {
+        match self {
+            NotHandedOver::Kept(migrate) | NotHandedOver::NotTaken(migrate) => migrate,
+        }
+    }
+
+    /// Whether the connection may be handed over again later.
+    pub fn may_hand_over_again(&self) -> bool {
+        matches!(self, NotHandedOver::NotTaken(_))
+    }
+}
+
 impl Context {
     pub(super) fn awaiting_map(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<()>>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Answer>>> {
         self.awaiting
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The successor confirmed connection `id` (MigrateDone from the ingress).
-    pub fn handover_confirmed(&self, id: u64) {
+    /// The ingress answered for connection `id`: the successor confirmed it
+    /// (MigrateDone), or died without taking it (MigrateNotTaken).
+    pub fn handover_answered(&self, id: u64, answer: Answer) {
         if let Some(done) = self.awaiting_map().remove(&id) {
-            let _ = done.send(());
+            let _ = done.send(answer);
         }
     }
 
     /// Tells the ingress the connection came through (`via`) that this
     /// plane took over connection `id`: that ingress knows where it came
-    /// from, even when it has handed off to a successor since.
-    pub async fn confirm_adoption(&self, via: &UnixSeqpacket, id: u64) {
-        if let Err(error) = blipless_link::send(via, &ToIngress::MigrateDone(id), &[]).await {
-            tracing::debug!(id, %error, "could not confirm an adopted connection");
+    /// from, even when it has handed off to a successor since. False if it
+    /// could not be told: then the plane must not touch the connection, whose
+    /// sender may be told it was not taken and serve it on.
+    pub async fn confirm_adoption(&self, via: &UnixSeqpacket, id: u64) -> bool {
+        match blipless_link::send(via, &ToIngress::MigrateDone(id), &[]).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(id, %error, "could not confirm an adopted connection; leaving it to its sender");
+                false
+            }
         }
     }
 
@@ -83,13 +126,15 @@ impl Context {
 
     /// Sends one connection to the successor through the ingress and waits
     /// for its confirmation (the ingress answers for a successor that goes
-    /// away). Gives the state back when it could not be sent: the caller
-    /// keeps serving it.
+    /// away). Gives the state back when it could not be sent, or the
+    /// successor died without taking it: the caller keeps serving it. The
+    /// caller's `fds` stay open until this returns, so a connection not
+    /// taken is whole here still.
     pub async fn hand_over(
         &self,
         mut migrate: Migrate,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(), Migrate> {
+    ) -> Result<(), NotHandedOver> {
         // Between an ingress's Goaway and the attachment to its successor
         // there is no channel for a moment: wait for it rather than keep the
         // connection here.
@@ -100,7 +145,7 @@ impl Context {
             channel = self.channel();
         }
         let Some(channel) = channel else {
-            return Err(migrate);
+            return Err(NotHandedOver::Kept(migrate));
         };
         let id = migrate.connection_id;
         // A run too long for the frame travels in a pipe (the frame then
@@ -124,7 +169,7 @@ impl Context {
         }
         if let Some(error) = no_pipe {
             tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
-            return Err(unpiped(migrate));
+            return Err(NotHandedOver::Kept(unpiped(migrate)));
         }
         if !pipes.is_empty() {
             tracing::debug!(
@@ -146,7 +191,7 @@ impl Context {
         {
             self.awaiting_map().remove(&id);
             tracing::warn!(id, %error, "handover failed; keeping the connection here");
-            return Err(unpiped(migrate));
+            return Err(NotHandedOver::Kept(unpiped(migrate)));
         }
         self.migrated.fetch_add(1, Ordering::Relaxed);
         // Hold the caller's slot until the successor has the connection
@@ -154,14 +199,24 @@ impl Context {
         // frozen. The wait ends early only at the drain grace or when the
         // channel is lost (which drops every waiting confirmation).
         let cut = self.cut_token();
-        tokio::select! {
-            _ = confirmed => {}
-            () = cut.cancelled() => {}
+        let answer = tokio::select! {
+            // A dropped sender (the channel was lost) is no answer: going on.
+            answer = confirmed => answer.unwrap_or(Answer::Taken),
+            () = cut.cancelled() => Answer::Taken,
             () = tokio::time::sleep(CONFIRM_WAIT) => {
                 tracing::warn!(id, "no confirmation from the successor; going on");
+                Answer::Taken
             }
-        }
+        };
         self.awaiting_map().remove(&id);
+        if answer == Answer::NotTaken {
+            self.migrated.fetch_sub(1, Ordering::Relaxed);
+            tracing::info!(
+                id,
+                "the successor died before taking the connection; serving it on"
+            );
+            return Err(NotHandedOver::NotTaken(unpiped(migrate)));
+        }
         tracing::debug!(id, "connection handed over");
         Ok(())
     }
@@ -190,9 +245,15 @@ pub async fn adopt(
     // predecessor may be handing over already, to a newer plane whose
     // deploy began meanwhile, and what it adopts then must move on.)
     let bounced = context.awaiting_map().contains_key(&id);
-    // The fds are ours now, whatever happens below: the predecessor may
+    crate::fault::die_adopting();
+    // Nothing here touches the connection before the confirmation is sent:
+    // a plane that dies before sending it took nothing, which is what lets
+    // the ingress tell its sender to serve it on (`MigrateNotTaken`). Once
+    // sent, the fds are ours, whatever happens below: the predecessor may
     // send the next connection.
-    context.confirm_adoption(&via, id).await;
+    if !context.confirm_adoption(&via, id).await {
+        return;
+    }
     crate::fault::slow_adoption().await;
     // Pipes come last: down after up.
     for (piped, pending) in [

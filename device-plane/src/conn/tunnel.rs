@@ -57,7 +57,8 @@ impl Tunnel {
 }
 
 /// Runs `tunnel` to its end, or until it has been handed over (only if
-/// `may_hand_over`: a tunnel that came back from a failed handover stays).
+/// `may_hand_over`: a tunnel that came back from a failed handover stays;
+/// one its successor died before taking may go at the next deploy).
 /// `counted`: the count its admission took ([`super::caps::Caps::check_tunnel`]);
 /// None for an adopted tunnel, counted here.
 pub async fn run(
@@ -160,8 +161,9 @@ pub async fn run(
         {
             // Our copies close here; the successor holds the sockets now.
             Ok(()) => return,
-            Err(migrate) => {
-                may_hand_over = false;
+            Err(not_handed) => {
+                may_hand_over = not_handed.may_hand_over_again();
+                let migrate = not_handed.into_migrate();
                 tunnel = Tunnel {
                     client: client_socket,
                     egress,

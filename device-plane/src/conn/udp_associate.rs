@@ -277,7 +277,7 @@ pub async fn run(
         match handed {
             // Our copies close here; the successor holds the sockets now.
             Ok(()) => return,
-            Err(_) => may_hand_over = false,
+            Err(not_handed) => may_hand_over = not_handed.may_hand_over_again(),
         }
     }
 }

@@ -20,6 +20,7 @@ use super::session::{Action, Draining, Event, Session, SessionEnd};
 use super::Warm;
 use crate::background;
 use crate::conn::auth_guard::AuthCounts;
+use crate::conn::handover::Answer;
 use crate::conn::{self, take_connection, take_connections, Context, Mode};
 use crate::fault;
 use crate::link::{self, Incoming};
@@ -104,7 +105,11 @@ pub(super) async fn serve(
                         continue;
                     }
                     ToDevice::MigrateDone(id) => {
-                        context.handover_confirmed(id);
+                        context.handover_answered(id, Answer::Taken);
+                        continue;
+                    }
+                    ToDevice::MigrateNotTaken(id) => {
+                        context.handover_answered(id, Answer::NotTaken);
                         continue;
                     }
                     ToDevice::Migrate(migrate) => {
@@ -317,7 +322,8 @@ pub(super) async fn linger(
                         fds,
                     ));
                 }
-                ToDevice::MigrateDone(id) => context.handover_confirmed(id),
+                ToDevice::MigrateDone(id) => context.handover_answered(id, Answer::Taken),
+                ToDevice::MigrateNotTaken(id) => context.handover_answered(id, Answer::NotTaken),
                 ToDevice::TunQueues(_) => packets.adopt(fds),
                 ToDevice::ExitQueues(exit) => packets.adopt_exit(&exit, fds),
                 // The old ingress took everything back and this plane attached

@@ -156,6 +156,7 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
             software: blipless_config::build::VERSION.to_string(),
             rejoin: Rejoin::No,
             accepts_many: false,
+            reads_not_taken: false,
         }),
         &[],
     )

@@ -73,6 +73,7 @@ pub struct PlaneLink {
     report: Mutex<DeviceReport>,
     leaving: std::sync::atomic::AtomicBool,
     drained: std::sync::atomic::AtomicBool,
+    read_to_end: std::sync::atomic::AtomicBool,
     /// When it said Hello.
     pub attached_at: Instant,
     /// What it was at this ingress's predecessor (from its Hello).
@@ -80,6 +81,10 @@ pub struct PlaneLink {
     /// It reads `AcceptedMany` (from its Hello): a burst of connections may
     /// travel to it in one frame.
     pub accepts_many: bool,
+    /// It reads `MigrateNotTaken` (from its Hello).
+    pub reads_not_taken: bool,
+    /// Its process, to tell whether it is gone once its channel is.
+    pub process: super::process::PlaneProcess,
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
 }
@@ -93,8 +98,14 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl PlaneLink {
-    /// A link over an accepted channel socket whose Hello has been read.
-    pub fn new(generation: u64, hello: Hello, socket: UnixSeqpacket) -> Self {
+    /// A link over an accepted channel socket whose Hello has been read,
+    /// to the plane whose process is `process`.
+    pub fn new(
+        generation: u64,
+        hello: Hello,
+        socket: UnixSeqpacket,
+        process: super::process::PlaneProcess,
+    ) -> Self {
         Self {
             generation,
             pid: hello.pid,
@@ -106,9 +117,12 @@ impl PlaneLink {
             report: Mutex::new(DeviceReport::default()),
             leaving: std::sync::atomic::AtomicBool::new(false),
             drained: std::sync::atomic::AtomicBool::new(false),
+            read_to_end: std::sync::atomic::AtomicBool::new(false),
             attached_at: Instant::now(),
             rejoin: hello.rejoin,
             accepts_many: hello.accepts_many,
+            reads_not_taken: hello.reads_not_taken,
+            process,
             closed: CancellationToken::new(),
         }
     }
@@ -141,6 +155,19 @@ impl PlaneLink {
     /// True once the plane said Drained.
     pub fn drained(&self) -> bool {
         self.drained.load(Ordering::SeqCst)
+    }
+
+    /// Records that every frame the plane sent was read: its channel
+    /// reached its end, not an error.
+    pub fn mark_read_to_end(&self) {
+        self.read_to_end.store(true, Ordering::SeqCst);
+    }
+
+    /// The plane is gone and provably took none of the connections it did
+    /// not confirm: its channel was read to the end (no confirmation left
+    /// unread) and its process exited within `wait` (nothing holds them).
+    pub async fn never_took_unconfirmed(&self, wait: std::time::Duration) -> bool {
+        self.read_to_end.load(Ordering::SeqCst) && self.process.exited_within(wait).await
     }
 
     pub(super) fn mark_leaving(&self) {

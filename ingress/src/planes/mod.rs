@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::metrics::Metrics;
 
 mod link;
+pub mod process;
 
 use link::lock;
 pub use link::{send_frame, Frame, PlaneLink, PlaneState};
@@ -66,6 +67,17 @@ struct Migration {
 /// A message the caller must send to a plane after a state change.
 pub type Order = (Arc<PlaneLink>, ToDevice<'static>);
 
+/// What [`Planes::detach`] leaves its caller to do.
+#[derive(Debug, Default)]
+pub struct Detached {
+    /// Orders to send at once (the Activate of a plane given the node back).
+    pub orders: Vec<Order>,
+    /// Connections passed to the gone plane that it never confirmed, each
+    /// with the plane that sent it and still waits: answer them with
+    /// [`Planes::answers_for_gone`].
+    pub unconfirmed: Vec<(Arc<PlaneLink>, u64)>,
+}
+
 fn drain(handover: bool) -> ToDevice<'static> {
     ToDevice::Drain(DrainOrder { handover })
 }
@@ -115,12 +127,28 @@ impl Planes {
     /// the pass, and by then the receiver may have confirmed it and sent the
     /// same connection on again (a deploy during a deploy), which is a new
     /// record this late word must not overwrite.
-    pub fn migration_passed(&self, id: u64, from: &Arc<PlaneLink>, to: u64) {
-        if let Some(migration) = lock(&self.migrations).get_mut(&id) {
-            if std::ptr::eq(migration.from.as_ptr(), Arc::as_ptr(from)) {
-                migration.to = Some(to);
-            }
+    ///
+    /// Returns the id if `to` is detached already: [`Planes::detach`] took it
+    /// out of the attached before it answered for its connections, so it
+    /// answered without this one, and the caller must
+    /// ([`Planes::answers_for_gone`]).
+    pub fn migration_passed(
+        &self,
+        id: u64,
+        from: &Arc<PlaneLink>,
+        to: &Arc<PlaneLink>,
+    ) -> Option<u64> {
+        let mut migrations = lock(&self.migrations);
+        let migration = migrations.get_mut(&id)?;
+        if !std::ptr::eq(migration.from.as_ptr(), Arc::as_ptr(from)) {
+            return None;
         }
+        if lock(&self.attached).iter().any(|p| Arc::ptr_eq(p, to)) {
+            migration.to = Some(to.generation);
+            return None;
+        }
+        migrations.remove(&id);
+        Some(id)
     }
 
     /// How many connections passed between planes await their confirmation.
@@ -282,11 +310,14 @@ impl Planes {
     /// was active, the newest draining plane that may come back is
     /// re-activated (a new plane that died after its activation gives the
     /// node back to the old one).
-    pub fn detach(&self, generation: u64, drained: bool) -> Vec<Order> {
+    pub fn detach(&self, generation: u64, drained: bool) -> Detached {
+        // First out of the attached, so that a pass recorded after the
+        // answers below finds it gone (`migration_passed`).
+        let orders = self.detach_plane(generation, drained);
         // Confirmations can no longer reach a plane that is gone, nor come
-        // from one: answer for the gone successor so its predecessor stops
-        // waiting (the connections it held are lost with it).
-        let mut orders = Vec::new();
+        // from one: the gone successor's unconfirmed connections are
+        // answered for, so their predecessor stops waiting.
+        let mut unconfirmed = Vec::new();
         lock(&self.migrations).retain(|id, migration| {
             let Some(from) = migration.from.upgrade() else {
                 return false;
@@ -295,11 +326,44 @@ impl Planes {
                 return false;
             }
             if migration.to == Some(generation) {
-                orders.push((from, ToDevice::MigrateDone(*id)));
+                unconfirmed.push((from, *id));
                 return false;
             }
             true
         });
+        Detached {
+            orders,
+            unconfirmed,
+        }
+    }
+
+    /// The answers for connections a gone plane never confirmed
+    /// ([`Detached::unconfirmed`]). `never_taken`: every frame it sent was
+    /// read and its process has exited, so it took none of them (it
+    /// confirms each before touching it) and each sender still holds its
+    /// copy: a sender that reads `MigrateNotTaken` serves it on. Otherwise,
+    /// or to an older sender, `MigrateDone`: the sender lets its copy go.
+    pub fn answers_for_gone(
+        unconfirmed: Vec<(Arc<PlaneLink>, u64)>,
+        never_taken: bool,
+    ) -> Vec<Order> {
+        unconfirmed
+            .into_iter()
+            .map(|(from, id)| {
+                let answer = if never_taken && from.reads_not_taken {
+                    ToDevice::MigrateNotTaken(id)
+                } else {
+                    ToDevice::MigrateDone(id)
+                };
+                (from, answer)
+            })
+            .collect()
+    }
+
+    /// [`Planes::detach`] for the plane's state: removed from the attached,
+    /// and the node given back to an older plane if it was active.
+    fn detach_plane(&self, generation: u64, drained: bool) -> Vec<Order> {
+        let mut orders = Vec::new();
         let mut attached = lock(&self.attached);
         attached.retain(|p| p.generation != generation);
         let was_active = self
@@ -340,7 +404,7 @@ impl Planes {
                 "active device plane gone; activating the next"
             );
             next.set_state(PlaneState::Active);
-            orders.insert(0, (next.clone(), ToDevice::Activate));
+            orders.push((next.clone(), ToDevice::Activate));
         }
         self.active.send_replace(successor.clone());
         drop(attached);
@@ -431,15 +495,23 @@ mod tests {
     use super::*;
     use blipless_protocol::channel::Hello;
 
-    fn plane(generation: u64) -> Arc<PlaneLink> {
+    fn plane(planes: &Planes, generation: u64) -> Arc<PlaneLink> {
         let (socket, _peer) = tokio_seqpacket::UnixSeqpacket::pair().expect("socket pair");
         let hello = Hello {
             pid: 1,
             software: "test".into(),
             rejoin: Rejoin::default(),
             accepts_many: true,
+            reads_not_taken: true,
         };
-        Arc::new(PlaneLink::new(generation, hello, socket))
+        let link = Arc::new(PlaneLink::new(
+            generation,
+            hello,
+            socket,
+            process::PlaneProcess::unknown(),
+        ));
+        planes.attach(link.clone());
+        link
     }
 
     /// A deploy during a deploy: A's connection reaches B, B confirms it and
@@ -449,18 +521,42 @@ mod tests {
     #[tokio::test]
     async fn a_late_record_of_an_earlier_pass_leaves_the_next_pass_alone() {
         let planes = Planes::new(Arc::new(Metrics::default()));
-        let (a, b, c) = (plane(1), plane(2), plane(3));
+        let (a, b, c) = (plane(&planes, 1), plane(&planes, 2), plane(&planes, 3));
         planes.migration_sent(7, &a);
         assert!(Arc::ptr_eq(&planes.migration_done(7).expect("from a"), &a));
         planes.migration_sent(7, &b);
-        planes.migration_passed(7, &b, c.generation);
-        planes.migration_passed(7, &a, b.generation);
-        let orders = planes.detach(c.generation, false);
+        assert_eq!(planes.migration_passed(7, &b, &c), None);
+        assert_eq!(planes.migration_passed(7, &a, &b), None);
+        let detached = planes.detach(c.generation, false);
         assert!(
-            orders.iter().any(|(to, order)| Arc::ptr_eq(to, &b)
-                && matches!(order, ToDevice::MigrateDone(7))),
-            "B is answered for C: {orders:?}"
+            matches!(&detached.unconfirmed[..], [(to, 7)] if Arc::ptr_eq(to, &b)),
+            "B is answered for C: {:?}",
+            detached.unconfirmed
         );
         assert_eq!(planes.migrations_in_flight(), 0);
+    }
+
+    /// A pass recorded after its receiver was detached is handed back to the
+    /// caller to answer: detach answered for the receiver without it.
+    #[tokio::test]
+    async fn a_pass_recorded_after_its_receiver_went_is_answered_by_the_caller() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let (a, c) = (plane(&planes, 1), plane(&planes, 2));
+        planes.migration_sent(9, &a);
+        let detached = planes.detach(c.generation, false);
+        assert!(detached.unconfirmed.is_empty());
+        assert_eq!(planes.migration_passed(9, &a, &c), Some(9));
+        assert_eq!(planes.migrations_in_flight(), 0);
+    }
+
+    /// "Not taken" only with proof and only to a sender that reads it.
+    #[tokio::test]
+    async fn not_taken_is_said_only_with_proof_to_a_plane_that_reads_it() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let a = plane(&planes, 1);
+        let answers = Planes::answers_for_gone(vec![(a.clone(), 4)], true);
+        assert!(matches!(answers[..], [(_, ToDevice::MigrateNotTaken(4))]));
+        let answers = Planes::answers_for_gone(vec![(a, 4)], false);
+        assert!(matches!(answers[..], [(_, ToDevice::MigrateDone(4))]));
     }
 }

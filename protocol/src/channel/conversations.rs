@@ -71,6 +71,11 @@ pub enum ToDevice<'a> {
     Migrate(Migrate),
     /// The successor took over connection `.0`: only now let the next go.
     MigrateDone(u64),
+    /// The successor died without taking connection `.0` (it never
+    /// confirmed it, and its process is gone): the plane that sent it still
+    /// holds it and serves it on. Sent only to a plane that said
+    /// `reads_not_taken` in its [`Hello`].
+    MigrateNotTaken(u64),
     /// This ingress is handing off: attach to its successor.
     Goaway,
     /// Apply the client change feed through a position, then say [`Synced`].
@@ -157,6 +162,7 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Drain(_) => T_DRAIN,
             ToDevice::Migrate(_) => T_MIGRATE,
             ToDevice::MigrateDone(_) => T_MIGRATE_DONE,
+            ToDevice::MigrateNotTaken(_) => T_MIGRATE_NOT_TAKEN,
             ToDevice::Goaway => T_GOAWAY,
             ToDevice::SyncClients(_) => T_SYNC_CLIENTS,
             ToDevice::ExitQueues(_) => T_EXIT_QUEUES,
@@ -192,7 +198,9 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             ToDevice::Endpoints(part) => endpoints::encode(part, out),
             ToDevice::Drain(order) => out.push(u8::from(order.handover)),
             ToDevice::Migrate(body) => migrate::encode(body, out),
-            ToDevice::MigrateDone(id) => out.extend_from_slice(&id.to_be_bytes()),
+            ToDevice::MigrateDone(id) | ToDevice::MigrateNotTaken(id) => {
+                out.extend_from_slice(&id.to_be_bytes());
+            }
             ToDevice::SyncClients(s) => sync::encode(s.token, s.through, out),
             ToDevice::ExitQueues(exit) => exits::encode(exit, out),
             ToDevice::Activate | ToDevice::Goaway => {}
@@ -215,6 +223,9 @@ impl<'a> Conversation<'a> for ToDevice<'a> {
             T_DRAIN => ToDevice::Drain(drain(payload)?),
             T_MIGRATE => ToDevice::Migrate(migrate::decode(payload)?),
             T_MIGRATE_DONE => ToDevice::MigrateDone(migrate_done(payload)?),
+            T_MIGRATE_NOT_TAKEN => {
+                ToDevice::MigrateNotTaken(migrate_id("MigrateNotTaken", payload)?)
+            }
             T_GOAWAY => {
                 empty(message_type, payload)?;
                 ToDevice::Goaway

@@ -45,6 +45,12 @@ pub struct Hello {
     /// ingresses.
     #[serde(default)]
     pub accepts_many: bool,
+    /// The plane reads `MigrateNotTaken`: when the successor it handed
+    /// connections to died before taking some, it serves those on. Absent
+    /// (an older plane): false, and the ingress answers `MigrateDone` for
+    /// them, as before. Always false between ingresses.
+    #[serde(default)]
+    pub reads_not_taken: bool,
 }
 
 /// Payload of [`Welcome`].
@@ -330,6 +336,7 @@ pub(crate) const T_EXIT_QUEUES: u8 = 22;
 pub(crate) const T_HANDOFF_PROGRESS: u8 = 23;
 pub(crate) const T_ACCEPTED_MANY: u8 = 24;
 pub(crate) const T_HANDOFF_STOPPING: u8 = 25;
+pub(crate) const T_MIGRATE_NOT_TAKEN: u8 = 26;
 
 /// Most connections one [`AcceptedMany`](super::ToDevice::AcceptedMany)
 /// carries: their fds fit the channel's ancillary buffer with room to spare,
@@ -364,6 +371,7 @@ pub(crate) fn type_name(byte: u8) -> Option<&'static str> {
         T_HANDOFF_PROGRESS => "HandoffProgress",
         T_ACCEPTED_MANY => "AcceptedMany",
         T_HANDOFF_STOPPING => "HandoffStopping",
+        T_MIGRATE_NOT_TAKEN => "MigrateNotTaken",
         _ => return None,
     })
 }
@@ -490,11 +498,15 @@ pub(crate) fn drain(payload: &[u8]) -> Result<DrainOrder, DecodeError> {
 }
 
 pub(crate) fn migrate_done(payload: &[u8]) -> Result<u64, DecodeError> {
-    const NAME: &str = "MigrateDone";
+    migrate_id("MigrateDone", payload)
+}
+
+/// The payload of a message that is one connection id.
+pub(crate) fn migrate_id(name: &'static str, payload: &[u8]) -> Result<u64, DecodeError> {
     let mut reader = Reader::new(payload);
-    let id = reader.u64().map_err(truncated(NAME))?;
+    let id = reader.u64().map_err(truncated(name))?;
     if !reader.is_empty() {
-        return Err(malformed(NAME, "trailing bytes"));
+        return Err(malformed(name, "trailing bytes"));
     }
     Ok(id)
 }

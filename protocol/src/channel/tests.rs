@@ -135,6 +135,7 @@ fn hello() -> Hello {
         software: "0.1.0".into(),
         rejoin: Rejoin::No,
         accepts_many: true,
+        reads_not_taken: true,
     }
 }
 
@@ -197,6 +198,7 @@ fn to_device_samples() -> Vec<ToDevice<'static>> {
         ToDevice::Drain(DrainOrder { handover: true }),
         ToDevice::Drain(DrainOrder { handover: false }),
         ToDevice::MigrateDone(77),
+        ToDevice::MigrateNotTaken(u64::MAX),
         ToDevice::Goaway,
         ToDevice::SyncClients(SyncClients {
             token: 3,
@@ -290,6 +292,7 @@ fn handoff_samples() -> Vec<Handoff> {
             software: "0.1.0".into(),
             rejoin: Rejoin::No,
             accepts_many: false,
+            reads_not_taken: false,
         }),
         Handoff::Refused(Refused {
             reason: "two generations at most".into(),

@@ -39,6 +39,7 @@ use tokio::net::TcpStream;
 
 use crate::clients::Client;
 use crate::conn::auth_guard::{Failure, Protocol, Verdict};
+use crate::conn::handover::NotHandedOver;
 use crate::conn::tunnel::Tunnel;
 use crate::conn::{Context, Mode};
 use crate::egress::EgressError;
@@ -337,6 +338,7 @@ async fn serve_until_handover(
             return Some((stream, adopted));
         };
         let name = identity.name().unwrap_or_default();
+        let unbilled_up = (pending.len() - billed) as u64;
         let migrate = Migrate {
             kind: MigrateKind::HttpIdle,
             connection_id: id,
@@ -352,8 +354,21 @@ async fn serve_until_handover(
             bytes_down: 0,
             udp: None,
         };
-        if context.hand_over(migrate, &[stream.as_fd()]).await.is_ok() {
-            return None;
+        match context.hand_over(migrate, &[stream.as_fd()]).await {
+            Ok(()) => return None,
+            // Its successor died before taking it: served here again, and
+            // handed over at the next deploy.
+            Err(NotHandedOver::NotTaken(migrate)) => {
+                let adopted = Adopted {
+                    prefix: migrate.up.pending,
+                    unbilled_up,
+                    client: identity.current(),
+                    may_hand_over: true,
+                    source,
+                };
+                return Some((stream, adopted));
+            }
+            Err(NotHandedOver::Kept(_)) => {}
         }
     }
     let _ = stream.shutdown().await;
