@@ -172,16 +172,23 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
         Err(error) => tracing::warn!(generation, "device plane disconnected: {error:#}"),
     }
     Planes::send_orders(detached.orders).await;
-    answer_for_gone(&link, detached.unconfirmed).await;
+    link.detach_orders_sent.cancel();
+    answer_for_gone(&planes, &link, detached.unconfirmed).await;
     outcome
 }
 
 /// Answers the senders of connections the gone plane `gone` never confirmed
-/// ([`Planes::answers_for_gone`]).
-async fn answer_for_gone(gone: &PlaneLink, unconfirmed: Vec<(Arc<PlaneLink>, u64)>) {
+/// ([`Planes::answers_for_gone`]), after the orders its detach gave: a
+/// sender given the node back serves again before it hears "not taken".
+async fn answer_for_gone(
+    planes: &Planes,
+    gone: &PlaneLink,
+    unconfirmed: Vec<(Arc<PlaneLink>, u64)>,
+) {
     if unconfirmed.is_empty() {
         return;
     }
+    gone.detach_orders_sent.cancelled().await;
     let never_taken = gone.never_took_unconfirmed(EXIT_WAIT).await;
     let (generation, count) = (gone.generation, unconfirmed.len());
     if never_taken {
@@ -198,6 +205,7 @@ async fn answer_for_gone(gone: &PlaneLink, unconfirmed: Vec<(Arc<PlaneLink>, u64
         );
     }
     Planes::send_orders(Planes::answers_for_gone(unconfirmed, never_taken)).await;
+    planes.answered(count);
 }
 
 /// How long a plane whose channel closed is given to be seen exited, when it
@@ -354,8 +362,10 @@ async fn forward_migration(
     };
     // Recorded after the pass: the receiver may have gone meanwhile.
     if let Some(id) = planes.migration_passed(id, from, &to) {
-        if !Arc::ptr_eq(&to, from) {
-            answer_for_gone(&to, vec![(from.clone(), id)]).await;
+        if Arc::ptr_eq(&to, from) {
+            planes.answered(1);
+        } else {
+            answer_for_gone(planes, &to, vec![(from.clone(), id)]).await;
         }
     }
 }

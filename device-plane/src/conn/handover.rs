@@ -46,10 +46,10 @@ pub enum Answer {
 #[derive(Debug)]
 pub enum NotHandedOver {
     /// It could not be sent (no channel, no pipe, a failed send): keep it
-    /// here for good, as a connection that came back is kept.
+    /// through this handover, as a connection that came back is kept.
     Kept(Migrate),
-    /// It was sent and the successor died before taking it: serve it on,
-    /// and hand it over at the next deploy.
+    /// It was sent and the successor died before taking it: serve it on;
+    /// it may go again at once (the plane normally serves again by now).
     NotTaken(Migrate),
 }
 
@@ -61,7 +61,8 @@ impl NotHandedOver {
         }
     }
 
-    /// Whether the connection may be handed over again later.
+    /// Whether the connection may go again in the current handover
+    /// ([`Context::handover_slot_when`]).
     pub fn may_hand_over_again(&self) -> bool {
         matches!(self, NotHandedOver::NotTaken(_))
     }
@@ -86,16 +87,13 @@ impl Context {
 
     /// Tells the ingress the connection came through (`via`) that this
     /// plane took over connection `id`: that ingress knows where it came
-    /// from, even when it has handed off to a successor since. False if it
-    /// could not be told: then the plane must not touch the connection, whose
-    /// sender may be told it was not taken and serve it on.
-    pub async fn confirm_adoption(&self, via: &UnixSeqpacket, id: u64) -> bool {
-        match blipless_link::send(via, &ToIngress::MigrateDone(id), &[]).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(id, %error, "could not confirm an adopted connection; leaving it to its sender");
-                false
-            }
+    /// from, even when it has handed off to a successor since. A send that
+    /// fails means that ingress's end is closed: it can no longer tell the
+    /// sender anything, and the sender lets its copies go when it loses the
+    /// channel (or on its 30 s wait), so the connection is served here.
+    pub async fn confirm_adoption(&self, via: &UnixSeqpacket, id: u64) {
+        if let Err(error) = blipless_link::send(via, &ToIngress::MigrateDone(id), &[]).await {
+            tracing::debug!(id, %error, "could not confirm an adopted connection");
         }
     }
 
@@ -121,6 +119,26 @@ impl Context {
                     return slot;
                 }
             }
+        }
+    }
+
+    /// [`Context::handover_slot`] for a connection that may go in this
+    /// handover (`now`), or only in one that begins after the plane serves
+    /// again: one that could not go in this one, or came back from it. A
+    /// plane given the node back after its successor died thus moves it at
+    /// the next deploy instead of keeping it to that deploy's grace, and a
+    /// plane still handing over never sends it round again.
+    pub fn handover_slot_when(
+        &self,
+        now: bool,
+    ) -> impl std::future::Future<Output = OwnedSemaphorePermit> + Send + 'static {
+        let mut mode = self.mode.subscribe();
+        let slot = self.handover_slot();
+        async move {
+            if !now && mode.wait_for(|m| *m == Mode::Serving).await.is_err() {
+                return std::future::pending().await;
+            }
+            slot.await
         }
     }
 
@@ -251,9 +269,7 @@ pub async fn adopt(
     // the ingress tell its sender to serve it on (`MigrateNotTaken`). Once
     // sent, the fds are ours, whatever happens below: the predecessor may
     // send the next connection.
-    if !context.confirm_adoption(&via, id).await {
-        return;
-    }
+    context.confirm_adoption(&via, id).await;
     crate::fault::slow_adoption().await;
     // Pipes come last: down after up.
     for (piped, pending) in [

@@ -56,9 +56,10 @@ impl Tunnel {
     }
 }
 
-/// Runs `tunnel` to its end, or until it has been handed over (only if
-/// `may_hand_over`: a tunnel that came back from a failed handover stays;
-/// one its successor died before taking may go at the next deploy).
+/// Runs `tunnel` to its end, or until it has been handed over: in this
+/// handover if `may_hand_over`, else (it came back from one, or could not
+/// be sent) only in one after the plane serves again
+/// ([`Context::handover_slot_when`]).
 /// `counted`: the count its admission took ([`super::caps::Caps::check_tunnel`]);
 /// None for an adopted tunnel, counted here.
 pub async fn run(
@@ -74,14 +75,7 @@ pub async fn run(
     // Counted while it runs here (also when adopted: it exists already).
     let _counted = counted.unwrap_or_else(|| super::caps::TunnelCount::new(client.meter.clone()));
     loop {
-        let handover = context.handover_slot();
-        let handover = async move {
-            if may_hand_over {
-                handover.await
-            } else {
-                std::future::pending().await
-            }
-        };
+        let handover = context.handover_slot_when(may_hand_over);
         let cut = context.cut_token();
         // Orphans fail fast: a tunnel through an upstream closes when that
         // upstream goes down (docs/EGRESS.md, "Failover").

@@ -219,8 +219,9 @@ enum End {
     Handover(tokio::sync::OwnedSemaphorePermit),
 }
 
-/// Relays `association` until it ends or is handed to the successor (only
-/// if `may_hand_over`). `counted`: the count its admission took; None for
+/// Relays `association` until it ends or is handed to the successor (in
+/// this handover only if `may_hand_over`, [`Context::handover_slot_when`]).
+/// `counted`: the count its admission took; None for
 /// an adopted association, counted here.
 pub async fn run(
     context: Arc<Context>,
@@ -297,14 +298,7 @@ struct Relay<'a> {
 impl Relay<'_> {
     async fn relay(&mut self, association: &mut Association, may_hand_over: bool) -> End {
         let context = self.context;
-        let handover = context.handover_slot();
-        let handover = async move {
-            if may_hand_over {
-                handover.await
-            } else {
-                std::future::pending().await
-            }
-        };
+        let handover = context.handover_slot_when(may_hand_over);
         tokio::pin!(handover);
         let cut = context.cut_token();
         let over_quota = self.client.limiter.over_quota_token();

@@ -87,6 +87,11 @@ pub struct PlaneLink {
     pub process: super::process::PlaneProcess,
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
+    /// Cancelled once the orders its detach gave (the Activate of the plane
+    /// given the node back) are sent: answers for its unconfirmed
+    /// connections wait for it, so that they reach a sender after its
+    /// Activate, never before.
+    pub detach_orders_sent: CancellationToken,
 }
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it:
@@ -124,6 +129,7 @@ impl PlaneLink {
             reads_not_taken: hello.reads_not_taken,
             process,
             closed: CancellationToken::new(),
+            detach_orders_sent: CancellationToken::new(),
         }
     }
 

@@ -53,6 +53,10 @@ pub struct Planes {
     /// each came from (so the successor's MigrateDone finds its way back) and
     /// which it went to (so a successor that goes away is answered for).
     migrations: Mutex<std::collections::HashMap<u64, Migration>>,
+    /// Connections taken out of `migrations` for a gone plane whose answer
+    /// is not sent yet (it waits up to a second for the plane's process):
+    /// still in flight for an ingress deciding whether it may exit.
+    answers_pending: std::sync::atomic::AtomicUsize,
     /// Client syncs (read-your-writes) waiting for planes' answers.
     pub syncs: crate::client_sync::ClientSyncs,
 }
@@ -92,6 +96,7 @@ impl Planes {
             last_deploy: Mutex::new(None),
             metrics,
             migrations: Mutex::new(std::collections::HashMap::new()),
+            answers_pending: std::sync::atomic::AtomicUsize::new(0),
             syncs: crate::client_sync::ClientSyncs::default(),
         }
     }
@@ -148,12 +153,21 @@ impl Planes {
             return None;
         }
         migrations.remove(&id);
+        self.answers_pending.fetch_add(1, Ordering::SeqCst);
         Some(id)
     }
 
-    /// How many connections passed between planes await their confirmation.
+    /// How many connections passed between planes await their confirmation
+    /// or an answer for a gone plane.
     pub fn migrations_in_flight(&self) -> usize {
-        lock(&self.migrations).len()
+        let migrations = lock(&self.migrations);
+        migrations.len() + self.answers_pending.load(Ordering::SeqCst)
+    }
+
+    /// `count` answers for a gone plane ([`Detached::unconfirmed`], or a
+    /// late [`Planes::migration_passed`]) were sent.
+    pub fn answered(&self, count: usize) {
+        self.answers_pending.fetch_sub(count, Ordering::SeqCst);
     }
 
     /// Process ids of the attached planes that carry traffic (active or
@@ -318,7 +332,8 @@ impl Planes {
         // from one: the gone successor's unconfirmed connections are
         // answered for, so their predecessor stops waiting.
         let mut unconfirmed = Vec::new();
-        lock(&self.migrations).retain(|id, migration| {
+        let mut migrations = lock(&self.migrations);
+        migrations.retain(|id, migration| {
             let Some(from) = migration.from.upgrade() else {
                 return false;
             };
@@ -331,6 +346,11 @@ impl Planes {
             }
             true
         });
+        // Counted while the migrations are still locked: the sum
+        // `migrations_in_flight` reads never dips meanwhile.
+        self.answers_pending
+            .fetch_add(unconfirmed.len(), Ordering::SeqCst);
+        drop(migrations);
         Detached {
             orders,
             unconfirmed,
@@ -533,6 +553,8 @@ mod tests {
             "B is answered for C: {:?}",
             detached.unconfirmed
         );
+        assert_eq!(planes.migrations_in_flight(), 1, "until it is answered");
+        planes.answered(1);
         assert_eq!(planes.migrations_in_flight(), 0);
     }
 
@@ -546,6 +568,8 @@ mod tests {
         let detached = planes.detach(c.generation, false);
         assert!(detached.unconfirmed.is_empty());
         assert_eq!(planes.migration_passed(9, &a, &c), Some(9));
+        assert_eq!(planes.migrations_in_flight(), 1, "until it is answered");
+        planes.answered(1);
         assert_eq!(planes.migrations_in_flight(), 0);
     }
 

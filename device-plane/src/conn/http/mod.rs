@@ -134,7 +134,9 @@ pub struct Adopted {
     pub unbilled_up: u64,
     /// The client that authenticated on it, if any.
     pub client: Option<Arc<Client>>,
-    /// False when it came back from a handover that found no successor.
+    /// False when it came back from a handover that found no successor: it
+    /// is not handed over in that handover (it closes between requests), only
+    /// in one after the plane serves again.
     pub may_hand_over: bool,
     /// The customer's address as the ingress accepted it, for the auth
     /// throttle: an HTTPS connection's socket is one end of a Unix socket
@@ -179,6 +181,9 @@ async fn serve_until_handover(
         may_hand_over,
         source,
     } = adopted;
+    // Served from a time the plane serves, it may go at the next handover,
+    // whatever happened at the last (`Context::handover_slot_when`).
+    let may_hand_over = may_hand_over || context.mode() == Mode::Serving;
     // Usage is counted on the client socket once a request authenticates,
     // to the client of the request being served ([`Identity`]).
     let identity = Identity::default();
