@@ -25,6 +25,22 @@ fn metric(node: &Node, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A TCP echo server on loopback, each connection in a thread of its own,
+/// for the life of the test process: its address.
+fn echo_server() -> std::net::SocketAddr {
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").expect("echo listener");
+    let address = echo.local_addr().expect("address");
+    std::thread::spawn(move || {
+        for stream in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut reader, mut writer) = (&stream, &stream);
+                let _ = std::io::copy(&mut reader, &mut writer);
+            });
+        }
+    });
+    address
+}
+
 #[test]
 fn tunnels_stream_both_ways_through_ten_deploys_byte_exact() {
     let origin = Origin::start();
@@ -481,16 +497,7 @@ fn refused(address: std::net::SocketAddr) -> bool {
 fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plane() {
     use std::io::{Read, Write};
     const TUNNELS: usize = 20;
-    let echo = std::net::TcpListener::bind("127.0.0.1:0").expect("echo listener");
-    let echo_address = echo.local_addr().expect("address");
-    std::thread::spawn(move || {
-        for stream in echo.incoming().flatten() {
-            std::thread::spawn(move || {
-                let (mut reader, mut writer) = (&stream, &stream);
-                let _ = std::io::copy(&mut reader, &mut writer);
-            });
-        }
-    });
+    let echo_address = echo_server();
     let mut node = Node::new("[drain]\ngrace = \"60s\"\n");
     let (ingress, mut old, client) = node.start();
     let echoes = |stream: &mut std::net::TcpStream, n: usize, round: usize| {
@@ -577,16 +584,7 @@ fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plan
 fn a_deploy_during_a_deploy_passes_every_tunnel_on_to_the_newest_plane() {
     use std::io::{Read, Write};
     const TUNNELS: usize = 50;
-    let echo = std::net::TcpListener::bind("127.0.0.1:0").expect("echo listener");
-    let echo_address = echo.local_addr().expect("address");
-    std::thread::spawn(move || {
-        for stream in echo.incoming().flatten() {
-            std::thread::spawn(move || {
-                let (mut reader, mut writer) = (&stream, &stream);
-                let _ = std::io::copy(&mut reader, &mut writer);
-            });
-        }
-    });
+    let echo_address = echo_server();
     let mut node = Node::new("[drain]\ngrace = \"60s\"\n");
     let (_ingress, mut oldest, client) = node.start();
     let echoes = |stream: &mut std::net::TcpStream, n: usize| {
