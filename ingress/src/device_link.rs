@@ -264,14 +264,10 @@ async fn read_loop(
                 planes.migration_sent(id, link);
                 // Passing on may wait for an active plane: never in this
                 // reader, which also carries the plane's return packets.
-                let (planes, from, metrics) = (
-                    context.planes.clone(),
-                    link.clone(),
-                    context.metrics.clone(),
-                );
+                let (planes, from) = (context.planes.clone(), link.clone());
                 tokio::spawn(async move {
                     let message = ToDevice::Migrate(migrate);
-                    forward_migration(&planes, &from, id, message, fds, &metrics).await;
+                    forward_migration(&planes, &from, id, message, fds).await;
                 });
             }
             ToIngress::TunQueues(count) => {
@@ -297,7 +293,15 @@ async fn read_loop(
                 });
             }
             ToIngress::MigrateDone(id) => {
-                if let Some(from) = planes.migration_done(id) {
+                let from = planes.migration_done(id);
+                // Counted when the receiver confirms, not when passed (a
+                // pass its receiver died before taking stays with its
+                // sender and may move later), and not when the sender
+                // takes back what found no other plane.
+                if !from.as_ref().is_some_and(|from| Arc::ptr_eq(from, link)) {
+                    context.metrics.count_migrated();
+                }
+                if let Some(from) = from {
                     if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {
                         tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
                     }
@@ -351,15 +355,10 @@ async fn forward_migration(
     id: u64,
     message: ToDevice<'static>,
     fds: Vec<OwnedFd>,
-    metrics: &Metrics,
 ) {
-    let to = match pass_on(planes, from, &message, &fds).await {
-        Some(to) => {
-            metrics.count_migrated();
-            to
-        }
-        None => from.clone(),
-    };
+    let to = pass_on(planes, from, &message, &fds)
+        .await
+        .unwrap_or_else(|| from.clone());
     // Recorded after the pass: the receiver may have gone meanwhile.
     if let Some(id) = planes.migration_passed(id, from, &to) {
         if Arc::ptr_eq(&to, from) {

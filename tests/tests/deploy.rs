@@ -557,6 +557,11 @@ fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plan
         old.wait_exit(Duration::from_millis(10)).is_none(),
         "the old plane serves"
     );
+    assert_eq!(
+        metric(&node, "blipless_tunnels_migrated_total"),
+        0.0,
+        "nothing was taken over, so nothing counts as migrated"
+    );
     let _newest = node.start_device();
     wait_until(
         Duration::from_secs(30),
@@ -572,6 +577,11 @@ fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plan
     for (n, stream) in tunnels.iter_mut().enumerate() {
         echoes(stream, n, 2);
     }
+    assert_eq!(
+        metric(&node, "blipless_tunnels_migrated_total"),
+        TUNNELS as f64,
+        "each tunnel counted once, when it moved"
+    );
 }
 
 /// A deploy that begins while the last one still moves tunnels: the plane
