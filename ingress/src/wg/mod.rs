@@ -652,16 +652,16 @@ impl Wireguard {
     async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(TIMER_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
-            ticks += 1;
-            if ticks.is_multiple_of(4) {
-                self.limiter.reset_count();
-            }
+            // Asked every tick: boringtun resets the count only once a whole
+            // second has passed since the last reset, so asking every fourth
+            // tick (about 1 s, sometimes a hair under) left half the windows
+            // 2 s long, and cookies went out below `handshake_limit`.
+            self.limiter.reset_count();
             self.tick().await;
         }
     }

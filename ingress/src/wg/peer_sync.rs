@@ -1,6 +1,6 @@
 //! Applying the WireGuard peer set the active device plane sends: a full set
 //! (possibly in parts) replaces the table once its last part arrives, keeping
-//! the sessions of peers that did not change; a change upserts and removes.
+//! the sessions of peers that did not change; a change removes, then upserts.
 //! Only the active plane's messages count.
 
 use std::collections::HashMap;
@@ -78,16 +78,14 @@ impl Wireguard {
             _ => {
                 // A change (or a stale partial set from another plane, dropped).
                 *staging = None;
-                let mut table = self.write_peers();
-                for peer in update.upserts() {
-                    if !table.upsert(peer) {
-                        tracing::warn!(client = %peer.client, address = %peer.address, "peer refused: its address belongs to another key");
-                    }
+                let (removed, refused) = self
+                    .write_peers()
+                    .apply_change(update.removes(), update.upserts());
+                if removed > 0 {
+                    tracing::info!(removed, "WireGuard peers removed; their sessions end");
                 }
-                for key in update.removes() {
-                    if table.remove(key) {
-                        tracing::info!("WireGuard peer removed; its sessions end");
-                    }
+                for peer in refused {
+                    tracing::warn!(client = %peer.client, address = %peer.address, "peer refused: its address belongs to another key");
                 }
             }
         }

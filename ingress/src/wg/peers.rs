@@ -307,6 +307,21 @@ impl PeerTable {
         true
     }
 
+    /// Applies a change as the device plane sends it: the removals first,
+    /// then the additions, so an address freed by a removal can go to a
+    /// peer added in the same change (a client removed and another added
+    /// within one poll of the store's feed get the same address). Returns
+    /// how many peers were removed and the entries refused.
+    pub fn apply_change<'e>(
+        &mut self,
+        removes: &[[u8; 32]],
+        upserts: &'e [PeerEntry],
+    ) -> (usize, Vec<&'e PeerEntry>) {
+        let removed = removes.iter().filter(|key| self.remove(key)).count();
+        let refused = upserts.iter().filter(|entry| !self.upsert(entry)).collect();
+        (removed, refused)
+    }
+
     /// Replaces the whole set: peers not in `entries` are removed, the others
     /// upserted (keeping their sessions). Returns how many entries were refused.
     pub fn replace(&mut self, entries: &[PeerEntry]) -> usize {
@@ -423,6 +438,35 @@ mod tests {
         assert!(table.by_address("10.64.0.3".parse().expect("ip")).is_none());
         assert!(table.remove(&entry(3, "10.64.0.4").public_key));
         assert!(!table.remove(&entry(3, "10.64.0.4").public_key));
+    }
+
+    #[test]
+    fn a_change_frees_addresses_before_it_gives_them_out() {
+        let (alice, bob, carol) = (
+            entry(1, "10.64.0.2"),
+            entry(2, "10.64.0.2"),
+            entry(3, "10.64.0.2"),
+        );
+        let mut table = PeerTable::new(0);
+        table.upsert(&alice);
+        let added = [bob.clone()];
+        let (removed, refused) = table.apply_change(&[alice.public_key], &added);
+        assert_eq!((removed, refused.len()), (1, 0));
+        assert_eq!(
+            table
+                .by_address("10.64.0.2".parse().expect("ip"))
+                .map(|p| p.public_key),
+            Some(bob.public_key),
+            "the new client has the freed address"
+        );
+        // A client removed and added again in one change is there after it.
+        let (removed, refused) = table.apply_change(&[bob.public_key], &added);
+        assert_eq!((removed, refused.len()), (1, 0));
+        assert_eq!(table.len(), 1);
+        // An address still owned is refused.
+        let refused_entries = [carol];
+        let (_, refused) = table.apply_change(&[], &refused_entries);
+        assert_eq!(refused.len(), 1);
     }
 
     #[test]
