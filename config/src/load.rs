@@ -39,6 +39,45 @@ impl Config {
         loader.finish()
     }
 
+    /// [`Config::load`] with the environment as the process has it
+    /// (`std::env::vars_os()`): a variable whose name or value is not UTF-8
+    /// is skipped, unless it is a `BLIPLESS_<KEY>` of a known key, whose
+    /// value is then reported as a problem like any other bad value.
+    pub fn load_os(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+        sets: &[String],
+    ) -> Result<Config, ConfigErrors> {
+        let mut readable = Vec::new();
+        let mut unreadable = Vec::new();
+        for (name, value) in env {
+            let Ok(name) = name.into_string() else {
+                continue;
+            };
+            match value.into_string() {
+                Ok(value) => readable.push((name, value)),
+                Err(value) => {
+                    if let Some(key) = keys::find_env(&name) {
+                        unreadable.push(ConfigError::InvalidValue {
+                            origin: format!("environment variable {name}"),
+                            key: key.path.to_owned(),
+                            value: format!("{:?}", value.to_string_lossy()),
+                            expected: "UTF-8 text".to_owned(),
+                        });
+                    }
+                }
+            }
+        }
+        match Config::load(file, readable, sets) {
+            Ok(config) if unreadable.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigErrors(unreadable)),
+            Err(ConfigErrors(mut errors)) => {
+                errors.extend(unreadable);
+                Err(ConfigErrors(errors))
+            }
+        }
+    }
+
     /// Like [`Config::load`] with the file's text given directly; `origin` names
     /// it in messages.
     pub fn from_toml_str(
@@ -210,6 +249,7 @@ impl Loader {
         self.check_listeners();
         self.check_tls();
         self.check_pool6();
+        self.check_exits();
         if self.errors.is_empty() {
             Ok(self.config)
         } else {
@@ -292,6 +332,47 @@ impl Loader {
             self.origin("wireguard.pool6")
         );
         self.errors.push(ConfigError::Conflict { message });
+    }
+
+    /// A WireGuard exit's tunnel address must not be one the node gives its
+    /// own WireGuard clients (the client given it would be routed into the
+    /// exit, or the exit's streams to the client), and its TUN device must
+    /// not be the one the device plane relays the clients' packets on.
+    fn check_exits(&mut self) {
+        let pool = (!self.invalid.contains("wireguard.pool")).then_some(self.config.wireguard.pool);
+        let tun = (!self.invalid.contains("egress.tun.name"))
+            .then(|| self.config.egress.tun.name.clone());
+        let mut messages = Vec::new();
+        for upstream in &self.config.egress.upstreams {
+            let crate::upstreams::UpstreamKind::Wireguard(exit) = &upstream.kind else {
+                continue;
+            };
+            if pool.is_some_and(|pool| pool.contains(&std::net::IpAddr::V4(exit.address))) {
+                messages.push(format!(
+                    "the WireGuard exit {:?} has the tunnel address {} ({}), inside wireguard.pool = \"{}\" ({}): \
+                     a client of this node would be given it; use an exit address outside the pool, or move the pool",
+                    upstream.name,
+                    exit.address,
+                    exit.path.display(),
+                    self.config.wireguard.pool,
+                    self.origin("wireguard.pool"),
+                ));
+            }
+            if tun.as_deref() == Some(exit.tun.as_str()) {
+                messages.push(format!(
+                    "the WireGuard exit {:?} has the TUN device {:?}, which is egress.tun.name ({}): \
+                     the exit needs a device of its own",
+                    upstream.name,
+                    exit.tun,
+                    self.origin("egress.tun.name"),
+                ));
+            }
+        }
+        self.errors.extend(
+            messages
+                .into_iter()
+                .map(|message| ConfigError::Conflict { message }),
+        );
     }
 
     fn origin(&self, key: &str) -> String {

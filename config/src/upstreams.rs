@@ -154,6 +154,7 @@ pub(crate) fn parse(
     let mut upstreams = Vec::new();
     let mut names = HashSet::new();
     let mut tuns = HashSet::new();
+    let mut exit_addresses = HashSet::new();
     let mut wireguard_exits: u32 = 0;
     for (index, entry) in entries.iter().enumerate() {
         let at = |field: &str| format!("egress.upstream[{index}].{field}");
@@ -179,9 +180,10 @@ pub(crate) fn parse(
             ]
             .contains(&key.as_str())
             {
+                // Not its value: a mistyped `password = "..."` is a secret.
                 problem(
                     at(key),
-                    table[key].to_string(),
+                    "(value not shown)".into(),
                     "no such key (an upstream has name, kind and tags; socks5 address, username, password_file; wireguard config, tun)",
                 );
                 ok = false;
@@ -275,6 +277,20 @@ pub(crate) fn parse(
                     at("tun"),
                     format!("{:?}", exit.tun),
                     "a TUN name no other exit has",
+                );
+                ok = false;
+            }
+            // Streams leave by their source address (docs/EGRESS.md): two
+            // exits with one address would both send through the first.
+            if !exit_addresses.insert(exit.address) {
+                problem(
+                    at("config"),
+                    format!("{:?}", exit.path.display().to_string()),
+                    &format!(
+                        "a wg-quick file whose Address no other exit has ({} is another exit's; \
+                         two exits of one VPN account share it: use one, or a device key per exit)",
+                        exit.address
+                    ),
                 );
                 ok = false;
             }
@@ -422,7 +438,7 @@ fn socks5(
         Some(Ok(address)) => {
             problem(
                 at("address"),
-                format!("{address:?}"),
+                crate::error::redact_urls(&format!("{address:?}")),
                 "host:port, like \"proxy.example.net:1080\" or \"[2001:db8::1]:1080\"",
             );
             None
@@ -633,11 +649,31 @@ mod tests {
             ),
         )
         .expect("write");
+        let other = dir.path().join("other.conf");
+        std::fs::write(
+            &other,
+            std::fs::read_to_string(&file)
+                .expect("read")
+                .replace("10.2.0.2/32", "10.2.0.3/32"),
+        )
+        .expect("write");
         let (upstreams, errors) = parse_text(&format!(
+            "[[upstream]]\nname = \"wg-a\"\nkind = \"wireguard\"\nconfig = {file:?}\n\
+             [[upstream]]\nname = \"wg-b\"\nkind = \"wireguard\"\nconfig = {other:?}\ntun = \"exitb\"\n"
+        ));
+        assert!(errors.is_empty(), "{errors:?}");
+        // Two exits with one tunnel address (one VPN account's two servers)
+        // would both send their streams through the first.
+        let (_, errors) = parse_text(&format!(
             "[[upstream]]\nname = \"wg-a\"\nkind = \"wireguard\"\nconfig = {file:?}\n\
              [[upstream]]\nname = \"wg-b\"\nkind = \"wireguard\"\nconfig = {file:?}\ntun = \"exitb\"\n"
         ));
-        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("egress.upstream[1].config")
+                && errors[0].contains("10.2.0.2 is another exit's"),
+            "{errors:?}"
+        );
         let exits: Vec<&WireguardExit> = upstreams
             .iter()
             .map(|u| match &u.kind {

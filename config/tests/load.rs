@@ -297,8 +297,43 @@ fn problems_name_their_origin() {
             "drain.grace = (no `=`) in --set drain.grace: \
              expected key=value, like --set listen.socks=127.0.0.1:1080",
             "proxy.idle_timeout = \"0s\" in --set proxy.idle_timeout=0s: \
-             expected a duration above zero like 500ms, 120s, 2m or 1h 30m",
+             expected a duration above zero and at most a year, like 500ms, 120s, 2m or 1h 30m",
         ]
+    );
+}
+
+#[test]
+fn an_environment_that_is_not_utf8_is_skipped_or_reported_not_a_panic() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let bad = || OsString::from_vec(vec![b'x', 0xff]);
+    // Another program's variable that is not UTF-8 is none of ours.
+    let config = Config::load_os(
+        None,
+        [
+            (OsString::from("LANG_OF_SOMETHING"), bad()),
+            (OsString::from_vec(vec![0xff]), OsString::from("1")),
+            (OsString::from("BLIPLESS_DRAIN_GRACE"), OsString::from("7s")),
+        ],
+        &[],
+    )
+    .expect("loads");
+    assert_eq!(config.drain.grace, Duration::from_secs(7));
+    // Ours is reported with the other problems.
+    let errors = problems(Config::load_os(
+        None,
+        [
+            (OsString::from("BLIPLESS_LISTEN_SOCKS"), bad()),
+            (OsString::from("BLIPLESS_DRAIN_GRACE"), OsString::from("x")),
+        ],
+        &[],
+    ));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 2, "{text:?}");
+    assert!(text.iter().any(|t| t.contains("drain.grace")), "{text:?}");
+    assert!(
+        text.iter().any(|t| t.starts_with("listen.socks = \"x\u{fffd}\" in environment variable BLIPLESS_LISTEN_SOCKS: expected UTF-8 text")),
+        "{text:?}"
     );
 }
 
@@ -435,4 +470,75 @@ fn more_tun_queues_than_a_deploy_can_hand_over_are_refused() {
             if key == "egress.tun.queues" && expected.contains("1 to 252")),
         "{errors:?}"
     );
+}
+
+#[test]
+fn a_wireguard_exit_must_not_share_the_client_pool_or_the_packet_tun() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("exit.conf");
+    std::fs::write(
+        &file,
+        "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\n\
+         Address = 10.64.0.2/32\n\n[Peer]\n\
+         PublicKey = xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n\
+         Endpoint = 127.0.0.1:51820\nAllowedIPs = 0.0.0.0/0\n",
+    )
+    .expect("write");
+    let text = format!(
+        "[[egress.upstream]]\nname = \"exit\"\nkind = \"wireguard\"\nconfig = {file:?}\ntun = \"blip0\"\n"
+    );
+    let errors = problems(Config::from_toml_str(&text, "f.toml", no_env(), &[]));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 2, "{text:?}");
+    assert!(
+        text[0].contains("10.64.0.2") && text[0].contains("wireguard.pool = \"10.64.0.0/16\""),
+        "{text:?}"
+    );
+    assert!(
+        text[1].contains("\"blip0\", which is egress.tun.name"),
+        "{text:?}"
+    );
+    // A pool elsewhere and a device of its own: sound.
+    let fine = format!(
+        "[wireguard]\npool = \"10.80.0.0/16\"\n\
+         [[egress.upstream]]\nname = \"exit\"\nkind = \"wireguard\"\nconfig = {file:?}\n"
+    );
+    Config::from_toml_str(&fine, "f.toml", no_env(), &[]).expect("sound");
+}
+
+#[test]
+fn a_log_filter_the_daemons_cannot_build_is_a_problem() {
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&["log.level=info,blipless_device=verbose"]),
+    ));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].to_string().starts_with("log.level = "),
+        "{errors:?}"
+    );
+    let config = Config::load(
+        None,
+        no_env(),
+        &sets(&["log.level=warn,blipless_device=debug"]),
+    )
+    .expect("a valid filter");
+    assert_eq!(config.log.level, "warn,blipless_device=debug");
+}
+
+#[test]
+fn a_duration_longer_than_a_year_is_a_problem_not_an_overflow_later() {
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&[
+            "drain.grace=18446744073709551615s",
+            "proxy.connect_timeout=300000000000y",
+        ]),
+    ));
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    let config = Config::load(None, no_env(), &sets(&["proxy.idle_timeout=365days"]))
+        .expect("a year is allowed");
+    assert_eq!(config.proxy.idle_timeout, Duration::from_secs(365 * 86_400));
 }

@@ -231,7 +231,7 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let config = match Config::load(args.config.as_deref(), std::env::vars(), &args.sets) {
+    let config = match Config::load_os(args.config.as_deref(), std::env::vars_os(), &args.sets) {
         Ok(config) => config,
         Err(errors) => {
             if args.json {

@@ -90,7 +90,7 @@ where
     if args.log_json {
         sets.push("log.format=json".into());
     }
-    let config = match Config::load(args.config.as_deref(), std::env::vars(), &sets) {
+    let config = match Config::load_os(args.config.as_deref(), std::env::vars_os(), &sets) {
         Ok(config) => config,
         Err(errors) => {
             eprintln!("{name}: {errors}");

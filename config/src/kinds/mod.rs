@@ -445,16 +445,23 @@ impl Kind for OptionalQuota {
     }
 }
 
-/// A duration above zero.
+/// A duration above zero and at most [`LONGEST`]: the daemons add them to
+/// clock readings and to each other, which a value near `u64::MAX` seconds
+/// (humantime takes one) would overflow.
 pub(crate) struct Dur;
+
+/// The longest duration any key takes: a year.
+pub(crate) const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl Kind for Dur {
     type Out = Duration;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str = "a duration above zero like 500ms, 120s, 2m or 1h 30m";
+    const EXPECTED: &'static str =
+        "a duration above zero and at most a year, like 500ms, 120s, 2m or 1h 30m";
     fn parse(input: &Input<'_>) -> Option<Duration> {
         humantime::parse_duration(input.text()?)
             .ok()
-            .filter(|d| !d.is_zero())
+            .filter(|d| !d.is_zero() && *d <= LONGEST)
     }
 }
 
@@ -569,7 +576,10 @@ impl Kind for Filter {
     const EXPECTED: &'static str = "a non-empty tracing filter like info or info,blipless=debug";
     fn parse(input: &Input<'_>) -> Option<String> {
         let s = input.text()?.trim();
-        (!s.is_empty()).then(|| s.to_owned())
+        // What the daemons will build from it; a filter it refuses would
+        // otherwise fall back to `info` without a word.
+        let valid = !s.is_empty() && tracing_subscriber::EnvFilter::try_new(s).is_ok();
+        valid.then(|| s.to_owned())
     }
 }
 
