@@ -105,6 +105,9 @@ pub(super) async fn forward(
     // the target whatever the client sent.
     let (mut parts, body) = request.into_parts();
     parts.uri = origin_form;
+    // Our own version toward the origin, as toward the client below (RFC
+    // 9110 §6.2: an intermediary sends its own).
+    parts.version = hyper::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(hyper::header::HOST, host);
     let exchange = Exchange::new(context.http_limits);
@@ -122,7 +125,17 @@ pub(super) async fn forward(
             exchange.answered();
             watch.follow(exchange.clone());
             let (mut parts, body) = response.into_parts();
+            // An HTTP/1.0 origin's answer goes out as ours, HTTP/1.1 (hyper
+            // says 1.0 to a 1.0 client itself): passed on as 1.0, it made
+            // hyper end a keep-alive client's connection after it.
+            parts.version = hyper::Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers);
+            // Both framings (RFC 9112 §6.3): hyper decoded the body as
+            // chunked and refuses to send both, so the client got nothing
+            // at all; an intermediary removes Content-Length.
+            if parts.headers.contains_key(hyper::header::TRANSFER_ENCODING) {
+                parts.headers.remove(hyper::header::CONTENT_LENGTH);
+            }
             let body = ResponseBody::new(body, exchange, origin_guard);
             Response::from_parts(parts, body.boxed())
         }

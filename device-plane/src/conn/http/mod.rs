@@ -34,7 +34,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::clients::Client;
@@ -226,6 +226,9 @@ async fn serve_until_handover(
         .max_header_size(context.http_limits.header_bytes)
         .max_buf_size(context.http_limits.buffer_bytes())
         .keep_alive(true)
+        // A client may shut its side down once its request is sent (`nc
+        // -N`, an HTTPS client's close_notify): it still gets the answer.
+        .half_close(true)
         .serve_connection(io, service);
     let serving_ended = context.serving_ended();
     tokio::pin!(serving_ended);
@@ -287,7 +290,7 @@ async fn serve_until_handover(
     let billed = pending
         .len()
         .saturating_sub(usize::try_from(inner.unbilled_up).unwrap_or(usize::MAX));
-    let mut stream = inner.inner;
+    let stream = inner.inner;
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
         limits::linger_close(stream).await;
@@ -328,7 +331,7 @@ async fn serve_until_handover(
         };
         let Some(_slot) = slot else {
             if context.mode() == Mode::Finish {
-                let _ = stream.shutdown().await;
+                limits::linger_close(stream).await;
                 return None;
             }
             // Serving again (or, a new successor already, handing over
@@ -376,7 +379,11 @@ async fn serve_until_handover(
             Err(NotHandedOver::Kept(_)) => {}
         }
     }
-    let _ = stream.shutdown().await;
+    // Not a plain close: when an answer went out before the request's body
+    // was read (a 407, 403 or 502 for an upload), hyper stops reading, and
+    // closing with the rest unread would reset the connection and could
+    // lose the answer (RFC 9112 §9.6).
+    limits::linger_close(stream).await;
     None
 }
 

@@ -1,0 +1,242 @@
+//! The HTTP proxy as an intermediary between a client and an origin that
+//! each do something legal but unusual: a client uploading a body the proxy
+//! refuses before reading it, a client that shuts its side down once its
+//! request is sent, an origin answering with both framings, an HTTP/1.0
+//! origin behind a keep-alive client. Clients are curl where curl can do
+//! it, raw sockets where the exact bytes matter; origins are raw, to answer
+//! exactly so.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use blipless_tests::curl::curl;
+use blipless_tests::node::{ClientUrls, Node};
+use blipless_tests::raw;
+
+/// A raw origin that answers each request head it reads with `answer`,
+/// after `delay`, then closes when `close` (else it reads the next head).
+fn origin(answer: &'static [u8], delay: Duration, close: bool) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("origin listener");
+    let address = listener.local_addr().expect("origin address");
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            std::thread::spawn(move || loop {
+                if read_head(&mut stream).is_none() {
+                    return;
+                }
+                std::thread::sleep(delay);
+                if stream.write_all(answer).is_err() || close {
+                    return;
+                }
+            });
+        }
+    });
+    address
+}
+
+/// One request or response head, up to its blank line; None at the end.
+fn read_head(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+fn auth(client: &ClientUrls) -> String {
+    let credentials = format!("{}:{}", client.name, client.secret);
+    format!(
+        "Proxy-Authorization: Basic {}\r\n",
+        blipless_tests::base64(credentials.as_bytes())
+    )
+}
+
+fn connect(node: &Node) -> TcpStream {
+    let stream = raw::connect(node.http);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    stream
+}
+
+/// An upload the proxy answers before reading its body (no credentials:
+/// 407) gets its answer and a clean end: the proxy shuts its side down and
+/// reads and drops the rest for a moment before it closes (RFC 9112 §9.6).
+/// A plain close would answer the upload's next bytes with a reset, which
+/// on a real network can overtake the answer and discard it at the client.
+/// (Over loopback the answer is always in the client's buffer before the
+/// reset, so what the test tells apart is what the client's next writes
+/// meet: a proxy still reading, or a reset.) curl, uploading 8 MiB, sees the
+/// 407 too.
+#[test]
+fn an_upload_refused_before_its_body_is_read_gets_its_answer_and_a_clean_end() {
+    let target = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        Duration::ZERO,
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, _device, _client) = node.start();
+    for round in 0..3 {
+        let mut stream = connect(&node);
+        write!(
+            stream,
+            "POST http://{target}/upload HTTP/1.1\r\nHost: {target}\r\nContent-Length: 1048576\r\n\r\n"
+        )
+        .expect("request head");
+        stream
+            .write_all(&[b'x'; 64 * 1024])
+            .expect("part of the body");
+        let mut answer = Vec::new();
+        let ended = loop {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk) {
+                Ok(0) => break Ok(()),
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+                Err(error) => break Err(error),
+            }
+        };
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 407"),
+            "round {round}: {answer:?}"
+        );
+        assert!(
+            ended.is_ok(),
+            "round {round}: the proxy ended the connection with {ended:?}, not a FIN"
+        );
+        // The client, still uploading, sends on; a reset would fail the
+        // write after the one that met it.
+        let more = [b'y'; 64 * 1024];
+        let first = stream.write_all(&more);
+        std::thread::sleep(Duration::from_millis(300));
+        let second = stream.write_all(&more);
+        assert!(
+            first.is_ok() && second.is_ok(),
+            "round {round}: the rest of the upload met a reset ({first:?}, {second:?})"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upload = dir.path().join("upload.bin");
+    std::fs::write(&upload, vec![b'x'; 8 << 20]).expect("write the upload");
+    let proxy = format!("http://{}", node.http);
+    let url = format!("http://{target}/upload");
+    let data = format!("@{}", upload.display());
+    let output = curl(&[
+        "--max-time",
+        "60",
+        "--proxy",
+        &proxy,
+        "-H",
+        "Expect:",
+        "--data-binary",
+        &data,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &url,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "407",
+        "curl saw the 407 (exit {:?}, stderr {})",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A client that shuts its sending side down once its request is out (`nc
+/// -N` does, and an HTTPS client's close_notify becomes this) still gets the
+/// answer, for a forwarded request and for a CONNECT.
+#[test]
+fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    let target = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        Duration::from_millis(300),
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = connect(&node);
+    write!(
+        stream,
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        auth(&client)
+    )
+    .expect("request");
+    stream.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer:?}"
+    );
+    // CONNECT, then a request through the tunnel, then the half-close.
+    let mut stream = connect(&node);
+    write!(
+        stream,
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\nGET / HTTP/1.1\r\nHost: {target}\r\n\r\n",
+        auth(&client)
+    )
+    .expect("request");
+    stream.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer:?}"
+    );
+}
+
+/// An origin that sends both Content-Length and chunked framing (some
+/// application servers do) is read as chunked, as RFC 9112 §6.3 says, and
+/// its answer reaches the client without the Content-Length, rather than
+/// not at all.
+#[test]
+fn an_answer_with_both_framings_reaches_the_client() {
+    let target = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        Duration::ZERO,
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let body = blipless_tests::curl::fetch(&client.http, &format!("http://{target}/"), &[]);
+    assert_eq!(body, b"hello world");
+}
+
+/// An HTTP/1.0 origin's answer goes to an HTTP/1.1 client as an HTTP/1.1
+/// answer, and the client's connection stays open for its next request.
+#[test]
+fn an_http10_origin_does_not_end_a_keep_alive_clients_connection() {
+    let target = origin(
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        Duration::ZERO,
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = connect(&node);
+    for round in 0..2 {
+        write!(
+            stream,
+            "GET http://{target}/{round} HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+            auth(&client)
+        )
+        .expect("request");
+        let head =
+            read_head(&mut stream).unwrap_or_else(|| panic!("round {round}: the connection ended"));
+        assert!(head.starts_with("HTTP/1.1 200"), "round {round}: {head:?}");
+        assert!(
+            !head.to_ascii_lowercase().contains("connection: close"),
+            "round {round}: {head:?}"
+        );
+        assert_eq!(raw::read_exact(&mut stream, 2), b"ok", "round {round}");
+    }
+}
