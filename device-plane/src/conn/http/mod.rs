@@ -34,7 +34,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::clients::Client;
@@ -290,7 +290,7 @@ async fn serve_until_handover(
     let billed = pending
         .len()
         .saturating_sub(usize::try_from(inner.unbilled_up).unwrap_or(usize::MAX));
-    let stream = inner.inner;
+    let mut stream = inner.inner;
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
         limits::linger_close(stream).await;
@@ -331,7 +331,8 @@ async fn serve_until_handover(
         };
         let Some(_slot) = slot else {
             if context.mode() == Mode::Finish {
-                limits::linger_close(stream).await;
+                // Idle between requests: nothing unread to linger over.
+                let _ = stream.shutdown().await;
                 return None;
             }
             // Serving again (or, a new successor already, handing over
@@ -379,10 +380,18 @@ async fn serve_until_handover(
             Err(NotHandedOver::Kept(_)) => {}
         }
     }
+    if stopping {
+        // Stopped between requests by the plane's drain (no successor to
+        // take it): idle, nothing unread to linger over, and a finishing
+        // plane should not wait on idle clients.
+        let _ = stream.shutdown().await;
+        return None;
+    }
     // Not a plain close: when an answer went out before the request's body
     // was read (a 407, 403 or 502 for an upload), hyper stops reading, and
     // closing with the rest unread would reset the connection and could
-    // lose the answer (RFC 9112 §9.6).
+    // lose the answer (RFC 9112 §9.6). A client that ended the connection
+    // itself costs one read that finds the end.
     limits::linger_close(stream).await;
     None
 }
