@@ -23,6 +23,10 @@ pub enum Behaviour {
     /// username/password with any credentials), then answers the CONNECT
     /// with this reply code (e.g. 0x05, connection refused) and closes.
     RefuseConnect(u8),
+    /// Accepts the greeting (as [`Behaviour::RefuseConnect`]) and reads the
+    /// CONNECT, then says nothing until the peer closes: an upstream still
+    /// trying a destination that does not answer.
+    SilentAtConnect,
 }
 
 /// A running fake upstream; stops when dropped (closing every connection
@@ -132,7 +136,7 @@ fn serve(mut stream: TcpStream, behaviour: Behaviour) -> std::io::Result<()> {
             }
             stream.write_all(&garbage)?;
         }
-        Behaviour::RefuseConnect(code) => {
+        Behaviour::RefuseConnect(_) | Behaviour::SilentAtConnect => {
             if methods.contains(&0x00) {
                 stream.write_all(&[5, 0x00])?;
             } else if methods.contains(&0x02) {
@@ -144,7 +148,13 @@ fn serve(mut stream: TcpStream, behaviour: Behaviour) -> std::io::Result<()> {
                 return stream.shutdown(Shutdown::Both);
             }
             read_request(&mut stream)?;
-            stream.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0])?;
+            if let Behaviour::RefuseConnect(code) = behaviour {
+                stream.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0])?;
+            } else {
+                stream.set_read_timeout(None)?;
+                let mut sink = [0u8; 64];
+                while stream.read(&mut sink)? > 0 {}
+            }
         }
     }
     stream.shutdown(Shutdown::Both)

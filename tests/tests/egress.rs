@@ -991,6 +991,12 @@ fn bad_upstreams_get_the_protocols_errors_promptly_and_the_node_serves_on() {
             5,
             "502",
         ),
+        (
+            "blackholed",
+            FakeUpstream::start(Behaviour::SilentAtConnect),
+            6,
+            "504",
+        ),
     ];
     let mut config: String = upstreams
         .iter()
@@ -1094,12 +1100,24 @@ fn bad_upstreams_get_the_protocols_errors_promptly_and_the_node_serves_on() {
         "the device plane died"
     );
     // The three whose greeting fails are marked down (probes and connects);
-    // the one that only refuses CONNECT speaks SOCKS5 and stays up.
+    // the ones that only refuse CONNECT, or never answer it (the
+    // destination's silence: four in a row here), speak SOCKS5 and stay up,
+    // never marked down in between.
     for name in ["garbage", "closing", "silent", "wrong-login"] {
         wait_route_up(&node, name, false);
     }
     let report = egress_report(&node);
     assert_eq!(route(&report, "refusing")["up"], true, "{report}");
+    assert_eq!(route(&report, "blackholed")["up"], true, "{report}");
+    let log = device.log_text();
+    let marked_down = |name: &str| {
+        log.lines()
+            .any(|l| l.contains("egress route is down") && l.contains(&format!("route={name}")))
+    };
+    assert!(marked_down("garbage"), "the log names routes so:\n{log}");
+    for name in ["refusing", "blackholed"] {
+        assert!(!marked_down(name), "{name} was marked down:\n{log}");
+    }
     let (code, body) = node.status();
     assert_eq!(code, 200, "{body}");
     for name in ["garbage", "closing", "silent", "wrong-login"] {
@@ -1109,6 +1127,7 @@ fn bad_upstreams_get_the_protocols_errors_promptly_and_the_node_serves_on() {
         );
     }
     assert!(!body.contains("upstream refusing"), "/status: {body}");
+    assert!(!body.contains("upstream blackholed"), "/status: {body}");
 }
 
 #[test]

@@ -68,6 +68,17 @@ pub enum UpstreamError {
     /// method we do not speak).
     #[error("the upstream refused our authentication")]
     AuthRefused,
+    /// The upstream took our login and CONNECT request and then gave no
+    /// reply by the deadline: it is still trying the destination (its own
+    /// connect timeout is often longer than ours). The destination's
+    /// failure, not the upstream's.
+    #[error("the upstream did not answer CONNECT in time (the destination did not answer it)")]
+    DestinationTimedOut,
+    /// The upstream took our login and CONNECT request and then closed
+    /// without a reply: how some upstreams say they could not reach the
+    /// destination. The destination's failure, not the upstream's.
+    #[error("the upstream closed the connection instead of answering CONNECT")]
+    ClosedAtConnect,
     /// The upstream answered CONNECT with a failure; `code` is its reply
     /// code (REP) as received, never 0.
     #[error("the upstream refused the connection (reply code {code:#04x})")]
@@ -96,6 +107,8 @@ impl UpstreamError {
     ///   RFC 1928 failure (1 to 8), else (an unassigned code)
     ///   `GeneralFailure`; never `Succeeded`;
     /// - [`UpstreamError::TimedOut`] gives `TtlExpired`;
+    /// - [`UpstreamError::DestinationTimedOut`] gives `TtlExpired` too, and
+    ///   [`UpstreamError::ClosedAtConnect`] `HostUnreachable`;
     /// - [`UpstreamError::Closed`], [`UpstreamError::Io`] and a garbled
     ///   answer ([`UpstreamError::Protocol`]): `HostUnreachable`, the path
     ///   through the upstream is broken;
@@ -108,7 +121,8 @@ impl UpstreamError {
                 Some(Reply::Succeeded) | None => Reply::GeneralFailure,
                 Some(reply) => reply,
             },
-            UpstreamError::TimedOut => Reply::TtlExpired,
+            UpstreamError::TimedOut | UpstreamError::DestinationTimedOut => Reply::TtlExpired,
+            UpstreamError::ClosedAtConnect => Reply::HostUnreachable,
             UpstreamError::Protocol(
                 ClientError::EmptyCredentials
                 | ClientError::CredentialsTooLong
@@ -125,7 +139,7 @@ impl UpstreamError {
     /// Timeout for [`UpstreamError::TimedOut`], 502 Bad Gateway otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
-            UpstreamError::TimedOut => 504,
+            UpstreamError::TimedOut | UpstreamError::DestinationTimedOut => 504,
             _ => 502,
         }
     }
@@ -148,12 +162,21 @@ pub async fn handshake(
 ) -> Result<Option<SocketAddr>, UpstreamError> {
     let login = encode_login(credentials)?;
     let connect = client::encode_connect(destination)?;
-    let reply = by_deadline(deadline, async {
+    by_deadline(deadline, async {
         negotiate(stream, login.as_deref()).await?;
         stream.write_all(&connect).await?;
-        read_message(stream, client::parse_connect_reply).await
+        Ok(())
     })
     .await?;
+    // From here on the upstream has shown it works (it took our login and
+    // request): silence or a close is about the destination.
+    let reply = by_deadline(deadline, read_message(stream, client::parse_connect_reply))
+        .await
+        .map_err(|error| match error {
+            UpstreamError::TimedOut => UpstreamError::DestinationTimedOut,
+            UpstreamError::Closed => UpstreamError::ClosedAtConnect,
+            other => other,
+        })?;
     if !reply.succeeded() {
         return Err(UpstreamError::Refused { code: reply.code });
     }
@@ -197,8 +220,8 @@ async fn by_deadline<T>(
         .map_err(|_| UpstreamError::TimedOut)?
 }
 
-/// The greeting, then the login when the upstream picks username/password
-/// (it can only when `login` is given: otherwise it was not offered).
+/// The greeting, then the login: with `login` given, username/password is
+/// the only method offered, so the upstream cannot skip it.
 async fn negotiate(stream: &mut TcpStream, login: Option<&[u8]>) -> Result<(), UpstreamError> {
     let offered = login.is_some();
     stream.write_all(&client::encode_greeting(offered)).await?;
@@ -329,7 +352,7 @@ mod tests {
     #[tokio::test]
     async fn connects_with_credentials_to_a_name() {
         let (mut ours, peer) = upstream(|mut s| async move {
-            expect_bytes(&mut s, &[5, 2, 0, 2]).await;
+            expect_bytes(&mut s, &[5, 1, 2]).await;
             s.write_all(&[5, 2]).await.expect("write");
             expect_bytes(&mut s, b"\x01\x05alice\x06s3cret").await;
             s.write_all(&[1, 0]).await.expect("write");
@@ -357,20 +380,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn skips_the_login_when_the_upstream_wants_none() {
+    async fn an_upstream_that_would_skip_the_login_is_refused() {
+        // Offered only the login, it picks "none": the username (which may
+        // carry a session or a country) would never reach it.
         let (mut ours, peer) = upstream(|mut s| async move {
-            expect_bytes(&mut s, &[5, 2, 0, 2]).await;
+            expect_bytes(&mut s, &[5, 1, 2]).await;
             s.write_all(&[5, 0]).await.expect("write");
-            expect_bytes(&mut s, &CONNECT).await;
-            let reply = socks5::encode_reply(Reply::Succeeded, Some(bound()));
-            s.write_all(&reply).await.expect("write");
             s
         })
         .await;
         let got = handshake(&mut ours, Some(&credentials()), &destination(), soon()).await;
-        assert_eq!(got.expect("handshake"), Some(bound()));
+        assert!(
+            matches!(
+                got,
+                Err(UpstreamError::Protocol(ClientError::UnexpectedMethod(0)))
+            ),
+            "{got:?}"
+        );
         drop(ours);
-        peer.await.expect("peer");
+        drop(peer);
     }
 
     #[tokio::test]
@@ -432,7 +460,7 @@ mod tests {
     #[tokio::test]
     async fn refused_login_sends_no_connect() {
         let (mut ours, peer) = upstream(|mut s| async move {
-            expect_bytes(&mut s, &[5, 2, 0, 2]).await;
+            expect_bytes(&mut s, &[5, 1, 2]).await;
             s.write_all(&[5, 2]).await.expect("write");
             expect_bytes(&mut s, b"\x01\x05alice\x06s3cret").await;
             s.write_all(&[1, 1]).await.expect("write");
@@ -514,8 +542,40 @@ mod tests {
         })
         .await;
         let got = handshake(&mut ours, None, &destination(), soon()).await;
-        assert!(matches!(got, Err(UpstreamError::Closed)), "{got:?}");
+        let error = got.expect_err("closed at CONNECT");
+        assert!(matches!(error, UpstreamError::ClosedAtConnect), "{error:?}");
+        assert_eq!(error.socks_reply(), Reply::HostUnreachable);
+        assert!(!crate::egress::via::is_upstream_fault(&error));
         peer.await.expect("peer");
+    }
+
+    #[tokio::test]
+    async fn an_upstream_still_trying_the_destination_at_the_deadline_is_not_at_fault() {
+        let (mut ours, peer) = upstream(|mut s| async move {
+            expect_bytes(&mut s, &[5, 1, 0]).await;
+            s.write_all(&[5, 0]).await.expect("write");
+            expect_bytes(&mut s, &CONNECT).await;
+            s
+        })
+        .await;
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let got = handshake(&mut ours, None, &destination(), deadline).await;
+        let error = got.expect_err("timed out");
+        assert!(
+            matches!(error, UpstreamError::DestinationTimedOut),
+            "{error:?}"
+        );
+        assert_eq!(error.socks_reply(), Reply::TtlExpired);
+        assert_eq!(error.http_status(), 504);
+        assert!(!crate::egress::via::is_upstream_fault(&error));
+        // Silent before it took the request: the upstream's own fault.
+        let (mut ours, _theirs) = pair().await;
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let error = handshake(&mut ours, None, &destination(), deadline)
+            .await
+            .expect_err("timed out");
+        assert!(crate::egress::via::is_upstream_fault(&error));
+        drop(peer);
     }
 
     #[tokio::test]
@@ -579,7 +639,7 @@ mod tests {
     #[tokio::test]
     async fn probe_stops_after_the_login() {
         let (mut ours, peer) = upstream(|mut s| async move {
-            expect_bytes(&mut s, &[5, 2, 0, 2]).await;
+            expect_bytes(&mut s, &[5, 1, 2]).await;
             s.write_all(&[5, 2]).await.expect("write");
             expect_bytes(&mut s, b"\x01\x05alice\x06s3cret").await;
             s.write_all(&[1, 0]).await.expect("write");

@@ -22,12 +22,16 @@ use super::{Egress, EgressError, Target};
 
 /// Whether `error` says the upstream is broken (counted against its health
 /// and a reason to try the next route), rather than that it refused this
-/// destination or that our own request could not be encoded.
+/// destination, could not reach it in time (it took our request and was
+/// still trying: a blackholed destination must not take a shared upstream
+/// down for every client), or that our own request could not be encoded.
 pub fn is_upstream_fault(error: &UpstreamError) -> bool {
     use blipless_protocol::socks5::client::ClientError;
     !matches!(
         error,
         UpstreamError::Refused { .. }
+            | UpstreamError::DestinationTimedOut
+            | UpstreamError::ClosedAtConnect
             | UpstreamError::Protocol(
                 ClientError::UnencodableDomain { .. }
                     | ClientError::EmptyCredentials

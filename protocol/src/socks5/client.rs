@@ -54,12 +54,15 @@ const CMD_CONNECT: u8 = 0x01;
 
 /// The client's greeting: `VER NMETHODS METHODS...`.
 ///
-/// Offers [`METHOD_NO_AUTH`], and also [`METHOD_USER_PASS`] when
-/// `with_credentials` (the client then has credentials to send if the
-/// server picks it). Pass the same flag to [`parse_method_choice`].
+/// Offers [`METHOD_USER_PASS`] alone when `with_credentials`, else
+/// [`METHOD_NO_AUTH`] alone. Offering both would let a server that puts
+/// "none" first (or lets our address in without a login) skip the login,
+/// and with it the username, which can carry what the client means (a
+/// sticky session, a country). Pass the same flag to
+/// [`parse_method_choice`].
 pub fn encode_greeting(with_credentials: bool) -> Vec<u8> {
     if with_credentials {
-        vec![VERSION, 2, METHOD_NO_AUTH, METHOD_USER_PASS]
+        vec![VERSION, 1, METHOD_USER_PASS]
     } else {
         vec![VERSION, 1, METHOD_NO_AUTH]
     }
@@ -68,9 +71,9 @@ pub fn encode_greeting(with_credentials: bool) -> Vec<u8> {
 /// Parses the server's method selection `VER METHOD`.
 ///
 /// `offered_credentials` is the flag the greeting was encoded with: the
-/// server may only pick a method the client offered. Returns the method
-/// ([`METHOD_NO_AUTH`] or, when offered, [`METHOD_USER_PASS`]) and the bytes
-/// it took (2); [`ClientError::Incomplete`] while fewer than 2 bytes are
+/// server may only pick the method the client offered. Returns the method
+/// ([`METHOD_USER_PASS`] when credentials were offered, else
+/// [`METHOD_NO_AUTH`]) and the bytes it took (2); [`ClientError::Incomplete`] while fewer than 2 bytes are
 /// here; [`ClientError::BadVersion`], [`ClientError::NoAcceptableMethod`]
 /// (0xFF) or [`ClientError::UnexpectedMethod`] otherwise.
 pub fn parse_method_choice(
@@ -87,7 +90,7 @@ pub fn parse_method_choice(
         return Err(incomplete(2, buf));
     };
     match method {
-        METHOD_NO_AUTH => Ok((method, 2)),
+        METHOD_NO_AUTH if !offered_credentials => Ok((method, 2)),
         METHOD_USER_PASS if offered_credentials => Ok((method, 2)),
         METHOD_NONE_ACCEPTABLE => Err(ClientError::NoAcceptableMethod),
         other => Err(ClientError::UnexpectedMethod(other)),

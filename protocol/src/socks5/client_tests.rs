@@ -93,7 +93,7 @@ fn method_choice_without(buf: &[u8]) -> Result<(u8, usize), ClientError> {
 #[test]
 fn greeting_bytes() {
     assert_eq!(encode_greeting(false), [5, 1, 0]);
-    assert_eq!(encode_greeting(true), [5, 2, 0, 2]);
+    assert_eq!(encode_greeting(true), [5, 1, 2]);
 }
 
 #[test]
@@ -102,8 +102,8 @@ fn greeting_round_trips_through_the_server_parser() {
     assert_eq!(greeting.methods, [METHOD_NO_AUTH]);
     assert_eq!(n, 3);
     let (greeting, n) = parse_greeting(&encode_greeting(true)).unwrap();
-    assert_eq!(greeting.methods, [METHOD_NO_AUTH, METHOD_USER_PASS]);
-    assert_eq!(n, 4);
+    assert_eq!(greeting.methods, [METHOD_USER_PASS]);
+    assert_eq!(n, 3);
 }
 
 #[test]
@@ -114,7 +114,11 @@ fn method_choice_accepts_the_offered_methods() {
         parse_method_choice(&no_auth, false),
         Ok((METHOD_NO_AUTH, 2))
     );
-    assert_eq!(parse_method_choice(&no_auth, true), Ok((METHOD_NO_AUTH, 2)));
+    // With credentials offered, "none" was not: the login cannot be skipped.
+    assert_eq!(
+        parse_method_choice(&no_auth, true),
+        Err(ClientError::UnexpectedMethod(METHOD_NO_AUTH))
+    );
     assert_eq!(
         parse_method_choice(&user_pass, true),
         Ok((METHOD_USER_PASS, 2))
