@@ -244,7 +244,10 @@ pub fn reply_from_code(code: u8) -> Option<Reply> {
 /// [`ClientError::Incomplete`] while the buffer holds less than the whole
 /// reply; [`ClientError::BadVersion`] or [`ClientError::BadAddressType`]
 /// as soon as the head shows them; [`ClientError::BadDomain`] for a
-/// malformed bound name once the whole reply is here.
+/// malformed bound name in a success reply once the whole reply is here.
+/// A failure reply's bound name is not checked (servers fill it with
+/// anything, often nothing): its code is what matters, and its bound
+/// address is then the unspecified IPv4 address with the port given.
 pub fn parse_connect_reply(buf: &[u8]) -> Result<(ConnectReply, usize), ClientError> {
     // The reply has the request's layout (the server side frames both).
     let framed = match super::frame_address(buf) {
@@ -253,7 +256,14 @@ pub fn parse_connect_reply(buf: &[u8]) -> Result<(ConnectReply, usize), ClientEr
         Framing::BadVersion(version) => return Err(ClientError::BadVersion(version)),
         Framing::BadAddressType(atyp) => return Err(ClientError::BadAddressType(atyp)),
     };
-    let bound = framed.destination().map_err(|_| ClientError::BadDomain)?;
+    let bound = match framed.destination() {
+        Ok(bound) => bound,
+        Err(_) if framed.second != 0 => Destination::Ip(SocketAddr::new(
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+            framed.port,
+        )),
+        Err(_) => return Err(ClientError::BadDomain),
+    };
     Ok((
         ConnectReply {
             code: framed.second,

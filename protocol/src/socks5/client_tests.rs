@@ -425,6 +425,14 @@ fn reply_errors() {
             Err(ClientError::BadDomain),
             "{name:?}"
         );
+        // A failure's bound name is not read: its code is what counts.
+        let failure = domain_reply(5, name, 1);
+        let (got, n) = parse_connect_reply(&failure).expect("a failure reply");
+        assert_eq!(
+            (got.code, got.bound, n),
+            (5, v4([0, 0, 0, 0], 1), failure.len()),
+            "{name:?}"
+        );
     }
     // The reserved byte carries no meaning and is ignored.
     let (got, n) = parse_connect_reply(&[5, 0, 0x42, 1, 1, 2, 3, 4, 0, 80]).unwrap();
