@@ -250,6 +250,7 @@ impl Loader {
         self.check_tls();
         self.check_pool6();
         self.check_exits();
+        self.check_uapi_socket();
         if self.errors.is_empty() {
             Ok(self.config)
         } else {
@@ -373,6 +374,32 @@ impl Loader {
                 .into_iter()
                 .map(|message| ConfigError::Conflict { message }),
         );
+    }
+
+    /// When served (`wireguard.uapi`), the UAPI socket
+    /// `<wireguard.uapi_dir>/<wireguard.interface>.sock` must fit a Unix
+    /// socket's path (107 bytes): the directory's own limit (94 bytes) is
+    /// sized for `handoff.sock`, and an interface name is up to 15 bytes.
+    fn check_uapi_socket(&mut self) {
+        let wg = &self.config.wireguard;
+        if !wg.uapi
+            || self.invalid.contains("wireguard.uapi_dir")
+            || self.invalid.contains("wireguard.interface")
+        {
+            return;
+        }
+        let length = wg.uapi_dir.as_os_str().len() + 1 + wg.interface.len() + ".sock".len();
+        if length > 107 {
+            let message = format!(
+                "wireguard.uapi_dir = {:?} ({}) and wireguard.interface = {:?} ({}) make a UAPI socket path of {length} bytes: \
+                 Unix socket paths hold at most 107; shorten either",
+                wg.uapi_dir.display().to_string(),
+                self.origin("wireguard.uapi_dir"),
+                wg.interface,
+                self.origin("wireguard.interface"),
+            );
+            self.errors.push(ConfigError::Conflict { message });
+        }
     }
 
     fn origin(&self, key: &str) -> String {

@@ -542,3 +542,40 @@ fn a_duration_longer_than_a_year_is_a_problem_not_an_overflow_later() {
         .expect("a year is allowed");
     assert_eq!(config.proxy.idle_timeout, Duration::from_secs(365 * 86_400));
 }
+
+#[test]
+fn what_net_setup_and_the_uapi_socket_need_is_checked_at_load() {
+    for set in [
+        "wireguard.pool=fd00:64::/64",
+        "wireguard.pool=10.0.0.0/31",
+        "wireguard.pool=10.0.0.1/32",
+        "egress.tun.name=blip+0",
+        "wireguard.interface=wg\u{e9}",
+    ] {
+        let errors = problems(Config::load(None, no_env(), &sets(&[set])));
+        assert_eq!(errors.len(), 1, "{set}: {errors:?}");
+    }
+    Config::load(None, no_env(), &sets(&["wireguard.pool=10.0.0.0/30"])).expect("a /30 will do");
+    // 90 + 1 + 15 + 5 = 111 bytes: too long for a socket path, though each
+    // key alone is within its own limit.
+    let dir = format!("/{}", "d".repeat(89));
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&[
+            &format!("wireguard.uapi_dir={dir}"),
+            "wireguard.interface=fifteen-chars15",
+        ]),
+    ));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].to_string().contains("111 bytes"), "{errors:?}");
+    Config::load(
+        None,
+        no_env(),
+        &sets(&[
+            &format!("wireguard.uapi_dir={dir}"),
+            "wireguard.interface=wg0",
+        ]),
+    )
+    .expect("short enough");
+}

@@ -395,9 +395,12 @@ fn net_setup_refuses_an_uplink_the_host_lacks_and_finds_the_default_routes() {
 fn net_setup_refuses_an_ipv6_pool_and_changes_nothing() {
     let ns = Netns::new("v6");
     let output = ns.ctl(&["--set", "wireguard.pool=fd00:77::/64", "net", "setup"]);
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(64), "a configuration error");
     let stderr = text(&output.stderr);
-    assert!(stderr.contains("IPv6"), "{stderr}");
+    assert!(
+        stderr.contains("wireguard.pool") && stderr.contains("an IPv4 network"),
+        "{stderr}"
+    );
     let link = ns.exec("ip", &["link", "show", TUN]);
     assert!(!link.status.success(), "a refused setup created {TUN}");
 }

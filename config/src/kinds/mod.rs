@@ -207,9 +207,12 @@ pub(crate) struct Cidr;
 impl Kind for Cidr {
     type Out = IpNet;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str = "a network like 10.64.0.0/16 (host bits zero)";
+    const EXPECTED: &'static str =
+        "an IPv4 network of /30 or larger like 10.64.0.0/16 (host bits zero), room for the node and a client";
     fn parse(input: &Input<'_>) -> Option<IpNet> {
-        network(input.text()?)
+        // What `net setup`, `client add --wg` and the device plane need:
+        // checked here, so `config check` says so before they fail.
+        network(input.text()?).filter(|net| matches!(net, IpNet::V4(v4) if v4.prefix_len() <= 30))
     }
 }
 
@@ -290,13 +293,16 @@ impl Kind for Interface {
     type Out = String;
     const SHAPE: Shape = Shape::Text;
     const EXPECTED: &'static str =
-        "an interface name of 1 to 15 characters without '/', ':' or whitespace";
+        "an interface name of 1 to 15 ASCII letters, digits, '_', '-' or '.'";
     fn parse(input: &Input<'_>) -> Option<String> {
         let s = input.text()?;
+        // Stricter than the kernel: names go into nftables scripts, which
+        // `net setup` writes only for these characters.
         let ok = (1..=15).contains(&s.len())
             && s != "."
             && s != ".."
-            && !s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
         ok.then(|| s.to_owned())
     }
 }
@@ -308,7 +314,7 @@ impl Kind for InterfaceOrFound {
     type Out = String;
     const SHAPE: Shape = Shape::Text;
     const EXPECTED: &'static str =
-        "an interface name of 1 to 15 characters without '/', ':' or whitespace, or \"\" (the default route's)";
+        "an interface name of 1 to 15 ASCII letters, digits, '_', '-' or '.', or \"\" (the default route's)";
     fn parse(input: &Input<'_>) -> Option<String> {
         match input.text()? {
             "" => Some(String::new()),
