@@ -240,3 +240,31 @@ fn an_http10_origin_does_not_end_a_keep_alive_clients_connection() {
         assert_eq!(raw::read_exact(&mut stream, 2), b"ok", "round {round}");
     }
 }
+
+/// A request whose own body is broken (a chunk size that is not a number)
+/// gets 400 and a close: the client's fault, not a 502 blamed on the origin.
+#[test]
+fn a_request_body_the_client_garbled_gets_400_not_502() {
+    let target = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        Duration::from_secs(3),
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, device, client) = node.start();
+    let mut stream = connect(&node);
+    write!(
+        stream,
+        "POST http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+        auth(&client)
+    )
+    .expect("request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    assert!(
+        !device.log_text().contains("origin failed mid-request"),
+        "the origin was blamed:\n{}",
+        device.log_text()
+    );
+}

@@ -74,6 +74,9 @@ struct State {
     /// The last response-body frame (or the head).
     response_last: Instant,
     response_done: bool,
+    /// Reading the client's request body failed (malformed chunks, or the
+    /// client ended it short): the request's failure is the client's.
+    request_failed: bool,
 }
 
 /// One forwarded exchange's progress.
@@ -99,6 +102,7 @@ impl Exchange {
                 answered: false,
                 response_last: now,
                 response_done: false,
+                request_failed: false,
             }),
             changed: Notify::new(),
         })
@@ -118,6 +122,11 @@ impl Exchange {
             state.window_start = Instant::now();
             state.window_bytes = 0;
         }
+    }
+
+    /// Whether reading the client's request body failed.
+    pub(super) fn request_failed(&self) -> bool {
+        self.lock().request_failed
     }
 
     fn request_waiting(&self) {
@@ -260,8 +269,9 @@ impl HttpBody for RequestBody {
                 }
             }
             Poll::Ready(None) => self.exchange.request_done(),
-            // The client went away: the request fails on its own.
-            Poll::Ready(Some(Err(_))) => {}
+            // The client's body is malformed or ended short: the request
+            // fails on its own, and the failure is the client's.
+            Poll::Ready(Some(Err(_))) => self.exchange.lock().request_failed = true,
         }
         poll
     }

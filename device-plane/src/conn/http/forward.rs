@@ -140,6 +140,17 @@ pub(super) async fn forward(
             Response::from_parts(parts, body.boxed())
         }
         Err(_) if client.revoked.is_cancelled() => revoked_answer(&watch),
+        // The client's own body failed (malformed chunks, or shorter than
+        // its Content-Length): a 400 and a close, not the origin's 502.
+        Err(error) if exchange.request_failed() => {
+            tracing::debug!(id, %error, "request body unreadable; 400");
+            let mut response = plain(StatusCode::BAD_REQUEST, "request body unreadable\n");
+            response
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+            watch.close_after_answer();
+            response
+        }
         Err(error) => {
             tracing::info!(id, %error, "origin failed mid-request");
             plain(StatusCode::BAD_GATEWAY, "destination failed\n")
