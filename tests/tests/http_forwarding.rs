@@ -64,6 +64,20 @@ fn connect(node: &Node) -> TcpStream {
     stream
 }
 
+/// Sends `request` on a new connection to the HTTP proxy, shuts the
+/// sending side down if `half_close`, and reads everything until the proxy
+/// ends the connection.
+fn ask(node: &Node, request: &str, half_close: bool) -> String {
+    let mut stream = connect(node);
+    stream.write_all(request.as_bytes()).expect("request");
+    if half_close {
+        stream.shutdown(Shutdown::Write).expect("half-close");
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
 /// An upload the proxy answers before reading its body (no credentials:
 /// 407) gets its answer and a clean end: the proxy shuts its side down and
 /// reads and drops the rest for a moment before it closes (RFC 9112 §9.6).
@@ -163,31 +177,27 @@ fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
     );
     let mut node = Node::new("");
     let (_ingress, _device, client) = node.start();
-    let mut stream = connect(&node);
-    write!(
-        stream,
-        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
-        auth(&client)
-    )
-    .expect("request");
-    stream.shutdown(Shutdown::Write).expect("half-close");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
+    let answer = ask(
+        &node,
+        &format!(
+            "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+            auth(&client)
+        ),
+        true,
+    );
     assert!(
         answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
         "{answer:?}"
     );
     // CONNECT, then a request through the tunnel, then the half-close.
-    let mut stream = connect(&node);
-    write!(
-        stream,
-        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\nGET / HTTP/1.1\r\nHost: {target}\r\n\r\n",
-        auth(&client)
-    )
-    .expect("request");
-    stream.shutdown(Shutdown::Write).expect("half-close");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
+    let answer = ask(
+        &node,
+        &format!(
+            "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\nGET / HTTP/1.1\r\nHost: {target}\r\n\r\n",
+            auth(&client)
+        ),
+        true,
+    );
     assert!(
         answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
         "{answer:?}"
@@ -252,15 +262,14 @@ fn a_request_body_the_client_garbled_gets_400_not_502() {
     );
     let mut node = Node::new("");
     let (_ingress, device, client) = node.start();
-    let mut stream = connect(&node);
-    write!(
-        stream,
-        "POST http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
-        auth(&client)
-    )
-    .expect("request");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
+    let answer = ask(
+        &node,
+        &format!(
+            "POST http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+            auth(&client)
+        ),
+        false,
+    );
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     assert!(
         !device.log_text().contains("origin failed mid-request"),
