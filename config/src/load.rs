@@ -61,7 +61,7 @@ impl Config {
                         unreadable.push(ConfigError::InvalidValue {
                             origin: format!("environment variable {name}"),
                             key: key.path.to_owned(),
-                            value: format!("{:?}", value.to_string_lossy()),
+                            value: shown(key, Raw::Text(&value.to_string_lossy())),
                             expected: "UTF-8 text".to_owned(),
                         });
                     }
@@ -388,7 +388,10 @@ impl Loader {
         {
             return;
         }
-        let length = wg.uapi_dir.as_os_str().len() + 1 + wg.interface.len() + ".sock".len();
+        let Some(socket) = self.config.wireguard_uapi_socket() else {
+            return;
+        };
+        let length = socket.as_os_str().len();
         if length > 107 {
             let message = format!(
                 "wireguard.uapi_dir = {:?} ({}) and wireguard.interface = {:?} ({}) make a UAPI socket path of {length} bytes: \

@@ -331,6 +331,17 @@ fn an_environment_that_is_not_utf8_is_skipped_or_reported_not_a_panic() {
     let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
     assert_eq!(text.len(), 2, "{text:?}");
     assert!(text.iter().any(|t| t.contains("drain.grace")), "{text:?}");
+    // A store URL's password stays hidden, UTF-8 or not.
+    let errors = problems(Config::load_os(
+        None,
+        [(
+            OsString::from("BLIPLESS_STORE_URL"),
+            OsString::from_vec(b"redis://user:s3cr\xffet@host:6379".to_vec()),
+        )],
+        &[],
+    ));
+    let shown = errors[0].to_string();
+    assert!(!shown.contains("s3cr"), "{shown}");
     assert!(
         text.iter().any(|t| t.starts_with("listen.socks = \"x\u{fffd}\" in environment variable BLIPLESS_LISTEN_SOCKS: expected UTF-8 text")),
         "{text:?}"
@@ -538,9 +549,15 @@ fn a_duration_longer_than_a_year_is_a_problem_not_an_overflow_later() {
         ]),
     ));
     assert_eq!(errors.len(), 2, "{errors:?}");
-    let config = Config::load(None, no_env(), &sets(&["proxy.idle_timeout=365days"]))
-        .expect("a year is allowed");
-    assert_eq!(config.proxy.idle_timeout, Duration::from_secs(365 * 86_400));
+    let config =
+        Config::load(None, no_env(), &sets(&["proxy.idle_timeout=1y"])).expect("a year is allowed");
+    assert_eq!(config.proxy.idle_timeout, Duration::from_secs(31_557_600));
+    let errors = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&["proxy.idle_timeout=1y 1s"]),
+    ));
+    assert_eq!(errors.len(), 1, "{errors:?}");
 }
 
 #[test]

@@ -456,8 +456,9 @@ impl Kind for OptionalQuota {
 /// (humantime takes one) would overflow.
 pub(crate) struct Dur;
 
-/// The longest duration any key takes: a year.
-pub(crate) const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest duration any key takes: a year as humantime reckons `1y`
+/// (365.25 days).
+pub(crate) const LONGEST: Duration = Duration::from_secs(31_557_600);
 
 impl Kind for Dur {
     type Out = Duration;
