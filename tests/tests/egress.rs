@@ -257,11 +257,15 @@ fn socks5_and_http_through_an_authenticated_dante_reach_the_origin_from_its_exte
     let origin = Origin::start();
     let dante = Dante::start(DANTE_A);
     let password = password_file(dante.path(), &dante.password);
-    let mut node = Node::new(&upstream_toml(
-        "dc-1",
-        dante.address,
-        Some((&dante.username, &password)),
-    ));
+    // The upstream by name, as providers give theirs: `localhost` is
+    // resolved as one of the plane's lookups and its addresses raced (dante
+    // is on 127.0.0.1 only, so a first ::1 is refused and costs nothing).
+    let mut node = Node::new(
+        &upstream_toml("dc-1", dante.address, Some((&dante.username, &password))).replace(
+            &dante.address.to_string(),
+            &format!("localhost:{}", dante.address.port()),
+        ),
+    );
     // alice has the default policy, any: every upstream (here dc-1 only).
     let (_ingress, _device, alice) = node.start();
     // For contrast, a client pinned to direct egress on the same node.

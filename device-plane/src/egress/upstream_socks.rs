@@ -54,6 +54,10 @@ pub enum UpstreamError {
     /// Reading from or writing to the upstream failed.
     #[error("upstream I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The upstream's own host name does not resolve (the resolver said
+    /// so, or gave no address).
+    #[error("the upstream's host name does not resolve")]
+    Unresolvable,
     /// The upstream's answer is not SOCKS5 (or not what was asked for), or
     /// our own message cannot be encoded (then nothing was sent): empty or
     /// over-long credentials ([`ClientError::EmptyCredentials`],
@@ -109,9 +113,10 @@ impl UpstreamError {
     /// - [`UpstreamError::TimedOut`] gives `TtlExpired`;
     /// - [`UpstreamError::DestinationTimedOut`] gives `TtlExpired` too, and
     ///   [`UpstreamError::ClosedAtConnect`] `HostUnreachable`;
-    /// - [`UpstreamError::Closed`], [`UpstreamError::Io`] and a garbled
-    ///   answer ([`UpstreamError::Protocol`]): `HostUnreachable`, the path
-    ///   through the upstream is broken;
+    /// - [`UpstreamError::Closed`], [`UpstreamError::Io`],
+    ///   [`UpstreamError::Unresolvable`] and a garbled answer
+    ///   ([`UpstreamError::Protocol`]): `HostUnreachable`, the path through
+    ///   the upstream is broken;
     /// - our own configuration or request at fault ([`UpstreamError::AuthRefused`],
     ///   and a [`UpstreamError::Protocol`] for a message we could not
     ///   encode): `GeneralFailure`, which the customer cannot fix.
@@ -129,9 +134,10 @@ impl UpstreamError {
                 | ClientError::UnencodableDomain { .. },
             )
             | UpstreamError::AuthRefused => Reply::GeneralFailure,
-            UpstreamError::Closed | UpstreamError::Io(_) | UpstreamError::Protocol(_) => {
-                Reply::HostUnreachable
-            }
+            UpstreamError::Closed
+            | UpstreamError::Io(_)
+            | UpstreamError::Unresolvable
+            | UpstreamError::Protocol(_) => Reply::HostUnreachable,
         }
     }
 
@@ -721,6 +727,7 @@ mod tests {
             (UpstreamError::Closed, Reply::HostUnreachable, 502),
             (UpstreamError::TimedOut, Reply::TtlExpired, 504),
             (io(), Reply::HostUnreachable, 502),
+            (UpstreamError::Unresolvable, Reply::HostUnreachable, 502),
             (
                 protocol(ClientError::BadAddressType(9)),
                 Reply::HostUnreachable,

@@ -16,9 +16,10 @@ use blipless_protocol::socks5::Destination;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use super::lookups::{LookupError, Lookups};
 use super::routes::{Route, RouteKind, Routes};
 use super::upstream_socks::{self, UpstreamCredentials, UpstreamError};
-use super::{Egress, EgressError, Target};
+use super::{eyeballs, Egress, EgressError, Target};
 
 /// Whether `error` says the upstream is broken (counted against its health
 /// and a reason to try the next route), rather than that it refused this
@@ -63,16 +64,58 @@ fn credentials(route: &Route, client: &str, session: &str) -> Option<UpstreamCre
     })
 }
 
-/// Connects to an upstream's `host:port` before `deadline`.
-async fn reach(address: &str, deadline: tokio::time::Instant) -> Result<TcpStream, UpstreamError> {
-    let attempt = async {
+/// The key an upstream's own lookups are bounded under in [`Lookups`]:
+/// client names have no space, so an upstream's places are its own and a
+/// client's slow names cannot hold them.
+fn lookup_key(upstream: &str) -> String {
+    format!("upstream {upstream}")
+}
+
+/// `host` and `port` of a configured upstream address (`host:port` or
+/// `[v6]:port`, checked when the configuration was loaded).
+fn split_host_port(address: &str) -> Option<(&str, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    Some((host, port.parse().ok()?))
+}
+
+/// Connects to the upstream named `upstream` at `address` before `deadline`. A name
+/// is resolved at each connect (providers rotate addresses) as one of the
+/// upstream's own bounded lookups ([`Lookups`]), never on a blocking thread
+/// of its own, and its addresses are raced as a destination's are
+/// ([`eyeballs`]): one that does not answer costs [`eyeballs::ATTEMPT_DELAY`],
+/// not the whole deadline.
+async fn reach(
+    lookups: &Lookups,
+    upstream: &str,
+    address: &str,
+    deadline: tokio::time::Instant,
+) -> Result<TcpStream, UpstreamError> {
+    let Some((host, port)) = split_host_port(address) else {
+        return Err(UpstreamError::Unresolvable);
+    };
+    let addresses = lookups
+        .resolve(&lookup_key(upstream), host, port, deadline)
+        .await
+        .map_err(|error| match error {
+            LookupError::TimedOut => UpstreamError::TimedOut,
+            LookupError::Failed => UpstreamError::Unresolvable,
+        })?;
+    if addresses.is_empty() {
+        return Err(UpstreamError::Unresolvable);
+    }
+    let ordered = eyeballs::interleave(addresses);
+    let attempts = eyeballs::race(&ordered, eyeballs::ATTEMPT_DELAY, |address| async move {
         let stream = TcpStream::connect(address).await?;
         let _ = stream.set_nodelay(true);
         Ok::<_, std::io::Error>(stream)
-    };
-    match tokio::time::timeout_at(deadline, attempt).await {
-        Err(_) => Err(UpstreamError::TimedOut),
-        Ok(Err(error)) => Err(UpstreamError::Io(error)),
+    });
+    match tokio::time::timeout_at(deadline, attempts).await {
+        Err(_) | Ok(Err(None)) => Err(UpstreamError::TimedOut),
+        Ok(Err(Some(error))) => Err(UpstreamError::Io(error)),
         Ok(Ok(stream)) => Ok(stream),
     }
 }
@@ -141,7 +184,9 @@ impl Egress {
                 error,
             }
         };
-        let mut stream = reach(address, deadline).await.map_err(failed)?;
+        let mut stream = reach(&self.lookups, &route.name, address, deadline)
+            .await
+            .map_err(failed)?;
         let credentials = credentials(route, client, session);
         upstream_socks::handshake(&mut stream, credentials.as_ref(), &destination, deadline)
             .await
@@ -160,6 +205,7 @@ fn elapsed_us(since: Instant) -> u64 {
 
 /// Probes one upstream: connect and the SOCKS5 greeting (and credentials).
 async fn probe(
+    lookups: &Lookups,
     route: &Route,
     timeout: Duration,
 ) -> Result<(u64, Option<std::net::SocketAddr>), UpstreamError> {
@@ -168,7 +214,7 @@ async fn probe(
     };
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut stream = reach(address, deadline).await?;
+    let mut stream = reach(lookups, &route.name, address, deadline).await?;
     let credentials = credentials(route, PROBE_CLIENT, PROBE_CLIENT);
     upstream_socks::probe(&mut stream, credentials.as_ref(), deadline).await?;
     Ok((elapsed_us(started), stream.peer_addr().ok()))
@@ -178,6 +224,7 @@ async fn probe(
 /// own task so one slow upstream delays no other, until `shutdown`.
 pub async fn probe_forever(
     routes: Arc<Routes>,
+    lookups: Lookups,
     interval: Duration,
     timeout: Duration,
     shutdown: CancellationToken,
@@ -188,7 +235,7 @@ pub async fn probe_forever(
             // A WireGuard exit's health is its handshakes (`wg::exit`).
             continue;
         }
-        let (routes, shutdown) = (routes.clone(), shutdown.clone());
+        let (routes, lookups, shutdown) = (routes.clone(), lookups.clone(), shutdown.clone());
         probers.spawn(async move {
             let route = &routes.upstreams()[index];
             let mut tick = tokio::time::interval(interval);
@@ -198,7 +245,7 @@ pub async fn probe_forever(
                     _ = tick.tick() => {}
                     () = shutdown.cancelled() => return,
                 }
-                match probe(route, timeout).await {
+                match probe(&lookups, route, timeout).await {
                     Ok((latency_us, peer)) => route.succeeded(latency_us, peer),
                     Err(error) => {
                         tracing::debug!(route = %route.name, %error, "egress probe failed");
@@ -209,4 +256,68 @@ pub async fn probe_forever(
         });
     }
     while probers.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(10)
+    }
+
+    #[test]
+    fn configured_addresses_split_into_host_and_port() {
+        assert_eq!(
+            split_host_port("proxy.example.net:1080"),
+            Some(("proxy.example.net", 1080))
+        );
+        assert_eq!(split_host_port("192.0.2.7:1"), Some(("192.0.2.7", 1)));
+        assert_eq!(
+            split_host_port("[2001:db8::1]:443"),
+            Some(("2001:db8::1", 443))
+        );
+        assert_eq!(split_host_port("no-port"), None);
+        assert_eq!(split_host_port("host:http"), None);
+    }
+
+    #[tokio::test]
+    async fn an_upstream_is_reached_by_address_and_by_name() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let lookups = Lookups::default();
+        for address in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+            let stream = reach(&lookups, "up", &address, soon())
+                .await
+                .unwrap_or_else(|error| panic!("{address}: {error}"));
+            assert_eq!(stream.peer_addr().expect("peer").port(), port);
+        }
+    }
+
+    /// A name waits for one of the plane's lookup places, and fails as
+    /// timed out when none comes; an address takes none.
+    #[tokio::test]
+    async fn an_upstreams_name_is_one_of_the_planes_bounded_lookups() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let no_places = Lookups::new(0, 1);
+        let by_name = reach(
+            &no_places,
+            "up",
+            &format!("localhost:{port}"),
+            tokio::time::Instant::now() + Duration::from_millis(200),
+        )
+        .await;
+        assert!(
+            matches!(by_name, Err(UpstreamError::TimedOut)),
+            "{by_name:?}"
+        );
+        reach(&no_places, "up", &format!("127.0.0.1:{port}"), soon())
+            .await
+            .expect("an address needs no lookup");
+    }
 }

@@ -108,16 +108,17 @@ pub(super) async fn warm_up(
         config.egress.window.size,
         config.egress.probe.failures,
     ));
+    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout)
+        .with_routes(routes.clone());
     // Upstreams are probed from now on, the first time at once, so a plane
     // knows which are down before it says Ready.
     tokio::spawn(crate::egress::via::probe_forever(
         routes.clone(),
+        egress.lookups.clone(),
         config.egress.probe.interval,
         config.egress.probe.timeout,
         background.clone(),
     ));
-    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout)
-        .with_routes(routes.clone());
     // A successor inherits its predecessor's TUN queues at handover; the
     // first plane attaches its own now, before Ready.
     let packets = PacketPath::new(
