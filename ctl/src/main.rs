@@ -199,6 +199,48 @@ enum ClientCommand {
 #[error("{0}")]
 pub(crate) struct ConfigProblem(String);
 
+/// Every configuration problem a command found before changing anything,
+/// reported together (exit [`EXIT_CONFIG_ERROR`]), as a configuration that
+/// does not load reports all of its own.
+#[derive(Debug)]
+pub(crate) struct ConfigProblems(Vec<String>);
+
+impl std::fmt::Display for ConfigProblems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_slice() {
+            [one] => f.write_str(one),
+            all => {
+                write!(f, "{} problems with this command:", all.len())?;
+                for problem in all {
+                    write!(f, "\n  - {problem}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigProblems {}
+
+/// Both results, or every [`ConfigProblem`] among their errors (an error of
+/// another kind wins: the first one).
+fn both<A, B>(a: anyhow::Result<A>, b: anyhow::Result<B>) -> anyhow::Result<(A, B)> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(first), Err(second)) => match (
+            first.downcast_ref::<ConfigProblem>(),
+            second.downcast_ref::<ConfigProblem>(),
+        ) {
+            (Some(one), Some(two)) => {
+                Err(ConfigProblems(vec![one.0.clone(), two.0.clone()]).into())
+            }
+            (None, _) => Err(first),
+            (_, None) => Err(second),
+        },
+    }
+}
+
 /// A client change is in the store, but the running node did not confirm
 /// that its device planes applied it: exits with [`EXIT_UNCONFIRMED`].
 #[derive(Debug, thiserror::Error)]
@@ -248,11 +290,15 @@ fn main() -> ExitCode {
     };
     match run(&args, &config) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) if error.is::<ConfigProblem>() => {
+        Err(error) if error.is::<ConfigProblem>() || error.is::<ConfigProblems>() => {
             if args.json {
+                let problems = match error.downcast_ref::<ConfigProblems>() {
+                    Some(all) => all.0.clone(),
+                    None => vec![error.to_string()],
+                };
                 say!(
                     "{}",
-                    json!({ "error": "configuration", "problems": [error.to_string()] })
+                    json!({ "error": "configuration", "problems": problems })
                 );
             } else {
                 eprintln!("blipless-ctl: {error}");
@@ -318,9 +364,17 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
         Command::Deploy { watch } => deploy(config, *watch, args.json),
         Command::Net { command } => net(config, command, args.json),
         Command::Client { command } => {
-            // Before the store is opened: a missing setting changes nothing.
-            let wg = match command {
-                ClientCommand::Add { wg: true, .. } => Some(WgNode::prepare(config)?),
+            // Before the store is opened, and all at once: a missing setting
+            // or an unknown upstream changes nothing.
+            let checked_add = match command {
+                ClientCommand::Add { wg, egress, .. } => {
+                    let node = if *wg {
+                        WgNode::prepare(config).map(Some)
+                    } else {
+                        Ok(None)
+                    };
+                    Some(both(node, clients::egress_policy(config, egress))?)
+                }
                 _ => None,
             };
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -337,12 +391,13 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                 match command {
                     ClientCommand::Add {
                         name,
-                        egress,
                         qr_png,
                         limits,
                         ..
                     } => {
-                        let policy = clients::egress_policy(config, egress)?;
+                        let Some((wg, policy)) = checked_add else {
+                            unreachable!("checked above for every client add");
+                        };
                         let new = clients::NewClient {
                             name,
                             egress: policy,

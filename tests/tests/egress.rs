@@ -1159,6 +1159,27 @@ fn unknown_upstreams_and_tags_in_a_client_policy_exit_64() {
             text(&output.stderr)
         );
     }
+    // Every problem of one command at once (this node has no
+    // wireguard.endpoint), as for a configuration that does not load.
+    let output = node.ctl(&["client", "add", "x", "--wg", "--egress", "tags:nope"]);
+    let said = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains("2 problems") && said.contains("wireguard.endpoint") && said.contains("nope"),
+        "both problems: {said}"
+    );
+    let output = node.ctl(&[
+        "--json",
+        "client",
+        "add",
+        "x",
+        "--wg",
+        "--egress",
+        "tags:nope",
+    ]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("--json answers in JSON");
+    assert_eq!(json["problems"].as_array().map(Vec::len), Some(2), "{json}");
     // Nothing was added; the known ones are accepted.
     for (name, policy) in [
         ("t", "tags:eu"),
