@@ -8,6 +8,17 @@ use serde_json::json;
 
 use crate::NetCommand;
 
+/// `net teardown` with no configuration to go by: the nftables tables and
+/// whatever setup marked as its own ([`net::teardown_marked`]).
+pub(crate) fn teardown_marked() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(net::teardown_marked())?;
+    Ok(())
+}
+
 /// `net setup` and `net teardown`.
 pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyhow::Result<()> {
     // Checks the configuration (IPv4 pool, interface names) before any change.

@@ -120,8 +120,11 @@ enum NetCommand {
     /// egress.tun.out_interface; invalid TCP answered with a reset).
     /// Idempotent.
     Setup,
-    /// Delete the nftables table `inet blipless` and the TUN device.
-    /// Idempotent; leaves IPv4 forwarding as it is.
+    /// Delete the nftables tables, the TUN devices and the exits' routing
+    /// rules, including those an earlier configuration's setup made (found
+    /// by their marks, also when the configuration does not load; it then
+    /// still exits 64 listing the problems). Idempotent; leaves IPv4
+    /// forwarding as it is.
     Teardown,
 }
 
@@ -276,14 +279,39 @@ fn main() -> ExitCode {
     let config = match Config::load_os(args.config.as_deref(), std::env::vars_os(), &args.sets) {
         Ok(config) => config,
         Err(errors) => {
+            // Removing the host setup must not hang on a configuration that
+            // may be broken because the node is going away (an exit's file
+            // deleted before `apt remove`): what setup made is found by its
+            // marks. The problems are still reported, with exit 64.
+            let teardown = matches!(
+                args.command,
+                Command::Net {
+                    command: NetCommand::Teardown
+                }
+            )
+            .then(host::teardown_marked);
             if args.json {
                 let problems: Vec<String> = errors.0.iter().map(|e| e.to_string()).collect();
-                say!(
-                    "{}",
-                    json!({ "error": "configuration", "problems": problems })
-                );
+                let mut answer = json!({ "error": "configuration", "problems": problems });
+                if let Some(done) = &teardown {
+                    answer["teardown"] = match done {
+                        Ok(()) => json!("removed, found by its marks"),
+                        Err(error) => json!(format!("{error:#}")),
+                    };
+                }
+                say!("{answer}");
             } else {
                 eprintln!("blipless-ctl: {errors}");
+                match teardown {
+                    Some(Ok(())) => eprintln!(
+                        "blipless-ctl: net teardown: removed what setup made anyway, found by its marks (nftables tables {} and {}, TUN devices aliased \"{}\", exits' routing rules)",
+                        blipless_ctl::net::NFT_TABLE,
+                        blipless_ctl::net::STEER_TABLE,
+                        blipless_ctl::net::leftovers::ALIAS_PREFIX
+                    ),
+                    Some(Err(error)) => eprintln!("blipless-ctl: net teardown: {error:#}"),
+                    None => {}
+                }
             }
             return ExitCode::from(EXIT_CONFIG_ERROR as u8);
         }

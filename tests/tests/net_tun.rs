@@ -267,6 +267,103 @@ fn net_setup_and_teardown_are_idempotent() {
     );
 }
 
+/// A WireGuard exit's wg-quick file: what `net setup` reads of it is the
+/// address and the MTU (nothing dials the endpoint here).
+const EXIT_FILE: &str = "[Interface]\nPrivateKey = qCThW8u7dNwomgEQAR6sy8x3O/5RJE/eHJsDgPFlnH8=\n\
+Address = 10.99.0.2/32\n\n[Peer]\nPublicKey = JD+Qh20CBOltwrsUN0C43QkBj/QYo6gtnoEAPTE7nCs=\n\
+Endpoint = 192.0.2.1:51820\nAllowedIPs = 0.0.0.0/0\n";
+/// The exit's TUN device (the first exit's default name).
+const EXIT_TUN: &str = "blx0";
+/// How `ip rule show` names the first exit's routing table (FIRST_MARK).
+const EXIT_TABLE: &str = "lookup 186537216";
+
+/// Teardown removes what setup made even where the configuration no longer
+/// says so: the clients' device renamed and an exit removed since, or a
+/// configuration that does not load at all (`apt remove` after the exit's
+/// wg-quick file was deleted: exit 64 listing the problem, and nothing left
+/// behind).
+#[test]
+fn teardown_finds_what_setup_made_when_the_configuration_changed_or_broke() {
+    let ns = Netns::new("left");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exit_file = dir.path().join("exit.conf");
+    let config = dir.path().join("blipless.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[egress.upstream]]\nname = \"de-1\"\nkind = \"wireguard\"\nconfig = \"{}\"\n",
+            exit_file.display()
+        ),
+    )
+    .expect("writing the configuration");
+    let config = config.to_str().expect("a UTF-8 path");
+    let has_link = |name: &str| {
+        ns.exec("ip", &["link", "show", "dev", name])
+            .status
+            .success()
+    };
+    let rules = || ok(&ns.exec("ip", &["rule", "show"]), "ip rule show");
+    let has_table = |table: &str| {
+        ns.exec("nft", &["list", "table", "inet", table])
+            .status
+            .success()
+    };
+    let set_up = || {
+        std::fs::write(&exit_file, EXIT_FILE).expect("writing the exit's file");
+        ok(
+            &ns.ctl(&["--config", config, "net", "setup"]),
+            "net setup with an exit",
+        );
+        assert!(
+            has_link(TUN) && has_link(EXIT_TUN),
+            "setup made both devices"
+        );
+        let alias = ok(
+            &ns.exec("ip", &["link", "show", "dev", EXIT_TUN]),
+            "ip link show",
+        );
+        assert!(alias.contains("alias blipless exit de-1"), "{alias}");
+        let rules = rules();
+        assert_eq!(rules.matches(EXIT_TABLE).count(), 2, "{rules}");
+        assert!(has_table("blipless") && has_table("blipless_steer"));
+    };
+    let nothing_left = |when: &str| {
+        for name in [TUN, EXIT_TUN, "blt-renamed"] {
+            assert!(!has_link(name), "{when}: {name} is still there");
+        }
+        let rules = rules();
+        assert!(
+            !rules.contains(EXIT_TABLE),
+            "{when}: the exit's rules are still there: {rules}"
+        );
+        assert!(
+            !has_table("blipless") && !has_table("blipless_steer"),
+            "{when}: an nftables table is still there"
+        );
+    };
+
+    // The clients' device renamed and the exit gone from the configuration.
+    set_up();
+    let output = ns.ctl(&["--set", "egress.tun.name=blt-renamed", "net", "teardown"]);
+    ok(&output, "net teardown with another device and no exit");
+    nothing_left("after a teardown by a changed configuration");
+
+    // A configuration that no longer loads.
+    set_up();
+    std::fs::remove_file(&exit_file).expect("removing the exit's file");
+    let output = ns.ctl(&["--config", config, "net", "teardown"]);
+    let said = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{said}");
+    assert!(said.contains("exit.conf"), "the problem is named: {said}");
+    assert!(said.contains("removed what setup made anyway"), "{said}");
+    nothing_left("after a teardown without a usable configuration");
+    let output = ns.ctl(&["--json", "--config", config, "net", "teardown"]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("--json answers in JSON");
+    assert_eq!(json["teardown"], "removed, found by its marks", "{json}");
+    assert_eq!(output.status.code(), Some(64));
+}
+
 #[test]
 fn net_setup_makes_the_tun_owned_by_the_service_user() {
     let ns = Netns::new("own");

@@ -98,6 +98,7 @@ impl Plan {
         );
         vec![
             self.ensure_tun(tun),
+            super::mark_tun(tun, &super::leftovers::exit_alias(&exit.name)),
             Step::Run(Cmd::new("ip", &["addr", "replace", &address, "dev", tun])),
             Step::Run(Cmd::new(
                 "ip",

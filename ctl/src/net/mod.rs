@@ -33,7 +33,8 @@
 //!
 //! The files: this one holds the errors, the [`Plan`] and its steps,
 //! reading `ip`'s link JSON ([`parse_link`]), and [`setup`] / [`teardown`];
-//! `owner.rs` who owns the TUN device ([`TunOwner`]); `nft.rs` the nftables
+//! `owner.rs` who owns the TUN device ([`TunOwner`]); `leftovers.rs` what
+//! setup marks as its own and how teardown finds it; `nft.rs` the nftables
 //! scripts ([`Plan::nft_script`], [`Plan::nft_teardown_script`]); `run.rs`
 //! running the steps on the host; `uplink.rs` the interface traffic leaves
 //! by (the configured one, which must exist, or the default route's).
@@ -272,6 +273,16 @@ pub enum Step {
     /// Run a command whose failure because its object is absent means it is
     /// done (`ip rule del` of a rule that is not there).
     RunIfPresent(Cmd),
+    /// Delete every rule that looks up an exit's routing table (listed by
+    /// `rules`, `ip -j rule show`) and every TUN device setup marked as
+    /// its own (listed by `links`, `ip -j -d link show`), whatever the
+    /// configuration says now ([`leftovers`]).
+    RemoveMarked {
+        /// `ip -j rule show`.
+        rules: Cmd,
+        /// `ip -j -d link show`.
+        links: Cmd,
+    },
     /// Write `value` to the sysctl at `path` unless it holds it already.
     Sysctl {
         /// The `/proc/sys` path.
@@ -319,7 +330,10 @@ impl Plan {
     pub fn setup_steps(&self) -> Vec<Step> {
         let name = self.tun.as_str();
         let address = self.address.to_string();
-        let mut steps = vec![self.ensure_tun(name)];
+        let mut steps = vec![
+            self.ensure_tun(name),
+            mark_tun(name, &leftovers::egress_alias()),
+        ];
         steps.extend([
             Step::Run(Cmd::new("ip", &["addr", "replace", &address, "dev", name])),
             Step::Run(Cmd::new("ip", &["link", "set", "dev", name, "up"])),
@@ -384,8 +398,10 @@ impl Plan {
         }
     }
 
-    /// What teardown does, in order. Forwarding is left on: other services
-    /// on the host may rely on it.
+    /// What teardown does, in order: what the configuration names, then
+    /// whatever else setup marked as its own (a device renamed since, an
+    /// exit removed). Forwarding is left on: other services on the host may
+    /// rely on it.
     pub fn teardown_steps(&self) -> Vec<Step> {
         let name = self.tun.as_str();
         let mut steps = vec![
@@ -402,7 +418,37 @@ impl Plan {
         for exit in &self.exits {
             steps.extend(exit_teardown_steps(exit));
         }
+        steps.push(remove_marked());
         steps
+    }
+
+    /// What teardown does with no configuration to go by (it does not
+    /// load): the nftables tables, which have fixed names, and everything
+    /// setup marked as its own ([`leftovers`]).
+    pub fn teardown_marked_steps() -> Vec<Step> {
+        vec![
+            Step::Run(Cmd {
+                stdin: Some(nft::teardown_script()),
+                ..Cmd::new("nft", &["-f", "-"])
+            }),
+            remove_marked(),
+        ]
+    }
+}
+
+/// Gives the TUN device `name` the alias that tells a later teardown setup
+/// made it.
+fn mark_tun(name: &str, alias: &str) -> Step {
+    Step::Run(Cmd::new(
+        "ip",
+        &["link", "set", "dev", name, "alias", alias],
+    ))
+}
+
+fn remove_marked() -> Step {
+    Step::RemoveMarked {
+        rules: Cmd::new("ip", &["-j", "rule", "show"]),
+        links: Cmd::new("ip", &["-j", "-d", "link", "show"]),
     }
 }
 
@@ -522,7 +568,8 @@ pub async fn setup(config: &Config) -> Result<Plan, NetError> {
     Ok(plan)
 }
 
-/// Removes what [`setup`] made: the nftables table and the TUN device.
+/// Removes what [`setup`] made: the nftables tables, the TUN devices and
+/// the exits' rules, including those of an earlier configuration.
 /// Idempotent; leaves IPv4 forwarding as it is.
 pub async fn teardown(config: &Config) -> Result<(), NetError> {
     let plan = Plan::from_config(config)?;
@@ -531,7 +578,16 @@ pub async fn teardown(config: &Config) -> Result<(), NetError> {
     Ok(())
 }
 
+/// Removes what [`setup`] made without a configuration to go by: the
+/// nftables tables and everything it marked ([`Plan::teardown_marked_steps`]).
+pub async fn teardown_marked() -> Result<(), NetError> {
+    run_steps(&Plan::teardown_marked_steps()).await?;
+    tracing::info!("packet egress host setup removed, found by its marks");
+    Ok(())
+}
+
 mod exits;
+pub mod leftovers;
 mod nft;
 mod owner;
 mod run;

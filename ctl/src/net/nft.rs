@@ -160,9 +160,14 @@ table {NFT_TABLE} {{
     /// The nftables transaction teardown runs: delete the table whether or
     /// not it exists.
     pub fn nft_teardown_script(&self) -> String {
-        let steer = super::exits::STEER_TABLE;
-        format!(
-            "add table {NFT_TABLE}\ndelete table {NFT_TABLE}\nadd table {steer}\ndelete table {steer}\n"
-        )
+        teardown_script()
     }
+}
+
+/// [`Plan::nft_teardown_script`]: both tables have fixed names.
+pub(super) fn teardown_script() -> String {
+    let steer = super::exits::STEER_TABLE;
+    format!(
+        "add table {NFT_TABLE}\ndelete table {NFT_TABLE}\nadd table {steer}\ndelete table {steer}\n"
+    )
 }

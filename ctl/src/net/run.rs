@@ -87,21 +87,61 @@ pub(super) async fn run_steps(steps: &[Step]) -> Result<(), NetError> {
                 run(cmd).await?;
             }
             Step::RunUnlessExists(cmd) => run_tolerating(cmd, &["File exists"]).await?,
-            Step::RunIfPresent(cmd) => {
-                run_tolerating(
-                    cmd,
-                    &[
-                        "No such file or directory",
-                        "Cannot find device",
-                        "No such process",
-                    ],
-                )
-                .await?
-            }
+            Step::RunIfPresent(cmd) => run_tolerating(cmd, ABSENT).await?,
+            Step::RemoveMarked { rules, links } => remove_marked(rules, links).await?,
             Step::Sysctl { path, value } => write_sysctl(path, value).await?,
         }
     }
     Ok(())
+}
+
+/// What `ip` says when the object to delete is gone already.
+const ABSENT: &[&str] = &[
+    "No such file or directory",
+    "Cannot find device",
+    "No such process",
+];
+
+/// [`Step::RemoveMarked`]: the exits' rules first, then the devices.
+async fn remove_marked(rules: &Cmd, links: &Cmd) -> Result<(), NetError> {
+    let listed = listing(rules).await?;
+    let found = leftovers::exit_rules(&listed).map_err(|detail| NetError::Unreadable {
+        command: rules.to_string(),
+        detail,
+    })?;
+    for rule in found {
+        let (priority, table) = (rule.priority.to_string(), rule.table.to_string());
+        let delete = Cmd::new(
+            "ip",
+            &["rule", "del", "priority", &priority, "lookup", &table],
+        );
+        run_tolerating(&delete, ABSENT).await?;
+        tracing::info!(
+            priority = rule.priority,
+            table = rule.table,
+            "deleted an exit's routing rule"
+        );
+    }
+    let listed = listing(links).await?;
+    let found = leftovers::marked_tuns(&listed).map_err(|detail| NetError::Unreadable {
+        command: links.to_string(),
+        detail,
+    })?;
+    for name in found {
+        run_tolerating(&Cmd::new("ip", &["link", "del", "dev", &name]), ABSENT).await?;
+        tracing::info!(%name, "deleted a TUN device an earlier setup made");
+    }
+    Ok(())
+}
+
+/// What `cmd` prints, when it succeeds.
+async fn listing(cmd: &Cmd) -> Result<String, NetError> {
+    let output = execute(cmd).await?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(failed(cmd, &output))
+    }
 }
 
 async fn link_state(probe: &Cmd) -> Result<LinkState, NetError> {

@@ -282,6 +282,7 @@ fn setup_and_teardown_steps() {
                 cmd.to_string()
             }
             Step::Sysctl { path, value } => format!("{value} > {path}"),
+            Step::RemoveMarked { rules, links } => format!("remove marked: {rules}; {links}"),
         })
         .collect();
     let owner = &plan.owner;
@@ -293,6 +294,7 @@ fn setup_and_teardown_steps() {
                 owner.uid, owner.gid
             )
             .as_str(),
+            "ip link set dev blip0 alias blipless egress",
             "ip addr replace 10.64.0.1/16 dev blip0",
             "ip link set dev blip0 up",
             "1 > /proc/sys/net/ipv4/ip_forward",
@@ -301,10 +303,14 @@ fn setup_and_teardown_steps() {
         ]
     );
     assert!(
-        matches!(&steps[4], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.nft_script())
+        matches!(&steps[5], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.nft_script())
     );
     assert!(
-        matches!(&steps[5], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.steer_script())
+        matches!(&steps[6], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.steer_script())
+    );
+    // The alias is set with the name as one argument.
+    assert!(
+        matches!(&steps[1], Step::Run(Cmd { args, .. }) if args.last().map(String::as_str) == Some("blipless egress"))
     );
     assert!(matches!(&steps[0], Step::EnsureTun { delete, owner, .. }
             if delete.to_string() == "ip link del dev blip0" && owner == &plan.owner));
@@ -322,6 +328,17 @@ fn setup_and_teardown_steps() {
     assert!(
         matches!(&teardown[1], Step::RemoveTun { delete, .. } if delete.to_string() == "ip link del dev blip0")
     );
+    // Then whatever an earlier setup marked: a renamed device, a removed exit.
+    assert_eq!(
+        step_lines(&teardown[2..]),
+        ["remove marked: ip -j rule show; ip -j -d link show"]
+    );
+    // Without a configuration: the fixed-name tables and the marked rest.
+    let marked = Plan::teardown_marked_steps();
+    assert!(
+        matches!(&marked[0], Step::Run(Cmd { stdin: Some(script), .. }) if *script == plan.nft_teardown_script())
+    );
+    assert_eq!(step_lines(&marked[1..]), step_lines(&teardown[2..]));
 }
 
 #[test]
@@ -418,6 +435,7 @@ fn step_lines(steps: &[Step]) -> Vec<String> {
             Step::RunUnlessExists(cmd) => format!("{cmd} (unless it exists)"),
             Step::RunIfPresent(cmd) => format!("{cmd} (if present)"),
             Step::Sysctl { path, value } => format!("{value} > {path}"),
+            Step::RemoveMarked { rules, links } => format!("remove marked: {rules}; {links}"),
         })
         .collect()
 }
