@@ -17,6 +17,7 @@ use super::auth_guard::AuthGuard;
 use super::handover::Answer;
 use crate::clients::Directory;
 use crate::egress::routes::DIRECT;
+use crate::egress::watch::Via;
 use crate::egress::{Egress, EgressError, Target};
 use crate::identity::Identities;
 use blipless_store::EgressPolicy;
@@ -166,11 +167,13 @@ impl Context {
     /// address, sticky session) are opened on first use and kept across
     /// deploys. A source address that can no longer be bound evicts the
     /// identity; the connect is retried once with a new one.
+    /// Returns the connection with the route it left by, which its tunnel
+    /// watches ([`Via::until_down`]).
     pub async fn connect_for(
         &self,
         client: &str,
         target: &Target,
-    ) -> Result<TcpStream, EgressError> {
+    ) -> Result<(TcpStream, Via), EgressError> {
         self.identities.touch(client);
         let held = self.identities.open(client).await;
         let policy = self
@@ -182,9 +185,10 @@ impl Context {
         if routes.upstreams().is_empty() {
             // A node without upstreams: direct, as before there were any.
             return match policy {
-                EgressPolicy::Any | EgressPolicy::Direct => {
-                    self.connect_direct(client, &held, target).await
-                }
+                EgressPolicy::Any | EgressPolicy::Direct => self
+                    .connect_direct(client, &held, target)
+                    .await
+                    .map(|stream| (stream, Via::Direct)),
                 EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => {
                     Err(EgressError::NoRoute(policy.to_string()))
                 }
@@ -210,13 +214,17 @@ impl Context {
                 continue;
             };
             if route.name == DIRECT {
-                return self.connect_direct(client, &held, target).await;
+                return self
+                    .connect_direct(client, &held, target)
+                    .await
+                    .map(|stream| (stream, Via::Direct));
             }
             match self
                 .egress
                 .connect_via(route, None, target, client, &session)
                 .await
             {
+                Ok(stream) => return Ok((stream, Via::Route(route.clone()))),
                 Err(EgressError::Upstream {
                     route: failed,
                     error,
@@ -227,7 +235,7 @@ impl Context {
                         error,
                     };
                 }
-                other => return other,
+                Err(other) => return Err(other),
             }
         }
         // Every member failed: the next connection finds the window refilled

@@ -234,8 +234,8 @@ pub async fn serve(
         result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => return,
     };
-    let egress = match egress {
-        Ok(egress) => egress,
+    let (egress, via) = match egress {
+        Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "socks5 connect failed: {error}");
             let _ = stream
@@ -262,7 +262,7 @@ pub async fn serve(
         client,
         tunnel,
         true,
-        Some(counted),
+        Some(crate::conn::tunnel::Admitted { counted, via }),
     )
     .await;
 }

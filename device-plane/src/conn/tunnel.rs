@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use super::context::Context;
 use super::relay::{relay, RelayEnd};
 use crate::clients::Client;
+use crate::egress::watch::Via;
 
 /// An established tunnel: both sockets and what is in flight between them.
 #[derive(Debug)]
@@ -56,12 +57,22 @@ impl Tunnel {
     }
 }
 
+/// A tunnel this plane set up, as [`run`] takes it.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The count its admission took ([`super::caps::Caps::check_tunnel`]).
+    pub counted: super::caps::TunnelCount,
+    /// The route its egress left by, whose going down closes it.
+    pub via: Via,
+}
+
 /// Runs `tunnel` to its end, or until it has been handed over: in this
 /// handover if `may_hand_over`, else (it came back from one, or could not
 /// be sent) only in one after the plane serves again
 /// ([`Context::handover_slot_when`]).
-/// `counted`: the count its admission took ([`super::caps::Caps::check_tunnel`]);
-/// None for an adopted tunnel, counted here.
+/// `admitted`: for a tunnel this plane set up, what its admission took and
+/// the route its egress left by; None for an adopted tunnel (counted here,
+/// its route found by its addresses).
 pub async fn run(
     context: Arc<Context>,
     kind: MigrateKind,
@@ -69,34 +80,23 @@ pub async fn run(
     client: Arc<Client>,
     mut tunnel: Tunnel,
     mut may_hand_over: bool,
-    counted: Option<super::caps::TunnelCount>,
+    admitted: Option<Admitted>,
 ) {
     let name = client.record.name.clone();
     // Counted while it runs here (also when adopted: it exists already).
-    let _counted = counted.unwrap_or_else(|| super::caps::TunnelCount::new(client.meter.clone()));
+    let (_counted, via) = match admitted {
+        Some(Admitted { counted, via }) => (counted, via),
+        None => (
+            super::caps::TunnelCount::new(client.meter.clone()),
+            Via::Unknown,
+        ),
+    };
     loop {
         let handover = context.handover_slot_when(may_hand_over);
         let cut = context.cut_token();
         // Orphans fail fast: a tunnel through an upstream closes when that
         // upstream goes down (docs/EGRESS.md, "Failover").
-        // (No upstreams, no lookup: two system calls a tunnel saved.)
-        let routes = &context.egress.routes;
-        let orphaned = if routes.upstreams().is_empty() {
-            None
-        } else {
-            routes
-                .route_of(
-                    tunnel.egress.local_addr().ok(),
-                    tunnel.egress.peer_addr().ok(),
-                )
-                .map(|route| route.down_token())
-        };
-        let route_down = async move {
-            match orphaned {
-                Some(token) => token.cancelled_owned().await,
-                None => std::future::pending().await,
-            }
-        };
+        let route_down = via.until_down(&context.egress.routes, &tunnel.egress);
         let over_quota = client.limiter.over_quota_token();
         // A bulk direction's pipe is two more descriptors: one is asked for
         // only while the budget would admit twice the connections open (a

@@ -26,6 +26,7 @@ pub mod report;
 pub mod routes;
 pub mod upstream_socks;
 pub mod via;
+pub mod watch;
 pub mod window;
 
 use self::host_addresses::HostAddresses;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use blipless_config::upstreams::{Secret, Upstream, UpstreamKind, WireguardExit};
 use blipless_store::EgressPolicy;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::window::Candidate;
@@ -61,12 +62,15 @@ pub struct Route {
     /// The addresses it was last reached at: an adopted tunnel's egress
     /// socket is matched to its route by its peer address.
     addresses: Mutex<Vec<SocketAddr>>,
+    /// Told when any route of the node learns a new address (shared by
+    /// all of them): adopted tunnels not matched yet look again.
+    learned: Arc<Notify>,
     /// Why it is down, if it is.
     last_error: Mutex<Option<String>>,
 }
 
 impl Route {
-    fn new(name: String, tags: Vec<String>, kind: RouteKind) -> Self {
+    fn new(name: String, tags: Vec<String>, kind: RouteKind, learned: Arc<Notify>) -> Self {
         Self {
             name,
             tags,
@@ -80,6 +84,7 @@ impl Route {
             downs: AtomicU64::new(0),
             down_token: Mutex::new(CancellationToken::new()),
             addresses: Mutex::new(Vec::new()),
+            learned,
             last_error: Mutex::new(None),
         }
     }
@@ -119,6 +124,8 @@ impl Route {
                 if addresses.len() > 16 {
                     addresses.remove(0);
                 }
+                drop(addresses);
+                self.learned.notify_waiters();
             }
         }
         if !self.up.swap(true, Ordering::Relaxed) {
@@ -147,7 +154,7 @@ impl Route {
         lock(&self.down_token).clone()
     }
 
-    fn reached_at(&self, peer: SocketAddr) -> bool {
+    pub(super) fn reached_at(&self, peer: SocketAddr) -> bool {
         lock(&self.addresses).contains(&peer)
     }
 }
@@ -163,6 +170,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Routes {
     direct: Arc<Route>,
     upstreams: Vec<Arc<Route>>,
+    /// Told when a route learns an address ([`Route::succeeded`]).
+    pub(super) learned: Arc<Notify>,
     /// Consecutive failures that mark an upstream down.
     pub failure_threshold: usize,
     /// Routes per window.
@@ -178,6 +187,7 @@ impl Default for Routes {
 impl Routes {
     /// Direct plus the configured upstreams.
     pub fn new(upstreams: &[Upstream], window_size: usize, failure_threshold: usize) -> Self {
+        let learned = Arc::new(Notify::new());
         let upstreams = upstreams
             .iter()
             .map(|upstream| {
@@ -193,12 +203,19 @@ impl Routes {
                     upstream.name.clone(),
                     upstream.tags.clone(),
                     kind,
+                    learned.clone(),
                 ))
             })
             .collect();
         Self {
-            direct: Arc::new(Route::new(DIRECT.into(), Vec::new(), RouteKind::Direct)),
+            direct: Arc::new(Route::new(
+                DIRECT.into(),
+                Vec::new(),
+                RouteKind::Direct,
+                learned.clone(),
+            )),
             upstreams,
+            learned,
             failure_threshold,
             window_size: window_size.max(1),
         }
@@ -266,20 +283,29 @@ impl Routes {
         super::window::refill(current, &candidates, self.window_size)
     }
 
-    /// The upstream an egress socket goes through: a SOCKS5 upstream it is
-    /// connected to (`peer`), or a WireGuard exit whose tunnel address it is
-    /// bound to (`local`).
-    pub fn route_of(
+    /// The upstreams an egress socket may go through: the WireGuard exit
+    /// whose tunnel address it is bound to (`local`), else every SOCKS5
+    /// upstream reached at its peer address (`peer`): more than one when
+    /// upstreams share a gateway `host:port` and differ by login.
+    pub fn routes_of(
         &self,
         local: Option<SocketAddr>,
         peer: Option<SocketAddr>,
-    ) -> Option<&Arc<Route>> {
-        self.upstreams.iter().find(|route| match &route.kind {
+    ) -> Vec<&Arc<Route>> {
+        let exit = self.upstreams.iter().find(|route| match &route.kind {
             RouteKind::Wireguard(exit) => {
                 local.is_some_and(|l| l.ip() == std::net::IpAddr::V4(exit.address))
             }
-            _ => peer.is_some_and(|p| route.reached_at(p)),
-        })
+            _ => false,
+        });
+        if let Some(exit) = exit {
+            return vec![exit];
+        }
+        self.upstreams
+            .iter()
+            .filter(|route| matches!(route.kind, RouteKind::Socks5 { .. }))
+            .filter(|route| peer.is_some_and(|p| route.reached_at(p)))
+            .collect()
     }
 
     /// The WireGuard exits, with their routes.
@@ -363,9 +389,11 @@ mod tests {
         route.succeeded(1500, Some(peer));
         assert!(route.is_up() && !route.down_token().is_cancelled());
         assert_eq!(route.latency_us(), Some(1500));
-        assert_eq!(
-            routes.route_of(None, Some(peer)).map(|r| r.name.as_str()),
-            Some("a")
-        );
+        let names: Vec<&str> = routes
+            .routes_of(None, Some(peer))
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["a"]);
     }
 }

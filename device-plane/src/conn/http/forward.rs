@@ -45,8 +45,8 @@ pub(super) async fn forward(
             "this client is over its quota for the current period\n",
         );
     }
-    let egress = match context.connect_for(&name, &target).await {
-        Ok(egress) => egress,
+    let (egress, via) = match context.connect_for(&name, &target).await {
+        Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "http forward failed: {error}");
             return egress_failure(&error);
@@ -55,11 +55,7 @@ pub(super) async fn forward(
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
     // Through an upstream, the exchange ends when the upstream goes down
     // (docs/EGRESS.md, "Failover"), as a tunnel does.
-    let route_down = context
-        .egress
-        .routes
-        .route_of(egress.local_addr().ok(), egress.peer_addr().ok())
-        .map(|route| route.down_token());
+    let route_down = via.until_down(&context.egress.routes, &egress);
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
         super::throttled::Throttled::new(egress, client.limiter.clone()),
     ))
@@ -76,12 +72,6 @@ pub(super) async fn forward(
     let over_quota = client.limiter.over_quota_token();
     let revoked = client.revoked.clone();
     tokio::spawn(async move {
-        let route_down = async move {
-            match route_down {
-                Some(token) => token.cancelled_owned().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {

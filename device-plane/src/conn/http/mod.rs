@@ -75,6 +75,8 @@ const HOP_BY_HOP: [&str; 8] = [
 /// the 200 and given the socket back.
 struct AcceptedConnect {
     egress: TcpStream,
+    /// The route it left by, which the tunnel watches.
+    via: crate::egress::watch::Via,
     client: Arc<Client>,
     /// The tunnel's count, taken when it was admitted.
     counted: super::caps::TunnelCount,
@@ -302,6 +304,7 @@ async fn serve_until_handover(
         .take();
     if let Some(AcceptedConnect {
         egress,
+        via,
         client,
         counted,
     }) = accepted
@@ -314,7 +317,7 @@ async fn serve_until_handover(
             client,
             tunnel,
             may_hand_over,
-            Some(counted),
+            Some(crate::conn::tunnel::Admitted { counted, via }),
         )
         .await;
         return None;
@@ -600,8 +603,8 @@ async fn connect(
             return refused(refusal);
         }
     };
-    let egress = match context.connect_for(&name, &target).await {
-        Ok(egress) => egress,
+    let (egress, via) = match context.connect_for(&name, &target).await {
+        Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "http connect failed: {error}");
             return egress_failure(&error);
@@ -613,6 +616,7 @@ async fn connect(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(AcceptedConnect {
         egress,
+        via,
         client,
         counted,
     });
