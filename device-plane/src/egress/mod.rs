@@ -24,6 +24,7 @@ pub mod host_addresses;
 pub mod lookups;
 pub mod report;
 pub mod routes;
+pub mod upstream_addresses;
 pub mod upstream_socks;
 pub mod via;
 pub mod watch;
@@ -104,6 +105,8 @@ pub struct Egress {
     pub routes: std::sync::Arc<routes::Routes>,
     /// Name lookups for customers' destinations, bounded per plane.
     pub lookups: lookups::Lookups,
+    /// Lookups of upstreams' own names, bounded apart from customers'.
+    pub upstream_lookups: lookups::Lookups,
 }
 
 impl Egress {
@@ -126,6 +129,7 @@ impl Egress {
             host,
             routes: std::sync::Arc::default(),
             lookups: lookups::Lookups::default(),
+            upstream_lookups: upstream_addresses::lookups(),
         }
     }
 

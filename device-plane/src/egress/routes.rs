@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 
 use blipless_config::upstreams::{Secret, Upstream, UpstreamKind, WireguardExit};
 use blipless_store::EgressPolicy;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::window::Candidate;
@@ -62,15 +61,14 @@ pub struct Route {
     /// The addresses it was last reached at: an adopted tunnel's egress
     /// socket is matched to its route by its peer address.
     addresses: Mutex<Vec<SocketAddr>>,
-    /// Told when any route of the node learns a new address (shared by
-    /// all of them): adopted tunnels not matched yet look again.
-    learned: Arc<Notify>,
+    /// A SOCKS5 upstream's own addresses, resolved and kept.
+    pub resolved: super::upstream_addresses::UpstreamAddresses,
     /// Why it is down, if it is.
     last_error: Mutex<Option<String>>,
 }
 
 impl Route {
-    fn new(name: String, tags: Vec<String>, kind: RouteKind, learned: Arc<Notify>) -> Self {
+    fn new(name: String, tags: Vec<String>, kind: RouteKind) -> Self {
         Self {
             name,
             tags,
@@ -84,7 +82,7 @@ impl Route {
             downs: AtomicU64::new(0),
             down_token: Mutex::new(CancellationToken::new()),
             addresses: Mutex::new(Vec::new()),
-            learned,
+            resolved: Default::default(),
             last_error: Mutex::new(None),
         }
     }
@@ -124,8 +122,6 @@ impl Route {
                 if addresses.len() > 16 {
                     addresses.remove(0);
                 }
-                drop(addresses);
-                self.learned.notify_waiters();
             }
         }
         if !self.up.swap(true, Ordering::Relaxed) {
@@ -170,8 +166,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Routes {
     direct: Arc<Route>,
     upstreams: Vec<Arc<Route>>,
-    /// Told when a route learns an address ([`Route::succeeded`]).
-    pub(super) learned: Arc<Notify>,
+    /// Cancelled once every SOCKS5 upstream has had its first probe
+    /// ([`Routes::first_probes_done`]): by then the plane has reached each
+    /// one that answers, and knows its address.
+    probed: CancellationToken,
     /// Consecutive failures that mark an upstream down.
     pub failure_threshold: usize,
     /// Routes per window.
@@ -187,7 +185,6 @@ impl Default for Routes {
 impl Routes {
     /// Direct plus the configured upstreams.
     pub fn new(upstreams: &[Upstream], window_size: usize, failure_threshold: usize) -> Self {
-        let learned = Arc::new(Notify::new());
         let upstreams = upstreams
             .iter()
             .map(|upstream| {
@@ -203,22 +200,26 @@ impl Routes {
                     upstream.name.clone(),
                     upstream.tags.clone(),
                     kind,
-                    learned.clone(),
                 ))
             })
             .collect();
         Self {
-            direct: Arc::new(Route::new(
-                DIRECT.into(),
-                Vec::new(),
-                RouteKind::Direct,
-                learned.clone(),
-            )),
+            direct: Arc::new(Route::new(DIRECT.into(), Vec::new(), RouteKind::Direct)),
             upstreams,
-            learned,
+            probed: CancellationToken::new(),
             failure_threshold,
             window_size: window_size.max(1),
         }
+    }
+
+    /// Says every SOCKS5 upstream has had its first probe.
+    pub fn first_probes_done(&self) {
+        self.probed.cancel();
+    }
+
+    /// Cancelled once every SOCKS5 upstream has had its first probe.
+    pub fn probed(&self) -> CancellationToken {
+        self.probed.clone()
     }
 
     /// The upstreams, in configuration order.

@@ -16,7 +16,8 @@ use blipless_protocol::socks5::Destination;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::lookups::{LookupError, Lookups};
+use super::lookups::Lookups;
+use super::upstream_addresses::AddressError;
 use super::routes::{Route, RouteKind, Routes};
 use super::upstream_socks::{self, UpstreamCredentials, UpstreamError};
 use super::{eyeballs, Egress, EgressError, Target};
@@ -64,50 +65,26 @@ fn credentials(route: &Route, client: &str, session: &str) -> Option<UpstreamCre
     })
 }
 
-/// The key an upstream's own lookups are bounded under in [`Lookups`]:
-/// client names have no space, so an upstream's places are its own and a
-/// client's slow names cannot hold them.
-fn lookup_key(upstream: &str) -> String {
-    format!("upstream {upstream}")
-}
-
-/// `host` and `port` of a configured upstream address (`host:port` or
-/// `[v6]:port`, checked when the configuration was loaded).
-fn split_host_port(address: &str) -> Option<(&str, u16)> {
-    let (host, port) = address.rsplit_once(':')?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    Some((host, port.parse().ok()?))
-}
-
-/// Connects to the upstream named `upstream` at `address` before `deadline`. A name
-/// is resolved at each connect (providers rotate addresses) as one of the
-/// upstream's own bounded lookups ([`Lookups`]), never on a blocking thread
-/// of its own, and its addresses are raced as a destination's are
-/// ([`eyeballs`]): one that does not answer costs [`eyeballs::ATTEMPT_DELAY`],
-/// not the whole deadline.
+/// Connects to `route`'s upstream at `address` before `deadline`: its
+/// addresses as [`UpstreamAddresses`] knows them (a name looked up in the
+/// upstream pool `lookups`, its answer kept a while), raced as a
+/// destination's are ([`eyeballs`]): one that does not answer costs
+/// [`eyeballs::ATTEMPT_DELAY`], not the whole deadline.
 async fn reach(
     lookups: &Lookups,
-    upstream: &str,
+    route: &Route,
     address: &str,
     deadline: tokio::time::Instant,
 ) -> Result<TcpStream, UpstreamError> {
-    let Some((host, port)) = split_host_port(address) else {
-        return Err(UpstreamError::Unresolvable);
-    };
-    let addresses = lookups
-        .resolve(&lookup_key(upstream), host, port, deadline)
+    let addresses = route
+        .resolved
+        .resolve(lookups, &route.name, address, deadline)
         .await
         .map_err(|error| match error {
-            LookupError::TimedOut => UpstreamError::TimedOut,
-            LookupError::Failed => UpstreamError::Unresolvable,
+            AddressError::TimedOut => UpstreamError::TimedOut,
+            AddressError::Unresolvable | AddressError::NotHostPort => UpstreamError::Unresolvable,
         })?;
-    if addresses.is_empty() {
-        return Err(UpstreamError::Unresolvable);
-    }
-    let ordered = eyeballs::interleave(addresses);
+    let ordered = eyeballs::interleave(addresses.to_vec());
     let attempts = eyeballs::race(&ordered, eyeballs::ATTEMPT_DELAY, |address| async move {
         let stream = TcpStream::connect(address).await?;
         let _ = stream.set_nodelay(true);
@@ -184,7 +161,7 @@ impl Egress {
                 error,
             }
         };
-        let mut stream = reach(&self.lookups, &route.name, address, deadline)
+        let mut stream = reach(&self.upstream_lookups, route, address, deadline)
             .await
             .map_err(failed)?;
         let credentials = credentials(route, client, session);
@@ -214,14 +191,15 @@ async fn probe(
     };
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut stream = reach(lookups, &route.name, address, deadline).await?;
+    let mut stream = reach(lookups, route, address, deadline).await?;
     let credentials = credentials(route, PROBE_CLIENT, PROBE_CLIENT);
     upstream_socks::probe(&mut stream, credentials.as_ref(), deadline).await?;
     Ok((elapsed_us(started), stream.peer_addr().ok()))
 }
 
 /// Probes every upstream every `interval` (the first at once), each on its
-/// own task so one slow upstream delays no other, until `shutdown`.
+/// own task so one slow upstream delays no other, until `shutdown`. Says
+/// when every upstream has had its first ([`Routes::first_probes_done`]).
 pub async fn probe_forever(
     routes: Arc<Routes>,
     lookups: Lookups,
@@ -230,14 +208,25 @@ pub async fn probe_forever(
     shutdown: CancellationToken,
 ) {
     let mut probers = tokio::task::JoinSet::new();
+    let socks = routes
+        .upstreams()
+        .iter()
+        .filter(|route| matches!(route.kind, RouteKind::Socks5 { .. }))
+        .count();
+    let first_pending = Arc::new(std::sync::atomic::AtomicUsize::new(socks));
+    if socks == 0 {
+        routes.first_probes_done();
+    }
     for index in 0..routes.upstreams().len() {
         if !matches!(routes.upstreams()[index].kind, RouteKind::Socks5 { .. }) {
             // A WireGuard exit's health is its handshakes (`wg::exit`).
             continue;
         }
         let (routes, lookups, shutdown) = (routes.clone(), lookups.clone(), shutdown.clone());
+        let first_pending = first_pending.clone();
         probers.spawn(async move {
             let route = &routes.upstreams()[index];
+            let mut first = true;
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -252,6 +241,11 @@ pub async fn probe_forever(
                         route.failed(routes.failure_threshold, &error.to_string());
                     }
                 }
+                if std::mem::take(&mut first)
+                    && first_pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1
+                {
+                    routes.first_probes_done();
+                }
             }
         });
     }
@@ -262,6 +256,7 @@ pub async fn probe_forever(
 mod tests {
     use std::time::Duration;
 
+    use blipless_config::upstreams::{Socks5Upstream, Upstream, UpstreamKind};
     use tokio::net::TcpListener;
 
     use super::*;
@@ -270,19 +265,21 @@ mod tests {
         tokio::time::Instant::now() + Duration::from_secs(10)
     }
 
-    #[test]
-    fn configured_addresses_split_into_host_and_port() {
-        assert_eq!(
-            split_host_port("proxy.example.net:1080"),
-            Some(("proxy.example.net", 1080))
+    fn route_at(address: String) -> Arc<Route> {
+        let routes = Routes::new(
+            &[Upstream {
+                name: "up".into(),
+                tags: Vec::new(),
+                kind: UpstreamKind::Socks5(Socks5Upstream {
+                    address,
+                    username: None,
+                    password: None,
+                }),
+            }],
+            2,
+            2,
         );
-        assert_eq!(split_host_port("192.0.2.7:1"), Some(("192.0.2.7", 1)));
-        assert_eq!(
-            split_host_port("[2001:db8::1]:443"),
-            Some(("2001:db8::1", 443))
-        );
-        assert_eq!(split_host_port("no-port"), None);
-        assert_eq!(split_host_port("host:http"), None);
+        routes.upstreams()[0].clone()
     }
 
     #[tokio::test]
@@ -291,32 +288,32 @@ mod tests {
         let port = listener.local_addr().expect("address").port();
         let lookups = Lookups::default();
         for address in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
-            let stream = reach(&lookups, "up", &address, soon())
+            let route = route_at(address.clone());
+            let stream = reach(&lookups, &route, &address, soon())
                 .await
                 .unwrap_or_else(|error| panic!("{address}: {error}"));
             assert_eq!(stream.peer_addr().expect("peer").port(), port);
         }
     }
 
-    /// A name waits for one of the plane's lookup places, and fails as
-    /// timed out when none comes; an address takes none.
+    /// A name waits for one of the pool's places, and fails as timed out
+    /// when none comes; an address takes none.
     #[tokio::test]
-    async fn an_upstreams_name_is_one_of_the_planes_bounded_lookups() {
+    async fn an_upstreams_name_is_one_of_the_pools_bounded_lookups() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("address").port();
         let no_places = Lookups::new(0, 1);
+        let by_name = format!("localhost:{port}");
         let by_name = reach(
             &no_places,
-            "up",
-            &format!("localhost:{port}"),
+            &route_at(by_name.clone()),
+            &by_name,
             tokio::time::Instant::now() + Duration::from_millis(200),
         )
         .await;
-        assert!(
-            matches!(by_name, Err(UpstreamError::TimedOut)),
-            "{by_name:?}"
-        );
-        reach(&no_places, "up", &format!("127.0.0.1:{port}"), soon())
+        assert!(matches!(by_name, Err(UpstreamError::TimedOut)), "{by_name:?}");
+        let literal = format!("127.0.0.1:{port}");
+        reach(&no_places, &route_at(literal.clone()), &literal, soon())
             .await
             .expect("an address needs no lookup");
     }

@@ -6,10 +6,18 @@
 //! apart: one going down closes only its own tunnels. A connection adopted
 //! from the predecessor does not know it ([`Via::Unknown`]) and is matched
 //! by its socket's addresses ([`Routes::routes_of`]): the exit whose tunnel
-//! address it is bound to, or the upstreams reached at its peer address.
-//! It is then closed only when every upstream that may be its own is down,
-//! and one adopted before this plane has reached its upstream (the first
-//! probe still running) is matched as soon as the upstream is reached.
+//! address it is bound to, or the upstreams this plane has reached at its
+//! peer address. It closes once every upstream so matched is down. One
+//! adopted before this plane had reached its upstream is matched again
+//! once every upstream has had its first probe ([`Routes::probed`]); one
+//! whose peer address this plane has not reached by then (a name's other
+//! address, an upstream that did not answer) stays unwatched.
+//!
+//! A route already down when the watch starts closes the connection at
+//! once: its token was replaced when it went down and would only tell the
+//! next time. `Route::failed` marks the route down before it cancels the
+//! token, so taking the token first and then reading `is_up` misses
+//! nothing.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,7 +25,6 @@ use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::routes::{Route, Routes};
 
@@ -44,7 +51,7 @@ impl Via {
     ) -> impl Future<Output = ()> + Send + 'static {
         let watched = match self {
             Via::Direct => Watched::Nothing,
-            Via::Route(route) => Watched::Route(route.down_token().cancelled_owned()),
+            Via::Route(route) => Watched::Route(route.clone()),
             // No upstreams, no lookup: two system calls a tunnel saves.
             Via::Unknown if routes.upstreams().is_empty() => Watched::Nothing,
             Via::Unknown => Watched::Addresses {
@@ -56,12 +63,12 @@ impl Via {
         async move {
             match watched {
                 Watched::Nothing => std::future::pending().await,
-                Watched::Route(down) => down.await,
                 Watched::Addresses {
                     routes,
                     local,
                     peer,
                 } => until_all_down(&routes, local, peer).await,
+                Watched::Route(route) => until_all_down_of(&[route]).await,
             }
         }
     }
@@ -69,7 +76,7 @@ impl Via {
 
 enum Watched {
     Nothing,
-    Route(WaitForCancellationFutureOwned),
+    Route(Arc<Route>),
     Addresses {
         routes: Arc<Routes>,
         local: Option<SocketAddr>,
@@ -78,35 +85,39 @@ enum Watched {
 }
 
 /// Resolves when every upstream an egress socket with these addresses may
-/// go through is down, once there is one.
+/// go through is down; never if none matches, even after the first probes.
 async fn until_all_down(routes: &Routes, local: Option<SocketAddr>, peer: Option<SocketAddr>) {
+    let matched = |routes: &Routes| -> Vec<Arc<Route>> {
+        routes
+            .routes_of(local, peer)
+            .into_iter()
+            .cloned()
+            .collect()
+    };
+    let mut candidates = matched(routes);
+    if candidates.is_empty() {
+        routes.probed().cancelled().await;
+        candidates = matched(routes);
+    }
+    if candidates.is_empty() {
+        return std::future::pending().await;
+    }
+    until_all_down_of(&candidates).await;
+}
+
+/// Resolves when every route of `candidates` is down (at once if they are).
+async fn until_all_down_of(candidates: &[Arc<Route>]) {
     loop {
-        // Asked for before looking, so an address learned in between is
-        // not missed.
-        let learned = routes.learned.notified();
-        tokio::pin!(learned);
-        learned.as_mut().enable();
-        let candidates: Vec<Arc<Route>> =
-            routes.routes_of(local, peer).into_iter().cloned().collect();
-        if candidates.is_empty() {
-            learned.await;
-            continue;
-        }
+        // Tokens first, then the state (see the module's note).
         let mut downs: FuturesUnordered<_> = candidates
             .iter()
             .map(|route| route.down_token().cancelled_owned())
             .collect();
-        tokio::select! {
-            _ = downs.next() => {
-                if candidates.iter().all(|route| !route.is_up()) {
-                    return;
-                }
-                // Another upstream at this address is still up: it may be
-                // this connection's.
-            }
-            // Another upstream may be reached at this address now.
-            () = &mut learned => {}
+        if candidates.iter().all(|route| !route.is_up()) {
+            return;
         }
+        // One went down: the others may still be up (then look again).
+        downs.next().await;
     }
 }
 
@@ -181,7 +192,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_adopted_tunnel_is_matched_once_its_upstream_is_reached() {
+    async fn an_adopted_tunnel_is_matched_after_the_first_probes() {
         let routes = Arc::new(Routes::new(&[upstream("a")], 2, 1));
         let (stream, gateway, _listener) = connected().await;
         let a = &routes.upstreams()[0];
@@ -190,8 +201,23 @@ mod tests {
         tokio::pin!(adopted);
         assert!(!resolved(&mut adopted).await);
         a.succeeded(10, Some(gateway));
+        routes.first_probes_done();
         assert!(!resolved(&mut adopted).await);
         a.failed(1, "gateway gone");
         assert!(resolved(&mut adopted).await, "the tunnel was not watched");
+        // A direct tunnel adopted on the same node matches nothing, ever.
+        let (direct, _, _other) = connected().await;
+        assert!(!resolved(Via::Unknown.until_down(&routes, &direct)).await);
+    }
+
+    #[tokio::test]
+    async fn a_route_down_when_the_watch_starts_closes_at_once() {
+        let routes = Arc::new(Routes::new(&[upstream("a")], 2, 1));
+        let (stream, gateway, _listener) = connected().await;
+        let a = &routes.upstreams()[0];
+        a.succeeded(10, Some(gateway));
+        a.failed(1, "gateway gone");
+        assert!(resolved(Via::Route(a.clone()).until_down(&routes, &stream)).await);
+        assert!(resolved(Via::Unknown.until_down(&routes, &stream)).await);
     }
 }

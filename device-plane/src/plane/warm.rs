@@ -114,7 +114,7 @@ pub(super) async fn warm_up(
     // knows which are down before it says Ready.
     tokio::spawn(crate::egress::via::probe_forever(
         routes.clone(),
-        egress.lookups.clone(),
+        egress.upstream_lookups.clone(),
         config.egress.probe.interval,
         config.egress.probe.timeout,
         background.clone(),
