@@ -32,9 +32,13 @@ pub async fn maintain(
         identities.clone(),
         stop.clone(),
     ));
+    // The first usage tick is at once: a new plane (a deploy, a restart)
+    // knows no quota count and no fleet tunnel count, so until its first
+    // look an over-quota client would be served and a capped one could
+    // open its whole cap again here. That first look adds nothing; the
+    // deploy's warm-up usually covers it.
     let mut usage = tokio::time::interval(usage_flush);
     let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
-    usage.tick().await;
     activity.tick().await;
     loop {
         tokio::select! {

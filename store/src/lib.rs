@@ -90,7 +90,8 @@ pub enum ChangeKind {
 pub struct Change {
     /// Position in the feed: positive, strictly increasing, never reused.
     pub seq: u64,
-    /// The client's name.
+    /// The client's name; empty for a feed entry that names none (not one
+    /// of ours): it only moves a reader's position.
     pub name: String,
     /// What happened to it.
     pub kind: ChangeKind,

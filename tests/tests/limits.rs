@@ -375,6 +375,47 @@ fn a_quota_cuts_the_download_refuses_the_next_and_a_reset_frees_it() {
         .contains("http exchange cut: its client is over its quota"));
 }
 
+/// A new device plane looks at its clients' quota counts as it starts, not
+/// at its first flush: a client over its quota stays refused across a
+/// deploy, though the new plane's first flush is an hour away.
+#[test]
+fn a_client_over_its_quota_stays_refused_by_a_new_device_plane() {
+    let origin = Origin::start();
+    let mut node = Node::new("[store]\nusage_flush = \"1s\"\n");
+    let (_ingress, mut device, alice) = node.start();
+    // 8 Mbit/s: the quota is crossed a second into the download.
+    set(
+        &node,
+        &["alice", "--quota", "1MB/day", "--rate-down", "8Mbit"],
+    );
+    let out = node.path().join("quota.out");
+    let (ok, _) = finish(download(
+        &alice.socks,
+        &origin.url("/bytes/4000000"),
+        &out,
+        &[],
+    ));
+    assert!(!ok, "a 4 MB download under a 1 MB quota finished");
+    wait_until(
+        Duration::from_secs(10),
+        "the store's count to show it",
+        || quota_json(&node)["over"] == true,
+    );
+    let before = node.active_generation();
+    let _new = node.start_device_with_env(&[("BLIPLESS_STORE_USAGE_FLUSH", "1h")]);
+    wait_until(
+        Duration::from_secs(60),
+        "the new device plane to be active",
+        || node.active_generation().is_some_and(|g| Some(g) != before),
+    );
+    device.exits_cleanly("device plane");
+    wait_until(
+        Duration::from_secs(10),
+        "the new plane to refuse alice",
+        || status_code(&alice.http, &origin.url("/hello"), &[]) == "403",
+    );
+}
+
 #[test]
 fn two_nodes_on_one_redis_share_a_quota() {
     let origin = Origin::start();

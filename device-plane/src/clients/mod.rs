@@ -247,7 +247,11 @@ impl Directory {
                 return Ok(applied);
             };
             // Fetch each touched client once: its current record is the truth.
-            let names: BTreeSet<String> = changes.into_iter().map(|c| c.name).collect();
+            let names: BTreeSet<String> = changes
+                .into_iter()
+                .map(|c| c.name)
+                .filter(|name| !name.is_empty())
+                .collect();
             for name in names {
                 let record = match self.store.get_client(&name).await {
                     Ok(record) => record,

@@ -94,7 +94,10 @@ impl UpstreamAddresses {
             }
             failed => match known {
                 Some((at, addresses)) if at.elapsed() < STALE => {
-                    tracing::debug!(upstream, "an upstream's name did not resolve; using its last addresses");
+                    tracing::debug!(
+                        upstream,
+                        "an upstream's name did not resolve; using its last addresses"
+                    );
                     Ok(addresses)
                 }
                 _ => Err(match failed {
@@ -182,7 +185,9 @@ mod tests {
             .resolve(&Lookups::default(), "up", "localhost:1080", soon())
             .await
             .expect("localhost resolves");
-        assert!(found.iter().all(|a| a.ip().is_loopback() && a.port() == 1080));
+        assert!(found
+            .iter()
+            .all(|a| a.ip().is_loopback() && a.port() == 1080));
         // Kept: answered without a place.
         let again = cache
             .resolve(&no_places, "up", "localhost:1080", soon())

@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::lookups::Lookups;
-use super::upstream_addresses::AddressError;
 use super::routes::{Route, RouteKind, Routes};
+use super::upstream_addresses::AddressError;
 use super::upstream_socks::{self, UpstreamCredentials, UpstreamError};
 use super::{eyeballs, Egress, EgressError, Target};
 
@@ -311,7 +311,10 @@ mod tests {
             tokio::time::Instant::now() + Duration::from_millis(200),
         )
         .await;
-        assert!(matches!(by_name, Err(UpstreamError::TimedOut)), "{by_name:?}");
+        assert!(
+            matches!(by_name, Err(UpstreamError::TimedOut)),
+            "{by_name:?}"
+        );
         let literal = format!("127.0.0.1:{port}");
         reach(&no_places, &route_at(literal.clone()), &literal, soon())
             .await

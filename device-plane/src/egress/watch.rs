@@ -88,11 +88,7 @@ enum Watched {
 /// go through is down; never if none matches, even after the first probes.
 async fn until_all_down(routes: &Routes, local: Option<SocketAddr>, peer: Option<SocketAddr>) {
     let matched = |routes: &Routes| -> Vec<Arc<Route>> {
-        routes
-            .routes_of(local, peer)
-            .into_iter()
-            .cloned()
-            .collect()
+        routes.routes_of(local, peer).into_iter().cloned().collect()
     };
     let mut candidates = matched(routes);
     if candidates.is_empty() {

@@ -182,21 +182,33 @@ impl RedisStore {
         })
     }
 
-    fn decode_change(&self, (id, fields): FeedEntry) -> Result<Change, StoreError> {
-        let seq = id
+    /// A feed entry as a [`Change`], leniently: one entry that is not ours
+    /// (another version's kind, no name) must not stop every plane from
+    /// following the feed. An unknown kind reads as an upsert (a reader
+    /// reads the named record afresh either way); an entry without a name
+    /// keeps its position and names no client; one whose ID is not
+    /// `<seq>-0` has no position and is skipped (logged).
+    fn decode_change(&self, (id, fields): FeedEntry) -> Option<Change> {
+        let Some(seq) = id
             .strip_suffix("-0")
             .and_then(|seq| seq.parse::<u64>().ok())
-            .ok_or_else(|| self.corrupt(FEED_KEY, format!("entry ID {id:?}")))?;
-        let kind = match fields.get("kind").map(String::as_str) {
-            Some("upsert") => ChangeKind::Upsert,
-            Some("remove") => ChangeKind::Remove,
-            other => return Err(self.corrupt(FEED_KEY, format!("entry {id} kind {other:?}"))),
+        else {
+            tracing::warn!(store = %self.shown_url, key = FEED_KEY, %id, "a change feed entry with a foreign ID: skipped");
+            return None;
         };
-        let name = fields
-            .get("name")
-            .cloned()
-            .ok_or_else(|| self.corrupt(FEED_KEY, format!("entry {id} has no name")))?;
-        Ok(Change { seq, name, kind })
+        let kind = match fields.get("kind").map(String::as_str) {
+            Some("remove") => ChangeKind::Remove,
+            Some("upsert") => ChangeKind::Upsert,
+            other => {
+                tracing::debug!(key = FEED_KEY, %id, kind = ?other, "a change feed entry of an unknown kind: read as an upsert");
+                ChangeKind::Upsert
+            }
+        };
+        let name = fields.get("name").cloned().unwrap_or_else(|| {
+            tracing::warn!(store = %self.shown_url, key = FEED_KEY, %id, "a change feed entry without a client name: only its position is used");
+            String::new()
+        });
+        Some(Change { seq, name, kind })
     }
 }
 
@@ -368,10 +380,10 @@ impl Store for RedisStore {
         let entries: Vec<FeedEntry> = self
             .run("reading the change feed", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
-        entries
+        Ok(entries
             .into_iter()
-            .map(|entry| self.decode_change(entry))
-            .collect()
+            .filter_map(|entry| self.decode_change(entry))
+            .collect())
     }
 
     async fn add_usage(&self, name: &str, delta: Usage, batch: u64) -> Result<(), StoreError> {

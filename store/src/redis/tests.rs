@@ -152,6 +152,44 @@ async fn half_done_adds_and_removes_are_repaired() {
     assert!(!store.remove_client("gone").await.expect("remove again"));
 }
 
+/// Entries another version (or a hand) put in the feed do not stop it: an
+/// unknown kind reads as an upsert, a nameless entry keeps its position, an
+/// entry with a foreign ID is skipped; the entries around them still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_feed_entries_are_read_leniently() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    store.add_client(client("alice")).await.expect("add");
+    let mut conn = raw(&server).await;
+    for (id, fields) in [
+        ("100-0", vec![("kind", "rename"), ("name", "alice")]),
+        ("101-0", vec![("kind", "upsert")]),
+        ("101-1", vec![("kind", "upsert"), ("name", "alice")]),
+        ("102-0", vec![("kind", "remove"), ("name", "bob")]),
+    ] {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(FEED_KEY).arg(id);
+        for (field, value) in fields {
+            xadd.arg(field).arg(value);
+        }
+        let _: String = xadd.query_async(&mut conn).await.expect("XADD");
+    }
+    let feed = store.changes_since(0, 10).await.expect("the feed reads");
+    let read: Vec<(u64, &str, ChangeKind)> = feed
+        .iter()
+        .map(|c| (c.seq, c.name.as_str(), c.kind))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            (1, "alice", ChangeKind::Upsert),
+            (100, "alice", ChangeKind::Upsert),
+            (101, "", ChangeKind::Upsert),
+            (102, "bob", ChangeKind::Remove),
+        ]
+    );
+}
+
 /// The WireGuard address claims the module doc describes: a claim left without a
 /// record (an add that died between its steps) keeps the address from other clients
 /// and is taken over by an add of the same name; a remove deletes the claim.

@@ -272,14 +272,12 @@ impl Store for SqliteStore {
                 .map_err(db("reading changes"))?;
             rows.into_iter()
                 .map(|(seq, name, kind)| {
+                    // Another version's kind reads as an upsert: a reader
+                    // reads the named record afresh either way, and one
+                    // odd row must not stop the feed.
                     let kind = match kind.as_str() {
-                        "upsert" => ChangeKind::Upsert,
                         "remove" => ChangeKind::Remove,
-                        other => {
-                            return Err(StoreError::Backend(format!(
-                                "corrupt store: change {seq} has kind {other:?}"
-                            )))
-                        }
+                        _ => ChangeKind::Upsert,
                     };
                     Ok(Change {
                         seq: from_sql_int(seq, "seq")?,
