@@ -411,6 +411,87 @@ fn an_association_ends_with_its_control_connection_or_when_idle() {
     assert!((0.5..20.0).contains(&idle_after), "{result}");
 }
 
+/// A datagram to `to` behind the SOCKS5 UDP header (IPv4, FRAG 0).
+fn udp_datagram(to: std::net::SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let mut datagram = vec![0, 0, 0, 1];
+    datagram.extend_from_slice(&to.ip().octets());
+    datagram.extend_from_slice(&to.port().to_be_bytes());
+    datagram.extend_from_slice(payload);
+    datagram
+}
+
+/// Answers go to the customer's port: another host behind the customer's
+/// address (a carrier's or an office's NAT) cannot take them with a
+/// datagram of its own, well-formed or not, while the customer's port is in
+/// use; its datagrams do not pass either.
+#[test]
+fn another_port_of_the_customers_address_cannot_take_its_answers() {
+    use std::io::Write as _;
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let echo = Echo::start("127.0.0.1");
+    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+    let mut control = blipless_tests::raw::connect(node.socks);
+    assert_eq!(
+        blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
+        0
+    );
+    control
+        .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
+        .expect("UDP ASSOCIATE");
+    let reply = blipless_tests::raw::read_exact(&mut control, 10);
+    assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
+    let relay = std::net::SocketAddr::from((
+        [reply[4], reply[5], reply[6], reply[7]],
+        u16::from_be_bytes([reply[8], reply[9]]),
+    ));
+    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+    let neighbour = UdpSocket::bind("127.0.0.1:0").expect("the neighbour's port");
+    for socket in [&customer, &neighbour] {
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+    }
+    let mut buffer = [0u8; 2048];
+    customer
+        .send_to(&udp_datagram(echo_at, b"customer-1"), relay)
+        .expect("send");
+    let (len, _) = customer
+        .recv_from(&mut buffer)
+        .expect("the echo comes back");
+    assert!(buffer[..len].ends_with(b"customer-1"));
+    // The neighbour: junk, then a well-formed datagram of its own.
+    neighbour.send_to(b"junk", relay).expect("send");
+    neighbour
+        .send_to(&udp_datagram(echo_at, b"neighbour"), relay)
+        .expect("send");
+    std::thread::sleep(Duration::from_millis(300));
+    customer
+        .send_to(&udp_datagram(echo_at, b"customer-2"), relay)
+        .expect("send");
+    let (len, _) = customer
+        .recv_from(&mut buffer)
+        .expect("the customer still gets its answers");
+    assert!(
+        buffer[..len].ends_with(b"customer-2"),
+        "{:?}",
+        String::from_utf8_lossy(&buffer[..len])
+    );
+    assert!(
+        neighbour.recv_from(&mut buffer).is_err(),
+        "the neighbour got an answer"
+    );
+    assert!(
+        !echo
+            .received
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|p| p == b"neighbour"),
+        "the neighbour's datagram passed"
+    );
+}
+
 #[test]
 fn removing_the_client_ends_its_association() {
     let mut node = Node::new("");

@@ -15,7 +15,10 @@
 //! Policy: a customer's datagrams are taken only from the control
 //! connection's address, from any port (a NAT gives the UDP flow a port of
 //! its own, unlike the one a client names in its request); answers go to
-//! the port the latest datagram came from;
+//! the port of the first datagram that passed every check, and move to
+//! another port only after that one has been silent for [`PORT_MOVE_QUIET`]
+//! (a NAT that rebinds an idle flow), so another host behind the same
+//! address cannot take the customer's answers with one datagram;
 //! every destination must be permitted by the egress policy, and so must
 //! the sender of every datagram that comes back. Fragments (FRAG ≠ 0) and
 //! datagrams with a bad header are dropped and counted. UDP leaves directly
@@ -52,6 +55,20 @@ const NAME_TTL: Duration = Duration::from_secs(60);
 const BATCH: usize = 32;
 /// Limit on resolving a destination name.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a name that does not resolve is remembered as such (a lookup
+/// that timed out is not remembered at all).
+const NO_SUCH_NAME_TTL: Duration = Duration::from_secs(5);
+/// How long the customer's port must be silent before its answers may move
+/// to another port of its address.
+pub const PORT_MOVE_QUIET: Duration = Duration::from_secs(5);
+/// TCP keepalive on the control connection: probes after this much
+/// silence, every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] of them. A
+/// customer that vanished (no FIN: a sleeping laptop, a NAT that dropped
+/// the flow) ends its association within about 90 s, even while the far
+/// side keeps sending to it.
+const KEEPALIVE_IDLE: u32 = 60;
+const KEEPALIVE_INTERVAL: u32 = 10;
+const KEEPALIVE_PROBES: u32 = 3;
 
 /// Datagrams the SOCKS5 UDP relays dropped since the plane started, by
 /// reason, and associations opened.
@@ -66,7 +83,8 @@ pub struct Counters {
     /// A destination (or a returning sender) the egress policy refuses, or
     /// a name that does not resolve to a permitted address.
     pub denied: AtomicU64,
-    /// Sent to the relay from an address other than the customer's.
+    /// Sent to the relay from an address other than the customer's, or
+    /// from another port of it while the customer's port is in use.
     pub foreign: AtomicU64,
     /// Over the client's rate limit.
     pub rate_limited: AtomicU64,
@@ -236,11 +254,16 @@ pub async fn run(
     let Ok(control_peer) = association.control.peer_addr() else {
         return;
     };
+    keep_alive(&association.control);
     let mut relay = Relay {
         context: &context,
         client: &client,
         customer_ip: canonical(control_peer.ip()),
         names: HashMap::new(),
+        // An adopted association's port counts as just heard from: a move
+        // right after a deploy waits as any other does.
+        customer_heard: Instant::now(),
+        looked_up: false,
         buffer: vec![0u8; HEADER_ROOM + MAX_DATAGRAM],
     };
     loop {
@@ -289,8 +312,14 @@ struct Relay<'a> {
     client: &'a Client,
     /// The control connection's address: customer datagrams come from it.
     customer_ip: IpAddr,
-    /// Destination names resolved lately, with when.
+    /// Destination names resolved lately, with until when they hold.
     names: HashMap<String, (Vec<SocketAddr>, Instant)>,
+    /// When the customer's current port last sent a datagram that passed.
+    customer_heard: Instant,
+    /// Whether the datagram just judged needed a lookup (then the batch
+    /// ends, so that a run of slow names does not keep the association
+    /// from its tokens and its other socket).
+    looked_up: bool,
     /// One datagram, with room before it for a header.
     buffer: Vec<u8>,
 }
@@ -335,6 +364,9 @@ impl Relay<'_> {
                         if self.up(association, len, from).await {
                             last = Instant::now();
                         }
+                        if std::mem::take(&mut self.looked_up) {
+                            break;
+                        }
                     }
                 }
                 ready = association.egress.readable() => {
@@ -363,12 +395,10 @@ impl Relay<'_> {
     /// on if it may be; true if it was.
     async fn up(&mut self, association: &mut Association, len: usize, from: SocketAddr) -> bool {
         let counters = &self.context.udp_counters;
-        if canonical(from.ip()) != self.customer_ip {
+        if canonical(from.ip()) != self.customer_ip || !self.may_move_to(association, from) {
             counters.foreign.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        // Its latest address: a NAT may move the customer to another port.
-        association.state.customer = Some(from);
         let Ok(datagram) = parse_udp_datagram(&self.buffer[..len]) else {
             counters.bad_header.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -396,7 +426,21 @@ impl Relay<'_> {
             .up
             .fetch_add(payload_len as u64, Ordering::Relaxed);
         self.client.limiter.charge_quota(payload_len);
+        // Only a datagram that passed names where answers go.
+        association.state.customer = Some(from);
+        self.customer_heard = Instant::now();
         true
+    }
+
+    /// Whether a datagram from `from` (the customer's address) may be the
+    /// customer's: from its current port, or from another once the current
+    /// one has been silent for [`PORT_MOVE_QUIET`] (or there is none yet).
+    fn may_move_to(&self, association: &Association, from: SocketAddr) -> bool {
+        match association.state.customer {
+            None => true,
+            Some(current) if current == from => true,
+            Some(_) => self.customer_heard.elapsed() >= PORT_MOVE_QUIET,
+        }
     }
 
     /// A datagram back from `from` (`buffer[HEADER_ROOM..][..len]`):
@@ -459,29 +503,56 @@ impl Relay<'_> {
             })
     }
 
-    /// `host`'s addresses, from the association's cache while fresh.
+    /// `host`'s addresses, from the association's cache while it holds
+    /// them: [`NAME_TTL`] for an answer, [`NO_SUCH_NAME_TTL`] for a name
+    /// that does not resolve, not at all for a lookup that timed out (the
+    /// resolver, or this client's share of it, was busy: the next datagram
+    /// tries again).
     async fn resolve(&mut self, host: String, port: u16) -> Vec<SocketAddr> {
-        if let Some((addresses, at)) = self.names.get(&host) {
-            if at.elapsed() < NAME_TTL {
+        if let Some((addresses, until)) = self.names.get(&host) {
+            if Instant::now() < *until {
                 return addresses
                     .iter()
                     .map(|a| SocketAddr::new(a.ip(), port))
                     .collect();
             }
         }
+        self.looked_up = true;
         let deadline = tokio::time::Instant::now() + RESOLVE_TIMEOUT;
-        let addresses = self
+        let looked_up = self
             .context
             .egress
             .lookups
             .resolve(&self.client.record.name, &host, port, deadline)
-            .await
-            .unwrap_or_default();
+            .await;
+        let (addresses, holds) = match looked_up {
+            Ok(addresses) if !addresses.is_empty() => (addresses, NAME_TTL),
+            Ok(_) | Err(crate::egress::lookups::LookupError::Failed) => {
+                (Vec::new(), NO_SUCH_NAME_TTL)
+            }
+            Err(crate::egress::lookups::LookupError::TimedOut) => return Vec::new(),
+        };
         if self.names.len() >= NAME_CACHE {
             self.names.clear();
         }
-        self.names.insert(host, (addresses.clone(), Instant::now()));
+        self.names
+            .insert(host, (addresses.clone(), Instant::now() + holds));
         addresses
+    }
+}
+
+/// Turns TCP keepalive on for the control connection ([`KEEPALIVE_IDLE`]):
+/// without it a customer gone without a FIN would hold its association,
+/// a connection of its cap, for as long as anyone sends to it. Failing
+/// that is logged; the association then ends by its idle timeout only.
+fn keep_alive(control: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let set = setsockopt(control, sockopt::KeepAlive, &true)
+        .and_then(|()| setsockopt(control, sockopt::TcpKeepIdle, &KEEPALIVE_IDLE))
+        .and_then(|()| setsockopt(control, sockopt::TcpKeepInterval, &KEEPALIVE_INTERVAL))
+        .and_then(|()| setsockopt(control, sockopt::TcpKeepCount, &KEEPALIVE_PROBES));
+    if let Err(error) = set {
+        tracing::debug!(%error, "cannot turn on keepalive on a UDP association's control connection");
     }
 }
 
