@@ -41,18 +41,23 @@ impl WgNode {
 }
 
 impl WgNode {
+    /// Checks the WireGuard settings `client add --wg` needs, changing
+    /// nothing (the node's key is not created).
+    pub(crate) fn check(config: &Config) -> anyhow::Result<()> {
+        if config.wireguard.endpoint.is_none() {
+            return Err(no_endpoint());
+        }
+        if let Err(error) = wg_clients::node_address(&config.wireguard.pool) {
+            return Err(ConfigProblem(error.to_string()).into());
+        }
+        Ok(())
+    }
+
     /// Checks the WireGuard settings and loads (or creates) the node's key, from
     /// the file the ingress uses.
     pub(crate) fn prepare(config: &Config) -> anyhow::Result<Self> {
         let Some(endpoint) = config.wireguard.endpoint.clone() else {
-            return Err(ConfigProblem(
-                "client add --wg needs wireguard.endpoint, the host:port WireGuard clients \
-                 dial (for example vpn.example.com:51820): set it under [wireguard] in the \
-                 config file, or with BLIPLESS_WIREGUARD_ENDPOINT or \
-                 --set wireguard.endpoint=HOST:PORT"
-                    .into(),
-            )
-            .into());
+            return Err(no_endpoint());
         };
         let pool = config.wireguard.pool;
         let node_address = match wg_clients::node_address(&pool) {
@@ -80,6 +85,18 @@ impl WgNode {
             pools6,
         })
     }
+}
+
+/// `client add --wg` on a node without `wireguard.endpoint`.
+fn no_endpoint() -> anyhow::Error {
+    ConfigProblem(
+        "client add --wg needs wireguard.endpoint, the host:port WireGuard clients \
+         dial (for example vpn.example.com:51820): set it under [wireguard] in the \
+         config file, or with BLIPLESS_WIREGUARD_ENDPOINT or \
+         --set wireguard.endpoint=HOST:PORT"
+            .into(),
+    )
+    .into()
 }
 
 /// A client's proxy URLs, with its secret (or a placeholder) in them.

@@ -10,26 +10,45 @@ use crate::NetCommand;
 
 /// `net teardown` with no configuration to go by: the nftables tables and
 /// whatever setup marked as its own ([`net::teardown_marked`]).
-pub(crate) fn teardown_marked() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+pub(crate) fn teardown_marked() -> anyhow::Result<net::Teardown> {
+    Ok(runtime()?.block_on(net::teardown_marked()))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(net::teardown_marked())?;
-    Ok(())
+        .context("starting the async runtime")
+}
+
+/// What a teardown removed, in words.
+pub(crate) fn removed_text(removed: &net::Removed) -> String {
+    let tuns = if removed.tuns.is_empty() {
+        "no TUN device was there".to_owned()
+    } else {
+        format!("deleted TUN devices {}", removed.tuns.join(", "))
+    };
+    format!(
+        "nftables tables {} and {} gone, {tuns}, {} exit routing rule(s) deleted",
+        net::NFT_TABLE,
+        net::STEER_TABLE,
+        removed.rules
+    )
+}
+
+/// What a teardown removed, as JSON.
+pub(crate) fn removed_json(removed: &net::Removed) -> serde_json::Value {
+    json!({ "tuns": removed.tuns, "rules": removed.rules })
 }
 
 /// `net setup` and `net teardown`.
 pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyhow::Result<()> {
-    // Checks the configuration (IPv4 pool, interface names) before any change.
-    let mut plan = net::Plan::from_config(config)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = runtime()?;
     match command {
         NetCommand::Setup => {
-            plan = runtime.block_on(net::setup(config))?;
+            // Checks the configuration (IPv4 pool, interface names, the
+            // TUN owner) before any change.
+            let plan = runtime.block_on(net::setup(config))?;
             if as_json {
                 say!(
                     "{}",
@@ -82,17 +101,33 @@ pub(crate) fn net(config: &Config, command: &NetCommand, as_json: bool) -> anyho
             }
         }
         NetCommand::Teardown => {
-            runtime.block_on(net::teardown(config))?;
+            let done = runtime.block_on(net::teardown(config));
+            if !done.failures.is_empty() {
+                // Everything it could remove is gone; say what was not.
+                let mut all = format!(
+                    "net teardown removed what it could ({}), but {} step(s) failed:",
+                    removed_text(&done.removed),
+                    done.failures.len()
+                );
+                for failure in &done.failures {
+                    all.push_str(&format!("\n  - {failure}"));
+                }
+                return Err(anyhow::anyhow!(all));
+            }
             if as_json {
                 say!(
                     "{}",
-                    json!({ "net": "teardown", "tun": plan.tun, "nft_table": net::NFT_TABLE })
+                    json!({
+                        "net": "teardown",
+                        "tun": config.egress.tun.name,
+                        "nft_table": net::NFT_TABLE,
+                        "removed": removed_json(&done.removed),
+                    })
                 );
             } else {
                 say!(
-                    "host setup removed: no TUN device {} and no nftables table {} (IPv4 and IPv6 forwarding left as they were)",
-                    plan.tun,
-                    net::NFT_TABLE
+                    "host setup removed: {} (IPv4 and IPv6 forwarding left as they were)",
+                    removed_text(&done.removed)
                 );
             }
         }

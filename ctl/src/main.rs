@@ -115,16 +115,19 @@ enum TlsCommand {
 #[derive(Debug, Subcommand)]
 enum NetCommand {
     /// Create the persistent multi-queue TUN device (egress.tun.name) with
-    /// the node's pool address, turn IPv4 forwarding on, and (re)load the
-    /// nftables table `inet blipless` (masquerade out of
-    /// egress.tun.out_interface; invalid TCP answered with a reset).
-    /// Idempotent.
+    /// the node's pool address, turn IPv4 forwarding on, set up each
+    /// WireGuard exit's TUN device and routing rules, and (re)load the
+    /// nftables tables `inet blipless` (masquerade out of
+    /// egress.tun.out_interface; invalid TCP answered with a reset) and
+    /// `inet blipless_steer`. Marks its TUN devices with the alias
+    /// "blipless ...". Idempotent.
     Setup,
     /// Delete the nftables tables, the TUN devices and the exits' routing
     /// rules, including those an earlier configuration's setup made (found
     /// by their marks, also when the configuration does not load; it then
-    /// still exits 64 listing the problems). Idempotent; leaves IPv4
-    /// forwarding as it is.
+    /// still exits 64 listing the problems). Goes on past a step that fails
+    /// and lists every failure (exit 1). Idempotent; leaves IPv4 forwarding
+    /// as it is.
     Teardown,
 }
 
@@ -295,20 +298,31 @@ fn main() -> ExitCode {
                 let mut answer = json!({ "error": "configuration", "problems": problems });
                 if let Some(done) = &teardown {
                     answer["teardown"] = match done {
-                        Ok(()) => json!("removed, found by its marks"),
-                        Err(error) => json!(format!("{error:#}")),
+                        Ok(done) if done.failures.is_empty() => json!({
+                            "ok": true,
+                            "removed": host::removed_json(&done.removed),
+                        }),
+                        Ok(done) => json!({
+                            "ok": false,
+                            "removed": host::removed_json(&done.removed),
+                            "failures": done.failures.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                        }),
+                        Err(error) => json!({ "ok": false, "failures": [format!("{error:#}")] }),
                     };
                 }
                 say!("{answer}");
             } else {
                 eprintln!("blipless-ctl: {errors}");
                 match teardown {
-                    Some(Ok(())) => eprintln!(
-                        "blipless-ctl: net teardown: removed what setup made anyway, found by its marks (nftables tables {} and {}, TUN devices aliased \"{}\", exits' routing rules)",
-                        blipless_ctl::net::NFT_TABLE,
-                        blipless_ctl::net::STEER_TABLE,
-                        blipless_ctl::net::leftovers::ALIAS_PREFIX
-                    ),
+                    Some(Ok(done)) => {
+                        eprintln!(
+                            "blipless-ctl: net teardown: removed what setup made anyway, found by its marks: {}",
+                            host::removed_text(&done.removed)
+                        );
+                        for failure in &done.failures {
+                            eprintln!("blipless-ctl: net teardown: {failure}");
+                        }
+                    }
                     Some(Err(error)) => eprintln!("blipless-ctl: net teardown: {error:#}"),
                     None => {}
                 }
@@ -396,12 +410,14 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             // or an unknown upstream changes nothing.
             let checked_add = match command {
                 ClientCommand::Add { wg, egress, .. } => {
-                    let node = if *wg {
-                        WgNode::prepare(config).map(Some)
-                    } else {
-                        Ok(None)
+                    let policy = clients::egress_policy(config, egress);
+                    // The node's key is created only for an add that will be made.
+                    let node = match (*wg, &policy) {
+                        (false, _) => Ok(None),
+                        (true, Ok(_)) => WgNode::prepare(config).map(Some),
+                        (true, Err(_)) => WgNode::check(config).map(|()| None),
                     };
-                    Some(both(node, clients::egress_policy(config, egress))?)
+                    Some(both(node, policy)?)
                 }
                 _ => None,
             };

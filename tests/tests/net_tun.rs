@@ -327,10 +327,36 @@ fn teardown_finds_what_setup_made_when_the_configuration_changed_or_broke() {
         assert_eq!(rules.matches(EXIT_TABLE).count(), 2, "{rules}");
         assert!(has_table("blipless") && has_table("blipless_steer"));
     };
+    // What is not ours: a TUN device without our alias, one with another
+    // program's, and a rule of another routing table. Teardown leaves them.
+    for (name, alias) in [("tun-plain", None), ("tun-other", Some("vpnd egress"))] {
+        ok(
+            &ns.exec("ip", &["tuntap", "add", "dev", name, "mode", "tun"]),
+            "adding a foreign TUN device",
+        );
+        if let Some(alias) = alias {
+            ok(
+                &ns.exec("ip", &["link", "set", "dev", name, "alias", alias]),
+                "aliasing it",
+            );
+        }
+    }
+    ok(
+        &ns.exec("ip", &["rule", "add", "fwmark", "0x64", "lookup", "100"]),
+        "adding a foreign rule",
+    );
     let nothing_left = |when: &str| {
-        for name in [TUN, EXIT_TUN, "blt-renamed"] {
+        for name in [TUN, EXIT_TUN] {
             assert!(!has_link(name), "{when}: {name} is still there");
         }
+        assert!(
+            has_link("tun-plain") && has_link("tun-other"),
+            "{when}: a TUN device that is not ours was deleted"
+        );
+        assert!(
+            rules().contains("lookup 100"),
+            "{when}: a rule that is not ours was deleted"
+        );
         let rules = rules();
         assert!(
             !rules.contains(EXIT_TABLE),
@@ -342,11 +368,39 @@ fn teardown_finds_what_setup_made_when_the_configuration_changed_or_broke() {
         );
     };
 
-    // The clients' device renamed and the exit gone from the configuration.
+    // The clients' device renamed and the exit gone from the configuration:
+    // what it removed is said.
     set_up();
-    let output = ns.ctl(&["--set", "egress.tun.name=blt-renamed", "net", "teardown"]);
-    ok(&output, "net teardown with another device and no exit");
+    let output = ns.ctl(&[
+        "--json",
+        "--set",
+        "egress.tun.name=blt-renamed",
+        "net",
+        "teardown",
+    ]);
+    let json: serde_json::Value =
+        serde_json::from_str(ok(&output, "net teardown").trim()).expect("--json answers in JSON");
+    assert_eq!(
+        json["removed"]["tuns"],
+        serde_json::json!([TUN, EXIT_TUN]),
+        "{json}"
+    );
+    assert_eq!(json["removed"]["rules"], 2, "{json}");
     nothing_left("after a teardown by a changed configuration");
+
+    // A configuration that loads but that a plan refuses (the TUN owner is
+    // gone): the marked rest is removed, and the problem reported (exit 1).
+    set_up();
+    let output = ns.ctl(&[
+        "--set",
+        "egress.tun.user=no-such-user-here",
+        "net",
+        "teardown",
+    ]);
+    let said = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("no-such-user-here"), "{said}");
+    nothing_left("after a teardown whose plan was refused");
 
     // A configuration that no longer loads.
     set_up();
@@ -357,11 +411,25 @@ fn teardown_finds_what_setup_made_when_the_configuration_changed_or_broke() {
     assert!(said.contains("exit.conf"), "the problem is named: {said}");
     assert!(said.contains("removed what setup made anyway"), "{said}");
     nothing_left("after a teardown without a usable configuration");
+    set_up();
+    std::fs::remove_file(&exit_file).expect("removing the exit's file");
     let output = ns.ctl(&["--json", "--config", config, "net", "teardown"]);
     let json: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("--json answers in JSON");
-    assert_eq!(json["teardown"], "removed, found by its marks", "{json}");
+    assert_eq!(json["teardown"]["ok"], true, "{json}");
+    assert_eq!(
+        json["teardown"]["removed"]["tuns"],
+        serde_json::json!([TUN, EXIT_TUN]),
+        "{json}"
+    );
+    assert!(
+        json["problems"][0]
+            .as_str()
+            .is_some_and(|p| p.contains("exit.conf")),
+        "{json}"
+    );
     assert_eq!(output.status.code(), Some(64));
+    nothing_left("after a teardown without a usable configuration, under --json");
 }
 
 #[test]

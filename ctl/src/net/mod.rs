@@ -568,22 +568,55 @@ pub async fn setup(config: &Config) -> Result<Plan, NetError> {
     Ok(plan)
 }
 
+/// What a teardown removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// The TUN devices it deleted.
+    pub tuns: Vec<String>,
+    /// How many exits' routing rules it deleted.
+    pub rules: usize,
+}
+
+/// How a teardown went: what it removed, and every step that failed (it
+/// goes on past a failure, to remove all it can).
+#[derive(Debug, Default)]
+pub struct Teardown {
+    /// What it removed.
+    pub removed: Removed,
+    /// The steps that failed, in order; the plan's own problem first when
+    /// the configuration gave none (then only the marked rest was removed).
+    pub failures: Vec<NetError>,
+}
+
 /// Removes what [`setup`] made: the nftables tables, the TUN devices and
 /// the exits' rules, including those of an earlier configuration.
-/// Idempotent; leaves IPv4 forwarding as it is.
-pub async fn teardown(config: &Config) -> Result<(), NetError> {
-    let plan = Plan::from_config(config)?;
-    run_steps(&plan.teardown_steps()).await?;
-    tracing::info!(tun = %plan.tun, "packet egress host setup removed");
-    Ok(())
+/// Idempotent; leaves IPv4 forwarding as it is. A configuration [`Plan`]
+/// refuses (a TUN owner that no longer exists) still removes the tables
+/// and what setup marked ([`teardown_marked`]).
+pub async fn teardown(config: &Config) -> Teardown {
+    match Plan::from_config(config) {
+        Ok(plan) => {
+            let (removed, failures) = run_all_steps(&plan.teardown_steps()).await;
+            tracing::info!(tun = %plan.tun, ?removed, "packet egress host setup removed");
+            Teardown { removed, failures }
+        }
+        Err(problem) => {
+            let mut done = teardown_marked().await;
+            done.failures.insert(0, problem);
+            done
+        }
+    }
 }
 
 /// Removes what [`setup`] made without a configuration to go by: the
 /// nftables tables and everything it marked ([`Plan::teardown_marked_steps`]).
-pub async fn teardown_marked() -> Result<(), NetError> {
-    run_steps(&Plan::teardown_marked_steps()).await?;
-    tracing::info!("packet egress host setup removed, found by its marks");
-    Ok(())
+pub async fn teardown_marked() -> Teardown {
+    let (removed, failures) = run_all_steps(&Plan::teardown_marked_steps()).await;
+    tracing::info!(
+        ?removed,
+        "packet egress host setup removed, found by its marks"
+    );
+    Teardown { removed, failures }
 }
 
 mod exits;
@@ -600,4 +633,4 @@ use exits::exit_teardown_steps;
 pub use exits::{ExitPlan, STEER_TABLE};
 pub use nft::NFT_TABLE;
 pub use owner::TunOwner;
-use run::run_steps;
+use run::{run_all_steps, run_steps};

@@ -7,90 +7,111 @@ use tokio::io::AsyncWriteExt;
 
 use super::*;
 
+/// Runs `steps` in order, stopping at the first that fails (setup).
 pub(super) async fn run_steps(steps: &[Step]) -> Result<(), NetError> {
+    let mut removed = Removed::default();
     for step in steps {
-        match step {
-            Step::EnsureTun {
-                name,
-                probe,
-                create,
-                delete,
-                owner,
-            } => match link_state(probe).await? {
-                LinkState::Absent => {
-                    run(create).await?;
-                    tracing::info!(%name, %owner, "created the persistent multi-queue TUN device");
-                }
-                LinkState::Tun {
-                    multi_queue: true,
-                    user,
-                    group,
-                    queues,
-                } => {
-                    if !owner.matches(user.as_deref(), group.as_deref()) {
-                        let found = match (&user, &group) {
-                            (None, None) => "no user and no group".to_string(),
-                            _ => format!(
-                                "user {}, group {}",
-                                user.as_deref().unwrap_or("none"),
-                                group.as_deref().unwrap_or("none")
-                            ),
-                        };
-                        if queues > 0 {
-                            return Err(NetError::TunOwner {
-                                name: name.clone(),
-                                found,
-                                wanted: owner.to_string(),
-                                queues,
-                            });
-                        }
-                        // Unused: nothing is lost by making it again; the
-                        // next steps give it its address and route back.
-                        run(delete).await?;
-                        run(create).await?;
-                        tracing::warn!(%name, %found, wanted = %owner, "recreated the TUN device with its configured owner (no queue was attached)");
-                    }
-                }
-                LinkState::Tun {
-                    multi_queue: false, ..
-                } => {
-                    return Err(NetError::NotMultiQueueTun {
-                        name: name.clone(),
-                        what: "a TUN device without multi_queue".into(),
-                    })
-                }
-                LinkState::Other { kind } => {
-                    return Err(NetError::NotMultiQueueTun {
-                        name: name.clone(),
-                        what: format!("a {kind} device, not a TUN device"),
-                    })
-                }
-            },
-            Step::RemoveTun {
-                name,
-                probe,
-                delete,
-            } => match link_state(probe).await? {
-                LinkState::Absent => {}
-                LinkState::Tun { .. } => {
-                    run(delete).await?;
-                    tracing::info!(%name, "deleted the TUN device");
-                }
-                LinkState::Other { kind } => {
-                    return Err(NetError::NotMultiQueueTun {
-                        name: name.clone(),
-                        what: format!("a {kind} device, not a TUN device (left alone)"),
-                    })
-                }
-            },
-            Step::Run(cmd) => {
-                run(cmd).await?;
-            }
-            Step::RunUnlessExists(cmd) => run_tolerating(cmd, &["File exists"]).await?,
-            Step::RunIfPresent(cmd) => run_tolerating(cmd, ABSENT).await?,
-            Step::RemoveMarked { rules, links } => remove_marked(rules, links).await?,
-            Step::Sysctl { path, value } => write_sysctl(path, value).await?,
+        run_step(step, &mut removed).await?;
+    }
+    Ok(())
+}
+
+/// Runs every one of `steps`, past any that fails (teardown removes all it
+/// can): what was removed, and every failure.
+pub(super) async fn run_all_steps(steps: &[Step]) -> (Removed, Vec<NetError>) {
+    let mut removed = Removed::default();
+    let mut failures = Vec::new();
+    for step in steps {
+        if let Err(error) = run_step(step, &mut removed).await {
+            failures.push(error);
         }
+    }
+    (removed, failures)
+}
+
+async fn run_step(step: &Step, removed: &mut Removed) -> Result<(), NetError> {
+    match step {
+        Step::EnsureTun {
+            name,
+            probe,
+            create,
+            delete,
+            owner,
+        } => match link_state(probe).await? {
+            LinkState::Absent => {
+                run(create).await?;
+                tracing::info!(%name, %owner, "created the persistent multi-queue TUN device");
+            }
+            LinkState::Tun {
+                multi_queue: true,
+                user,
+                group,
+                queues,
+            } => {
+                if !owner.matches(user.as_deref(), group.as_deref()) {
+                    let found = match (&user, &group) {
+                        (None, None) => "no user and no group".to_string(),
+                        _ => format!(
+                            "user {}, group {}",
+                            user.as_deref().unwrap_or("none"),
+                            group.as_deref().unwrap_or("none")
+                        ),
+                    };
+                    if queues > 0 {
+                        return Err(NetError::TunOwner {
+                            name: name.clone(),
+                            found,
+                            wanted: owner.to_string(),
+                            queues,
+                        });
+                    }
+                    // Unused: nothing is lost by making it again; the
+                    // next steps give it its address and route back.
+                    run(delete).await?;
+                    run(create).await?;
+                    tracing::warn!(%name, %found, wanted = %owner, "recreated the TUN device with its configured owner (no queue was attached)");
+                }
+            }
+            LinkState::Tun {
+                multi_queue: false, ..
+            } => {
+                return Err(NetError::NotMultiQueueTun {
+                    name: name.clone(),
+                    what: "a TUN device without multi_queue".into(),
+                })
+            }
+            LinkState::Other { kind } => {
+                return Err(NetError::NotMultiQueueTun {
+                    name: name.clone(),
+                    what: format!("a {kind} device, not a TUN device"),
+                })
+            }
+        },
+        Step::RemoveTun {
+            name,
+            probe,
+            delete,
+        } => match link_state(probe).await? {
+            LinkState::Absent => {}
+            LinkState::Tun { .. } => {
+                run(delete).await?;
+                removed.tuns.push(name.clone());
+                tracing::info!(%name, "deleted the TUN device");
+            }
+            LinkState::Other { kind } => {
+                return Err(NetError::NotMultiQueueTun {
+                    name: name.clone(),
+                    what: format!("a {kind} device, not a TUN device (left alone)"),
+                })
+            }
+        },
+        Step::Run(cmd) => {
+            run(cmd).await?;
+        }
+        Step::RunUnlessExists(cmd) => run_tolerating(cmd, &["File exists"]).await?,
+        Step::RunIfPresent(cmd) => run_tolerating(cmd, ABSENT).await?,
+        Step::RemoveMarked { rules, links } => remove_marked(rules, links, removed).await?,
+        Step::Sysctl { path, value } => write_sysctl(path, value).await?,
     }
     Ok(())
 }
@@ -103,7 +124,7 @@ const ABSENT: &[&str] = &[
 ];
 
 /// [`Step::RemoveMarked`]: the exits' rules first, then the devices.
-async fn remove_marked(rules: &Cmd, links: &Cmd) -> Result<(), NetError> {
+async fn remove_marked(rules: &Cmd, links: &Cmd, removed: &mut Removed) -> Result<(), NetError> {
     let listed = listing(rules).await?;
     let found = leftovers::exit_rules(&listed).map_err(|detail| NetError::Unreadable {
         command: rules.to_string(),
@@ -116,6 +137,7 @@ async fn remove_marked(rules: &Cmd, links: &Cmd) -> Result<(), NetError> {
             &["rule", "del", "priority", &priority, "lookup", &table],
         );
         run_tolerating(&delete, ABSENT).await?;
+        removed.rules += 1;
         tracing::info!(
             priority = rule.priority,
             table = rule.table,
@@ -130,6 +152,7 @@ async fn remove_marked(rules: &Cmd, links: &Cmd) -> Result<(), NetError> {
     for name in found {
         run_tolerating(&Cmd::new("ip", &["link", "del", "dev", &name]), ABSENT).await?;
         tracing::info!(%name, "deleted a TUN device an earlier setup made");
+        removed.tuns.push(name);
     }
     Ok(())
 }
