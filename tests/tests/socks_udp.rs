@@ -431,20 +431,42 @@ fn another_port_of_the_customers_address_cannot_take_its_answers() {
     let (_ingress, _device, client) = node.start();
     let echo = Echo::start("127.0.0.1");
     let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    let mut control = blipless_tests::raw::connect(node.socks);
-    assert_eq!(
-        blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
-        0
-    );
-    control
-        .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
-        .expect("UDP ASSOCIATE");
-    let reply = blipless_tests::raw::read_exact(&mut control, 10);
-    assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
-    let relay = std::net::SocketAddr::from((
-        [reply[4], reply[5], reply[6], reply[7]],
-        u16::from_be_bytes([reply[8], reply[9]]),
-    ));
+    // UDP ASSOCIATE naming `port` as the customer's; the relay's address.
+    let associate = |port: u16| {
+        let mut control = blipless_tests::raw::connect(node.socks);
+        assert_eq!(
+            blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
+            0
+        );
+        let [high, low] = port.to_be_bytes();
+        control
+            .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, high, low])
+            .expect("UDP ASSOCIATE");
+        let reply = blipless_tests::raw::read_exact(&mut control, 10);
+        assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
+        let relay = std::net::SocketAddr::from((
+            [reply[4], reply[5], reply[6], reply[7]],
+            u16::from_be_bytes([reply[8], reply[9]]),
+        ));
+        (control, relay)
+    };
+    let mut buffer = [0u8; 2048];
+    // Behind a NAT: the request names a port the datagrams do not come
+    // from. The first datagram that passes says where answers go.
+    let (_nat_control, nat_relay) = associate(9);
+    let behind_nat = UdpSocket::bind("127.0.0.1:0").expect("a port");
+    behind_nat
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    behind_nat
+        .send_to(&udp_datagram(echo_at, b"behind-nat"), nat_relay)
+        .expect("send");
+    let (len, _) = behind_nat
+        .recv_from(&mut buffer)
+        .expect("a customer behind a NAT gets its answer");
+    assert!(buffer[..len].ends_with(b"behind-nat"));
+
+    let (_control, relay) = associate(0);
     let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
     let neighbour = UdpSocket::bind("127.0.0.1:0").expect("the neighbour's port");
     for socket in [&customer, &neighbour] {
@@ -452,7 +474,6 @@ fn another_port_of_the_customers_address_cannot_take_its_answers() {
             .set_read_timeout(Some(Duration::from_millis(500)))
             .expect("timeout");
     }
-    let mut buffer = [0u8; 2048];
     customer
         .send_to(&udp_datagram(echo_at, b"customer-1"), relay)
         .expect("send");

@@ -151,16 +151,15 @@ pub async fn serve(
     context.udp_counters.opened.fetch_add(1, Ordering::Relaxed);
     client.meter.connections.fetch_add(1, Ordering::Relaxed);
     // The port the customer named (PySocks names its own, with the host
-    // "0"): where answers go until its first datagram says otherwise.
+    // "0") is kept, not trusted: a NAT gives the flow another, and answers
+    // go only where a datagram that passed came from (`Relay::up`). Nothing
+    // comes back before the customer's first datagram anyway: no one knows
+    // the egress socket yet.
     let announced_port = match requested {
         Destination::Ip(address) => address.port(),
         Destination::Domain { port, .. } => port,
     };
-    let customer = control
-        .peer_addr()
-        .ok()
-        .filter(|_| announced_port != 0)
-        .map(|peer| SocketAddr::new(canonical(peer.ip()), announced_port));
+    let customer = None;
     tracing::debug!(id, client = %name, relay = ?bound, "udp association open");
     let association = Association {
         control,
@@ -261,7 +260,10 @@ pub async fn run(
         customer_ip: canonical(control_peer.ip()),
         names: HashMap::new(),
         // An adopted association's port counts as just heard from: a move
-        // right after a deploy waits as any other does.
+        // right after a deploy waits as any other does. (A predecessor
+        // before this change put the request's port there unconfirmed; a
+        // NAT'd customer that had sent nothing before the deploy then waits
+        // 5 s, once.)
         customer_heard: Instant::now(),
         looked_up: false,
         buffer: vec![0u8; HEADER_ROOM + MAX_DATAGRAM],
@@ -342,6 +344,11 @@ impl Relay<'_> {
         let over_quota = over_quota.cancelled();
         tokio::pin!(cut, revoked, over_quota);
         loop {
+            // Also here: a flood of dropped datagrams keeps the data arms
+            // busy and would starve the idle arm.
+            if last.elapsed() >= timeout {
+                return End::Closed("idle");
+            }
             tokio::select! {
                 biased;
                 slot = &mut handover => return End::Handover(slot),
@@ -353,33 +360,22 @@ impl Relay<'_> {
                         return End::Closed("control connection closed");
                     }
                 }
+                // Either socket ready: a batch of each, so that a busy one
+                // (a bulk upload, a flood) cannot starve the other under
+                // `biased`.
                 ready = association.relay.readable() => {
                     if ready.is_err() {
                         return End::Closed("relay socket failed");
                     }
-                    for _ in 0..BATCH {
-                        let Ok((len, from)) = association.relay.try_recv_from(&mut self.buffer) else {
-                            break;
-                        };
-                        if self.up(association, len, from).await {
-                            last = Instant::now();
-                        }
-                        if std::mem::take(&mut self.looked_up) {
-                            break;
-                        }
-                    }
+                    self.up_batch(association, &mut last).await;
+                    self.down_batch(association, &mut last).await;
                 }
                 ready = association.egress.readable() => {
                     if ready.is_err() {
                         return End::Closed("egress socket failed");
                     }
-                    for _ in 0..BATCH {
-                        let received = association.egress.try_recv_from(&mut self.buffer[HEADER_ROOM..]);
-                        let Ok((len, from)) = received else { break };
-                        if self.down(association, len, from).await {
-                            last = Instant::now();
-                        }
-                    }
+                    self.down_batch(association, &mut last).await;
+                    self.up_batch(association, &mut last).await;
                 }
                 () = &mut idle => {
                     if last.elapsed() >= timeout {
@@ -387,6 +383,36 @@ impl Relay<'_> {
                     }
                     idle.as_mut().reset(last + timeout);
                 }
+            }
+        }
+    }
+
+    /// Up to [`BATCH`] datagrams the customer sent to the relay, passed on
+    /// as they may be (fewer after one that needed a lookup).
+    async fn up_batch(&mut self, association: &mut Association, last: &mut Instant) {
+        for _ in 0..BATCH {
+            let Ok((len, from)) = association.relay.try_recv_from(&mut self.buffer) else {
+                break;
+            };
+            if self.up(association, len, from).await {
+                *last = Instant::now();
+            }
+            if std::mem::take(&mut self.looked_up) {
+                break;
+            }
+        }
+    }
+
+    /// Up to [`BATCH`] datagrams back at the egress socket, returned to
+    /// the customer as they may be.
+    async fn down_batch(&mut self, association: &mut Association, last: &mut Instant) {
+        for _ in 0..BATCH {
+            let received = association
+                .egress
+                .try_recv_from(&mut self.buffer[HEADER_ROOM..]);
+            let Ok((len, from)) = received else { break };
+            if self.down(association, len, from).await {
+                *last = Instant::now();
             }
         }
     }
@@ -433,13 +459,13 @@ impl Relay<'_> {
     }
 
     /// Whether a datagram from `from` (the customer's address) may be the
-    /// customer's: from its current port, or from another once the current
-    /// one has been silent for [`PORT_MOVE_QUIET`] (or there is none yet).
+    /// customer's: from any port while none has passed yet, from the port
+    /// of the last that passed, or from another once that one has been
+    /// silent for [`PORT_MOVE_QUIET`].
     fn may_move_to(&self, association: &Association, from: SocketAddr) -> bool {
         match association.state.customer {
-            None => true,
-            Some(current) if current == from => true,
-            Some(_) => self.customer_heard.elapsed() >= PORT_MOVE_QUIET,
+            Some(current) if current != from => self.customer_heard.elapsed() >= PORT_MOVE_QUIET,
+            _ => true,
         }
     }
 
