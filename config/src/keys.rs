@@ -7,10 +7,10 @@
 use std::sync::LazyLock;
 
 use crate::kinds::{
-    Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, Format, HeadBytes, Input, Interface,
-    InterfaceOrFound, IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr, OptionalCidr,
-    OptionalHostPort, OptionalPath, OptionalQuota, OptionalRate, Queues, ResolverList, Shape,
-    SocketDir, StoreUrl, Workers,
+    Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, FlushInterval, Format, HeadBytes,
+    Input, Interface, InterfaceOrFound, IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr,
+    OptionalCidr, OptionalHostPort, OptionalPath, OptionalQuota, OptionalRate, Queues,
+    ResolverList, Shape, SocketDir, StoreUrl, Workers,
 };
 use crate::Config;
 
@@ -175,7 +175,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "State store (default: sqlite://<node.state_dir>/state.db); Redis fleets: docs/FLEET.md.",
             |c| &mut c.store.url,
         ),
-        Key::new::<Dur>(
+        Key::new::<FlushInterval>(
             "store.usage_flush",
             Text("10s"),
             "How often a device plane adds its clients' usage to the store (a crash loses at most this much).",

@@ -223,7 +223,9 @@ pub(crate) async fn set(
             "nothing to set: give --rate-up, --rate-down, --quota, --max-connections, --source or --quota-reset"
         );
     }
-    let Some(record): Option<ClientRecord> = store.get_client(name).await? else {
+    let Some(record): Option<ClientRecord> =
+        blipless_ctl::patience::get_client(store, name).await?
+    else {
         anyhow::bail!("no client named {name} (see `blipless-ctl client list`)");
     };
     // The flags given change only their own limits, applied by the store to
@@ -235,10 +237,8 @@ pub(crate) async fn set(
     let mut unreplicated = None;
     if flags.any() {
         let given = flags.clone();
-        match store
-            .update_limits(name, std::sync::Arc::new(move |now| given.apply(now)))
-            .await
-        {
+        let change: blipless_store::LimitsChange = std::sync::Arc::new(move |now| given.apply(now));
+        match blipless_ctl::patience::update_limits(store, name, change).await {
             Ok(stored) => limits = stored,
             Err(StoreError::Unconfirmed(detail)) => unreplicated = Some(detail),
             Err(StoreError::NotFound(_)) => {
@@ -248,7 +248,7 @@ pub(crate) async fn set(
         }
     }
     if quota_reset {
-        store.reset_quota_usage(name).await?;
+        blipless_ctl::patience::reset_quota_usage(store, name).await?;
     }
     let confirmation = crate::clients::unreplicated_is_unconfirmed(
         confirm(store, config).await,

@@ -1,16 +1,19 @@
-//! Client changes that ride out a store failover: `blipless-ctl client add` and
-//! `client remove` repeat the very same change while the store is unavailable,
+//! Client changes that ride out a store failover: `blipless-ctl client add`,
+//! `client set` and `client remove` repeat the very same change while the store is unavailable,
 //! for up to [`STORE_PATIENCE`], so that an operator adding a client during a
 //! Redis Sentinel or Cluster failover gets it stored once the new master is
 //! elected instead of an error. Repeating is safe: adding the record that is
 //! stored finishes that add (`Store::add_client`), and a repeated remove finds
-//! nothing left to remove or finishes the feed entry it lacked. A remove that
+//! nothing left to remove or finishes the feed entry it lacked, and a
+//! repeated limits change finds its limits stored and appends the feed
+//! entry a failed try may have lacked (`Store::update_limits`; without it
+//! the planes would never pick the new limits up). A remove that
 //! finds nothing after a failed try cannot tell "removed by that try" from
 //! "never there", and says so ([`Removal::AbsentAfterRetry`]).
 
 use std::time::Duration;
 
-use blipless_store::{ClientRecord, Store, StoreError};
+use blipless_store::{ClientLimits, ClientRecord, LimitsChange, Store, StoreError};
 
 /// How long a client change is repeated while the store is unavailable.
 pub const STORE_PATIENCE: Duration = Duration::from_secs(15);
@@ -51,6 +54,37 @@ pub async fn add_client(store: &dyn Store, record: &ClientRecord) -> Result<(), 
     patiently("adding the client", || store.add_client(record.clone()))
         .await
         .0
+}
+
+/// Reads client `name`, repeating it while the store is unavailable.
+pub async fn get_client(store: &dyn Store, name: &str) -> Result<Option<ClientRecord>, StoreError> {
+    patiently("reading the client", || store.get_client(name))
+        .await
+        .0
+}
+
+/// Changes client `name`'s limits by `change`, repeating it while the
+/// store is unavailable.
+pub async fn update_limits(
+    store: &dyn Store,
+    name: &str,
+    change: LimitsChange,
+) -> Result<ClientLimits, StoreError> {
+    patiently("changing the client's limits", || {
+        store.update_limits(name, change.clone())
+    })
+    .await
+    .0
+}
+
+/// Resets client `name`'s quota count, repeating it while the store is
+/// unavailable (a reset done twice is one reset).
+pub async fn reset_quota_usage(store: &dyn Store, name: &str) -> Result<(), StoreError> {
+    patiently("resetting the quota count", || {
+        store.reset_quota_usage(name)
+    })
+    .await
+    .0
 }
 
 /// What [`remove_client`] found.

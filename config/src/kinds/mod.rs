@@ -472,6 +472,27 @@ impl Kind for Dur {
     }
 }
 
+/// How often usage is flushed: above zero and at most [`LONGEST_FLUSH`]. A
+/// failed usage add is held and repeated at the next flush with its batch
+/// number, and the Redis store remembers a batch for an hour
+/// (`USAGE_BATCH_MEMORY`): a flush further apart than that would count a
+/// repeated add twice. A plane killed loses at most this much usage, too.
+pub(crate) struct FlushInterval;
+
+/// The longest `store.usage_flush`.
+pub(crate) const LONGEST_FLUSH: Duration = Duration::from_secs(15 * 60);
+
+impl Kind for FlushInterval {
+    type Out = Duration;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "a duration above zero and at most 15m, like 10s or 1m (a held usage add is repeated at the next flush, and the store remembers its batch for an hour)";
+    fn parse(input: &Input<'_>) -> Option<Duration> {
+        humantime::parse_duration(input.text()?)
+            .ok()
+            .filter(|d| !d.is_zero() && *d <= LONGEST_FLUSH)
+    }
+}
+
 /// A count from 1 to 1024.
 pub(crate) struct Count;
 impl Kind for Count {

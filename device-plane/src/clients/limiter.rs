@@ -171,6 +171,9 @@ pub struct Limiter {
     quota_ends_at: std::sync::atomic::AtomicI64,
     /// Whether the store's count has been read once.
     quota_known: AtomicBool,
+    /// How many times the quota changed: a count read under an earlier
+    /// quota (a look in flight across `client set`) is not applied.
+    quota_changes: AtomicU64,
     over_quota: AtomicBool,
     /// Cancelled when the client goes over its quota; replaced when it is
     /// under again.
@@ -213,6 +216,7 @@ impl Limiter {
         if *quota != limits.quota {
             let same_period = quota.map(|q| q.period) == limits.quota.map(|q| q.period);
             *quota = limits.quota;
+            self.quota_changes.fetch_add(1, Ordering::AcqRel);
             drop(quota);
             self.has_quota
                 .store(limits.quota.is_some(), Ordering::Relaxed);
@@ -322,13 +326,38 @@ impl Limiter {
         }
     }
 
+    /// Which quota a look at the store is made under ([`Self::quota_counted_under`]).
+    pub fn quota_generation(&self) -> u64 {
+        self.quota_changes.load(Ordering::Acquire)
+    }
+
+    /// [`Self::quota_counted`], unless the quota changed since `generation`
+    /// was read: that count belongs to another quota (maybe another period,
+    /// another window), and the next look reads the right one.
+    pub fn quota_counted_under(&self, generation: u64, used: u64, ends_at: i64) {
+        // Under the quota's lock, so a change cannot slip in between.
+        let quota = self
+            .quota
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.quota_changes.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if let Some(quota) = *quota {
+            self.apply_count(quota, used, ends_at);
+        }
+    }
+
     /// The store's count after this plane's flush (the truth, fleet-wide)
     /// plus what this plane moved since the flush took its usage, in the
     /// period ending at `ends_at`.
     pub fn quota_counted(&self, used: u64, ends_at: i64) {
-        let Some(quota) = self.quota() else {
-            return;
-        };
+        if let Some(quota) = self.quota() {
+            self.apply_count(quota, used, ends_at);
+        }
+    }
+
+    fn apply_count(&self, quota: Quota, used: u64, ends_at: i64) {
         self.quota_used.store(used, Ordering::Relaxed);
         self.quota_ends_at.store(ends_at, Ordering::Relaxed);
         self.quota_known.store(true, Ordering::Relaxed);
@@ -500,6 +529,32 @@ mod tests {
         assert!(
             !limiter.is_over_quota(),
             "a count from an ended period cut the client"
+        );
+    }
+
+    /// A look at the store in flight while the quota changes (month → day)
+    /// brings back the old quota's count: it is not applied to the new one.
+    #[test]
+    fn a_count_read_under_an_earlier_quota_is_not_applied() {
+        let limiter = Limiter::new(&ClientLimits {
+            quota: Some("50GB/month".parse().expect("quota")),
+            ..ClientLimits::default()
+        });
+        let generation = limiter.quota_generation();
+        limiter.set(&ClientLimits {
+            quota: Some("1GB/day".parse().expect("quota")),
+            ..ClientLimits::default()
+        });
+        // The month's 40 GB, read before the change.
+        limiter.quota_counted_under(generation, 40_000_000_000, i64::MAX);
+        assert!(
+            !limiter.is_over_quota() && limiter.quota_needs_look(),
+            "the month's count cut the client under its daily quota"
+        );
+        limiter.quota_counted_under(limiter.quota_generation(), 2_000_000_000, i64::MAX);
+        assert!(
+            limiter.is_over_quota(),
+            "a count under the new quota applies"
         );
     }
 }

@@ -102,6 +102,9 @@ impl Directory {
     /// frees it). A failed add is logged and those bytes are not counted
     /// (docs/LIMITS.md, "Overshoot").
     async fn count_quota(&self, client: &Client, bytes: u64) {
+        // Before the quota is read: a change in between makes the count
+        // stale, never the other way round.
+        let generation = client.limiter.quota_generation();
         let Some(quota) = client.limiter.quota() else {
             return;
         };
@@ -115,9 +118,11 @@ impl Directory {
                 let was_over = client.limiter.is_over_quota();
                 // What moved since the flush took the meter is in neither count.
                 let since = client.meter.pending_bytes();
-                client
-                    .limiter
-                    .quota_counted(used.saturating_add(since), window.ends_at);
+                client.limiter.quota_counted_under(
+                    generation,
+                    used.saturating_add(since),
+                    window.ends_at,
+                );
                 if client.limiter.is_over_quota() != was_over {
                     tracing::info!(client = %name, used, quota = %quota, over = !was_over, "client's quota state changed");
                 }

@@ -117,8 +117,7 @@ impl Caps {
         Err(Refusal::TunnelCap(cap))
     }
 
-    /// Whether `client` is under its quota (a forwarded HTTP request needs
-    /// only that); counts a refusal.
+    /// Whether `client` is under its quota; counts a refusal.
     pub fn check_quota(&self, client: &Client) -> Result<(), Refusal> {
         if client.limiter.is_over_quota() {
             self.refused_over_quota.fetch_add(1, Ordering::Relaxed);

@@ -38,13 +38,16 @@ pub(super) async fn forward(
         return plain(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     let target = target::egress_target(&parsed.destination);
-    if context.caps.check_quota(&client).is_err() {
-        tracing::debug!(id, client = %name, "http request refused: the client is over its quota");
-        return plain(
-            StatusCode::FORBIDDEN,
-            "this client is over its quota for the current period\n",
-        );
-    }
+    // A forwarded request holds an egress connection while it runs: it
+    // counts against the client's connection cap as a tunnel does
+    // (docs/LIMITS.md, "Connection caps"), held by the origin connection.
+    let counted = match context.caps.check_tunnel(&client) {
+        Ok(counted) => counted,
+        Err(refusal) => {
+            tracing::debug!(id, client = %name, ?refusal, "http request refused: the client's limits");
+            return refused(refusal);
+        }
+    };
     let (egress, via) = match context.connect_for(&name, &target).await {
         Ok(connected) => connected,
         Err(error) => {
@@ -72,6 +75,7 @@ pub(super) async fn forward(
     let over_quota = client.limiter.over_quota_token();
     let revoked = client.revoked.clone();
     tokio::spawn(async move {
+        let _counted = counted;
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
