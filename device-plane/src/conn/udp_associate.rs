@@ -184,15 +184,31 @@ async fn open_sockets(
     let relay = UdpSocket::bind(SocketAddr::new(reached, 0)).await?;
     context.identities.touch(client);
     let held = context.identities.open(client).await;
-    let egress = match held.identity.source {
-        Some(source) => UdpSocket::bind(SocketAddr::new(source, 0)).await?,
-        // Both families from one socket where the host has IPv6.
-        None => match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).await {
-            Ok(socket) => socket,
-            Err(_) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?,
-        },
+    let egress = match egress_socket(held.identity.source).await {
+        // The source address is no longer the host's: the identity is
+        // evicted and the socket opened once more from a new one, as a TCP
+        // connect does (`Context::connect_direct`).
+        Err(error) if error.kind() == std::io::ErrorKind::AddrNotAvailable => {
+            tracing::warn!(client, %error, "egress identity unusable; evicting it");
+            context.identities.evict(client).await;
+            let held = context.identities.open(client).await;
+            egress_socket(held.identity.source).await?
+        }
+        other => other?,
     };
     Ok((relay, egress))
+}
+
+/// The egress socket: from `source`, or both families from one unbound
+/// socket where the host has IPv6.
+async fn egress_socket(source: Option<IpAddr>) -> std::io::Result<UdpSocket> {
+    match source {
+        Some(source) => UdpSocket::bind(SocketAddr::new(source, 0)).await,
+        None => match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).await {
+            Ok(socket) => Ok(socket),
+            Err(_) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await,
+        },
+    }
 }
 
 /// An association's sockets and state.
