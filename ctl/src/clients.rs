@@ -547,10 +547,16 @@ pub(crate) async fn list(store: &dyn Store, config: &Config, as_json: bool) -> a
     let defaults = crate::limits::node_defaults(config);
     let mut rows = Vec::new();
     for client in clients {
-        let usage = store
-            .usage(&client.name)
-            .await
-            .with_context(|| format!("reading the usage of client {}", client.name))?;
+        // A client removed since the list was read (its usage gone with it)
+        // must not fail the whole list: it is listed as read, with none.
+        let usage = match store.usage(&client.name).await {
+            Ok(usage) => usage,
+            Err(StoreError::NotFound(_)) => blipless_store::Usage::default(),
+            Err(error) => {
+                return Err(anyhow::Error::from(error)
+                    .context(format!("reading the usage of client {}", client.name)))
+            }
+        };
         let quota =
             crate::limits::quota_use(store, &client.name, client.limits.or(&defaults).quota).await;
         rows.push((client, usage, quota));
