@@ -150,7 +150,7 @@ impl Route {
         lock(&self.down_token).clone()
     }
 
-    pub(super) fn reached_at(&self, peer: SocketAddr) -> bool {
+    fn reached_at(&self, peer: SocketAddr) -> bool {
         lock(&self.addresses).contains(&peer)
     }
 }
