@@ -243,6 +243,24 @@ impl Netns {
         run(Command::new("ip").args(["-n", &self.name]).args(args))
     }
 
+    /// One of the kernel's counters in this namespace's `/proc/net/snmp`, as
+    /// `group` and `field` (`"Icmp"`, `"InEchos"`): a count taken where the
+    /// packets arrive, whatever became of them afterwards.
+    pub fn snmp_counter(&self, group: &str, field: &str) -> io::Result<u64> {
+        let table = self.exec("cat", &["/proc/net/snmp"])?;
+        let prefix = format!("{group}:");
+        let mut rows = table.lines().filter(|line| line.starts_with(&prefix));
+        let (names, values) = (rows.next(), rows.next());
+        let missing = || io::Error::other(format!("no {group} {field} in /proc/net/snmp"));
+        let (names, values) = names.zip(values).ok_or_else(missing)?;
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(name, _)| *name == field)
+            .and_then(|(_, value)| value.parse().ok())
+            .ok_or_else(missing)
+    }
+
     /// `sysctl -w key=value` inside (e.g. `net.ipv4.ip_forward`, `1`).
     pub fn set_sysctl(&self, key: &str, value: &str) -> io::Result<()> {
         self.exec("sysctl", &["-q", "-w", &format!("{key}={value}")])
