@@ -48,6 +48,15 @@ use crate::node::Node;
 use crate::planes::Planes;
 use crate::serving::Serving;
 
+/// Says that this ingress stops before it serves, leaving the node to the
+/// ingress running it, and ends `run` with nothing taken.
+fn stopped_before_serving() -> anyhow::Result<()> {
+    tracing::info!(
+        "stopped (SIGTERM or SIGINT) before serving: the running ingress keeps the node"
+    );
+    Ok(())
+}
+
 /// Binds (or takes over) every socket, serves until `shutdown` is cancelled,
 /// then drains: `/status` answers 503 `draining`, the listeners close after the
 /// lame-duck period, every device plane is told to drain, and this returns once
@@ -56,6 +65,10 @@ use crate::serving::Serving;
 /// any more (`handoff::departure`), or at the drain grace.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let started = Instant::now();
+    // First of all: until a SIGHUP handler is in place, a SIGHUP (passed on
+    // by the stand-in for `systemctl reload`, or a certificate renewal hook)
+    // would end the process, and finding a predecessor may take seconds.
+    let hangups = tls::TlsEdge::hangups();
     // Sockets the service manager kept for us (after a crash), by name.
     let inherited = blipless_supervise::listen_fds::take().unwrap_or_else(|error| {
         tracing::warn!(%error, "ignoring LISTEN_FDS");
@@ -67,7 +80,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Before any socket under it is used: created 0700, or refused when
     // another user owns it or others may write in it.
     sockets::prepare_runtime_dir(&config.node.runtime_dir)?;
-    let mut predecessor = handoff::find_predecessor(&config, socket_kept).await?;
+    // A stop asked for before this ingress serves (a restart of a successor
+    // still waiting for its turn: the stand-in stops it) ends it with
+    // nothing taken: the running ingress keeps the node. Taking over and
+    // then draining would end the node's service.
+    let mut predecessor = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => return stopped_before_serving(),
+        found = handoff::find_predecessor(&config, socket_kept) => found?,
+    };
     let metrics = Arc::new(Metrics::new());
     // Before any socket is taken: a certificate that does not load stops
     // the start with the reason, and a predecessor keeps serving.
@@ -131,6 +152,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // SIGHUP (systemctl reload): the certificate again, for as long as we run.
     tokio::spawn(tls::TlsEdge::reload_on_hangup(
         tls.clone(),
+        hangups,
         stop_wireguard.clone(),
     ));
     // `wg show`: this ingress's peers, from now until it exits (or a
@@ -152,6 +174,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         takeovers: &takeover_sender,
         generation,
     };
+    if predecessor.is_some() && shutdown.is_cancelled() {
+        // Dropping the offer: the predecessor steers WireGuard back and
+        // serves on (docs/ARCHITECTURE.md, "Ingress restart by handoff").
+        return stopped_before_serving();
+    }
     let mut running = serving.spawn()?;
     if let Some(predecessor) = predecessor {
         predecessor
@@ -210,6 +237,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         {
             SteppedAside::Exit => {
+                // Our copies of the listening sockets go now: a successor
+                // that drains closes its own, and ours must not keep them
+                // listening (customers queued, then reset) while the TLS
+                // connections below finish.
+                drop(listeners);
                 // The TLS connections we relay are ours to the end (or the
                 // grace, from the handoff's start).
                 if let Some(tls) = &tls {

@@ -144,6 +144,59 @@ fn a_successor_waits_for_its_turn_no_longer_than_drain_grace_and_a_margin() {
 }
 
 #[test]
+fn a_successor_stopped_while_waiting_for_its_turn_takes_nothing_over() {
+    // A restart that comes before a successor was ready makes the stand-in
+    // stop it (SIGTERM). One waiting for its turn used to take over from the
+    // ingress it waited for and then drain the whole node.
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (mut first, _device, client) = node.start();
+    // A successor that stalls 4 s after taking the offer keeps the first busy.
+    let mut second = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_STALL_HANDOFF_MS", "4000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the successor to take the offer",
+        || second.log_text().contains("taking over"),
+    );
+    let mut third = node.spawn_ingress();
+    wait_until(
+        Duration::from_secs(20),
+        "the third to wait its turn",
+        || third.log_text().contains("waiting for its turn"),
+    );
+    third.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = third
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the stopped one exits: {}", third.log_text()));
+    assert!(status.success(), "{status}: {}", third.log_text());
+    assert!(
+        third.log_text().contains("before serving"),
+        "{}",
+        third.log_text()
+    );
+    // The second serves once its stall is over, and the first hands the
+    // node to it; nobody drains it.
+    let exited = first.wait_exit(Duration::from_secs(30));
+    assert!(
+        exited.is_some(),
+        "the first hands over: {}",
+        first.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        second.wait_exit(Duration::from_millis(10)).is_none(),
+        "the second serves on: {}",
+        second.log_text()
+    );
+    assert!(!second.log_text().contains("draining the node"));
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+}
+
+#[test]
 fn a_successor_killed_mid_handoff_leaves_the_old_one_serving() {
     let origin = Origin::start();
     let mut node = Node::new("");

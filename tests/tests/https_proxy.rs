@@ -482,3 +482,57 @@ fn connections_that_never_finish_tls_hold_at_most_limits_tls_handshakes() {
     });
     drop(silent);
 }
+
+#[test]
+fn a_customer_that_stops_reading_holds_its_tls_relay_only_for_the_idle_timeout() {
+    // openssl s_client whose output nobody reads: once its stdout pipe is
+    // full it stops reading the TLS connection, mid-download. The plane's
+    // tunnel and the ingress's relay each end after proxy.idle_timeout with
+    // no byte moved (the relay used to wait on its write to the customer
+    // for ever, unable to see the plane's close).
+    let origin = Origin::start();
+    let mut node = Node::new("[proxy]\nidle_timeout = \"2s\"\n");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, client) = node.start();
+    let ca_path = ca.certificate.to_str().expect("path").to_owned();
+    let mut stalled = std::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-CAfile"])
+        .arg(&ca_path)
+        .args(["-connect", &address.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_client");
+    let auth = blipless_tests::base64(format!("alice:{}", client.secret).as_bytes());
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+        origin.url(&format!("/bytes/{}", 32 << 20)),
+        origin.address
+    );
+    let mut input = stalled.stdin.take().expect("stdin");
+    input.write_all(request.as_bytes()).expect("to s_client");
+    input.flush().expect("to s_client");
+    let relayed = || node.metric("blipless_tls_connections_relayed");
+    wait_until(Duration::from_secs(20), "the relay to start", || {
+        relayed() == 1.0
+    });
+    wait_until(
+        Duration::from_secs(60),
+        "the stalled customer's relay to end",
+        || relayed() == 0.0,
+    );
+    // Others are served as ever.
+    let https = client.https.clone().expect("https URL");
+    let body = fetch(
+        &https,
+        &origin.url("/bytes/1000"),
+        &["--proxy-cacert", &ca_path],
+    );
+    assert_eq!(body.len(), 1000);
+    let _ = stalled.kill();
+    let _ = stalled.wait();
+    drop(input);
+}

@@ -44,6 +44,8 @@ pub struct TlsEdge {
     acceptor: TlsAcceptor,
     /// How long a client may take to complete its handshake.
     pub handshake_timeout: Duration,
+    /// How long a relay may move no byte either way (`proxy.idle_timeout`).
+    pub idle_timeout: Duration,
     /// One permit per handshake under way (`limits.tls_handshakes`): each
     /// holds a descriptor until it completes or times out, so a flood of
     /// connections that never finish TLS is bounded; one over it is closed
@@ -125,6 +127,8 @@ impl TlsEdge {
             current,
             acceptor: TlsAcceptor::from(Arc::new(server)),
             handshake_timeout: config.proxy.handshake_timeout,
+            idle_timeout: config.proxy.idle_timeout,
+
             handshakes: Arc::new(tokio::sync::Semaphore::new(config.limits.tls_handshakes)),
             handshake_limit: config.limits.tls_handshakes,
             refusal_logged: std::sync::Mutex::new(None),
@@ -192,18 +196,27 @@ impl TlsEdge {
         }
     }
 
-    /// Reloads on every SIGHUP until `stop` (without TLS, SIGHUP is only
-    /// logged: it never ends the process).
-    pub async fn reload_on_hangup(edge: Option<Arc<Self>>, stop: CancellationToken) {
-        let mut hangups = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::hangup(),
-        ) {
-            Ok(hangups) => hangups,
+    /// SIGHUP from now on, for [`Self::reload_on_hangup`]: installing the
+    /// handler ends SIGHUP's default action (the end of the process). `None`
+    /// when it cannot be installed (logged).
+    pub fn hangups() -> Option<tokio::signal::unix::Signal> {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangups) => Some(hangups),
             Err(error) => {
                 tracing::warn!(%error, "cannot handle SIGHUP: TLS reloads only by blipless-ctl tls reload");
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// Reloads on every SIGHUP in `hangups` until `stop` (without TLS,
+    /// SIGHUP is only logged: it never ends the process).
+    pub async fn reload_on_hangup(
+        edge: Option<Arc<Self>>,
+        hangups: Option<tokio::signal::unix::Signal>,
+        stop: CancellationToken,
+    ) {
+        let Some(mut hangups) = hangups else { return };
         loop {
             tokio::select! {
                 received = hangups.recv() => if received.is_none() { return },

@@ -8,15 +8,17 @@
 //! request) becomes a TLS close_notify and a FIN to the customer; a customer
 //! that closes becomes a FIN on the pair. A handshake that fails (not TLS,
 //! a name the certificate does not cover, too slow) closes the connection
-//! and touches nothing else.
+//! and touches nothing else. A relay that moves no byte either way for
+//! `proxy.idle_timeout` ends, as the plane's own tunnels do: a customer that
+//! stops reading cannot hold it once the plane has given up on its end.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use blipless_protocol::channel::Accepted;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 
@@ -26,6 +28,9 @@ use crate::accept::{self, AcceptContext};
 /// How long a customer may keep its side open once the device plane has
 /// closed the connection.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Bytes read from one side before they are written to the other.
+const CHUNK: usize = 16 * 1024;
 
 /// Serves one accepted TCP connection on the HTTPS listener, in a task of
 /// the edge's relay tracker; with `limits.tls_handshakes` handshakes under
@@ -84,8 +89,12 @@ async fn serve(
         return;
     }
     edge.metrics.add_relayed(1);
+    let activity = Activity::new();
     tokio::select! {
-        () = relay(tls, ours, accepted.connection_id) => {}
+        () = relay(tls, ours, accepted.connection_id, &activity) => {}
+        () = activity.idle_for(edge.idle_timeout) => {
+            tracing::debug!(id = accepted.connection_id, idle = ?edge.idle_timeout, "HTTPS relay ended: no byte either way");
+        }
         () = edge.stop.cancelled() => {}
     }
     edge.metrics.add_relayed(-1);
@@ -94,18 +103,19 @@ async fn serve(
 /// Moves bytes both ways until both are done. Once the device plane has
 /// closed its end (the connection is over on its side), the customer gets
 /// [`CLOSE_WAIT`] to close theirs: a client that never does cannot hold the
-/// connection open. (While the plane's end is open, the plane's own idle
-/// timeouts govern.)
-async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64) {
+/// connection open. A customer that stops reading is the caller's
+/// [`Activity::idle_for`]'s to end: the plane's close cannot be seen while a
+/// write to the customer waits.
+async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64, activity: &Activity) {
     let (mut tls_read, mut tls_write) = tokio::io::split(tls);
     let (mut ours_read, mut ours_write) = ours.into_split();
     let up = async {
-        let copied = tokio::io::copy(&mut tls_read, &mut ours_write).await;
+        let copied = pump(&mut tls_read, &mut ours_write, activity).await;
         let _ = ours_write.shutdown().await;
         copied
     };
     let down = async {
-        let copied = tokio::io::copy(&mut ours_read, &mut tls_write).await;
+        let copied = pump(&mut ours_read, &mut tls_write, activity).await;
         // A close_notify and a FIN to the customer.
         let _ = tls_write.shutdown().await;
         copied
@@ -124,6 +134,60 @@ async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64) {
                 tracing::debug!(id, %error, "HTTPS relay: the device plane side ended");
             }
             let _ = tokio::time::timeout(CLOSE_WAIT, up).await;
+        }
+    }
+}
+
+/// Copies `from` into `to` until `from` ends, flushing each chunk (rustls
+/// keeps written bytes until a flush) and marking `activity` at each read
+/// and each completed write.
+async fn pump<R, W>(from: &mut R, to: &mut W, activity: &Activity) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let read = from.read(&mut chunk).await?;
+        if read == 0 {
+            return Ok(());
+        }
+        activity.mark();
+        to.write_all(&chunk[..read]).await?;
+        to.flush().await?;
+        activity.mark();
+    }
+}
+
+/// When a relay last moved a byte, either way.
+struct Activity {
+    start: tokio::time::Instant,
+    /// Milliseconds from `start` to the last byte moved.
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Completes once no byte has moved for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+            let deadline = self.start + last + limit;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
         }
     }
 }
