@@ -54,6 +54,18 @@ pub enum LinkError {
     /// Bytes follow the frame inside the same message.
     #[error("the peer sent bytes after its frame")]
     TrailingBytes,
+    /// A frame to send was given the wrong number of fds for its type, or
+    /// more than a frame carries ([`MAX_FDS_PER_FRAME`]): nothing is sent
+    /// (the peer would refuse it, or lose some of them).
+    #[error("refusing to send {message} with {got} fds (its type carries {expected}, a frame at most {MAX_FDS_PER_FRAME})")]
+    FdsToSend {
+        /// The message type.
+        message: &'static str,
+        /// Fds given.
+        got: usize,
+        /// Fds its type carries.
+        expected: usize,
+    },
     /// The frame carries the wrong number of fds for its type.
     #[error("the peer sent {message} with {got} fds (expected {expected})")]
     FdCount {
@@ -72,6 +84,13 @@ pub async fn send<'m, M: Conversation<'m>>(
     message: &M,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), LinkError> {
+    if fds.len() != message.fd_count() || fds.len() > MAX_FDS_PER_FRAME {
+        return Err(LinkError::FdsToSend {
+            message: message.name(),
+            got: fds.len(),
+            expected: message.fd_count(),
+        });
+    }
     send_encoded(socket, &channel::encode(message), message.name(), fds).await
 }
 
@@ -405,7 +424,18 @@ mod tests {
             peer: "127.0.0.1:1".parse().expect("addr"),
             local: "127.0.0.1:2".parse().expect("addr"),
         });
-        send(&a, &accepted, &[]).await.expect("send");
+        // Our own send refuses it; another peer's might not.
+        assert!(matches!(
+            send(&a, &accepted, &[]).await,
+            Err(LinkError::FdsToSend {
+                got: 0,
+                expected: 1,
+                ..
+            })
+        ));
+        send_encoded(&a, &channel::encode(&accepted), "Accepted", &[])
+            .await
+            .expect("send");
         assert!(matches!(
             receive::<ToDevice>(&b, &mut buffer).await,
             Err(LinkError::FdCount {

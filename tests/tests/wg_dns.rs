@@ -5,9 +5,11 @@
 //! through a real DNS server (dnsmasq, in the internet namespace) named in
 //! `wireguard.dns_upstreams` — before and after a device-plane deploy.
 //! A name the server does not know comes back NXDOMAIN, not a timeout; the
-//! same query over TCP is answered too.
+//! same query over TCP is answered too. The node's own /etc/hosts is not
+//! served.
 //! As root, in namespaces the test creates and removes.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use blipless_tests::dns::dnsmasq_args;
@@ -18,6 +20,40 @@ use blipless_tests::topology::WgWorld;
 const SUBNET: u8 = 88;
 /// The node's tunnel address: the first host of the harness's pool.
 const GATEWAY: &str = "10.64.0.1";
+
+/// A name only the node's /etc/hosts knows (dnsmasq answers REFUSED).
+const INTERNAL: &str = "internal.blipless.test";
+
+/// `/etc/netns/NAME/hosts`, which `ip netns exec NAME` binds over
+/// `/etc/hosts` for what it starts; removed on drop, with `/etc/netns` when
+/// this made it.
+struct NodeHosts {
+    folder: PathBuf,
+    made_parent: bool,
+}
+
+impl NodeHosts {
+    fn write(namespace: &str, hosts: &str) -> Self {
+        let parent = Path::new("/etc/netns");
+        let made_parent = !parent.exists();
+        let folder = parent.join(namespace);
+        std::fs::create_dir_all(&folder).expect("creating /etc/netns/NAME");
+        std::fs::write(folder.join("hosts"), hosts).expect("writing its hosts");
+        Self {
+            folder,
+            made_parent,
+        }
+    }
+}
+
+impl Drop for NodeHosts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.folder);
+        if self.made_parent {
+            let _ = std::fs::remove_dir(Path::new("/etc/netns"));
+        }
+    }
+}
 
 /// `dig @GATEWAY NAME` (with `extra` options) in the customer namespace:
 /// dig's whole answer.
@@ -124,6 +160,20 @@ fn a_wireguard_client_resolves_through_the_gateway_across_a_deploy() {
     }
     // Three more from the new plane.
     answered_at_least(&world, 6.0);
+    // The node's own /etc/hosts is not served: `ip netns exec` shows the
+    // node's processes /etc/netns/NAME/hosts as /etc/hosts, so a plane
+    // started now sees a node-internal name there.
+    let _hosts = NodeHosts::write(
+        world.net.node_ns.name(),
+        &format!("192.0.2.55 {INTERNAL}\n"),
+    );
+    let (new, _) = world.node.deploy(&mut world.device);
+    world.device = new;
+    let internal = dig(&world, INTERNAL, &[]);
+    assert!(
+        internal.contains(&format!("SERVER: {GATEWAY}#53")) && !internal.contains("192.0.2.55"),
+        "the node's /etc/hosts answered a customer:\n{internal}"
+    );
     // Every query dig sent reached dnsmasq from the node (the device plane's
     // resolver), none from the client's own address.
     let log = dnsmasq.output();

@@ -29,6 +29,10 @@ use crate::wg::{self, PacketPath, PeerSync, TunWriter};
 
 /// How often the plane reports its figures to the ingress.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// How long a handover waits for the inner packets queued for the TUN
+/// device to be written (16 MiB at most; a TUN device takes them in far
+/// less).
+const HANDOVER_FLUSH: Duration = Duration::from_secs(2);
 
 /// Serves one attachment until drained or the channel is lost.
 /// `wants_endpoints`: the ingress started fresh (Welcome) and gets the last
@@ -209,7 +213,12 @@ pub(super) async fn serve(
                     });
                     context.connections.close();
                 }
-                Action::HandOverTunQueues => packets.hand_over().await,
+                Action::HandOverTunQueues => {
+                    // What the ingress sent us is written before the
+                    // queues go (bounded).
+                    tun_writer.flushed(HANDOVER_FLUSH).await;
+                    packets.hand_over().await;
+                }
                 Action::AskToDrain => {
                     tracing::info!("stop requested (SIGTERM or SIGINT): asking the ingress to drain this plane");
                     link::send(socket, &ToIngress::Drain(DrainOrder { handover: false }))
@@ -229,6 +238,10 @@ pub(super) async fn serve(
                         .context("confirming a client sync")?;
                 }
                 Action::SendDrained(summary) => {
+                    // WireGuard clients' lookups still resolving answer on
+                    // this channel (bounded): once the ingress has our
+                    // Drained, the channel is gone.
+                    packets.finish_dns().await;
                     let _ = link::send(socket, &ToIngress::Drained(summary)).await;
                 }
                 Action::End(end) => return Ok(end),

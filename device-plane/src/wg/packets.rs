@@ -89,6 +89,10 @@ pub struct PacketPath {
     readers: Mutex<(TaskTracker, CancellationToken)>,
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
     pending: Mutex<Vec<Vec<u8>>>,
+    /// Whether queues were ever held: only a successor that has not had its
+    /// first queues yet parks packets in `pending`; any other plane without
+    /// queues (handed over, or the device unusable) counts them as lost.
+    held_queues: std::sync::atomic::AtomicBool,
     egress: Egress,
     /// The clients, for each packet's accounting.
     directory: Arc<Directory>,
@@ -136,6 +140,7 @@ impl PacketPath {
             readers: Mutex::new((TaskTracker::new(), CancellationToken::new())),
             channel: Arc::new(Mutex::new(None)),
             pending: Mutex::new(Vec::new()),
+            held_queues: std::sync::atomic::AtomicBool::new(false),
             egress,
             exits: Mutex::new(None),
             dns: None,
@@ -230,6 +235,9 @@ impl PacketPath {
         }
         let first = added.first().cloned();
         let holds = !added.is_empty();
+        if holds {
+            self.held_queues.store(true, Ordering::Relaxed);
+        }
         self.lock_queues().extend(added);
         if let (true, Some(exits)) = (holds, self.exits()) {
             exits.start();
@@ -335,7 +343,18 @@ impl PacketPath {
                 {
                     self.counters.limited.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    dns.answer(&query, self.channel.clone());
+                    // The answer comes down to the client: its download
+                    // limits and usage, as any packet to it.
+                    let (answered, counters) = (client.clone(), self.counters.clone());
+                    dns.answer(&query, self.channel.clone(), move |size| {
+                        let refused = answered
+                            .as_ref()
+                            .is_some_and(|client| !admit(client, Way::Down, size));
+                        if refused {
+                            counters.limited.fetch_add(1, Ordering::Relaxed);
+                        }
+                        !refused
+                    });
                 }
                 continue;
             }
@@ -362,7 +381,8 @@ impl PacketPath {
                 (Some(queue), None) => write_packet(queue, packet, &self.counters).await,
                 (None, _) => {
                     let mut pending = self.lock_pending();
-                    if pending.len() < PENDING_LIMIT {
+                    let parks = self.inherit && !self.held_queues.load(Ordering::Relaxed);
+                    if parks && pending.len() < PENDING_LIMIT {
                         pending.push(packet.to_vec());
                     } else {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);

@@ -49,6 +49,8 @@ pub(super) async fn read_queue(
         Vec::new()
     };
     let mut frames = Frames::default();
+    // Reads failed in a row.
+    let mut failures: u32 = 0;
     let split_one = |read: &mut [u8], frames: &mut Frames| {
         let at = HEADER_LEN.min(read.len());
         let (header, packet) = read.split_at_mut(at);
@@ -82,11 +84,25 @@ pub(super) async fn read_queue(
             }
         };
         let length = match first {
-            Ok(length) => length,
+            Ok(length) => {
+                failures = 0;
+                length
+            }
             Err(error) => {
-                tracing::warn!(%error, "reading the TUN device failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+                // A device gone for good (`ip link del`) fails every read:
+                // said at the first failure and at each doubling, and tried
+                // again less and less often (up to every 5 s).
+                failures += 1;
+                if failures.is_power_of_two() {
+                    tracing::warn!(%error, failures, "reading the TUN device failed");
+                }
+                let pause = Duration::from_millis(100)
+                    .saturating_mul(failures)
+                    .min(Duration::from_secs(5));
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => continue,
+                    () = stop.cancelled() => break,
+                }
             }
         };
         let mut read = Some(length);

@@ -12,9 +12,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use blipless_protocol::channel::Packets;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::PacketPath;
 
@@ -26,6 +27,8 @@ pub const QUEUE_BYTES: usize = 16 * 1024 * 1024;
 pub struct TunWriter {
     queue: mpsc::UnboundedSender<Packets<'static>>,
     queued: Arc<AtomicUsize>,
+    /// Told each time the queue runs empty.
+    emptied: Arc<Notify>,
     packets: Arc<PacketPath>,
 }
 
@@ -34,17 +37,45 @@ impl TunWriter {
     pub fn spawn(packets: Arc<PacketPath>) -> Self {
         let (queue, mut batches) = mpsc::unbounded_channel::<Packets<'static>>();
         let queued = Arc::new(AtomicUsize::new(0));
-        let (path, left) = (packets.clone(), queued.clone());
+        let emptied = Arc::new(Notify::new());
+        let (path, left, empty) = (packets.clone(), queued.clone(), emptied.clone());
         tokio::spawn(async move {
             while let Some(batch) = batches.recv().await {
                 path.to_tun(&batch).await;
-                left.fetch_sub(batch.encoded_len(), Ordering::Relaxed);
+                let size = batch.encoded_len();
+                if left.fetch_sub(size, Ordering::Relaxed) == size {
+                    empty.notify_waiters();
+                }
             }
         });
         Self {
             queue,
             queued,
+            emptied,
             packets,
+        }
+    }
+
+    /// Waits until every batch queued so far is written (or dropped), at
+    /// most `limit`: before the TUN queues are handed over, so that what
+    /// the ingress sent this plane is not left without a queue.
+    pub async fn flushed(&self, limit: Duration) {
+        let wait = async {
+            loop {
+                let emptied = self.emptied.notified();
+                tokio::pin!(emptied);
+                emptied.as_mut().enable();
+                if self.queued.load(Ordering::Relaxed) == 0 {
+                    return;
+                }
+                emptied.await;
+            }
+        };
+        if tokio::time::timeout(limit, wait).await.is_err() {
+            tracing::warn!(
+                bytes = self.queued.load(Ordering::Relaxed),
+                "inner packets still queued for the TUN device at the handover: they are lost"
+            );
         }
     }
 

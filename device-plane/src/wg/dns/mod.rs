@@ -22,6 +22,7 @@
 //! [`respond`] and [`refuse`] are pure (bytes in, bytes out); the resolver and
 //! the TCP listener are the only I/O.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use blipless_protocol::channel::Packets;
 use blipless_protocol::udp::{self, Datagram};
-use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
@@ -49,6 +50,9 @@ mod tcp;
 pub const DNS_PORT: u16 = 53;
 /// Queries resolved at once; more are dropped (the client's resolver retries).
 const IN_FLIGHT: usize = 512;
+/// Of those, UDP queries from one client address at once: a client asking
+/// for many slow names cannot take every slot from the others.
+const IN_FLIGHT_PER_CLIENT: usize = 32;
 /// The largest answer sent over UDP when the query states no EDNS size.
 const CLASSIC_UDP: usize = 512;
 /// The EDNS payload size this gateway announces and honours at most (the
@@ -82,6 +86,8 @@ pub struct DnsGateway {
     /// `None`: no resolver could be made; every lookup is SERVFAIL.
     resolver: Option<TokioResolver>,
     slots: Arc<Semaphore>,
+    /// UDP queries under way per client address.
+    per_client: Arc<Mutex<HashMap<IpAddr, usize>>>,
     tasks: TaskTracker,
     /// Stops the TCP listener.
     stop: CancellationToken,
@@ -129,7 +135,10 @@ impl DnsGateway {
                 provider,
             ))
         };
-        let resolver = builder.and_then(|builder| {
+        let resolver = builder.and_then(|mut builder| {
+            // The host's /etc/hosts names the node's own machines: not for
+            // customers (hickory reads it by default).
+            builder.options_mut().use_hosts_file = ResolveHosts::Never;
             builder
                 .build()
                 .map_err(|error| format!("the resolver could not be built: {error}"))
@@ -148,6 +157,7 @@ impl DnsGateway {
             address6: None,
             resolver,
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            per_client: Arc::default(),
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
             tcp: tcp::TcpConnections::default(),
@@ -188,12 +198,19 @@ impl DnsGateway {
     }
 
     /// Answers `query` (from [`Self::query`]) in the background, sending the
-    /// answer packet on `channel` as it stands then.
+    /// answer packet on `channel` as it stands then, if `admit_answer` lets
+    /// through an answer packet of that size (the client's download limits:
+    /// it counts the packet, or refuses it and counts that).
     pub fn answer(
         self: &Arc<Self>,
         query: &Datagram<'_>,
         channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
+        admit_answer: impl FnOnce(usize) -> bool + Send + 'static,
     ) {
+        let Some(client_slot) = ClientSlot::take(&self.per_client, query.source) else {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -207,7 +224,7 @@ impl DnsGateway {
         );
         let gateway = self.clone();
         self.tasks.spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, client_slot);
             let Some(answer) = gateway.resolve(&payload, Transport::Udp).await else {
                 gateway.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -222,6 +239,9 @@ impl DnsGateway {
                 gateway.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             };
+            if !admit_answer(packet.len()) {
+                return;
+            }
             let socket = channel
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -289,6 +309,46 @@ impl DnsGateway {
     }
 }
 
+/// One of a client address's [`IN_FLIGHT_PER_CLIENT`] UDP query places,
+/// given back on drop.
+struct ClientSlot {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    client: IpAddr,
+}
+
+impl ClientSlot {
+    /// A place for `client`, or `None` when it has every one.
+    fn take(counts: &Arc<Mutex<HashMap<IpAddr, usize>>>, client: IpAddr) -> Option<Self> {
+        let mut held = counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(client).or_default();
+        if *count >= IN_FLIGHT_PER_CLIENT {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            counts: counts.clone(),
+            client,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
+}
+
 /// What a lookup came to.
 #[derive(Debug)]
 enum Outcome {
@@ -353,6 +413,30 @@ mod tests {
     use super::*;
     use hickory_resolver::proto::op::Query;
     use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
+
+    #[test]
+    fn one_client_holds_at_most_its_share_of_the_lookups() {
+        let counts = Arc::default();
+        let (busy, other): (IpAddr, IpAddr) = (
+            "10.64.0.2".parse().expect("address"),
+            "10.64.0.3".parse().expect("address"),
+        );
+        let mut held: Vec<ClientSlot> = (0..IN_FLIGHT_PER_CLIENT)
+            .map(|_| ClientSlot::take(&counts, busy).expect("within the share"))
+            .collect();
+        assert!(ClientSlot::take(&counts, busy).is_none(), "over its share");
+        let theirs = ClientSlot::take(&counts, other).expect("another client is not held up");
+        drop(held.pop());
+        assert!(
+            ClientSlot::take(&counts, busy).is_some(),
+            "a place given back"
+        );
+        drop((held, theirs));
+        assert!(
+            counts.lock().expect("lock").is_empty(),
+            "nothing kept for idle clients"
+        );
+    }
 
     fn query(name: &str, edns: Option<u16>) -> Message {
         let mut message = Message::query();
