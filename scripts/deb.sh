@@ -36,7 +36,9 @@ crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 version_args=()
 if [ "$build" = yes ]; then
   upstream=$crate_version
-  if stamp=$(git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S 2>/dev/null) \
+  # In UTC: the version must order as the commits do whatever the build
+  # machine's time zone.
+  if stamp=$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S 2>/dev/null) \
     && commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
     upstream="$crate_version+git$stamp.$commit"
   fi
@@ -54,7 +56,9 @@ done
 # The packaged device plane follows the host setup unit.
 sed -i 's#^After=network-online.target blipless-ingress.service#After=network-online.target blipless-ingress.service blipless-net.service#; s#^Wants=network-online.target blipless-ingress.service#Wants=network-online.target blipless-ingress.service blipless-net.service#' \
   "$stage/systemd/blipless-device.service"
-grep -q "blipless-net.service" "$stage/systemd/blipless-device.service"
+# Both lines changed (a comment names the unit too).
+grep -q '^After=.*blipless-net.service' "$stage/systemd/blipless-device.service"
+grep -q '^Wants=.*blipless-net.service' "$stage/systemd/blipless-device.service"
 "$bin_dir/blipless-ingress" --write-docs "$stage/docs"
 "$bin_dir/blipless-device" --write-docs "$stage/docs"
 "$bin_dir/blipless-ctl" config docs "$stage/docs"

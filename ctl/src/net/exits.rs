@@ -104,9 +104,8 @@ impl Plan {
                 "ip",
                 &["link", "set", "dev", tun, "mtu", &mtu, "up"],
             )),
-            Step::Sysctl {
-                path: format!("/proc/sys/net/ipv4/conf/{tun}/rp_filter"),
-                value: "2",
+            Step::LoosenReversePath {
+                device: tun.to_owned(),
             },
             Step::Run(Cmd::new(
                 "ip",

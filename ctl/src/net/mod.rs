@@ -290,6 +290,15 @@ pub enum Step {
         /// The value.
         value: &'static str,
     },
+    /// Loose reverse-path filtering (2) on `device`, written only where the
+    /// filtering in effect there (the larger of `all` and the device's own)
+    /// is strict (1), which would drop what the device receives from a
+    /// WireGuard exit; 0 and 2 accept it already, and nothing is written
+    /// (the device plane's unit keeps `/proc/sys` read-only).
+    LoosenReversePath {
+        /// The network device.
+        device: String,
+    },
 }
 
 impl Plan {

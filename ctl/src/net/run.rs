@@ -112,6 +112,7 @@ async fn run_step(step: &Step, removed: &mut Removed) -> Result<(), NetError> {
         Step::RunIfPresent(cmd) => run_tolerating(cmd, ABSENT).await?,
         Step::RemoveMarked { rules, links } => remove_marked(rules, links, removed).await?,
         Step::Sysctl { path, value } => write_sysctl(path, value).await?,
+        Step::LoosenReversePath { device } => loosen_reverse_path(device).await?,
     }
     Ok(())
 }
@@ -269,6 +270,28 @@ async fn execute(cmd: &Cmd) -> Result<std::process::Output, NetError> {
             hint: "",
         }),
     }
+}
+
+/// [`Step::LoosenReversePath`].
+async fn loosen_reverse_path(device: &str) -> Result<(), NetError> {
+    let path = format!("/proc/sys/net/ipv4/conf/{device}/rp_filter");
+    let read = |path: String| async move {
+        let text = tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|source| NetError::Sysctl {
+                path: path.clone(),
+                value: "2",
+                source,
+                hint: "",
+            })?;
+        Ok::<u8, NetError>(text.trim().parse().unwrap_or(0))
+    };
+    let all = read("/proc/sys/net/ipv4/conf/all/rp_filter".to_owned()).await?;
+    let own = read(path.clone()).await?;
+    if all.max(own) == 1 {
+        write_sysctl(&path, "2").await?;
+    }
+    Ok(())
 }
 
 async fn write_sysctl(path: &str, value: &'static str) -> Result<(), NetError> {

@@ -282,6 +282,9 @@ fn setup_and_teardown_steps() {
                 cmd.to_string()
             }
             Step::Sysctl { path, value } => format!("{value} > {path}"),
+            Step::LoosenReversePath { device } => {
+                format!("2 > /proc/sys/net/ipv4/conf/{device}/rp_filter (if strict)")
+            }
             Step::RemoveMarked { rules, links } => format!("remove marked: {rules}; {links}"),
         })
         .collect();
@@ -435,6 +438,9 @@ fn step_lines(steps: &[Step]) -> Vec<String> {
             Step::RunUnlessExists(cmd) => format!("{cmd} (unless it exists)"),
             Step::RunIfPresent(cmd) => format!("{cmd} (if present)"),
             Step::Sysctl { path, value } => format!("{value} > {path}"),
+            Step::LoosenReversePath { device } => {
+                format!("2 > /proc/sys/net/ipv4/conf/{device}/rp_filter (if strict)")
+            }
             Step::RemoveMarked { rules, links } => format!("remove marked: {rules}; {links}"),
         })
         .collect()
@@ -470,7 +476,7 @@ fn a_wireguard_exit_gets_a_device_a_table_and_rules() {
         ),
         "ip addr replace 10.200.0.2/32 dev blx0".to_owned(),
         "ip link set dev blx0 mtu 1380 up".to_owned(),
-        "2 > /proc/sys/net/ipv4/conf/blx0/rp_filter".to_owned(),
+        "2 > /proc/sys/net/ipv4/conf/blx0/rp_filter (if strict)".to_owned(),
         "ip route replace default dev blx0 table 186537216".to_owned(),
         "ip rule add fwmark 0xb1e5500 lookup 186537216 priority 20000 (unless it exists)"
             .to_owned(),
