@@ -368,7 +368,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Dur>(
             "proxy.idle_timeout",
             Text("15m"),
-            "A tunnel with no traffic either way for this long is closed.",
+            "A tunnel, or an HTTP proxy connection (and the ingress's TLS relay of an HTTPS one), with no traffic either way for this long is closed.",
             |c| &mut c.proxy.idle_timeout,
         ),
         Key::new::<Dur>(

@@ -221,6 +221,39 @@ fn an_answer_with_both_framings_reaches_the_client() {
     assert_eq!(body, b"hello world");
 }
 
+/// Two answers an origin should not send: both framings with
+/// Transfer-Encoding named in Connection (the stale Content-Length used to
+/// survive the hop-by-hop stripping and cut the body to its 5 bytes), and a
+/// 101 to a request whose Upgrade the proxy stripped (passed on, it ended
+/// the client's connection as a switch it never asked for): the first
+/// reaches the client whole, the second is a 502.
+#[test]
+fn stale_framing_named_in_connection_and_an_unasked_101_are_handled() {
+    let both = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: transfer-encoding\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        Duration::ZERO,
+        true,
+    );
+    let switching = origin(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        Duration::ZERO,
+        true,
+    );
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let body = blipless_tests::curl::fetch(&client.http, &format!("http://{both}/"), &[]);
+    assert_eq!(body, b"hello world");
+    let answer = ask(
+        &node,
+        &format!(
+            "GET http://{switching}/chat HTTP/1.1\r\nHost: {switching}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n{}\r\n",
+            auth(&client)
+        ),
+        false,
+    );
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
+}
+
 /// An HTTP/1.0 origin's answer goes to an HTTP/1.1 client as an HTTP/1.1
 /// answer, and the client's connection stays open for its next request.
 #[test]
@@ -275,5 +308,39 @@ fn a_request_body_the_client_garbled_gets_400_not_502() {
         !device.log_text().contains("origin failed mid-request"),
         "the origin was blamed:\n{}",
         device.log_text()
+    );
+}
+
+/// A client that sends request after request and reads none of the answers
+/// (407s here: no credentials needed) leaves the plane's writes waiting;
+/// with no byte moved either way for proxy.idle_timeout the plane cuts the
+/// connection, as it cuts an idle tunnel. It used to hold it (a descriptor
+/// and a task) for ever.
+#[test]
+fn a_client_that_never_reads_its_answers_is_cut_after_the_idle_timeout() {
+    let mut node = Node::new("[proxy]\nidle_timeout = \"2s\"\n");
+    let (_ingress, _device, _client) = node.start();
+    let mut stream = connect(&node);
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let request = b"GET http://192.0.2.1/ HTTP/1.1\r\nHost: 192.0.2.1\r\n\r\n".repeat(64);
+        // Until the buffers both ways are full and the write waits, then
+        // until the proxy ends the connection under it.
+        let end = loop {
+            if let Err(error) = stream.write_all(&request) {
+                break error;
+            }
+        };
+        let _ = done.send(end.kind());
+    });
+    let end = ended
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the proxy cut the connection whose client never reads");
+    assert!(
+        matches!(
+            end,
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{end:?}"
     );
 }

@@ -95,6 +95,9 @@ pub(super) async fn forward(
         }
     });
     let origin_guard = origin.drop_guard();
+    // Told apart from the origin's failure below: a quota reached while the
+    // origin answers is the client's limit, not the origin's fault.
+    let quota_reached = client.limiter.over_quota_token();
     // Origin form toward the origin, hop-by-hop headers stripped, Host from
     // the target whatever the client sent.
     let (mut parts, body) = request.into_parts();
@@ -115,6 +118,21 @@ pub(super) async fn forward(
         stall = exchange.stalled() => return missed(stall, &context, &watch, id),
     };
     match answer {
+        // Upgrade was stripped from the request, so a 101 is the origin's
+        // mistake: passed on, it ended the customer's connection (hyper
+        // takes it as the last answer) or left its next bytes unparsed.
+        Ok(response) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            tracing::debug!(id, "origin switched protocols unasked; 502");
+            let mut response = plain(
+                StatusCode::BAD_GATEWAY,
+                "destination switched protocols (use CONNECT for WebSocket)\n",
+            );
+            response
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+            watch.close_after_answer();
+            response
+        }
         Ok(response) => {
             exchange.answered();
             watch.follow(exchange.clone());
@@ -123,17 +141,29 @@ pub(super) async fn forward(
             // says 1.0 to a 1.0 client itself): passed on as 1.0, it made
             // hyper end a keep-alive client's connection after it.
             parts.version = hyper::Version::HTTP_11;
-            strip_hop_by_hop(&mut parts.headers);
             // Both framings (RFC 9112 §6.3): hyper decoded the body as
             // chunked and refuses to send both, so the client got nothing
-            // at all; an intermediary removes Content-Length.
-            if parts.headers.contains_key(hyper::header::TRANSFER_ENCODING) {
+            // at all; an intermediary removes Content-Length. Looked at
+            // before the hop-by-hop headers go: an origin that names
+            // Transfer-Encoding in Connection must not leave a stale length.
+            let chunked = parts.headers.contains_key(hyper::header::TRANSFER_ENCODING);
+            strip_hop_by_hop(&mut parts.headers);
+            if chunked {
                 parts.headers.remove(hyper::header::CONTENT_LENGTH);
             }
             let body = ResponseBody::new(body, exchange, origin_guard);
             Response::from_parts(parts, body.boxed())
         }
         Err(_) if client.revoked.is_cancelled() => revoked_answer(&watch),
+        Err(_) if quota_reached.is_cancelled() => {
+            tracing::debug!(id, "client over its quota mid-request; 403");
+            let mut response = refused(crate::conn::caps::Refusal::OverQuota);
+            response
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+            watch.close_after_answer();
+            response
+        }
         // The client's own body failed (malformed chunks, or shorter than
         // its Content-Length): a 400 and a close, not the origin's 502.
         Err(error) if exchange.request_failed() => {
@@ -200,11 +230,14 @@ fn revoked_answer(watch: &Watch) -> Response<Body> {
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
+    // Split as bytes: one byte that is not text in the value must not hide
+    // the names beside it.
     let named: Vec<String> = headers
         .get_all(hyper::header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .flat_map(|v| v.as_bytes().split(|byte| *byte == b','))
+        .filter_map(|name| std::str::from_utf8(name).ok())
+        .map(|name| name.trim().to_ascii_lowercase())
         .collect();
     for name in HOP_BY_HOP.iter().copied().map(String::from).chain(named) {
         headers.remove(name.as_str());

@@ -1,8 +1,48 @@
 //! Wrappers around the customer's socket for hyper: [`Counted`] bills bytes
-//! to the client once it is known (and charges them against its quota),
-//! [`Prefixed`] replays bytes a predecessor had read but not yet parsed.
+//! to the client once it is known (and charges them against its quota) and
+//! marks when a byte last moved ([`LastMoved`]), [`Prefixed`] replays bytes
+//! a predecessor had read but not yet parsed.
+
+use std::sync::atomic::AtomicU64;
 
 use super::*;
+
+/// When a connection last moved a byte either way: a connection with none
+/// for `proxy.idle_timeout` is cut, as a tunnel is (a client that stops
+/// reading its answers would otherwise hold it, hyper's write waiting with
+/// no timer of its own).
+#[derive(Debug)]
+pub(super) struct LastMoved {
+    start: Instant,
+    /// Milliseconds from `start` to the last byte moved.
+    millis: AtomicU64,
+}
+
+impl LastMoved {
+    pub(super) fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            millis: AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.millis.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Completes once no byte has moved for `limit`.
+    pub(super) async fn idle_for(&self, limit: Duration) {
+        loop {
+            let last = Duration::from_millis(self.millis.load(Ordering::Relaxed));
+            let deadline = tokio::time::Instant::from_std(self.start + last + limit);
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
 
 /// The client socket, counting bytes into the client's meter once known,
 /// and charging them against its quota at once (as a tunnel's relay does),
@@ -21,11 +61,16 @@ pub(super) struct Counted {
     /// that answer's flush were left waiting for readiness, hyper would
     /// close without it.
     pub(super) first_write: bool,
+    /// Marked at each byte read or written.
+    pub(super) moved: Arc<LastMoved>,
 }
 
 impl Counted {
     /// Counts `up` and `down` bytes, carrying reads over until a client is known.
     fn count(&mut self, up: u64, down: u64) {
+        if up + down > 0 {
+            self.moved.mark();
+        }
         let identity = self.identity.lock();
         let Some(client) = identity.as_ref() else {
             self.unbilled_up += up;

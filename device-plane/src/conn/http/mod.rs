@@ -54,7 +54,7 @@ mod throttled;
 
 use exchange::Watch;
 use forward::forward;
-use io::{Counted, Prefixed};
+use io::{Counted, LastMoved, Prefixed};
 pub use limits::{Counters, Limits};
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -198,6 +198,7 @@ async fn serve_until_handover(
     // deploy (its socket is one end of a Unix socket pair, and `Migrate`
     // carries no address), or when the customer is gone already.
     let source = source.or_else(|| stream.peer_addr().ok().map(|peer| peer.ip()));
+    let moved = Arc::new(LastMoved::new());
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,
@@ -206,6 +207,7 @@ async fn serve_until_handover(
             identity: identity.clone(),
             unbilled_up,
             first_write: true,
+            moved: moved.clone(),
         },
     });
     let service_context = context.clone();
@@ -245,6 +247,10 @@ async fn serve_until_handover(
                 Pin::new(&mut connection).graceful_shutdown();
             }
             () = cut.cancelled() => return None,
+            () = moved.idle_for(context.idle_timeout) => {
+                tracing::debug!(id, idle = ?context.idle_timeout, "http connection cut: no byte either way");
+                return None;
+            }
             stall = watch.stalled() => {
                 // The answer has started: all we can do is end it.
                 context.http_counters.body_stalls.fetch_add(1, Ordering::Relaxed);
