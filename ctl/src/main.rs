@@ -228,6 +228,32 @@ impl std::fmt::Display for ConfigProblems {
 
 impl std::error::Error for ConfigProblems {}
 
+/// The files the daemons read at start that loading the configuration does
+/// not (the HTTPS listener's certificate and key, the node's WireGuard key
+/// when it exists: the ingress makes it otherwise), each that cannot be
+/// read by this user, as a problem.
+fn files_the_daemons_read(config: &Config) -> Vec<String> {
+    let key_file = config.wireguard_key_file();
+    let mut files = vec![
+        ("tls.certificate", config.tls.certificate.clone()),
+        ("tls.key", config.tls.key.clone()),
+    ];
+    if key_file.exists() {
+        files.push(("the node's WireGuard key (node.state_dir)", Some(key_file)));
+    }
+    files
+        .into_iter()
+        .filter_map(|(what, path)| {
+            let path = path?;
+            let error = std::fs::File::open(&path).err()?;
+            Some(format!(
+                "{what} = {}: cannot be read: {error}",
+                path.display()
+            ))
+        })
+        .collect()
+}
+
 /// Both results, or every [`ConfigProblem`] among their errors (an error of
 /// another kind wins: the first one).
 fn both<A, B>(a: anyhow::Result<A>, b: anyhow::Result<B>) -> anyhow::Result<(A, B)> {
@@ -387,7 +413,14 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
         Command::Config {
             command: ConfigCommand::Check,
         } => {
-            // Loading it was the check (main exits 64 with every problem).
+            // Loading it was the check (main exits 64 with every problem);
+            // what the daemons read only when they start is read here too,
+            // with this user's rights (the package's postinst runs the check
+            // as the service user).
+            let unreadable = files_the_daemons_read(config);
+            if !unreadable.is_empty() {
+                return Err(ConfigProblems(unreadable).into());
+            }
             let source = args.config.as_ref().map_or_else(
                 || "no file: defaults".to_owned(),
                 |p| p.display().to_string(),

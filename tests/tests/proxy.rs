@@ -600,6 +600,27 @@ fn config_check_says_sound_or_lists_every_problem() {
         Some(3),
         "{answer}"
     );
+
+    // What the daemons read only at start is opened too: a certificate and
+    // key that cannot be read pass the load but would stop the ingress.
+    let unreadable = dir.path().join("unreadable.toml");
+    let state = dir.path().join("state");
+    std::fs::write(
+        &unreadable,
+        format!(
+            "[node]\nstate_dir = \"{}\"\n\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n",
+            state.display(),
+            dir.path().join("gone.pem").display(),
+            dir.path().join("gone.key").display()
+        ),
+    )
+    .expect("write");
+    let output = check(&unreadable, false);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    for needle in ["tls.certificate", "tls.key", "cannot be read", "2 problems"] {
+        assert!(stderr.contains(needle), "no {needle} in {stderr}");
+    }
 }
 
 /// A request the origin answers with `hello`.
