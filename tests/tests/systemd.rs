@@ -525,6 +525,22 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         "{journal}"
     );
 
+    // Removed (`apt remove`: config kept) and installed again: dpkg calls
+    // that an upgrade from the removed version, and the units, stopped by
+    // the removal, are started again, as at a first install.
+    machine.ok("dpkg -r blipless");
+    eventually(
+        &machine,
+        "! pgrep -x 'blipless-ingres|blipless-device'",
+        Duration::from_secs(30),
+    );
+    machine.ok("dpkg -i /root/blipless.deb");
+    eventually(
+        &machine,
+        "systemctl is-active blipless-ingress && systemctl is-active blipless-device",
+        Duration::from_secs(60),
+    );
+
     // Stop: both units inactive, no daemon left.
     machine.ok("systemctl stop blipless-device blipless-ingress");
     for unit in ["blipless-ingress", "blipless-device"] {
