@@ -49,10 +49,10 @@ use crate::planes::Planes;
 use crate::serving::Serving;
 
 /// Says that this ingress stops before it serves, leaving the node to the
-/// ingress running it, and ends `run` with nothing taken.
+/// ingress running it (if any), and ends `run` with nothing taken.
 fn stopped_before_serving() -> anyhow::Result<()> {
     tracing::info!(
-        "stopped (SIGTERM or SIGINT) before serving: the running ingress keeps the node"
+        "stopped (SIGTERM or SIGINT) before serving: nothing taken over; a running ingress keeps the node"
     );
     Ok(())
 }

@@ -296,16 +296,23 @@ struct TlsPipe {
     read: Vec<u8>,
 }
 
+/// `openssl s_client` connected to `address`, trusting `ca`, its stdin and
+/// stdout piped: what is written to it goes over TLS, what comes back is on
+/// its stdout (and once nobody reads that, it stops reading the connection).
+fn s_client(address: std::net::SocketAddr, ca: &str) -> std::process::Child {
+    std::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-CAfile", ca])
+        .args(["-connect", &address.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_client")
+}
+
 impl TlsPipe {
     fn connect(address: std::net::SocketAddr, ca: &str) -> Self {
-        let mut child = std::process::Command::new("openssl")
-            .args(["s_client", "-quiet", "-verify_return_error", "-CAfile", ca])
-            .args(["-connect", &address.to_string()])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("openssl s_client");
+        let mut child = s_client(address, ca);
         let input = child.stdin.take().expect("stdin");
         let mut stdout = child.stdout.take().expect("stdout");
         let (sender, output) = std::sync::mpsc::channel();
@@ -497,15 +504,7 @@ fn a_customer_that_stops_reading_holds_its_tls_relay_only_for_the_idle_timeout()
     let address = node.enable_https(&leaf.certificate, &leaf.key);
     let (_ingress, _device, client) = node.start();
     let ca_path = ca.certificate.to_str().expect("path").to_owned();
-    let mut stalled = std::process::Command::new("openssl")
-        .args(["s_client", "-quiet", "-verify_return_error", "-CAfile"])
-        .arg(&ca_path)
-        .args(["-connect", &address.to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("openssl s_client");
+    let mut stalled = s_client(address, &ca_path);
     let auth = blipless_tests::base64(format!("alice:{}", client.secret).as_bytes());
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
