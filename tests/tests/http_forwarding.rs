@@ -344,3 +344,78 @@ fn a_client_that_never_reads_its_answers_is_cut_after_the_idle_timeout() {
         "{end:?}"
     );
 }
+
+/// A deploy while a request is in flight: the old plane lets the exchange
+/// end with the connection kept alive, then hands it over between
+/// requests, so a keep-alive client gets no `Connection: close` and its next
+/// request on the same connection is served (by the new plane). A client
+/// that asked for `Connection: close` gets its answer and then the close,
+/// from the old plane: handed over as if idle, it waited on a connection
+/// nobody would answer or end until the new plane's header timeout (two
+/// minutes here).
+#[test]
+fn a_request_in_flight_at_a_deploy_ends_as_its_client_asked() {
+    let slow = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        Duration::from_secs(3),
+        false,
+    );
+    let fast = origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext",
+        Duration::ZERO,
+        false,
+    );
+    let mut node = Node::new("[proxy]\nhandshake_timeout = \"120s\"\nidle_timeout = \"120s\"\n");
+    let (_ingress, mut device, client) = node.start();
+    let request = |connection: &str, target: SocketAddr| {
+        format!(
+            "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}{connection}\r\n",
+            auth(&client)
+        )
+    };
+    let mut kept = connect(&node);
+    kept.write_all(request("", slow).as_bytes())
+        .expect("request");
+    let mut closing = connect(&node);
+    closing
+        .write_all(request("Connection: close\r\n", slow).as_bytes())
+        .expect("request");
+    let second = request("", fast);
+    let kept_client = std::thread::spawn(move || {
+        let head = read_head(&mut kept).expect("the first answer's head");
+        let mut body = [0u8; 5];
+        kept.read_exact(&mut body).expect("the first answer's body");
+        kept.write_all(second.as_bytes()).expect("second request");
+        let second_head = read_head(&mut kept).expect("the second answer's head");
+        let mut second_body = [0u8; 4];
+        kept.read_exact(&mut second_body)
+            .expect("the second answer's body");
+        (head, body, second_head, second_body)
+    });
+    let closing_client = std::thread::spawn(move || {
+        let mut answer = Vec::new();
+        let end = closing.read_to_end(&mut answer);
+        (
+            end.map_err(|error| error.kind()),
+            String::from_utf8_lossy(&answer).into_owned(),
+        )
+    });
+    // Both requests are with the slow origin when the deploy starts.
+    std::thread::sleep(Duration::from_millis(1000));
+    let (_new, _) = node.deploy(&mut device);
+    let (head, body, second_head, second_body) = kept_client.join().expect("kept client");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "a kept-alive client was told to close: {head}"
+    );
+    assert_eq!(&body, b"hello");
+    assert!(second_head.starts_with("HTTP/1.1 200"), "{second_head}");
+    assert_eq!(&second_body, b"next");
+    let (end, answer) = closing_client.join().expect("closing client");
+    assert_eq!(end, Ok(answer.len()), "the close came: {answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
+}

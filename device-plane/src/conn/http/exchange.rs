@@ -38,6 +38,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
+use super::turns::Received;
 use super::Limits;
 
 /// A request body must move at least this many bytes in each
@@ -237,12 +238,12 @@ impl Exchange {
 
 /// The client's request body, reporting its progress to the exchange.
 pub(super) struct RequestBody {
-    inner: Incoming,
+    inner: Received,
     exchange: Arc<Exchange>,
 }
 
 impl RequestBody {
-    pub(super) fn new(inner: Incoming, exchange: Arc<Exchange>) -> Self {
+    pub(super) fn new(inner: Received, exchange: Arc<Exchange>) -> Self {
         if inner.is_end_stream() {
             exchange.request_done();
         }

@@ -18,7 +18,7 @@ use super::exchange::{Exchange, RequestBody, ResponseBody, Stall, Watch};
 use super::*;
 
 pub(super) async fn forward(
-    request: Request<Incoming>,
+    request: Request<super::turns::Received>,
     context: Arc<Context>,
     client: Arc<Client>,
     watch: Arc<Watch>,

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use blipless_protocol::channel::{Direction, Migrate, MigrateKind};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
-use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -51,11 +50,13 @@ mod io;
 mod limits;
 mod target;
 mod throttled;
+mod turns;
 
 use exchange::Watch;
 use forward::forward;
 use io::{Counted, LastMoved, Prefixed};
 pub use limits::{Counters, Limits};
+use turns::{Answer, Received, Turns};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -119,7 +120,7 @@ impl Identity {
 }
 
 type ResponseFuture =
-    Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    Pin<Box<dyn std::future::Future<Output = Result<Response<Answer>, Infallible>> + Send>>;
 
 /// What a connection comes with: what a predecessor handed over with it,
 /// or, for a new one, the first bytes this plane read before registering it.
@@ -214,13 +215,18 @@ async fn serve_until_handover(
     let service_connect = connect_slot.clone();
     let service_identity = identity.clone();
     let service_watch = watch.clone();
+    let turns = Arc::new(Turns::default());
+    let service_turns = turns.clone();
     let service = hyper::service::service_fn(move |request| {
         let context = service_context.clone();
         let identity = service_identity.clone();
         let connect_slot = service_connect.clone();
         let watch = service_watch.clone();
+        let (request, turn) = service_turns.begin(request);
         let response: ResponseFuture = Box::pin(async move {
-            Ok(handle(request, context, identity, connect_slot, watch, id, source).await)
+            let response =
+                handle(request, context, identity, connect_slot, watch, id, source).await;
+            Ok(turn.answer(response))
         });
         response
     });
@@ -237,14 +243,50 @@ async fn serve_until_handover(
     let serving_ended = context.serving_ended();
     tokio::pin!(serving_ended);
     let cut = context.cut_token();
+    // The plane stopped serving and hyper was told to stop: it finishes the
+    // exchange under way with keep-alive off, else closes at once.
     let mut stopping = false;
+    // ...and the connection was between exchanges then ([`Turns`]): it may
+    // move to a successor, or close quietly.
+    let mut stopped_between = false;
+    // Handing over, the plane waits for the exchange under way to end with
+    // the connection kept alive, then stops it between exchanges: the
+    // client keeps its connection across the deploy. Set while it waits,
+    // with what ends the wait early (the plane stops handing over).
+    let mut awaiting_turn: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
     let result = loop {
         tokio::select! {
             result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => break result,
-            () = &mut serving_ended, if !stopping => {
-                // Finish the request in flight, then stop between requests.
-                stopping = true;
-                Pin::new(&mut connection).graceful_shutdown();
+            () = &mut serving_ended, if !stopping && awaiting_turn.is_none() => {
+                if context.mode() == Mode::Handover && may_hand_over && turns.in_exchange() {
+                    awaiting_turn = Some(Box::pin(context.handover_ended()));
+                } else {
+                    stopping = true;
+                    stopped_between = turns.between();
+                    Pin::new(&mut connection).graceful_shutdown();
+                }
+            }
+            () = turns.exchange_ended(), if awaiting_turn.is_some() => {
+                // A wake-up can be left from an earlier end, and a
+                // pipelined request can begin as one ends: look again.
+                if !turns.in_exchange() {
+                    awaiting_turn = None;
+                    stopping = true;
+                    stopped_between = turns.between();
+                    Pin::new(&mut connection).graceful_shutdown();
+                }
+            }
+            () = until(&mut awaiting_turn) => {
+                awaiting_turn = None;
+                if context.mode() == Mode::Serving {
+                    // Its successor died: serving again, until the next
+                    // deploy.
+                    serving_ended.set(context.serving_ended());
+                } else {
+                    stopping = true;
+                    stopped_between = turns.between();
+                    Pin::new(&mut connection).graceful_shutdown();
+                }
             }
             () = cut.cancelled() => return None,
             () = moved.idle_for(context.idle_timeout) => {
@@ -328,7 +370,11 @@ async fn serve_until_handover(
         .await;
         return None;
     }
-    if context.mode() == Mode::Handover && may_hand_over {
+    // Only a connection stopped between exchanges moves: hyper ends one
+    // whose last exchange was meant to be the last, or whose request body
+    // it left unread, by itself (or after the exchange the plane stopped
+    // it in), and its client waits for the close.
+    if context.mode() == Mode::Handover && may_hand_over && stopped_between {
         // Paced like tunnels: one of the handover slots, held until
         // confirmed. The wait ends too when the plane stops handing over
         // (its successor died: served here again, or, finishing, closed) or
@@ -389,7 +435,7 @@ async fn serve_until_handover(
             Err(NotHandedOver::Kept(_)) => {}
         }
     }
-    if stopping {
+    if stopped_between {
         // Stopped between requests by the plane's drain (no successor to
         // take it): idle, nothing unread to linger over, and a finishing
         // plane should not wait on idle clients.
@@ -417,8 +463,16 @@ fn pending_in_order(read_buf: &[u8], prefix_left: &[u8]) -> Vec<u8> {
     pending
 }
 
+/// Completes when `future` does; never while there is none.
+async fn until(future: &mut Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>) {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn handle(
-    request: Request<Incoming>,
+    request: Request<Received>,
     context: Arc<Context>,
     identity: Identity,
     connect_slot: ConnectSlot,
@@ -590,7 +644,7 @@ fn egress_failure(error: &EgressError) -> Response<Body> {
 }
 
 async fn connect(
-    request: Request<Incoming>,
+    request: Request<Received>,
     context: Arc<Context>,
     client: Arc<Client>,
     connect_slot: ConnectSlot,

@@ -1,0 +1,284 @@
+//! Where a kept-alive connection stands between its exchanges, so that a
+//! deploy hands over only a connection that can go on
+//! (docs/ARCHITECTURE.md, "Kept-alive HTTP connections").
+//!
+//! hyper serves one exchange at a time on an HTTP/1.1 connection, and ends
+//! the connection itself after one either side meant to be the last
+//! (`Connection: close`, HTTP/1.0 without `keep-alive`) or whose request
+//! body it did not read to the end (an upload answered before its body was
+//! read: what is unread would be taken for the next request). Such a
+//! connection must close, not move: its client waits for the close, or its
+//! unread body would reach the successor as requests.
+//!
+//! [`Turns`] follows the exchanges: [`Turns::begin`] when hyper hands the
+//! service a request, the end when hyper drops the answer's body (written
+//! to the end, or given up with the connection). The request body is
+//! wrapped in [`Received`], which notes its end. A connection is
+//! [`between`](Turns::between) exchanges when none is open and the last
+//! one left it fit to go on.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderMap, CONNECTION, CONTENT_LENGTH};
+use hyper::{Request, Response, Version};
+use tokio::sync::Notify;
+
+use super::Body;
+
+/// The exchanges of one connection.
+#[derive(Debug)]
+pub(super) struct Turns {
+    /// An exchange has begun and its answer's body is not done yet.
+    open: AtomicBool,
+    /// The last exchange to end left the connection fit to go on (true
+    /// before the first).
+    reusable: AtomicBool,
+    /// The open exchange's request body has been read to its end.
+    request_read: AtomicBool,
+    /// Woken each time an exchange ends.
+    ended: Notify,
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Self {
+            open: AtomicBool::new(false),
+            reusable: AtomicBool::new(true),
+            request_read: AtomicBool::new(true),
+            ended: Notify::new(),
+        }
+    }
+}
+
+impl Turns {
+    /// Notes that hyper handed the service `request`; gives back the
+    /// request with its body wrapped to note its end, and the [`Turn`] the
+    /// answer's body carries to note the exchange's.
+    pub(super) fn begin(self: &Arc<Self>, request: Request<Incoming>) -> (Request<Received>, Turn) {
+        self.open.store(true, Ordering::Release);
+        self.request_read
+            .store(request.body().is_end_stream(), Ordering::Release);
+        let turn = Turn {
+            turns: self.clone(),
+            request_version: request.version(),
+            request_keeps_alive: keeps_alive(request.version(), request.headers()),
+            answer_closes: false,
+        };
+        let turns = self.clone();
+        let request = request.map(|inner| Received { inner, turns });
+        (request, turn)
+    }
+
+    /// Whether an exchange is under way.
+    pub(super) fn in_exchange(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Whether the connection is between exchanges and may go on: none is
+    /// under way, and the last kept the connection alive with its request
+    /// read to the end.
+    pub(super) fn between(&self) -> bool {
+        !self.in_exchange() && self.reusable.load(Ordering::Acquire)
+    }
+
+    /// Completes after an exchange ends (at once if one ended since the
+    /// last call: a stored wake-up, so check [`Self::in_exchange`] after).
+    pub(super) async fn exchange_ended(&self) {
+        self.ended.notified().await;
+    }
+}
+
+/// One exchange, from its request to the end of its answer's body: carried
+/// by that body ([`Answer`]), so that it ends when hyper drops the body.
+#[derive(Debug)]
+pub(super) struct Turn {
+    turns: Arc<Turns>,
+    request_version: Version,
+    request_keeps_alive: bool,
+    answer_closes: bool,
+}
+
+impl Turn {
+    /// Wraps the service's `response` so that the exchange ends with its
+    /// body; notes whether the answer ends the connection.
+    pub(super) fn answer(mut self, response: Response<Body>) -> Response<Answer> {
+        let headers = response.headers();
+        self.answer_closes = has_token(headers, "close")
+            // An HTTP/1.0 client's answer of unknown length is delimited by
+            // the close.
+            || (self.request_version == Version::HTTP_10 && !headers.contains_key(CONTENT_LENGTH));
+        response.map(|inner| Answer { inner, _turn: self })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let turns = &self.turns;
+        let reusable = self.request_keeps_alive
+            && !self.answer_closes
+            && turns.request_read.load(Ordering::Acquire);
+        turns.reusable.store(reusable, Ordering::Release);
+        turns.open.store(false, Ordering::Release);
+        turns.ended.notify_one();
+    }
+}
+
+/// Whether a request with these `headers` lets the connection go on after
+/// it, as hyper judges it (RFC 9112 §9.3): HTTP/1.1 unless it says
+/// `close`, HTTP/1.0 only if it says `keep-alive`.
+fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    match version {
+        Version::HTTP_11 => !has_token(headers, "close"),
+        Version::HTTP_10 => has_token(headers, "keep-alive") && !has_token(headers, "close"),
+        _ => false,
+    }
+}
+
+/// Whether a `Connection` header lists `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, token: &str) -> bool {
+    headers.get_all(CONNECTION).iter().any(|value| {
+        value
+            .as_bytes()
+            .split(|&byte| byte == b',')
+            .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+/// A request's body, noting when it has been read to its end.
+#[derive(Debug)]
+pub(super) struct Received {
+    inner: Incoming,
+    turns: Arc<Turns>,
+}
+
+impl HttpBody for Received {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        let ended = match &poll {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
+            Poll::Ready(Some(Err(_))) | Poll::Pending => false,
+        };
+        if ended {
+            self.turns.request_read.store(true, Ordering::Release);
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An answer's body, ending its exchange when hyper drops it.
+pub(super) struct Answer {
+    inner: Body,
+    _turn: Turn,
+}
+
+impl HttpBody for Answer {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Empty};
+
+    fn request(version: Version, connection: Option<&str>) -> Request<()> {
+        let mut builder = Request::builder().version(version).uri("http://a/");
+        if let Some(value) = connection {
+            builder = builder.header(CONNECTION, value);
+        }
+        builder.body(()).expect("request")
+    }
+
+    #[test]
+    fn keep_alive_is_judged_as_hyper_judges_it() {
+        let judged = |version, connection| {
+            let request = request(version, connection);
+            keeps_alive(request.version(), request.headers())
+        };
+        assert!(judged(Version::HTTP_11, None));
+        assert!(judged(Version::HTTP_11, Some("Keep-Alive, TE")));
+        assert!(!judged(Version::HTTP_11, Some("TE, Close")));
+        assert!(!judged(Version::HTTP_10, None));
+        assert!(judged(Version::HTTP_10, Some("keep-alive")));
+        assert!(!judged(Version::HTTP_10, Some("keep-alive, close")));
+    }
+
+    /// The end of an answer's body ends the exchange; whether the
+    /// connection may go on is the last exchange's.
+    #[test]
+    fn an_exchange_ends_with_its_answer_and_leaves_the_connection_as_it_found_it() {
+        let turns = Arc::new(Turns::default());
+        assert!(turns.between());
+        let answer = |closes: bool| {
+            let mut response = Response::new(Empty::new().map_err(|never| match never {}).boxed());
+            if closes {
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            }
+            response
+        };
+        // No body on the request: read at once. hyper's `Incoming` cannot
+        // be made outside hyper, so the turn is built by hand.
+        let turn = |keeps_alive: bool| {
+            turns.open.store(true, Ordering::Release);
+            turns.request_read.store(true, Ordering::Release);
+            Turn {
+                turns: turns.clone(),
+                request_version: Version::HTTP_11,
+                request_keeps_alive: keeps_alive,
+                answer_closes: false,
+            }
+        };
+        let sent = turn(true).answer(answer(false));
+        assert!(turns.in_exchange() && !turns.between());
+        drop(sent);
+        assert!(turns.between());
+        drop(turn(true).answer(answer(true)));
+        assert!(!turns.in_exchange() && !turns.between());
+        drop(turn(false).answer(answer(false)));
+        assert!(!turns.between());
+        // A body left unread spoils the connection.
+        let unread = turn(true);
+        turns.request_read.store(false, Ordering::Release);
+        drop(unread.answer(answer(false)));
+        assert!(!turns.between());
+        drop(turn(true).answer(answer(false)));
+        assert!(turns.between());
+    }
+}
