@@ -30,6 +30,19 @@
 //! - The child exiting by itself: the stand-in exits with its code (128 +
 //!   the signal if a signal ended it), so `Restart=on-failure` sees it.
 
+/// Writes one line to stderr in one `write`: the daemon the stand-in
+/// started writes to the same file, and `eprintln!` writes a line in
+/// pieces, between which the daemon's own lines could land (a reader of
+/// "started ... as pid N" found the pid on another line).
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -117,7 +130,7 @@ pub fn run(program: &Path, args: &[OsString]) -> i32 {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("{prefix}: {error}");
+            tell!("{prefix}: {error}");
             1
         }
     }
@@ -168,7 +181,7 @@ async fn supervise(
         .ok_or_else(|| setup("reading the child's pid")(io::ErrorKind::NotFound.into()))?;
     // Until `child.wait()` reaps it, this pid stays the child's.
     let pid = Pid::from_raw(raw_pid);
-    eprintln!("{prefix}: started {} as pid {pid}", program.display());
+    tell!("{prefix}: started {} as pid {pid}", program.display());
 
     let relay = Relay {
         upstream,
@@ -185,39 +198,39 @@ async fn supervise(
                 }
                 let status = status.map_err(setup("waiting for the child"))?;
                 let code = exit_code(status);
-                eprintln!("{prefix}: pid {pid} exited ({status}); exiting {code}");
+                tell!("{prefix}: pid {pid} exited ({status}); exiting {code}");
                 return Ok(code);
             }
             received = socket.async_io(Interest::READABLE, || receive_now(&socket)) => match received {
                 Ok(notification) => ready |= relay.forward(notification),
-                Err(error) => eprintln!("{prefix}: receiving a notification: {error}"),
+                Err(error) => tell!("{prefix}: receiving a notification: {error}"),
             },
             _ = sigterm.recv() => pass(prefix, pid, Signal::SIGTERM),
             _ = sigint.recv() => pass(prefix, pid, Signal::SIGINT),
             _ = sighup.recv() => pass(prefix, pid, Signal::SIGHUP),
             _ = sigabrt.recv() => {
-                eprintln!(
+                tell!(
                     "{prefix}: SIGABRT (the service manager's watchdog: pid {pid} stopped \
                      answering): killing it and its process group"
                 );
                 // The child leads its own process group (process_group(0)).
                 if let Err(error) = kill(Pid::from_raw(-raw_pid), Signal::SIGKILL) {
-                    eprintln!("{prefix}: killing process group {pid}: {error}");
+                    tell!("{prefix}: killing process group {pid}: {error}");
                 }
                 let status = child.wait().await.map_err(setup("waiting for the child"))?;
-                eprintln!("{prefix}: pid {pid} exited ({status}); exiting 134");
+                tell!("{prefix}: pid {pid} exited ({status}); exiting 134");
                 return Ok(128 + Signal::SIGABRT as i32);
             }
             _ = sigusr2.recv() => {
                 if ready {
                     pass(prefix, pid, Signal::SIGUSR2);
-                    eprintln!(
+                    tell!(
                         "{prefix}: restart: leaving pid {pid} to hand over to its successor \
                          (or to drain after drain.grace); exiting 0"
                     );
                     return Ok(0);
                 }
-                eprintln!("{prefix}: restart before pid {pid} was ready: stopping it");
+                tell!("{prefix}: restart before pid {pid} was ready: stopping it");
                 pass(prefix, pid, Signal::SIGTERM);
             }
         }
@@ -243,9 +256,9 @@ fn private_dir() -> Result<tempfile::TempDir, SuperviseError> {
 }
 
 fn pass(prefix: &str, pid: Pid, signal: Signal) {
-    eprintln!("{prefix}: passing {signal} to pid {pid}");
+    tell!("{prefix}: passing {signal} to pid {pid}");
     if let Err(error) = kill(pid, signal) {
-        eprintln!("{prefix}: passing {signal} to pid {pid}: {error}");
+        tell!("{prefix}: passing {signal} to pid {pid}: {error}");
     }
 }
 
@@ -273,7 +286,7 @@ impl Relay<'_> {
             truncated,
         } = notification;
         if sender != Some(self.child) {
-            eprintln!(
+            tell!(
                 "{}: ignoring a notification from pid {} (only the child's, pid {}, are relayed)",
                 self.prefix,
                 sender.map_or_else(|| "?".to_string(), |p| p.to_string()),
@@ -282,7 +295,7 @@ impl Relay<'_> {
             return false;
         }
         if truncated {
-            eprintln!(
+            tell!(
                 "{}: dropping a notification longer than {MAX_MESSAGE} bytes",
                 self.prefix
             );
@@ -294,7 +307,7 @@ impl Relay<'_> {
         }
         let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
         if let Err(error) = self.upstream.send(&state, &raw) {
-            eprintln!("{}: relaying to the service manager: {error}", self.prefix);
+            tell!("{}: relaying to the service manager: {error}", self.prefix);
         }
         // Our copies of the descriptors close here; systemd holds its own.
         ready
