@@ -86,6 +86,19 @@ impl WireguardKey {
         encode(self.public.as_bytes())
     }
 
+    /// Reads the key at `path`; `None` when there is no file (nothing is
+    /// created: for a reader that must not leave a key of its own user's).
+    pub fn load(path: &Path) -> Result<Option<Self>, KeyFileError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(path, &text).map(Some),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(KeyFileError::Io {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
     /// Reads the key at `path`, creating the file with a new key when it does not
     /// exist (and its directory, mode 0700, when needed).
     pub fn load_or_create(path: &Path) -> Result<Self, KeyFileError> {
@@ -93,10 +106,8 @@ impl WireguardKey {
             path: path.to_owned(),
             source,
         };
-        match std::fs::read_to_string(path) {
-            Ok(text) => return Self::parse(path, &text),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(io(error)),
+        if let Some(key) = Self::load(path)? {
+            return Ok(key);
         }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()

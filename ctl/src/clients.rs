@@ -56,6 +56,33 @@ impl WgNode {
     /// Checks the WireGuard settings and loads (or creates) the node's key, from
     /// the file the ingress uses.
     pub(crate) fn prepare(config: &Config) -> anyhow::Result<Self> {
+        let key = WireguardKey::load_or_create(&config.wireguard_key_file())
+            .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
+        Self::with_key(config, key)
+    }
+
+    /// As [`Self::prepare`] for a command that only reads (`client show`):
+    /// the key is not created (run as root, it would leave a key the
+    /// ingress's user cannot read). Why there is none, when there is not.
+    pub(crate) fn existing(config: &Config) -> anyhow::Result<Result<Self, String>> {
+        if config.wireguard.endpoint.is_none() {
+            return Ok(Err(
+                "this node has no wireguard.endpoint, which the config names".into(),
+            ));
+        }
+        let path = config.wireguard_key_file();
+        let loaded = WireguardKey::load(&path)
+            .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
+        let Some(key) = loaded else {
+            return Ok(Err(format!(
+                "this node has no WireGuard key yet ({} is made by the ingress at start, or by client add --wg)",
+                path.display()
+            )));
+        };
+        Self::with_key(config, key).map(Ok)
+    }
+
+    fn with_key(config: &Config, key: WireguardKey) -> anyhow::Result<Self> {
         let Some(endpoint) = config.wireguard.endpoint.clone() else {
             return Err(no_endpoint());
         };
@@ -65,8 +92,6 @@ impl WgNode {
             Err(error) => return Err(ConfigProblem(error.to_string()).into()),
         };
         let mut dns = wg_clients::client_dns(&config.wireguard, node_address);
-        let key = WireguardKey::load_or_create(&config.wireguard_key_file())
-            .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
         let pools6 = config
             .wireguard
             .pool6
@@ -354,21 +379,24 @@ pub(crate) async fn show(
     let defaults = crate::limits::node_defaults(config);
     let effective = client.limits.or(&defaults);
     let quota = crate::limits::quota_use(store, name, effective.quota).await;
-    let wireguard = match client.wg_address {
-        Some(address) => {
-            let node = WgNode::prepare(config)?;
-            let public = node.key.public_base64();
-            let config = WgQuickConfig {
-                client_private_key: "",
-                address,
-                address6: node.address6(address),
-                node_public_key: &public,
-                endpoint: &node.endpoint,
-                dns: &node.dns,
-            };
-            Some(config.render_without_private_key())
-        }
-        None => None,
+    // The config, or why this node cannot write it.
+    let (wireguard, no_config) = match client.wg_address {
+        Some(address) => match WgNode::existing(config)? {
+            Ok(node) => {
+                let public = node.key.public_base64();
+                let config = WgQuickConfig {
+                    client_private_key: "",
+                    address,
+                    address6: node.address6(address),
+                    node_public_key: &public,
+                    endpoint: &node.endpoint,
+                    dns: &node.dns,
+                };
+                (Some(config.render_without_private_key()), None)
+            }
+            Err(why) => (None, Some(why)),
+        },
+        None => (None, None),
     };
     let urls = ProxyUrls::new(config, name, "<secret>");
     if as_json {
@@ -380,6 +408,7 @@ pub(crate) async fn show(
             "wg_address": client.wg_address,
             "wg_public_key": client.wg_public_key,
             "wireguard_config_without_private_key": wireguard,
+            "wireguard_config_unavailable": no_config,
             "private_key_kept": false,
             "usage": usage,
             "limits": crate::limits::limits_json(&client.limits, &defaults, quota),
@@ -415,6 +444,13 @@ pub(crate) async fn show(
             say!("Its config, without the private key, which blipless does not keep:");
             say!("");
             say!("{}", text.trim_end());
+        }
+        if let (Some(address), Some(why)) = (client.wg_address, &no_config) {
+            say!("");
+            say!(
+                "WireGuard address {address}, public key {}; no config shown: {why}.",
+                client.wg_public_key.as_deref().unwrap_or("(none)")
+            );
         }
     }
     if wireguard.is_some() && !as_json {

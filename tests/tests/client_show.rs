@@ -112,3 +112,37 @@ fn the_png_scans_as_the_printed_config_and_show_says_why_it_has_no_code() {
     assert!(!missing.status.success());
     assert!(text(&missing.stderr).contains("no client named nobody"));
 }
+
+/// `client show` only reads: on a node whose WireGuard key does not exist
+/// (another node of the fleet, or one whose ingress never started), it says
+/// why it shows no config and creates no key. It used to make one, as
+/// whoever ran it (root, typically), which the ingress's user then could
+/// not read.
+#[test]
+fn show_makes_no_key_and_says_why_it_shows_no_config() {
+    let node = Node::new("[wireguard]\nendpoint = \"vpn.example.com:51820\"\n");
+    let added = node.ctl(&["client", "add", "bob", "--wg"]);
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let elsewhere = node.path().join("other-node").join("wireguard.key");
+    let key_setting = format!("wireguard.private_key_file={}", elsewhere.display());
+    let shown = node.ctl(&["--set", &key_setting, "client", "show", "bob"]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    assert!(
+        shown.contains("no config shown: this node has no WireGuard key yet"),
+        "{shown}"
+    );
+    assert!(!shown.contains("Endpoint = "), "{shown}");
+    let json = node.ctl(&["--json", "--set", &key_setting, "client", "show", "bob"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("show --json");
+    assert!(json["wireguard_config_without_private_key"].is_null());
+    assert!(json["wireguard_config_unavailable"]
+        .as_str()
+        .is_some_and(|why| why.contains("no WireGuard key yet")));
+    assert!(!elsewhere.exists(), "show made a key");
+    assert!(
+        !elsewhere.parent().expect("dir").exists(),
+        "show made its directory"
+    );
+}
