@@ -107,7 +107,8 @@ pub struct Directory {
     catching_up: tokio::sync::Mutex<()>,
     /// The next usage batch number (see [`Directory::flush_usage`]).
     next_batch: AtomicU64,
-    /// The last change applied from the feed (checked by [`Directory::catch_up`]).
+    /// The last change applied from the feed, or the one at the head it was
+    /// loaded at (checked by [`Directory::catch_up`]).
     last_change: std::sync::Mutex<Option<Change>>,
     removed: std::sync::Mutex<Vec<String>>,
     /// Bumped on every applied change, for those who follow the client list.
@@ -140,6 +141,7 @@ impl Directory {
         defaults: ClientLimits,
     ) -> Result<Arc<Self>, StoreError> {
         let head = store.feed_head().await?;
+        let at_head = change_at(store.as_ref(), head).await?;
         let records = readable_clients(store.as_ref()).await?;
         let clients = records
             .into_iter()
@@ -156,7 +158,7 @@ impl Directory {
             feed_position: AtomicU64::new(head),
             catching_up: tokio::sync::Mutex::new(()),
             next_batch: AtomicU64::new(1),
-            last_change: std::sync::Mutex::new(None),
+            last_change: std::sync::Mutex::new(at_head),
             removed: std::sync::Mutex::new(Vec::new()),
             version: tokio::sync::watch::channel(0).0,
             defaults,
@@ -281,6 +283,7 @@ impl Directory {
     async fn reload(&self) -> Result<usize, StoreError> {
         let after = self.feed_position.load(Ordering::SeqCst);
         let head = self.store.feed_head().await?;
+        let at_head = change_at(self.store.as_ref(), head).await?;
         tracing::warn!(
             position = after,
             head,
@@ -306,7 +309,7 @@ impl Directory {
         *self
             .last_change
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = at_head;
         Ok(applied)
     }
 
@@ -486,6 +489,20 @@ pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The feed's entry at `head` (none for an empty feed): what a directory
+/// loaded at `head` has seen last, so that [`Directory::catch_up`] can tell
+/// when a store failover handed that seq out again, as it does after an
+/// entry it applied itself. Without it a plane that had applied no change
+/// since its load followed on from `head` and missed every change made at
+/// a reused seq: a client removed then kept working there.
+async fn change_at(store: &dyn Store, head: u64) -> Result<Option<Change>, StoreError> {
+    if head == 0 {
+        return Ok(None);
+    }
+    let first = store.changes_since(head - 1, 1).await?.into_iter().next();
+    Ok(first.filter(|change| change.seq == head))
 }
 
 /// Every client whose record can be read; each that cannot is logged and

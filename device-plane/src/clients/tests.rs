@@ -62,6 +62,53 @@ async fn a_feed_that_handed_a_seq_out_again_makes_the_directory_reload() {
     assert_eq!(directory.position(), 3);
 }
 
+/// The same failover met by a plane that has applied no change since its
+/// load (a freshly deployed one, typically): it knows the entry at the head
+/// it loaded at, and notices the seq handed out again as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_seq_is_noticed_by_a_directory_that_applied_nothing_since_its_load() {
+    let redis = Node::start(Mode::Server, |_| String::new());
+    let url = format!("redis://127.0.0.1:{}/0", redis.port());
+    let store: Arc<dyn Store> = blipless_store::open(&url).await.expect("open");
+    store.add_client(record("a")).await.expect("add a");
+    store.add_client(record("b")).await.expect("add b");
+    let directory = Directory::load(store.clone()).await.expect("load");
+    assert_eq!(directory.position(), 2);
+    assert!(directory.get("b").is_some());
+
+    // A failover to a replica that never got entry 2 (nor b's record).
+    cli(redis.port(), &["DEL", "{blipless}:feed"]);
+    let first = [
+        "XADD",
+        "{blipless}:feed",
+        "1-0",
+        "name",
+        "a",
+        "kind",
+        "upsert",
+    ];
+    cli(redis.port(), &first);
+    cli(redis.port(), &["SET", "{blipless}:feed:seq", "1"]);
+    cli(redis.port(), &["DEL", "{pc_b}", "{pc_b}:usage"]);
+    cli(redis.port(), &["SREM", "{blipless}:clients", "b"]);
+    // The next change takes seq 2 again.
+    store.add_client(record("c")).await.expect("add c");
+
+    directory.catch_up().await.expect("catch up");
+    assert!(
+        directory.get("c").is_some(),
+        "c, at the reused seq 2, was missed"
+    );
+    assert!(
+        directory.get("b").is_none(),
+        "b, lost with the failover, is still served"
+    );
+    store.add_client(record("d")).await.expect("add d");
+    directory.catch_up().await.expect("catch up");
+    assert!(directory.get("d").is_some());
+    assert_eq!(directory.position(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_cannot_be_read_costs_only_its_own_client() {
     // What a record written by a newer blipless-ctl, or damaged, looks like
