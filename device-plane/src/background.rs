@@ -44,8 +44,7 @@ pub async fn maintain(
         tokio::select! {
             _ = usage.tick() => {
                 flush_usage(&directory, &identities).await;
-                let instance = crate::clients::tunnel_instance(identities.node());
-                directory.share_tunnel_counts(&instance, live_ttl(usage_flush)).await;
+                directory.share_tunnel_counts(identities.node(), live_ttl(usage_flush)).await;
             }
             _ = activity.tick() => identities.flush().await,
             () = stop.cancelled() => break,

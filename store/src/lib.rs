@@ -434,7 +434,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// The tunnels `client` has open on every node but `except`, as each
     /// last recorded them; entries whose `ttl` ran out (a node that died)
-    /// do not count.
+    /// do not count. `except`'s processes (recorded as block
+    /// `<block>.p<pid>`) are left out with it: a plane counts its node's
+    /// tunnels itself, and its predecessor's entry still lists the tunnels
+    /// it adopted at the deploy.
     async fn live_tunnels(&self, client: &str, except: &NodeId) -> Result<u64, StoreError>;
 }
 

@@ -270,6 +270,61 @@ fn a_connection_cap_refuses_the_sixth_and_spares_the_five() {
     });
 }
 
+/// A deploy moves a capped client's tunnels to the new plane, which counts
+/// them itself: the old plane's entry in the store, which lists the same
+/// tunnels until it exits, is not counted again. Before, the new plane read
+/// that entry at its first look and refused a client using over half its
+/// cap until its next look (`store.usage_flush`, 10 s).
+#[test]
+fn a_deploy_does_not_count_a_capped_clients_moved_tunnels_twice() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut device, alice) = node.start();
+    set(&node, &["alice", "--max-connections", "4"]);
+    let before = origin.requests();
+    let dir = node.path().to_path_buf();
+    let slow = origin.url("/slow/40000");
+    let held = |name: &str| {
+        let out = dir.join(format!("{name}.out"));
+        (download(&alice.socks, &slow, &out, &[]), out)
+    };
+    let mut tunnels: Vec<(Child, std::path::PathBuf)> =
+        (0..3).map(|i| held(&format!("held-{i}"))).collect();
+    wait_until(
+        Duration::from_secs(20),
+        "three tunnels to reach the origin",
+        || origin.requests() >= before + 3,
+    );
+    // The old plane records its three at its next look (every 10 s).
+    std::thread::sleep(Duration::from_secs(11));
+    let (_new, _) = node.deploy(&mut device);
+    tunnels.push(held("after-deploy"));
+    wait_until(
+        Duration::from_secs(5),
+        "the fourth tunnel, under the cap, to reach the origin",
+        || origin.requests() >= before + 4,
+    );
+    // The cap still holds: a fifth is refused (curl: exit 97).
+    let output = blipless_tests::curl::curl(&[
+        "--max-time",
+        "20",
+        "--proxy",
+        &alice.socks,
+        &origin.url("/hello"),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(97),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for (child, out) in tunnels {
+        let (ok, stderr) = finish(child);
+        assert!(ok, "a held tunnel failed: {stderr}");
+        assert_eq!(std::fs::read(&out).expect("body"), b"ok");
+    }
+}
+
 fn quota_json(node: &Node) -> serde_json::Value {
     let output = node.ctl(&["--json", "client", "show", "alice"]);
     assert!(

@@ -36,16 +36,22 @@ impl Directory {
 
     /// Shares the open tunnels of every client with a connection cap with
     /// the fleet through the store (docs/LIMITS.md, "Connection caps"):
-    /// records this plane's count under `node` ([`tunnel_instance`]), for
-    /// `ttl`, and reads every other entry's.
-    /// A client whose cap was lifted has its last entry cleared. Failures
-    /// are logged at debug: the cap then holds on the counts last read.
+    /// records this plane's count under its process on `node`
+    /// ([`tunnel_instance`]), for `ttl`, and reads the other nodes' entries.
+    /// This node's other planes' entries are not read: at a deploy the
+    /// predecessor's still lists the tunnels this plane adopted and counts
+    /// itself, which refused a client using over half its cap until the
+    /// next look. A client whose cap was lifted has its last entry cleared.
+    /// Failures are logged at debug: the cap then holds on the counts last
+    /// read.
     pub async fn share_tunnel_counts(
         &self,
         node: &blipless_store::NodeId,
         ttl: std::time::Duration,
     ) {
         use futures_util::StreamExt as _;
+        let instance = tunnel_instance(node);
+        let instance = &instance;
         futures_util::stream::iter(self.all())
             .for_each_concurrent(FLUSH_CONCURRENCY, |client| async move {
                 let capped = client.limiter.max_connections().is_some();
@@ -57,7 +63,8 @@ impl Directory {
                 let reported = client.limiter.swap_reported_live(live);
                 let name = &client.record.name;
                 if live > 0 || reported > 0 {
-                    if let Err(error) = self.store.put_live_tunnels(node, name, live, ttl).await {
+                    if let Err(error) = self.store.put_live_tunnels(instance, name, live, ttl).await
+                    {
                         tracing::debug!(client = %name, %error, "recording live tunnels failed");
                         client.limiter.swap_reported_live(reported.max(live));
                     }

@@ -173,6 +173,30 @@ pub(crate) async fn live_tunnels_are_summed_per_node_and_expire(store: Arc<dyn S
         .expect("b");
     assert_eq!(store.live_tunnels("u", &node("a")).await.expect("but a"), 2);
     assert_eq!(store.live_tunnels("u", &node("c")).await.expect("all"), 5);
+    // A node's processes (its planes of a deploy) are left out with it.
+    let process = |host: &str, pid: u32| crate::NodeId {
+        host: host.into(),
+        block: format!("0.p{pid}"),
+    };
+    store
+        .put_live_tunnels(&process("c", 7), "u", 10, long)
+        .await
+        .expect("c's plane");
+    store
+        .put_live_tunnels(&process("c", 8), "u", 20, long)
+        .await
+        .expect("c's next plane");
+    assert_eq!(store.live_tunnels("u", &node("c")).await.expect("but c"), 5);
+    assert_eq!(
+        store.live_tunnels("u", &node("a")).await.expect("but a"),
+        32
+    );
+    for pid in [7, 8] {
+        store
+            .put_live_tunnels(&process("c", pid), "u", 0, long)
+            .await
+            .expect("c's planes gone");
+    }
     // Replaced, and forgotten at 0.
     store
         .put_live_tunnels(&node("a"), "u", 4, long)

@@ -145,9 +145,10 @@ impl RedisStore {
             .await?;
         let now = crate::unix_now_ms();
         let skip = node_field(except);
+        let skip_processes = format!("{skip}.p");
         Ok(entries
             .iter()
-            .filter(|(field, _)| **field != skip)
+            .filter(|(field, _)| **field != skip && !field.starts_with(&skip_processes))
             .filter_map(|(_, value)| {
                 let (count, expires_at) = value.split_once(':')?;
                 let expires_at: i64 = expires_at.parse().ok()?;

@@ -150,7 +150,8 @@ pub(super) fn live_tunnels(
     let sum: Option<i64> = conn
         .query_row(
             "SELECT SUM(count) FROM live_tunnels WHERE client = ?1 AND expires_at > ?2 \
-             AND NOT (host = ?3 AND block = ?4)",
+             AND NOT (host = ?3 AND (block = ?4 \
+                 OR substr(block, 1, length(?4) + 2) = ?4 || '.p'))",
             params![client, now, except.host, except.block],
             |row| row.get(0),
         )
