@@ -48,6 +48,11 @@ use crate::clients::Client;
 const HEADER_ROOM: usize = 22;
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65_535;
+/// What a datagram costs against the client's rate beyond its payload: the
+/// IPv4 and UDP headers it is sent with (20 + 8 bytes), as a WireGuard
+/// client's inner packet counts them. Without it empty datagrams passed any
+/// rate. Usage and quota count the payload (docs/LIMITS.md).
+const UDP_OVERHEAD: usize = 28;
 /// Names an association remembers the addresses of, and for how long.
 const NAME_CACHE: usize = 64;
 const NAME_TTL: Duration = Duration::from_secs(60);
@@ -455,7 +460,12 @@ impl Relay<'_> {
             counters.denied.fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        if !self.client.limiter.up.admit_packet(payload_len) {
+        if !self
+            .client
+            .limiter
+            .up
+            .admit_packet(payload_len + UDP_OVERHEAD)
+        {
             counters.rate_limited.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -496,7 +506,7 @@ impl Relay<'_> {
             counters.denied.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        if !self.client.limiter.down.admit_packet(len) {
+        if !self.client.limiter.down.admit_packet(len + UDP_OVERHEAD) {
             counters.rate_limited.fetch_add(1, Ordering::Relaxed);
             return false;
         }
