@@ -584,6 +584,87 @@ fn tunnels_handed_to_a_plane_that_dies_before_taking_them_stay_with_the_old_plan
     );
 }
 
+/// After a deploy whose new plane died before taking anything, the old
+/// plane serves on; a later drain still cuts its tunnels at the grace. A
+/// tunnel takes the plane's cut once for its whole relay, and serving
+/// again used to put a fresh cut in place for later drains, which the
+/// tunnels still waiting for a handover slot (48 here, over the 32 slots)
+/// never saw: the drain's cut missed them, the plane could not say
+/// Drained, and it finished only once the ingress had left at its own
+/// grace (or, with a live ingress, when they ended on their own).
+#[test]
+fn after_a_deploy_whose_new_plane_died_a_drain_still_cuts_at_the_grace() {
+    use std::io::{Read, Write};
+    const TUNNELS: usize = 48;
+    let echo_address = echo_server();
+    let mut node = Node::new("[drain]\ngrace = \"3s\"\n");
+    let (_ingress, mut old, client) = node.start();
+    let mut tunnels: Vec<std::net::TcpStream> = (0..TUNNELS)
+        .map(|n| {
+            let mut stream = blipless_tests::raw::connect(node.socks);
+            stream
+                .set_read_timeout(Some(Duration::from_secs(60)))
+                .expect("read timeout");
+            assert_eq!(
+                blipless_tests::raw::socks5_login(&mut stream, "alice", &client.secret),
+                0
+            );
+            assert_eq!(
+                blipless_tests::raw::socks5_connect_v4(&mut stream, echo_address),
+                0
+            );
+            let line = format!("tunnel {n}\n");
+            stream.write_all(line.as_bytes()).expect("write");
+            let mut back = vec![0u8; line.len()];
+            stream.read_exact(&mut back).expect("echo");
+            stream
+        })
+        .collect();
+    let first = node.active_generation();
+    let mut dying = node.start_device_with_env(&[("BLIPLESS_FAULT_DIE_ADOPTING", "1")]);
+    assert!(dying
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| !s.success()));
+    wait_until(
+        Duration::from_secs(30),
+        "the old plane to be given the node back",
+        || node.active_generation() == first,
+    );
+    let output = node.ctl(&["drain"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let status = old.wait_exit(Duration::from_secs(40));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the drain ends at its grace, not when the tunnels do ({status:?}):\n{}",
+        old.log_text()
+    );
+    // Cut at the grace, every tunnel gone, the plane reports Drained itself
+    // (before, the tunnels it could not cut kept it waiting until the
+    // ingress left at its own grace and the plane finished offline).
+    assert!(
+        !old.log_text()
+            .contains("device channel lost while draining"),
+        "{}",
+        old.log_text()
+    );
+    for stream in &mut tunnels {
+        let mut rest = Vec::new();
+        let end = stream.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty()
+                && end.as_ref().map_or_else(
+                    |error| error.kind() == std::io::ErrorKind::ConnectionReset,
+                    |_| true
+                ),
+            "cut: the customer sees the end ({end:?})"
+        );
+    }
+}
+
 /// A deploy that begins while the last one still moves tunnels: the plane
 /// in the middle is still taking tunnels over from the oldest (slowly: a
 /// fault hook holds each adoption 3 s) when the newest takes over from it.

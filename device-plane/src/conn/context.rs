@@ -295,12 +295,21 @@ impl Context {
         self.cut_token().cancel();
     }
 
-    /// Back to serving: a later drain gets a grace of its own.
+    /// Back to serving: a later drain gets a grace of its own. The cut is
+    /// replaced only once it has been used: a connection takes the token
+    /// once for its whole relay, so a fresh one after a handover that ended
+    /// early (its successor died) left every connection still waiting for
+    /// its turn out of every later cut, past `drain.grace`.
     pub fn serve_again(&self) {
-        *self
-            .cut_all
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = CancellationToken::new();
+        {
+            let mut cut = self
+                .cut_all
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if cut.is_cancelled() {
+                *cut = CancellationToken::new();
+            }
+        }
         self.mode.send_replace(Mode::Serving);
         self.connections.reopen();
     }
