@@ -25,6 +25,10 @@ use crate::link::{self, HelloError};
 use session::{Draining, SessionEnd};
 use warm::Warm;
 
+/// How long an exiting plane waits for a usage flush under way before its
+/// last one.
+const MAINTENANCE_STOP: Duration = Duration::from_secs(10);
+
 /// SIGHUP would end the process by default, and every tunnel with it
 /// (`kill -HUP`, or the `--supervise` stand-in passing one on). A device
 /// plane has nothing to reload: it says so and carries on.
@@ -255,6 +259,7 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
         directory,
         identities,
         background,
+        maintaining,
         ..
     } = warm;
     if context.mode() == Mode::Serving || offline_drain.is_some() {
@@ -272,6 +277,15 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
     packets.hand_over().await;
     packets.finish_dns().await;
     background.cancel();
+    // A flush or tunnel count under way when the stop came ends first: run
+    // beside the last flush, it could put a batch back after that flush
+    // passed its client (lost), or record tunnels after they were cleared.
+    if tokio::time::timeout(MAINTENANCE_STOP, maintaining)
+        .await
+        .is_err()
+    {
+        tracing::warn!(waited = ?MAINTENANCE_STOP, "usage flush still running at exit; flushing beside it");
+    }
     background::flush_usage(&directory, &identities).await;
     directory
         .clear_tunnel_counts(&crate::clients::tunnel_instance(identities.node()))

@@ -34,6 +34,9 @@ pub(super) struct Warm {
     pub(super) directory: Arc<Directory>,
     pub(super) identities: Arc<Identities>,
     pub(super) background: CancellationToken,
+    /// The usage flushes and the feed follower ([`background::maintain`]),
+    /// which stop at `background`; awaited at exit before the last flush.
+    pub(super) maintaining: tokio::task::JoinHandle<()>,
     /// The WireGuard endpoint snapshots the ingress sends, kept in the store.
     pub(super) endpoints: Snapshots,
 }
@@ -97,7 +100,7 @@ pub(super) async fn warm_up(
         "pre-warm done"
     );
     let background = CancellationToken::new();
-    tokio::spawn(background::maintain(
+    let maintaining = tokio::spawn(background::maintain(
         directory.clone(),
         identities.clone(),
         config.store.usage_flush,
@@ -182,6 +185,7 @@ pub(super) async fn warm_up(
         directory,
         identities,
         background,
+        maintaining,
         endpoints,
     })
 }
