@@ -232,7 +232,14 @@ pub async fn serve(
     };
     let egress = tokio::select! {
         result = context.connect_for(&name, &target) => result,
-        () = client.revoked.cancelled() => return,
+        () = client.revoked.cancelled() => {
+            // Removed (or its credentials changed) while its connect ran.
+            let _ = stream
+                .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
+                .await;
+            let _ = stream.shutdown().await;
+            return;
+        }
     };
     let (egress, via) = match egress {
         Ok(connected) => connected,
