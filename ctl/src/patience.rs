@@ -63,6 +63,14 @@ pub async fn get_client(store: &dyn Store, name: &str) -> Result<Option<ClientRe
         .0
 }
 
+/// Reads every client (`client add --wg` looks for a free address),
+/// repeating it while the store is unavailable.
+pub async fn read_clients(store: &dyn Store) -> Result<blipless_store::ClientList, StoreError> {
+    patiently("reading the clients", || store.read_clients())
+        .await
+        .0
+}
+
 /// Changes client `name`'s limits by `change`, repeating it while the
 /// store is unavailable.
 pub async fn update_limits(

@@ -87,7 +87,7 @@ pub async fn add_with_address(
     for _ in 0..ADDRESS_ATTEMPTS {
         // A record that cannot be read is left out (its address, if it has
         // one, is still refused by the store's own check: AddressTaken).
-        let clients = store.read_clients().await?.records;
+        let clients = crate::patience::read_clients(store).await?.records;
         let in_use = clients
             .iter()
             .filter_map(|client| client.wg_address)
