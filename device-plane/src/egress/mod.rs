@@ -141,11 +141,20 @@ impl Egress {
 
     /// True when the policy lets customers reach `ip`: `egress.allow` lists
     /// it, or it is neither in a range denied by default nor one of the
-    /// host's own addresses.
+    /// host's own addresses, also in IPv6 clothing (`64:ff9b::` and the
+    /// other forms [`embedded_v4`] reads, which a translator on the path
+    /// would deliver to the host).
     pub fn permits(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
+        let host_disguised = match ip {
+            IpAddr::V6(v6) => embedded_v4(v6)
+                .into_iter()
+                .flatten()
+                .any(|v4| self.host.contains(IpAddr::V4(v4))),
+            IpAddr::V4(_) => false,
+        };
         self.allow.iter().any(|net| net.contains(&ip))
-            || !(denied_by_default(ip) || self.host.contains(ip))
+            || !(denied_by_default(ip) || self.host.contains(ip) || host_disguised)
     }
 
     /// Resolves `target` (a name as one of `client`'s lookups,
@@ -335,7 +344,13 @@ mod tests {
         let own = ["100.128.0.1", "2606:4700::1111"];
         let host = HostAddresses::fixed(own.iter().map(|a| a.parse().expect("ip")));
         let e = Egress::with_host_addresses(Vec::new(), Duration::from_secs(1), host.clone());
-        for address in own.iter().chain(&["::ffff:100.128.0.1"]) {
+        let disguised = [
+            "::ffff:100.128.0.1",
+            "64:ff9b::100.128.0.1",
+            "2002:6480:1::1",
+            "::ffff:0:100.128.0.1",
+        ];
+        for address in own.iter().chain(&disguised) {
             assert!(
                 !e.permits(address.parse().expect("ip")),
                 "{address} is the host's own: denied"

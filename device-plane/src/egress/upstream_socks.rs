@@ -54,6 +54,10 @@ pub enum UpstreamError {
     /// Reading from or writing to the upstream failed.
     #[error("upstream I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// This node could not open a connection to the upstream: out of file
+    /// descriptors, local ports or kernel memory. Ours, not the upstream's.
+    #[error("this node cannot open another connection: {0}")]
+    LocalResources(std::io::Error),
     /// The upstream's own host name does not resolve (the resolver said
     /// so, or gave no address).
     #[error("the upstream's host name does not resolve")]
@@ -119,7 +123,9 @@ impl UpstreamError {
     ///   the upstream is broken;
     /// - our own configuration or request at fault ([`UpstreamError::AuthRefused`],
     ///   and a [`UpstreamError::Protocol`] for a message we could not
-    ///   encode): `GeneralFailure`, which the customer cannot fix.
+    ///   encode), or this node short of resources
+    ///   ([`UpstreamError::LocalResources`]): `GeneralFailure`, which the
+    ///   customer cannot fix.
     pub fn socks_reply(&self) -> Reply {
         match self {
             UpstreamError::Refused { code } => match client::reply_from_code(*code) {
@@ -133,7 +139,8 @@ impl UpstreamError {
                 | ClientError::CredentialsTooLong
                 | ClientError::UnencodableDomain { .. },
             )
-            | UpstreamError::AuthRefused => Reply::GeneralFailure,
+            | UpstreamError::AuthRefused
+            | UpstreamError::LocalResources(_) => Reply::GeneralFailure,
             UpstreamError::Closed
             | UpstreamError::Io(_)
             | UpstreamError::Unresolvable
@@ -142,10 +149,13 @@ impl UpstreamError {
     }
 
     /// The HTTP status to give our own HTTP proxy customer: 504 Gateway
-    /// Timeout for [`UpstreamError::TimedOut`], 502 Bad Gateway otherwise.
+    /// Timeout for [`UpstreamError::TimedOut`], 503 Service Unavailable for
+    /// [`UpstreamError::LocalResources`] (as a direct connect short of
+    /// descriptors gets), 502 Bad Gateway otherwise.
     pub fn http_status(&self) -> u16 {
         match self {
             UpstreamError::TimedOut | UpstreamError::DestinationTimedOut => 504,
+            UpstreamError::LocalResources(_) => 503,
             _ => 502,
         }
     }
@@ -181,6 +191,15 @@ pub async fn handshake(
         .map_err(|error| match error {
             UpstreamError::TimedOut => UpstreamError::DestinationTimedOut,
             UpstreamError::Closed => UpstreamError::ClosedAtConnect,
+            // A reset is how some upstreams say it too.
+            UpstreamError::Io(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                UpstreamError::ClosedAtConnect
+            }
             other => other,
         })?;
     if !reply.succeeded() {
@@ -551,6 +570,28 @@ mod tests {
         let error = got.expect_err("closed at CONNECT");
         assert!(matches!(error, UpstreamError::ClosedAtConnect), "{error:?}");
         assert_eq!(error.socks_reply(), Reply::HostUnreachable);
+        assert!(!crate::egress::via::is_upstream_fault(&error));
+        peer.await.expect("peer");
+    }
+
+    /// A reset instead of a CONNECT reply is the destination's failure too,
+    /// as a close is: it used to count against the upstream, so one
+    /// customer's unreachable destination could take it down for all.
+    #[tokio::test]
+    async fn an_upstream_that_resets_at_connect_is_not_at_fault() {
+        let (mut ours, peer) = upstream(|mut s| async move {
+            expect_bytes(&mut s, &[5, 1, 0]).await;
+            s.write_all(&[5, 0]).await.expect("write");
+            expect_bytes(&mut s, &CONNECT).await;
+            // A zero linger does not block the drop: it resets at once.
+            #[allow(deprecated)]
+            s.set_linger(Some(Duration::ZERO)).expect("linger");
+            drop(s);
+        })
+        .await;
+        let got = handshake(&mut ours, None, &destination(), soon()).await;
+        let error = got.expect_err("reset at CONNECT");
+        assert!(matches!(error, UpstreamError::ClosedAtConnect), "{error:?}");
         assert!(!crate::egress::via::is_upstream_fault(&error));
         peer.await.expect("peer");
     }

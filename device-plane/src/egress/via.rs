@@ -26,7 +26,9 @@ use super::{eyeballs, Egress, EgressError, Target};
 /// and a reason to try the next route), rather than that it refused this
 /// destination, could not reach it in time (it took our request and was
 /// still trying: a blackholed destination must not take a shared upstream
-/// down for every client), or that our own request could not be encoded.
+/// down for every client), that our own request could not be encoded, or
+/// that this node is short of descriptors or ports (which marking the
+/// upstream down would turn into every tunnel through it cut).
 pub fn is_upstream_fault(error: &UpstreamError) -> bool {
     use blipless_protocol::socks5::client::ClientError;
     !matches!(
@@ -34,6 +36,7 @@ pub fn is_upstream_fault(error: &UpstreamError) -> bool {
         UpstreamError::Refused { .. }
             | UpstreamError::DestinationTimedOut
             | UpstreamError::ClosedAtConnect
+            | UpstreamError::LocalResources(_)
             | UpstreamError::Protocol(
                 ClientError::UnencodableDomain { .. }
                     | ClientError::EmptyCredentials
@@ -42,8 +45,12 @@ pub fn is_upstream_fault(error: &UpstreamError) -> bool {
     )
 }
 
-/// The `{client}` and `{session}` a probe fills a username template with.
+/// The `{client}` a probe fills a username template with.
 const PROBE_CLIENT: &str = "blipless-probe";
+/// The `{session}` a probe fills it with: 16 hex digits, as a client's
+/// session is, so that a provider that checks the session's form does not
+/// refuse the probe (and the upstream flap down with every probe).
+const PROBE_SESSION: &str = "0000000000000000";
 
 /// The username and password to offer `route` for `client` with `session`.
 fn credentials(route: &Route, client: &str, session: &str) -> Option<UpstreamCredentials> {
@@ -92,9 +99,23 @@ async fn reach(
     });
     match tokio::time::timeout_at(deadline, attempts).await {
         Err(_) | Ok(Err(None)) => Err(UpstreamError::TimedOut),
+        Ok(Err(Some(error))) if is_local_shortage(&error) => {
+            Err(UpstreamError::LocalResources(error))
+        }
         Ok(Err(Some(error))) => Err(UpstreamError::Io(error)),
         Ok(Ok(stream)) => Ok(stream),
     }
+}
+
+/// Whether a connect failed for want of something on this node: file
+/// descriptors (`EMFILE`, `ENFILE`), kernel memory (`ENOBUFS`, `ENOMEM`) or
+/// a local port toward that address (`EADDRNOTAVAIL`: every connection to
+/// one upstream shares its address and port, so a busy node runs out).
+fn is_local_shortage(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
 }
 
 impl Egress {
@@ -192,7 +213,7 @@ async fn probe(
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut stream = reach(lookups, route, address, deadline).await?;
-    let credentials = credentials(route, PROBE_CLIENT, PROBE_CLIENT);
+    let credentials = credentials(route, PROBE_CLIENT, PROBE_SESSION);
     upstream_socks::probe(&mut stream, credentials.as_ref(), deadline).await?;
     Ok((elapsed_us(started), stream.peer_addr().ok()))
 }
@@ -236,6 +257,10 @@ pub async fn probe_forever(
                 }
                 match probe(&lookups, route, timeout).await {
                     Ok((latency_us, peer)) => route.succeeded(latency_us, peer),
+                    // Says nothing of the upstream.
+                    Err(error @ UpstreamError::LocalResources(_)) => {
+                        tracing::debug!(route = %route.name, %error, "egress probe not made");
+                    }
                     Err(error) => {
                         tracing::debug!(route = %route.name, %error, "egress probe failed");
                         route.failed(routes.failure_threshold, &error.to_string());
@@ -280,6 +305,28 @@ mod tests {
             2,
         );
         routes.upstreams()[0].clone()
+    }
+
+    /// Out of descriptors or local ports is this node's shortage: the
+    /// upstream is not marked down for it (every tunnel through it would be
+    /// cut), and the customer gets a general failure or 503.
+    #[test]
+    fn a_local_shortage_is_not_the_upstreams_fault() {
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::EADDRNOTAVAIL,
+            libc::ENOBUFS,
+        ] {
+            let error = std::io::Error::from_raw_os_error(errno);
+            assert!(is_local_shortage(&error), "{error}");
+            let error = UpstreamError::LocalResources(error);
+            assert!(!is_upstream_fault(&error));
+            assert_eq!(error.http_status(), 503);
+        }
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert!(!is_local_shortage(&refused));
+        assert!(is_upstream_fault(&UpstreamError::Io(refused)));
     }
 
     #[tokio::test]
