@@ -468,12 +468,18 @@ impl Wireguard {
         let kept = match tunnel.decapsulate(Some(from.ip()), datagram, spare) {
             TunnResult::WriteToNetwork(reply) => {
                 // A cookie reply (type 3) answers an unauthenticated message:
-                // it must not move the endpoint.
-                if reply.first() != Some(&3) {
+                // it must not move the endpoint. Nor does our response (type
+                // 2) to an initiation: an initiation can be a replay (a
+                // fresh session state, as a successor's or a restarted
+                // ingress's is, knows no timestamp to refuse it by), and
+                // the peer's first data on the new session, which follows
+                // at once and cannot be replayed, moves it instead.
+                if !matches!(reply.first(), Some(&2 | &3)) {
                     peer.heard_from(from, self.now_ms());
                     if handshake {
-                        // Our response to its initiation, or the keepalive
-                        // that confirms our own: a new session either way.
+                        // The keepalive that confirms our own initiation
+                        // (the peer's response is bound to it): a new
+                        // session.
                         peer.session_made(self.now_ms());
                     }
                 }

@@ -250,7 +250,9 @@ impl Wireguard {
                     let Some(peer) = table.by_key(key) else {
                         return false;
                     };
-                    if peer.session_made_ms() >= started_ms {
+                    // A session since the call-backs began: one of ours
+                    // confirmed, or data on one it made with us.
+                    if peer.session_made_ms() >= started_ms || peer.data_ms() >= started_ms {
                         return false;
                     }
                     if last_try.elapsed() < CALL_BACK_RETRY {
