@@ -13,21 +13,11 @@ fn record(name: &str) -> ClientRecord {
     blipless_store::testing::client_record(name)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_feed_that_handed_a_seq_out_again_makes_the_directory_reload() {
-    let redis = Node::start(Mode::Server, |_| String::new());
-    let url = format!("redis://127.0.0.1:{}/0", redis.port());
-    let store: Arc<dyn Store> = blipless_store::open(&url).await.expect("open");
-    store.add_client(record("a")).await.expect("add a");
-    let directory = Directory::load(store.clone()).await.expect("load");
-    store.add_client(record("b")).await.expect("add b");
-    directory.catch_up().await.expect("catch up");
-    assert_eq!(directory.position(), 2);
-    assert!(directory.get("b").is_some());
-
-    // What a failover to a replica that never got entry 2 leaves: the entry and
-    // its seq gone (b's record too, in the same replication stream)...
-    // (A stream remembers its top ID after XDEL: rebuild it with entry 1 only.)
+/// What a failover to a replica that never got feed entry 2 (client b's add)
+/// leaves: the entry and its seq gone, and b's record with them, as they
+/// travel in the same replication stream. A stream remembers its top ID after
+/// XDEL, so it is rebuilt with entry 1 (a's add) only.
+fn lose_entry_two_in_a_failover(redis: &Node) {
     cli(redis.port(), &["DEL", "{blipless}:feed"]);
     let first = [
         "XADD",
@@ -42,6 +32,21 @@ async fn a_feed_that_handed_a_seq_out_again_makes_the_directory_reload() {
     cli(redis.port(), &["SET", "{blipless}:feed:seq", "1"]);
     cli(redis.port(), &["DEL", "{pc_b}", "{pc_b}:usage"]);
     cli(redis.port(), &["SREM", "{blipless}:clients", "b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_that_handed_a_seq_out_again_makes_the_directory_reload() {
+    let redis = Node::start(Mode::Server, |_| String::new());
+    let url = format!("redis://127.0.0.1:{}/0", redis.port());
+    let store: Arc<dyn Store> = blipless_store::open(&url).await.expect("open");
+    store.add_client(record("a")).await.expect("add a");
+    let directory = Directory::load(store.clone()).await.expect("load");
+    store.add_client(record("b")).await.expect("add b");
+    directory.catch_up().await.expect("catch up");
+    assert_eq!(directory.position(), 2);
+    assert!(directory.get("b").is_some());
+
+    lose_entry_two_in_a_failover(&redis);
     // ... and the next change takes seq 2 again.
     store.add_client(record("c")).await.expect("add c");
 
@@ -76,21 +81,7 @@ async fn a_reused_seq_is_noticed_by_a_directory_that_applied_nothing_since_its_l
     assert_eq!(directory.position(), 2);
     assert!(directory.get("b").is_some());
 
-    // A failover to a replica that never got entry 2 (nor b's record).
-    cli(redis.port(), &["DEL", "{blipless}:feed"]);
-    let first = [
-        "XADD",
-        "{blipless}:feed",
-        "1-0",
-        "name",
-        "a",
-        "kind",
-        "upsert",
-    ];
-    cli(redis.port(), &first);
-    cli(redis.port(), &["SET", "{blipless}:feed:seq", "1"]);
-    cli(redis.port(), &["DEL", "{pc_b}", "{pc_b}:usage"]);
-    cli(redis.port(), &["SREM", "{blipless}:clients", "b"]);
+    lose_entry_two_in_a_failover(&redis);
     // The next change takes seq 2 again.
     store.add_client(record("c")).await.expect("add c");
 

@@ -1,7 +1,7 @@
 //! The deadlines of one forwarded exchange (an absolute-form request and
 //! the origin's answer): `timeouts.response` and `timeouts.body_idle`.
 //!
-//! An [`Exchange`] keeps the progress of both bodies: [`RequestBody`] wraps
+//! An [`Exchange`] keeps the progress of both bodies: [`RequestBody`] watches
 //! the client's request body on its way to the origin, [`ResponseBody`] the
 //! origin's response body on its way to the client, and each reports every
 //! frame. [`Exchange::stalled`] completes at the first deadline missed:
@@ -27,18 +27,16 @@
 //! [`OriginGuard`]: when the exchange ends, however it ends, the origin
 //! socket is closed.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context as TaskContext, Poll};
 
-use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Incoming};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
 use super::turns::Received;
+use super::watched::{Polled, Watched, Watcher};
 use super::Limits;
 
 /// A request body must move at least this many bytes in each
@@ -237,108 +235,81 @@ impl Exchange {
 }
 
 /// The client's request body, reporting its progress to the exchange.
-pub(super) struct RequestBody {
-    inner: Received,
-    exchange: Arc<Exchange>,
-}
+pub(super) type RequestBody = Watched<Received, Arc<Exchange>>;
 
-impl RequestBody {
-    pub(super) fn new(inner: Received, exchange: Arc<Exchange>) -> Self {
-        if inner.is_end_stream() {
-            exchange.request_done();
-        }
-        Self { inner, exchange }
+/// Watches `body` for `exchange`.
+pub(super) fn request_body(body: Received, exchange: Arc<Exchange>) -> RequestBody {
+    if body.is_end_stream() {
+        exchange.request_done();
     }
+    Watched::new(body, exchange)
 }
 
-impl HttpBody for RequestBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let poll = Pin::new(&mut self.inner).poll_frame(cx);
-        match &poll {
-            Poll::Pending => self.exchange.request_waiting(),
-            Poll::Ready(Some(Ok(frame))) => {
-                let moved = frame.data_ref().map_or(0, |data| data.len() as u64);
-                self.exchange.request_moved(moved);
-                if self.inner.is_end_stream() {
-                    self.exchange.request_done();
+impl Watcher for Arc<Exchange> {
+    fn polled(&mut self, polled: Polled) {
+        match polled {
+            Polled::Pending => self.request_waiting(),
+            Polled::Frame { bytes, last } => {
+                self.request_moved(bytes);
+                if last {
+                    self.request_done();
                 }
             }
-            Poll::Ready(None) => self.exchange.request_done(),
+            Polled::End => self.request_done(),
             // The client's body is malformed or ended short: the request
             // fails on its own, and the failure is the client's.
-            Poll::Ready(Some(Err(_))) => self.exchange.lock().request_failed = true,
+            Polled::Failed => self.lock().request_failed = true,
         }
-        poll
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
 /// The origin's response body, reporting its progress to the exchange and
 /// holding the origin connection open until it is done or dropped.
-pub(super) struct ResponseBody {
-    inner: Incoming,
+pub(super) type ResponseBody = Watched<Incoming, Origin>;
+
+/// Watches the origin's `body` for `exchange`; the origin connection
+/// (`origin`) closes when the body is done with.
+pub(super) fn response_body(
+    body: Incoming,
     exchange: Arc<Exchange>,
-    _origin: OriginGuard,
-}
-
-impl ResponseBody {
-    pub(super) fn new(inner: Incoming, exchange: Arc<Exchange>, origin: OriginGuard) -> Self {
-        if inner.is_end_stream() {
-            exchange.response_done();
-        }
-        Self {
-            inner,
-            exchange,
-            _origin: origin,
-        }
+    origin: OriginGuard,
+) -> ResponseBody {
+    if body.is_end_stream() {
+        exchange.response_done();
     }
+    Watched::new(
+        body,
+        Origin {
+            exchange,
+            _connection: origin,
+        },
+    )
 }
 
-impl HttpBody for ResponseBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
+/// What a response body holds of its exchange: the exchange, told of its
+/// progress and, when the body goes, that it finished; and the origin
+/// connection, closed then.
+pub(super) struct Origin {
+    exchange: Arc<Exchange>,
+    _connection: OriginGuard,
+}
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let poll = Pin::new(&mut self.inner).poll_frame(cx);
-        match &poll {
-            Poll::Pending => {}
-            Poll::Ready(Some(Ok(_))) => {
+impl Watcher for Origin {
+    fn polled(&mut self, polled: Polled) {
+        match polled {
+            Polled::Pending => {}
+            Polled::Frame { last, .. } => {
                 self.exchange.response_moved();
-                if self.inner.is_end_stream() {
+                if last {
                     self.exchange.response_done();
                 }
             }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.exchange.response_done(),
+            Polled::End | Polled::Failed => self.exchange.response_done(),
         }
-        poll
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
-impl Drop for ResponseBody {
+impl Drop for Origin {
     fn drop(&mut self) {
         self.exchange.finished();
     }

@@ -14,7 +14,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::exchange::{Exchange, RequestBody, ResponseBody, Stall, Watch};
+use super::exchange::{request_body, response_body, Exchange, Stall, Watch};
 use super::*;
 
 pub(super) async fn forward(
@@ -108,7 +108,7 @@ pub(super) async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(hyper::header::HOST, host);
     let exchange = Exchange::new(context.http_limits);
-    let request = Request::from_parts(parts, RequestBody::new(body, exchange.clone()));
+    let request = Request::from_parts(parts, request_body(body, exchange.clone()));
     // The revocation first: it also cuts the origin connection, and the
     // request's failure that follows must not be taken for the origin's.
     let answer = tokio::select! {
@@ -151,7 +151,7 @@ pub(super) async fn forward(
             if chunked {
                 parts.headers.remove(hyper::header::CONTENT_LENGTH);
             }
-            let body = ResponseBody::new(body, exchange, origin_guard);
+            let body = response_body(body, exchange, origin_guard);
             Response::from_parts(parts, body.boxed())
         }
         Err(_) if client.revoked.is_cancelled() => revoked_answer(&watch),

@@ -51,6 +51,7 @@ mod limits;
 mod target;
 mod throttled;
 mod turns;
+mod watched;
 
 use exchange::Watch;
 use forward::forward;

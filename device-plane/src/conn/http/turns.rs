@@ -13,21 +13,19 @@
 //! [`Turns`] follows the exchanges: [`Turns::begin`] when hyper hands the
 //! service a request, the end when hyper drops the answer's body (written
 //! to the end, or given up with the connection). The request body is
-//! wrapped in [`Received`], which notes its end. A connection is
+//! watched as [`Received`], which notes its end. A connection is
 //! [`between`](Turns::between) exchanges when none is open and the last
 //! one left it fit to go on.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 
-use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Incoming};
 use hyper::header::{HeaderMap, CONNECTION, CONTENT_LENGTH};
 use hyper::{Request, Response, Version};
 use tokio::sync::Notify;
 
+use super::watched::{Polled, Watched, Watcher};
 use super::Body;
 
 /// The exchanges of one connection.
@@ -70,7 +68,7 @@ impl Turns {
             answer_closes: false,
         };
         let turns = self.clone();
-        let request = request.map(|inner| Received { inner, turns });
+        let request = request.map(|inner| Watched::new(inner, turns));
         (request, turn)
     }
 
@@ -112,7 +110,7 @@ impl Turn {
             // An HTTP/1.0 client's answer of unknown length is delimited by
             // the close.
             || (self.request_version == Version::HTTP_10 && !headers.contains_key(CONTENT_LENGTH));
-        response.map(|inner| Answer { inner, _turn: self })
+        response.map(|inner| Watched::new(inner, self))
     }
 }
 
@@ -150,65 +148,22 @@ fn has_token(headers: &HeaderMap, token: &str) -> bool {
 }
 
 /// A request's body, noting when it has been read to its end.
-#[derive(Debug)]
-pub(super) struct Received {
-    inner: Incoming,
-    turns: Arc<Turns>,
-}
+pub(super) type Received = Watched<Incoming, Arc<Turns>>;
 
-impl HttpBody for Received {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let poll = Pin::new(&mut self.inner).poll_frame(cx);
-        let ended = match &poll {
-            Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
-            Poll::Ready(Some(Err(_))) | Poll::Pending => false,
-        };
-        if ended {
-            self.turns.request_read.store(true, Ordering::Release);
+impl Watcher for Arc<Turns> {
+    fn polled(&mut self, polled: Polled) {
+        if matches!(polled, Polled::End | Polled::Frame { last: true, .. }) {
+            self.request_read.store(true, Ordering::Release);
         }
-        poll
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
-/// An answer's body, ending its exchange when hyper drops it.
-pub(super) struct Answer {
-    inner: Body,
-    _turn: Turn,
-}
+/// An answer's body, ending its exchange when hyper drops it (and with it
+/// the [`Turn`]).
+pub(super) type Answer = Watched<Body, Turn>;
 
-impl HttpBody for Answer {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+impl Watcher for Turn {
+    fn polled(&mut self, _: Polled) {}
 }
 
 #[cfg(test)]
