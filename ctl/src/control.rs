@@ -39,7 +39,9 @@ pub(crate) fn status_report(config: &Config) -> anyhow::Result<StatusReport> {
     match request(config, &ControlRequest::Status)? {
         ControlResponse::Status(report) => Ok(*report),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
-        ControlResponse::Ok { message } => anyhow::bail!("unexpected answer: {message}"),
+        ControlResponse::Ok { message } | ControlResponse::Unchanged { message } => {
+            anyhow::bail!("unexpected answer: {message}")
+        }
         ControlResponse::Synced { .. } => anyhow::bail!("unexpected answer to status"),
     }
 }
@@ -167,6 +169,10 @@ pub(crate) fn tls_reload(config: &Config, as_json: bool) -> anyhow::Result<()> {
             say!("{}", json!({ "reloaded": true, "message": message }));
         }
         ControlResponse::Ok { message } => say!("{message}"),
+        ControlResponse::Unchanged { message } if as_json => {
+            say!("{}", json!({ "reloaded": false, "message": message }));
+        }
+        ControlResponse::Unchanged { message } => say!("{message}"),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
         ControlResponse::Status(_) | ControlResponse::Synced { .. } => {
             anyhow::bail!("unexpected answer to tls_reload")
@@ -182,9 +188,9 @@ pub(crate) fn drain(config: &Config, watch: bool, as_json: bool) -> anyhow::Resu
         }
         ControlResponse::Ok { message } => say!("{message}"),
         ControlResponse::Error { message } => anyhow::bail!("the ingress says: {message}"),
-        ControlResponse::Status(_) | ControlResponse::Synced { .. } => {
-            anyhow::bail!("unexpected answer to drain")
-        }
+        ControlResponse::Status(_)
+        | ControlResponse::Synced { .. }
+        | ControlResponse::Unchanged { .. } => anyhow::bail!("unexpected answer to drain"),
     }
     if !watch {
         return Ok(());

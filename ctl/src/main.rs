@@ -108,7 +108,8 @@ enum TlsCommand {
     /// Read tls.certificate and tls.key again (as SIGHUP does): new
     /// handshakes use the new certificate, open connections keep theirs. A
     /// file that does not load keeps the certificate in use; the answer
-    /// says why and the exit status is 1.
+    /// says why and the exit status is 1. On an ingress without an HTTPS
+    /// listener there is nothing to reload: it says so and exits 0.
     Reload,
 }
 

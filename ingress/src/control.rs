@@ -84,8 +84,10 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
                         message: format!("{error}; the certificate in use stays"),
                     },
                 },
-                None => ControlResponse::Error {
-                    message: "this ingress has no HTTPS listener (listen.https is off)".into(),
+                // Success with nothing done, as SIGHUP is: `systemctl
+                // reload` runs this on every node, with or without HTTPS.
+                None => ControlResponse::Unchanged {
+                    message: "nothing to reload: this ingress has no HTTPS listener (listen.https is off)".into(),
                 },
             },
             Err(error) => ControlResponse::Error {

@@ -49,6 +49,13 @@ pub enum ControlResponse {
         /// How many device planes confirmed (0: none is ready on this node).
         planes: u64,
     },
+    /// The request does not apply to this node, so nothing was done and
+    /// nothing went wrong (a certificate reload on an ingress without an
+    /// HTTPS listener).
+    Unchanged {
+        /// Why there was nothing to do.
+        message: String,
+    },
     /// The request could not be served.
     Error {
         /// What went wrong and what to do.

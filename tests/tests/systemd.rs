@@ -17,7 +17,9 @@
 //! upgrade: postinst restarts both), with zero failed requests and the
 //! tunnels' bytes exact; an upgrade over a config the new version refuses,
 //! which restarts nothing and says why; `wg show blipless`; a crashed ingress (SIGKILL) restarted by
-//! systemd with its listening sockets from the fd store; `systemctl stop`
+//! systemd with its listening sockets from the fd store; `systemctl reload`
+//! without an HTTPS listener and with one (a key that does not match fails
+//! it, and the certificate in use keeps serving); `systemctl stop`
 //! leaving no process behind. The container is then shut down.
 
 use std::os::unix::fs::PermissionsExt;
@@ -492,6 +494,60 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         .output()
         .expect("curl");
     assert_eq!(probe.stdout, blipless_tests::pattern(7), "after the crash");
+
+    // `systemctl reload`: without an HTTPS listener there is nothing to
+    // reload, and the reload succeeds.
+    machine.ok("systemctl reload blipless-ingress");
+    // With one (a restart takes the new listener up), a reload reports its
+    // outcome: a key that is not the certificate's fails it, and the
+    // certificate in use keeps serving.
+    machine.ok(
+        "cd /etc/blipless && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+         -nodes -days 2 -subj /CN=blipless-test -addext subjectAltName=IP:127.0.0.1 \
+         -keyout proxy.key -out proxy.crt 2>/dev/null \
+         && chown root:blipless proxy.key proxy.crt && chmod 0640 proxy.key proxy.crt \
+         && sed -i 's|^wg = \"127.0.0.1:51820\"$|&\\nhttps = \"127.0.0.1:8443\"|' blipless.toml \
+         && printf '\\n[tls]\\ncertificate = \"/etc/blipless/proxy.crt\"\\nkey = \"/etc/blipless/proxy.key\"\\n' >> blipless.toml \
+         && systemctl restart blipless-ingress",
+    );
+    machine.ok("systemctl reload blipless-ingress");
+    machine.ok("cp /etc/blipless/proxy.key /root/proxy.key");
+    machine.ok(
+        "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out /etc/blipless/proxy.key \
+         && chown root:blipless /etc/blipless/proxy.key",
+    );
+    let reload = machine.run("systemctl reload blipless-ingress");
+    assert!(
+        !reload.status.success(),
+        "a reload with a key that is not the certificate's succeeded\n{}",
+        machine.journal()
+    );
+    let ca = out.path().join("proxy.crt");
+    std::fs::write(&ca, machine.ok("cat /etc/blipless/proxy.crt")).expect("the certificate");
+    let https = http
+        .replacen("http://", "https://", 1)
+        .replacen(":8080", ":8443", 1);
+    let probe = at
+        .command()
+        .args([
+            "-s",
+            "--max-time",
+            "20",
+            "--proxy",
+            &https,
+            "--proxy-cacert",
+        ])
+        .arg(&ca)
+        .arg(format!("http://{ORIGIN}/bytes/9"))
+        .output()
+        .expect("curl");
+    assert_eq!(
+        probe.stdout,
+        blipless_tests::pattern(9),
+        "through the HTTPS listener after the failed reload: {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    machine.ok("cp /root/proxy.key /etc/blipless/proxy.key && systemctl reload blipless-ingress");
 
     // The packaged device plane gave up CAP_NET_ADMIN (its TUN device is the
     // service user's, there is no WireGuard exit and it manages nothing);
