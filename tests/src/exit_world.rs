@@ -301,6 +301,11 @@ pub fn exit_upstream(name: &str, file: &std::path::Path) -> String {
     )
 }
 
+/// An IPv6 network the node's egress allows but no namespace routes: a
+/// destination in it is one a WireGuard exit (IPv4 inside) cannot carry,
+/// and nothing sent to it leaves the node.
+pub const UNROUTED_V6: &str = "fd00:b1ee::/64";
+
 /// The node (blipless in the node namespace) with one WireGuard exit whose
 /// wg-quick file is `exit_file`, `clients` added before its device plane
 /// starts, and ready.
@@ -320,7 +325,7 @@ pub fn start_node_with(
 ) -> (Blipless, Vec<Added>) {
     let mut node = Node::in_netns(
         net.net.node_ns.name(),
-        &format!("allow = [\"{}\"]", net.net.internet_net),
+        &format!("allow = [\"{}\", \"{UNROUTED_V6}\"]", net.net.internet_net),
         &node_extra(&net.net.uplink, &net.net.endpoint(), POOL, upstreams),
     );
     let ingress = node.start_ingress();

@@ -355,6 +355,50 @@ fn socks5_and_http_clients_egress_through_the_exit_or_directly_by_policy() {
         world.net.exit_public,
         "upstream:wg-exit over the HTTP proxy leaves through the exit"
     );
+    // An IPv6 destination: the exit (IPv4 inside) cannot carry it, which is
+    // not the customer being forbidden it (502, SOCKS5 reply 3: network
+    // unreachable, rather than 403 and reply 2).
+    let ipv6 = "http://[fd00:b1ee::1]/";
+    let status = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            node_ns.name(),
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+        ])
+        .args([
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "20",
+            "--proxy",
+            &carol.http,
+            ipv6,
+        ])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&status.stdout), "502", "{status:?}");
+    let refused = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            node_ns.name(),
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+        ])
+        .args(["--proxy", &carol.socks, ipv6])
+        .output()
+        .expect("curl");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("(3)") || said.contains("unreachable"),
+        "{said}"
+    );
     let peer = world.exit.node_peer().expect("the node is the exit's peer");
     assert!(
         peer.tx_bytes >= size as u64,

@@ -225,6 +225,12 @@ impl Context {
                 .await
             {
                 Ok(stream) => return Ok((stream, Via::Route(route.clone()))),
+                // An IPv6-only destination through a WireGuard exit: the
+                // next member may carry it.
+                Err(error @ EgressError::FamilyUnsupported(_)) => {
+                    tracing::debug!(client, route = %route.name, %error, "trying the next in the window");
+                    last_error = error;
+                }
                 Err(EgressError::Upstream {
                     route: failed,
                     error,

@@ -169,7 +169,7 @@ fn reply_for(error: &EgressError) -> Reply {
         EgressError::Unreachable(..) => Reply::HostUnreachable,
         EgressError::SourceUnusable(..) | EgressError::LocalResources(_) => Reply::GeneralFailure,
         EgressError::Upstream { error, .. } => error.socks_reply(),
-        EgressError::NoRoute(_) => Reply::NetworkUnreachable,
+        EgressError::NoRoute(_) | EgressError::FamilyUnsupported(_) => Reply::NetworkUnreachable,
     }
 }
 

@@ -89,6 +89,12 @@ pub enum EgressError {
         /// What went wrong.
         error: upstream_socks::UpstreamError,
     },
+    /// The route carries no address family the destination has: an
+    /// IPv6-only destination through a WireGuard exit, whose tunnel
+    /// address is IPv4. The next route of the client's window may carry it;
+    /// the route itself is not at fault.
+    #[error("{0} has no address this route can reach (IPv4 only)")]
+    FamilyUnsupported(String),
     /// The client's policy allows no route this node has (an unknown
     /// upstream or tag).
     #[error("no egress route for policy {0}")]
@@ -198,10 +204,16 @@ impl Egress {
         let permitted: Vec<SocketAddr> = candidates
             .into_iter()
             .filter(|a| self.permits(a.ip()))
-            .filter(|a| !source_only || source.is_some_and(|s| s.is_ipv4() == a.is_ipv4()))
             .collect();
         if permitted.is_empty() {
             return Err(EgressError::Denied(target.to_string()));
+        }
+        let permitted: Vec<SocketAddr> = permitted
+            .into_iter()
+            .filter(|a| !source_only || source.is_some_and(|s| s.is_ipv4() == a.is_ipv4()))
+            .collect();
+        if permitted.is_empty() {
+            return Err(EgressError::FamilyUnsupported(target.to_string()));
         }
         // Both families, interleaved and staggered (RFC 8305): whichever the
         // destination offers and answers first.
@@ -492,6 +504,26 @@ mod tests {
         assert!(e.permits("127.0.0.1".parse().expect("ip")));
         assert!(e.permits("::ffff:127.0.0.1".parse().expect("ip")));
         assert!(!e.permits("127.0.0.2".parse().expect("ip")));
+    }
+
+    /// Through a WireGuard exit (an IPv4 source that must be used), an
+    /// IPv6 destination is not refused as if forbidden: the route cannot
+    /// carry it, and the caller tries the next one. A forbidden destination
+    /// stays forbidden. Nothing is sent: both fail before any connect.
+    #[tokio::test]
+    async fn an_ipv6_destination_through_an_ipv4_only_route_is_unsupported_not_denied() {
+        let e = egress(&[]);
+        let exit = Some("10.9.0.2".parse().expect("ip"));
+        let ipv6 = Target::Address("[2606:4700::1111]:80".parse().expect("address"));
+        assert!(matches!(
+            e.connect_from("alice", exit, true, &ipv6).await,
+            Err(EgressError::FamilyUnsupported(_))
+        ));
+        let forbidden = Target::Address("[fd00:ec2::254]:80".parse().expect("address"));
+        assert!(matches!(
+            e.connect_from("alice", exit, true, &forbidden).await,
+            Err(EgressError::Denied(_))
+        ));
     }
 
     #[tokio::test]
