@@ -420,36 +420,81 @@ fn udp_datagram(to: std::net::SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     datagram
 }
 
+/// UDP ASSOCIATE as `client`, naming `port` as the customer's; the control
+/// connection and the relay's address.
+fn associate(
+    node: &Node,
+    client: &blipless_tests::node::ClientUrls,
+    port: u16,
+) -> (std::net::TcpStream, std::net::SocketAddr) {
+    use std::io::Write as _;
+    let mut control = blipless_tests::raw::connect(node.socks);
+    assert_eq!(
+        blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
+        0
+    );
+    let [high, low] = port.to_be_bytes();
+    control
+        .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, high, low])
+        .expect("UDP ASSOCIATE");
+    let reply = blipless_tests::raw::read_exact(&mut control, 10);
+    assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
+    let relay = std::net::SocketAddr::from((
+        [reply[4], reply[5], reply[6], reply[7]],
+        u16::from_be_bytes([reply[8], reply[9]]),
+    ));
+    (control, relay)
+}
+
+/// Bytes on the control connection end the association: RFC 1928 gives it
+/// no use but to hold the association, and what arrives on it would be
+/// read uncounted. The node closes it, and the relay answers no more.
+#[test]
+fn bytes_on_the_control_connection_end_the_association() {
+    use std::io::Write as _;
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let echo = Echo::start("127.0.0.1");
+    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+    let (mut control, relay) = associate(&node, &client, 0);
+    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+    customer
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut buffer = [0u8; 2048];
+    customer
+        .send_to(&udp_datagram(echo_at, b"before"), relay)
+        .expect("send");
+    let (len, _) = customer.recv_from(&mut buffer).expect("the echo");
+    assert!(buffer[..len].ends_with(b"before"));
+    control.write_all(b"not SOCKS5").expect("write");
+    assert!(
+        blipless_tests::raw::closed(&mut control),
+        "the control connection stayed open"
+    );
+    customer
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    customer
+        .send_to(&udp_datagram(echo_at, b"after"), relay)
+        .expect("send");
+    assert!(
+        customer.recv_from(&mut buffer).is_err(),
+        "the relay still answered"
+    );
+}
+
 /// Answers go to the customer's port: another host behind the customer's
 /// address (a carrier's or an office's NAT) cannot take them with a
 /// datagram of its own, well-formed or not, while the customer's port is in
 /// use; its datagrams do not pass either.
 #[test]
 fn another_port_of_the_customers_address_cannot_take_its_answers() {
-    use std::io::Write as _;
     let mut node = Node::new("");
     let (_ingress, _device, client) = node.start();
     let echo = Echo::start("127.0.0.1");
     let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    // UDP ASSOCIATE naming `port` as the customer's; the relay's address.
-    let associate = |port: u16| {
-        let mut control = blipless_tests::raw::connect(node.socks);
-        assert_eq!(
-            blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
-            0
-        );
-        let [high, low] = port.to_be_bytes();
-        control
-            .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, high, low])
-            .expect("UDP ASSOCIATE");
-        let reply = blipless_tests::raw::read_exact(&mut control, 10);
-        assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
-        let relay = std::net::SocketAddr::from((
-            [reply[4], reply[5], reply[6], reply[7]],
-            u16::from_be_bytes([reply[8], reply[9]]),
-        ));
-        (control, relay)
-    };
+    let associate = |port: u16| associate(&node, &client, port);
     let mut buffer = [0u8; 2048];
     // Behind a NAT: the request names a port the datagrams do not come
     // from. The first datagram that passes says where answers go.

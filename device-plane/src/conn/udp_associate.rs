@@ -377,7 +377,7 @@ impl Relay<'_> {
                 () = &mut revoked => return End::Closed("client removed"),
                 () = &mut over_quota => return End::Closed("over quota"),
                 ready = association.control.readable() => {
-                    if ready.is_err() || control_closed(&association.control) {
+                    if ready.is_err() || control_ended(&association.control) {
                         return End::Closed("control connection closed");
                     }
                 }
@@ -608,13 +608,19 @@ fn keep_alive(control: &TcpStream) {
     }
 }
 
-/// True when the control connection has closed (EOF or an error). Bytes a
-/// customer sends on it are meaningless after the request and are dropped.
-fn control_closed(control: &TcpStream) -> bool {
-    let mut scratch = [0u8; 512];
+/// True when the control connection has ended: EOF, an error, or bytes.
+/// RFC 1928 gives it no use after the request but to hold the association;
+/// a customer that writes on it is not following the protocol, and reading
+/// on would cost the node what no rate or quota counts (and, under the
+/// relay loop's `biased` order, starve its datagrams).
+fn control_ended(control: &TcpStream) -> bool {
+    let mut scratch = [0u8; 1];
     match control.try_read(&mut scratch) {
         Ok(0) => true,
-        Ok(_) => false,
+        Ok(_) => {
+            tracing::debug!("bytes on a UDP association's control connection; ending it");
+            true
+        }
         Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
     }
 }
