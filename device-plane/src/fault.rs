@@ -28,6 +28,12 @@ pub const SOFTWARE: &str = "BLIPLESS_FAULT_SOFTWARE";
 #[cfg(feature = "fault-injection")]
 pub const OLDER_THAN_ACCEPTED_MANY: &str = "BLIPLESS_FAULT_OLDER_THAN_ACCEPTED_MANY";
 
+/// Act as a plane older than SOCKS5 UDP associations: say nothing of them
+/// in the Hello, and close the channel on a `Migrate` of one, as an older
+/// plane's decoder (which knows no kind 4) would.
+#[cfg(feature = "fault-injection")]
+pub const OLDER_THAN_UDP_MIGRATE: &str = "BLIPLESS_FAULT_OLDER_THAN_UDP_MIGRATE";
+
 /// An adopting plane waits this many milliseconds after confirming each
 /// connection it takes over, before it serves it (as reading a long pipe of
 /// pending bytes might), so a test can have a deploy begin meanwhile.
@@ -54,6 +60,16 @@ pub fn die_adopting() {
 pub fn reads_accepted_many() -> bool {
     #[cfg(feature = "fault-injection")]
     if std::env::var_os(OLDER_THAN_ACCEPTED_MANY).is_some() {
+        return false;
+    }
+    true
+}
+
+/// Whether this plane reads a `Migrate` of a UDP association (says so in
+/// its Hello): yes, unless `BLIPLESS_FAULT_OLDER_THAN_UDP_MIGRATE` is set.
+pub fn reads_udp_migrate() -> bool {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os(OLDER_THAN_UDP_MIGRATE).is_some() {
         return false;
     }
     true

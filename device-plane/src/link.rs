@@ -158,6 +158,7 @@ pub async fn hello(
         rejoin,
         accepts_many: crate::fault::reads_accepted_many(),
         reads_not_taken: true,
+        reads_udp_migrate: crate::fault::reads_udp_migrate(),
     });
     let sent = send(socket, &hello).await;
     // Even if the send failed, a refusal may be waiting to be read.

@@ -52,6 +52,7 @@ fn hello(u: &mut Unstructured<'_>) -> Result<Hello> {
         rejoin: *u.choose(&[Rejoin::No, Rejoin::Serving, Rejoin::Draining])?,
         accepts_many: u.arbitrary()?,
         reads_not_taken: u.arbitrary()?,
+        reads_udp_migrate: u.arbitrary()?,
     })
 }
 

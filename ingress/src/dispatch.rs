@@ -52,6 +52,16 @@ pub async fn to_active(
         let target = active.borrow_and_update().clone();
         match target {
             Some(target) if Some(target.generation) == except => return None,
+            // A plane older than this message (a rollback) would take it for
+            // garbage and lose its channel: the caller keeps it instead.
+            Some(target) if !frame.readable_by(&target) => {
+                tracing::info!(
+                    generation = target.generation,
+                    "the active plane is too old for {}; not sent",
+                    frame.name
+                );
+                return None;
+            }
             Some(target) if !target.closed.is_cancelled() => {
                 match target.send_if_active(frame, fds).await {
                     Ok(true) => return Some(target),

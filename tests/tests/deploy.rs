@@ -372,6 +372,7 @@ fn a_device_plane_speaking_garbage_is_dropped_and_the_others_serve_on() {
             rejoin: Rejoin::No,
             accepts_many: false,
             reads_not_taken: false,
+            reads_udp_migrate: false,
         });
         socket.send(&channel::encode(&hello)).await.expect("hello");
         let info = socket.recv(&mut buffer).await.expect("welcome");

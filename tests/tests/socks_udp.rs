@@ -484,6 +484,65 @@ fn bytes_on_the_control_connection_end_the_association() {
     );
 }
 
+/// A rollback to a plane built before associations moved at a deploy
+/// (one that would take a UDP association's Migrate for garbage and lose its
+/// channel): the ingress passes it none, and the draining plane serves its
+/// association on; the rolled-back plane keeps its channel.
+#[test]
+fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_is() {
+    let mut node = Node::new("");
+    let (ingress, _device, client) = node.start();
+    let echo = Echo::start("127.0.0.1");
+    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+    let (mut control, relay) = associate(&node, &client, 0);
+    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+    customer
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut buffer = [0u8; 2048];
+    let mut echoed = |payload: &[u8]| {
+        customer
+            .send_to(&udp_datagram(echo_at, payload), relay)
+            .expect("send");
+        customer
+            .recv_from(&mut buffer)
+            .is_ok_and(|(len, _)| buffer[..len].ends_with(payload))
+    };
+    assert!(echoed(b"before"));
+    let older = node.start_device_with_env(&[("BLIPLESS_FAULT_OLDER_THAN_UDP_MIGRATE", "1")]);
+    wait_until(
+        Duration::from_secs(60),
+        "the older plane to be active",
+        || node.active_generation() == Some(2),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the association's handover to be tried",
+        || {
+            ingress.log_text().contains("too old for Migrate")
+                || older.log_text().contains("acting older")
+        },
+    );
+    assert!(
+        !older.log_text().contains("acting older"),
+        "the older plane was sent the association: {}",
+        older.log_text()
+    );
+    assert!(echoed(b"after"), "the association was lost");
+    assert_eq!(
+        node.active_generation(),
+        Some(2),
+        "the older plane is active"
+    );
+    control
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    assert!(
+        !blipless_tests::raw::closed(&mut control),
+        "the control connection closed"
+    );
+}
+
 /// Answers go to the customer's port: another host behind the customer's
 /// address (a carrier's or an office's NAT) cannot take them with a
 /// datagram of its own, well-formed or not, while the customer's port is in

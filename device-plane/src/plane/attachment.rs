@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    DeviceReport, DrainOrder, Synced, ToDevice, ToIngress, MAX_FRAME,
+    DeviceReport, DrainOrder, MigrateKind, Synced, ToDevice, ToIngress, MAX_FRAME,
 };
 use tokio::time::Instant;
 use tokio_seqpacket::UnixSeqpacket;
@@ -117,6 +117,9 @@ pub(super) async fn serve(
                         continue;
                     }
                     ToDevice::Migrate(migrate) => {
+                        if migrate.kind == MigrateKind::SocksUdp && !crate::fault::reads_udp_migrate() {
+                            anyhow::bail!("the ingress sent a UDP association, which this plane (acting older) does not read");
+                        }
                         context.taken.fetch_add(1, Ordering::Relaxed);
                         context.connections.spawn(conn::handover::adopt(context.clone(), socket.clone(), migrate, fds));
                         continue;

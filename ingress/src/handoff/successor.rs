@@ -157,6 +157,7 @@ async fn try_predecessor(config: &Config, socket_kept: bool) -> anyhow::Result<F
             rejoin: Rejoin::No,
             accepts_many: false,
             reads_not_taken: false,
+            reads_udp_migrate: false,
         }),
         &[],
     )

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use blipless_protocol::channel::{DeviceReport, Hello, Rejoin, ToDevice};
+use blipless_protocol::channel::{DeviceReport, Hello, MigrateKind, Rejoin, ToDevice};
 use blipless_protocol::control::DevicePlaneInfo;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,9 @@ pub struct Frame<'a> {
     pub bytes: &'a [u8],
     /// Its message type, for logs and errors.
     pub name: &'static str,
+    /// It moves a SOCKS5 UDP association, which only a plane that
+    /// [`reads_udp_migrate`](PlaneLink::reads_udp_migrate) may be sent.
+    pub udp_association: bool,
 }
 
 impl<'a> Frame<'a> {
@@ -29,7 +32,16 @@ impl<'a> Frame<'a> {
         Self {
             bytes: encoded,
             name: message.name(),
+            udp_association: matches!(
+                message,
+                ToDevice::Migrate(migrate) if migrate.kind == MigrateKind::SocksUdp
+            ),
         }
+    }
+
+    /// Whether `plane` can read this frame.
+    pub fn readable_by(&self, plane: &PlaneLink) -> bool {
+        !self.udp_association || plane.reads_udp_migrate
     }
 }
 
@@ -83,6 +95,8 @@ pub struct PlaneLink {
     pub accepts_many: bool,
     /// It reads `MigrateNotTaken` (from its Hello).
     pub reads_not_taken: bool,
+    /// It reads a `Migrate` of a SOCKS5 UDP association (from its Hello).
+    pub reads_udp_migrate: bool,
     /// Its process, to tell whether it is gone once its channel is.
     pub process: super::process::PlaneProcess,
     /// Cancelled when the channel to this plane is gone.
@@ -127,6 +141,7 @@ impl PlaneLink {
             rejoin: hello.rejoin,
             accepts_many: hello.accepts_many,
             reads_not_taken: hello.reads_not_taken,
+            reads_udp_migrate: hello.reads_udp_migrate,
             process,
             closed: CancellationToken::new(),
             detach_orders_sent: CancellationToken::new(),

@@ -523,6 +523,7 @@ mod tests {
             rejoin: Rejoin::default(),
             accepts_many: true,
             reads_not_taken: true,
+            reads_udp_migrate: true,
         };
         let link = Arc::new(PlaneLink::new(
             generation,

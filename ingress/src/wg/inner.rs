@@ -191,6 +191,7 @@ impl Wireguard {
         let frame = Frame {
             bytes: frame.finish(),
             name: "Packets",
+            udp_association: false,
         };
         dispatch::to_active(&self.planes, frame, &[], None, Wait::No)
             .await

@@ -51,6 +51,13 @@ pub struct Hello {
     /// them, as before. Always false between ingresses.
     #[serde(default)]
     pub reads_not_taken: bool,
+    /// The plane reads a `Migrate` of kind `SocksUdp` (a SOCKS5 UDP
+    /// association). Absent (a plane built before UDP ASSOCIATE, which a
+    /// rollback may bring back): false, and the ingress passes it none: a
+    /// draining plane's association comes back to it, which serves it on.
+    /// Always false between ingresses.
+    #[serde(default)]
+    pub reads_udp_migrate: bool,
 }
 
 /// Payload of [`Welcome`].

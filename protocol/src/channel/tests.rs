@@ -136,6 +136,7 @@ fn hello() -> Hello {
         rejoin: Rejoin::No,
         accepts_many: true,
         reads_not_taken: true,
+        reads_udp_migrate: true,
     }
 }
 
@@ -293,6 +294,7 @@ fn handoff_samples() -> Vec<Handoff> {
             rejoin: Rejoin::No,
             accepts_many: false,
             reads_not_taken: false,
+            reads_udp_migrate: false,
         }),
         Handoff::Refused(Refused {
             reason: "two generations at most".into(),
