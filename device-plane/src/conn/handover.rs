@@ -165,6 +165,19 @@ impl Context {
         let Some(channel) = channel else {
             return Err(NotHandedOver::Kept(migrate));
         };
+        // A UDP association only through an ingress that passes them on,
+        // asked of the channel in hand: the caller asked before the wait,
+        // and an ingress handoff meanwhile may have brought one that does
+        // not (a rollback), which would take it for garbage and drop this
+        // plane's channel. (Its Welcome is stored before its channel.)
+        if migrate.kind == MigrateKind::SocksUdp && !self.channel_passes_udp.load(Ordering::Relaxed)
+        {
+            tracing::info!(
+                id = migrate.connection_id,
+                "the ingress now attached cannot pass a udp association on; keeping it"
+            );
+            return Err(NotHandedOver::Kept(migrate));
+        }
         let id = migrate.connection_id;
         // A run too long for the frame travels in a pipe (the frame then
         // carries only its length); the bytes stay here until the send succeeds.
