@@ -202,6 +202,12 @@ fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
         }
         bob.handshake(Duration::from_secs(10))
             .expect("bob's handshake");
+        // A packet whose IP length field is shorter than its own header:
+        // boringtun keeps only that much, a stub whose client the plane
+        // could not tell (and a batch it would not meter).
+        let mut stub = icmp_echo(address, origin, 77, 9);
+        stub[2..4].copy_from_slice(&1u16.to_be_bytes());
+        bob.send_inner(&stub).expect("stub");
         let ping = icmp_echo(address, origin, 77, 1);
         let sent = bob.send_inner(&ping).expect("ping");
         for cut in [16, 31, sent.len() - 1] {
@@ -259,6 +265,13 @@ fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
             .node
             .metric("blipless_wg_dropped_total{reason=\"invalid\"}")
             > 0.0
+    );
+    assert!(
+        world
+            .node
+            .metric("blipless_wg_dropped_total{reason=\"malformed_inner\"}")
+            >= 1.0,
+        "the stub is dropped at the ingress"
     );
     // The legitimate client keeps working, and so does the ingress.
     let ping = world.net.ping(5, "0.2").wait_with_output().expect("ping");

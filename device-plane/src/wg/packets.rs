@@ -312,11 +312,12 @@ impl PacketPath {
             }
         };
         // One batch is one peer's: the ingress checked every packet's source
-        // is that peer's tunnel address.
+        // is that peer's tunnel address. The first that has one says whose
+        // (a packet without is denied below, and must not leave the rest of
+        // the batch unmetered).
         let client = batch
             .iter()
-            .next()
-            .and_then(blipless_protocol::ip::source)
+            .find_map(blipless_protocol::ip::source)
             .and_then(|source| self.directory.by_address(source));
         // IPv6 is not steered into WireGuard exits (their steering map is
         // IPv4): a client that must not leave directly has its IPv6

@@ -495,17 +495,13 @@ impl Wireguard {
                 }
                 None
             }
-            TunnResult::WriteToTunnelV4(inner, source) => {
+            // boringtun's source is read from the whole plaintext, but it
+            // keeps only what the packet's own length field says: judged
+            // by what is kept.
+            TunnResult::WriteToTunnelV4(inner, _) | TunnResult::WriteToTunnelV6(inner, _) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                self.inner_allowed(&peer, IpAddr::V4(source))
-                    .then_some(inner.len())
-            }
-            TunnResult::WriteToTunnelV6(inner, source) => {
-                peer.heard_from(from, self.now_ms());
-                peer.sent_data(self.now_ms());
-                self.inner_allowed(&peer, IpAddr::V6(source))
-                    .then_some(inner.len())
+                self.kept_inner_allowed(&peer, inner).then_some(inner.len())
             }
             TunnResult::Done => {
                 if data {
@@ -531,6 +527,20 @@ impl Wireguard {
 
     /// Whether a decrypted packet's source is the peer's own address, as it
     /// must be for the device plane to take it; counted as dropped if not.
+    /// Whether the inner packet kept from a decryption goes to the plane:
+    /// a whole IP header (a length field shorter than its own header leaves
+    /// a stub the plane cannot tell the client of, and a batch it cannot
+    /// meter) from the peer's own address.
+    fn kept_inner_allowed(&self, peer: &peers::Peer, inner: &[u8]) -> bool {
+        match blipless_protocol::ip::source(inner) {
+            Some(source) => self.inner_allowed(peer, source),
+            None => {
+                self.metrics.count_drop("malformed_inner");
+                false
+            }
+        }
+    }
+
     fn inner_allowed(&self, peer: &peers::Peer, source: IpAddr) -> bool {
         if self.owner_address(source) != peer.address {
             self.metrics.count_drop("source");
