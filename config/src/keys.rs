@@ -314,7 +314,7 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
         Key::new::<Capacity>(
             "wireguard.queue",
             Text("4096"),
-            "Inner packets held while no device plane is active; more are dropped and counted.",
+            "Inner packets held while no device plane is active (and at most 2 KiB each on average); more are dropped and counted.",
             |c| &mut c.wireguard.queue,
         ),
         Key::new::<Workers>(

@@ -31,9 +31,17 @@ const SPARE_FRAMES: usize = 8;
 pub(super) struct Held {
     frames: VecDeque<PacketsFrame>,
     packets: usize,
+    /// What the held frames take, to keep within
+    /// [`HELD_BYTES_PER_PACKET`] × `wireguard.queue`.
+    bytes: usize,
     /// True while the front frame is out being delivered.
     delivering: bool,
 }
+
+/// Bytes held per packet of `wireguard.queue` at most: a WireGuard MTU's
+/// packet and its share of the frame, so that a client sending 64 KiB
+/// packets cannot make the queue hold 256 MiB (8 MiB at the default 4,096).
+const HELD_BYTES_PER_PACKET: usize = 2048;
 
 impl Held {
     /// Whether a round may go straight to the active plane: nothing held
@@ -50,9 +58,26 @@ impl Held {
         Some(frame)
     }
 
+    /// Holds `frame` at the back if its packets fit within `limit` packets
+    /// and [`HELD_BYTES_PER_PACKET`] × `limit` bytes; false (dropped) if not.
+    fn push(&mut self, frame: PacketsFrame, limit: usize) -> bool {
+        let (count, size) = (frame.len(), frame.size());
+        let byte_limit = limit.saturating_mul(HELD_BYTES_PER_PACKET);
+        if self.packets + count > limit || self.bytes + size > byte_limit {
+            return false;
+        }
+        self.packets += count;
+        self.bytes += size;
+        // A frame may wait long, and one packet may sit in a 64 KiB
+        // buffer: it waits in one of its own size.
+        self.frames.push_back(frame.shrunk());
+        true
+    }
+
     /// The frame taken was sent.
-    fn delivered(&mut self, count: usize) {
+    fn delivered(&mut self, count: usize, size: usize) {
         self.packets = self.packets.saturating_sub(count);
+        self.bytes = self.bytes.saturating_sub(size);
         self.delivering = false;
     }
 
@@ -208,14 +233,9 @@ impl Wireguard {
         let mut held = self.lock_held();
         for frame in frames {
             let count = frame.len();
-            if held.packets + count > self.queue_limit {
+            if !held.push(frame, self.queue_limit) {
                 self.metrics.count_drops("queue_full", count);
-                continue;
             }
-            held.packets += count;
-            // A frame may wait long, and one packet may sit in a 64 KiB
-            // buffer: it waits in one of its own size.
-            held.frames.push_back(frame.shrunk());
         }
         self.metrics.set_held(held.packets);
         drop(held);
@@ -229,10 +249,10 @@ impl Wireguard {
             loop {
                 let next = self.lock_held().take_front();
                 let Some(mut frame) = next else { break };
-                let count = frame.len();
+                let (count, size) = (frame.len(), frame.size());
                 if self.send_to_active(&mut frame).await {
                     let mut held = self.lock_held();
-                    held.delivered(count);
+                    held.delivered(count, size);
                     self.metrics.set_held(held.packets);
                 } else {
                     self.lock_held().not_delivered(frame);
@@ -301,8 +321,9 @@ mod tests {
         assert!(held.may_send_directly());
         let mut batches = InnerBatches::default();
         put(&mut batches, 1, &[1; 10]);
-        held.frames.extend(batches.take());
-        held.packets = 1;
+        for frame in batches.take() {
+            assert!(held.push(frame, 4096));
+        }
         let frame = held.take_front().expect("the held frame");
         assert!(held.frames.is_empty());
         assert!(
@@ -312,9 +333,39 @@ mod tests {
         held.not_delivered(frame);
         assert!(!held.may_send_directly(), "back at the front");
         let frame = held.take_front().expect("the frame put back");
-        held.delivered(frame.len());
+        held.delivered(frame.len(), frame.size());
         assert!(held.may_send_directly());
-        assert_eq!(held.packets, 0);
+        assert_eq!((held.packets, held.bytes), (0, 0));
+    }
+
+    /// Large packets fill the held queue by their bytes, not their count:
+    /// 64 KiB packets cannot make it hold 4,096 of them.
+    #[test]
+    fn the_held_queue_is_bounded_in_bytes_too() {
+        let mut held = Held::default();
+        let limit = 64;
+        let mut kept = 0;
+        for _ in 0..limit {
+            let mut batches = InnerBatches::default();
+            put(&mut batches, 1, &[9; 60_000]);
+            for frame in batches.take() {
+                if held.push(frame, limit) {
+                    kept += 1;
+                }
+            }
+        }
+        assert_eq!(kept, 2, "64 × 2 KiB holds two 60 kB packets");
+        assert!(held.bytes <= limit * HELD_BYTES_PER_PACKET);
+        // Small ones still fit up to the packet count.
+        let mut small = Held::default();
+        let mut batches = InnerBatches::default();
+        for _ in 0..limit {
+            put(&mut batches, 1, &[9; 100]);
+        }
+        for frame in batches.take() {
+            assert!(small.push(frame, limit));
+        }
+        assert_eq!(small.packets, limit);
     }
 
     #[test]

@@ -56,6 +56,11 @@ impl PacketsFrame {
         usize::from(self.count)
     }
 
+    /// The bytes the frame holds so far (its header and packets).
+    pub fn size(&self) -> usize {
+        self.used
+    }
+
     /// True when the frame holds no packet.
     pub fn is_empty(&self) -> bool {
         self.count == 0
