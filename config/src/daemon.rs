@@ -3,11 +3,36 @@
 
 use crate::{Config, LogFormat};
 
+/// The variables that stand in for command-line flags (`--config`,
+/// `--supervise`).
+pub const FLAG_VARIABLES: [&str; 2] = ["BLIPLESS_CONFIG", "BLIPLESS_SUPERVISE"];
+
+/// Forgets the [`FLAG_VARIABLES`] that are set but empty (a unit's
+/// `Environment=BLIPLESS_CONFIG=`): unset, as an operator means them,
+/// rather than an error about a flag that was never given (exit 2, which
+/// systemd restarts in a loop). Call first in `main`, before any thread.
+pub fn forget_empty_flag_variables() {
+    for name in FLAG_VARIABLES {
+        if std::env::var_os(name).is_some_and(|value| value.is_empty()) {
+            std::env::remove_var(name);
+        }
+    }
+}
+
 /// Installs the global `tracing` subscriber: `log.format` (human or JSON
 /// lines on stderr) and `log.level`, unless `BLIPLESS_LOG` gives a filter.
+/// An empty one (`Environment=BLIPLESS_LOG=`) gives none: it would parse as
+/// a filter with no rules, and the daemon would die without a word.
 pub fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BLIPLESS_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
+    let from_env = std::env::var("BLIPLESS_LOG")
+        .ok()
+        .filter(|value| value.split(',').any(|rule| !rule.trim().is_empty()))
+        .and_then(|value| tracing_subscriber::EnvFilter::try_new(value).ok());
+    let filter = from_env
+        .map_or_else(
+            || tracing_subscriber::EnvFilter::try_new(&config.log.level),
+            Ok,
+        )
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
     // Colours only on a terminal: log files and journals get plain text.

@@ -222,7 +222,7 @@ impl Loader {
             let Some((name, value)) = entry.split_once('=') else {
                 self.errors.push(ConfigError::InvalidValue {
                     origin,
-                    key: entry.trim().to_owned(),
+                    key: redact_urls(entry.trim()),
                     value: "(no `=`)".to_owned(),
                     expected: "key=value, like --set listen.socks=127.0.0.1:1080".to_owned(),
                 });

@@ -299,8 +299,15 @@ pub(crate) async fn add(
             );
         }
         answer["node"] = confirmation_json(&confirmation);
+        // One answer: a PNG that could not be written is in it, not in a
+        // second object after it.
+        if let Some(Err(error)) = &png {
+            answer["qr_png_error"] = json!(format!("{error:#}"));
+        }
         say!("{answer}");
-        png.transpose()?;
+        if let Some(Err(error)) = png {
+            return Err(crate::Answered(format!("{error:#}")).into());
+        }
         return confirmation.map(|_| ());
     }
     say!("client {name} added. Its secret is shown only now; keep it.");

@@ -172,6 +172,12 @@ enum ClientCommand {
     },
     /// Change a client's limits (docs/LIMITS.md); a limit left out stays as it
     /// is, `none` clears it (the node's [limits] default applies).
+    #[command(group(
+        clap::ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["rate_up", "rate_down", "quota", "max_connections", "source", "quota_reset"])
+    ))]
     Set {
         /// The client's name.
         name: String,
@@ -230,15 +236,17 @@ impl std::fmt::Display for ConfigProblems {
 impl std::error::Error for ConfigProblems {}
 
 /// The files the daemons read at start that loading the configuration does
-/// not (the HTTPS listener's certificate and key, the node's WireGuard key
-/// when it exists: the ingress makes it otherwise), each that cannot be
-/// read by this user, as a problem.
+/// not (the HTTPS listener's certificate and key when `listen.https` is on,
+/// the node's WireGuard key when it exists: the ingress makes it
+/// otherwise), each that cannot be read by this user, as a problem.
 fn files_the_daemons_read(config: &Config) -> Vec<String> {
     let key_file = config.wireguard_key_file();
-    let mut files = vec![
-        ("tls.certificate", config.tls.certificate.clone()),
-        ("tls.key", config.tls.key.clone()),
-    ];
+    let mut files = Vec::new();
+    // Without the listener the ingress never opens them.
+    if config.listen.https.is_some() {
+        files.push(("tls.certificate", config.tls.certificate.clone()));
+        files.push(("tls.key", config.tls.key.clone()));
+    }
     if key_file.exists() {
         files.push(("the node's WireGuard key (node.state_dir)", Some(key_file)));
     }
@@ -280,11 +288,18 @@ fn both<A, B>(a: anyhow::Result<A>, b: anyhow::Result<B>) -> anyhow::Result<(A, 
 #[error("{0}")]
 pub(crate) struct Unconfirmed(String);
 
+/// A failure the `--json` answer already carries: exit 1 without a second
+/// JSON object (said on stderr without `--json`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Answered(pub(crate) String);
+
 /// Exit status when a change is stored but the node could not confirm it
 /// (EX_TEMPFAIL: the planes pick it up from the change feed later).
 pub(crate) const EXIT_UNCONFIRMED: u8 = 75;
 
 fn main() -> ExitCode {
+    blipless_config::daemon::forget_empty_flag_variables();
     let args = Args::parse();
     if let Command::Config {
         command: ConfigCommand::Docs { dir },
@@ -373,6 +388,12 @@ fn main() -> ExitCode {
                 eprintln!("blipless-ctl: {error}");
             }
             ExitCode::from(EXIT_CONFIG_ERROR as u8)
+        }
+        Err(error) if error.is::<Answered>() => {
+            if !args.json {
+                eprintln!("blipless-ctl: {error}");
+            }
+            ExitCode::FAILURE
         }
         Err(error) if error.is::<Unconfirmed>() => {
             // The answer line already said so under --json.

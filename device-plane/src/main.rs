@@ -27,6 +27,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    blipless_config::daemon::forget_empty_flag_variables();
     let args = Args::parse();
     if let Some(dir) = &args.daemon.write_docs {
         return daemon::write_docs(Args::command(), env!("CARGO_BIN_NAME"), dir);

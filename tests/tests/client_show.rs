@@ -113,6 +113,36 @@ fn the_png_scans_as_the_printed_config_and_show_says_why_it_has_no_code() {
     assert!(text(&missing.stderr).contains("no client named nobody"));
 }
 
+/// A PNG that cannot be written under `--json`: the one answer says so
+/// beside the config (a parser reads one object, not two), and the exit is
+/// 1; the client is stored.
+#[test]
+fn an_unwritable_png_is_in_the_one_json_answer() {
+    let node = Node::new("[wireguard]\nendpoint = \"vpn.example.com:51820\"\n");
+    let nowhere = node.path().join("no-such-dir").join("bob.png");
+    let added = node.ctl(&[
+        "--json",
+        "client",
+        "add",
+        "bob",
+        "--wg",
+        "--qr-png",
+        &nowhere.to_string_lossy(),
+    ]);
+    assert_eq!(added.status.code(), Some(1), "{}", text(&added.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&added.stdout)
+        .unwrap_or_else(|error| panic!("one JSON object: {error}: {}", text(&added.stdout)));
+    assert!(answer["wireguard"]["config"].is_string(), "{answer}");
+    assert!(
+        answer["qr_png_error"]
+            .as_str()
+            .is_some_and(|said| said.contains("bob.png")),
+        "{answer}"
+    );
+    let listed = node.ctl(&["client", "show", "bob"]);
+    assert!(listed.status.success(), "stored: {}", text(&listed.stderr));
+}
+
 /// `client show` only reads: on a node whose WireGuard key does not exist
 /// (another node of the fleet, or one whose ingress never started), it says
 /// why it shows no config and creates no key. It used to make one, as

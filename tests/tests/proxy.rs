@@ -605,14 +605,15 @@ fn config_check_says_sound_or_lists_every_problem() {
     // key that cannot be read pass the load but would stop the ingress.
     let unreadable = dir.path().join("unreadable.toml");
     let state = dir.path().join("state");
+    let tls = format!(
+        "[node]\nstate_dir = \"{}\"\n\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n",
+        state.display(),
+        dir.path().join("gone.pem").display(),
+        dir.path().join("gone.key").display()
+    );
     std::fs::write(
         &unreadable,
-        format!(
-            "[node]\nstate_dir = \"{}\"\n\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n",
-            state.display(),
-            dir.path().join("gone.pem").display(),
-            dir.path().join("gone.key").display()
-        ),
+        format!("[listen]\nhttps = \"127.0.0.1:8443\"\n\n{tls}"),
     )
     .expect("write");
     let output = check(&unreadable, false);
@@ -621,6 +622,49 @@ fn config_check_says_sound_or_lists_every_problem() {
     for needle in ["tls.certificate", "tls.key", "cannot be read", "2 problems"] {
         assert!(stderr.contains(needle), "no {needle} in {stderr}");
     }
+    // Without the HTTPS listener the ingress never opens them: sound.
+    let unused = dir.path().join("unused.toml");
+    std::fs::write(&unused, &tls).expect("write");
+    let output = check(&unused, false);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Empty variables are unset, as an operator means them (a unit's
+/// `Environment=BLIPLESS_LOG=`): an empty `BLIPLESS_LOG` used to be a
+/// filter with no rules, so an ingress that could not start died without a
+/// word; an empty `BLIPLESS_SUPERVISE` or `BLIPLESS_CONFIG` was a usage
+/// error (exit 2) about a flag never given.
+#[test]
+fn empty_variables_are_unset_and_a_failed_start_still_says_why() {
+    let node = Node::new("");
+    // The SOCKS5 port, taken: the ingress cannot start.
+    let _taken = std::net::TcpListener::bind(node.socks).expect("the SOCKS5 port");
+    let output = std::process::Command::new(blipless_tests::binary("blipless-ingress"))
+        .env("BLIPLESS_CONFIG", node.path().join("blipless.toml"))
+        .env("BLIPLESS_LOG", "")
+        .env("BLIPLESS_SUPERVISE", "")
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&node.socks.port().to_string()),
+        "no word of the port in use: {stderr}"
+    );
+    let checked = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+        .env("BLIPLESS_CONFIG", "")
+        .args(["config", "defaults"])
+        .output()
+        .expect("run");
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
 }
 
 /// A request the origin answers with `hello`.

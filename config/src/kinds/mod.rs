@@ -282,6 +282,7 @@ impl Kind for ResolverList {
                 s.parse::<std::net::SocketAddr>()
                     .ok()
                     .or_else(|| s.parse::<IpAddr>().ok().map(|ip| (ip, 53).into()))
+                    .filter(|server| server.port() != 0 && !server.ip().is_unspecified())
             })
             .collect()
     }
@@ -381,8 +382,11 @@ impl Kind for OptionalHostPort {
         if s.is_empty() {
             return Some(None);
         }
-        if s.parse::<SocketAddr>().is_ok() {
-            return Some(Some(s.to_owned()));
+        // An address must be one a client can dial: not port 0, not a
+        // wildcard.
+        if let Ok(address) = s.parse::<SocketAddr>() {
+            let dialable = address.port() != 0 && !address.ip().is_unspecified();
+            return dialable.then(|| Some(s.to_owned()));
         }
         let (host, port) = s.rsplit_once(':')?;
         let host_ok = !host.is_empty()

@@ -79,6 +79,8 @@ fn lists_from_text_and_toml() {
     );
     assert_eq!(text::<ResolverList>("dns.example"), None);
     assert_eq!(text::<ResolverList>("192.0.2.53:99999"), None);
+    assert_eq!(text::<ResolverList>("192.0.2.53:0"), None);
+    assert_eq!(text::<ResolverList>("0.0.0.0"), None);
     let nets = toml::<NetList>(toml::Value::Array(vec![
         "10.0.0.0/8".into(),
         "192.0.2.7".into(),
@@ -126,6 +128,10 @@ fn endpoints() {
         ":51820",
         "a b:1",
         "x:99999",
+        // Nothing a client can dial.
+        "192.0.2.1:0",
+        "[::]:51820",
+        "0.0.0.0:51820",
     ] {
         assert_eq!(text::<OptionalHostPort>(bad), None, "{bad}");
     }
