@@ -107,6 +107,7 @@ pub(crate) fn placeholder() -> Config {
             handshake_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,
             udp_idle_timeout: Duration::ZERO,
+            udp_public_address: None,
         },
         timeouts: crate::TimeoutsConfig {
             response: Duration::ZERO,

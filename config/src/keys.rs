@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use crate::kinds::{
     Addr, Cap, Capacity, Cidr, Count, Dir, Dur, Filter, Flag, FlushInterval, Format, HeadBytes,
     Input, Interface, InterfaceOrFound, IpList, Kind, Name, NetList, OptionalAccount, OptionalAddr,
-    OptionalCidr, OptionalHostPort, OptionalPath, OptionalQuota, OptionalRate, Queues,
+    OptionalCidr, OptionalHostPort, OptionalIp, OptionalPath, OptionalQuota, OptionalRate, Queues,
     ResolverList, Shape, SocketDir, StoreUrl, Workers,
 };
 use crate::Config;
@@ -376,6 +376,14 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             Text("2m"),
             "A SOCKS5 UDP association with no datagram either way for this long is closed, with its control connection.",
             |c| &mut c.proxy.udp_idle_timeout,
+        ),
+        Key::new::<OptionalIp>(
+            "proxy.udp_public_address",
+            Unset {
+                example: "203.0.113.7",
+            },
+            "The address UDP ASSOCIATE replies name for the relay (with its port) when customers reach this host at an address it does not have, behind a 1:1 NAT; for customers of that address family only (default: unset, the address the customer reached).",
+            |c| &mut c.proxy.udp_public_address,
         ),
         Key::new::<Dur>(
             "timeouts.response",

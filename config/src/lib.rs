@@ -246,6 +246,10 @@ pub struct ProxyConfig {
     /// A SOCKS5 UDP association with no datagram either way for this long
     /// is closed (its control connection too).
     pub udp_idle_timeout: Duration,
+    /// The address a UDP ASSOCIATE reply names for the relay when customers
+    /// reach this host at one it does not have (a 1:1 NAT); `None`: the
+    /// address the customer reached.
+    pub udp_public_address: Option<std::net::IpAddr>,
 }
 
 /// `[timeouts]`: forwarded HTTP requests (absolute-form, not CONNECT).

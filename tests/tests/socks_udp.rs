@@ -543,6 +543,34 @@ fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_i
     );
 }
 
+/// Behind a 1:1 NAT (`proxy.udp_public_address`) the reply names the public
+/// address with the relay's port, which the NAT maps to the address the
+/// customer reached: datagrams sent there (as the NAT would deliver them)
+/// are relayed. Nothing is sent to the public address itself.
+#[test]
+fn behind_a_nat_the_reply_names_the_public_address() {
+    let mut node = Node::new("[proxy]\nudp_public_address = \"203.0.113.7\"\n");
+    let (_ingress, _device, client) = node.start();
+    let echo = Echo::start("127.0.0.1");
+    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+    let (_control, named) = associate(&node, &client, 0);
+    assert_eq!(
+        named.ip(),
+        "203.0.113.7".parse::<std::net::IpAddr>().expect("ip")
+    );
+    let behind_the_nat = std::net::SocketAddr::from(([127, 0, 0, 1], named.port()));
+    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+    customer
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    customer
+        .send_to(&udp_datagram(echo_at, b"through-nat"), behind_the_nat)
+        .expect("send");
+    let mut buffer = [0u8; 2048];
+    let (len, _) = customer.recv_from(&mut buffer).expect("the echo");
+    assert!(buffer[..len].ends_with(b"through-nat"));
+}
+
 /// Answers go to the customer's port: another host behind the customer's
 /// address (a carrier's or an office's NAT) cannot take them with a
 /// datagram of its own, well-formed or not, while the customer's port is in

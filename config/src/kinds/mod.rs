@@ -181,6 +181,17 @@ impl Kind for OptionalAddr {
     }
 }
 
+/// An optional IP address; the empty string means none.
+pub(crate) struct OptionalIp;
+impl Kind for OptionalIp {
+    type Out = Option<IpAddr>;
+    const SHAPE: Shape = Shape::Text;
+    const EXPECTED: &'static str = "an IP address like 203.0.113.7 or 2001:db8::7 (empty: none)";
+    fn parse(input: &Input<'_>) -> Option<Option<IpAddr>> {
+        parse_optional(input)
+    }
+}
+
 /// A store URL (the grammar is [`crate::store_url`]).
 pub(crate) struct StoreUrl;
 impl Kind for StoreUrl {

@@ -95,6 +95,17 @@ fn lists_from_text_and_toml() {
 }
 
 #[test]
+fn optional_ips() {
+    assert_eq!(text::<OptionalIp>(""), Some(None));
+    assert_eq!(
+        text::<OptionalIp>("203.0.113.7"),
+        Some(Some("203.0.113.7".parse().expect("ip")))
+    );
+    assert_eq!(text::<OptionalIp>("203.0.113.7:1080"), None);
+    assert_eq!(text::<OptionalIp>("example.com"), None);
+}
+
+#[test]
 fn booleans() {
     assert_eq!(text::<Flag>("true"), Some(true));
     assert_eq!(text::<Flag>("false"), Some(false));

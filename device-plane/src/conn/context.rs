@@ -2,6 +2,7 @@
 //! timeouts, the plane's mode, and the way to hand a connection over.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,6 +84,9 @@ pub struct Context {
     /// A SOCKS5 UDP association with no datagram for this long is closed
     /// (`with_udp_idle_timeout`; 2 minutes by default).
     pub udp_idle_timeout: Duration,
+    /// The address UDP ASSOCIATE replies name for the relay behind a 1:1
+    /// NAT (`proxy.udp_public_address`; `with_udp_public_address`).
+    pub udp_public_address: Option<IpAddr>,
     /// The ingress attached now passes UDP associations on at a deploy
     /// (its Welcome said so); with an older one they close instead.
     pub channel_passes_udp: AtomicBool,
@@ -124,10 +128,18 @@ impl Context {
             handover_slots: Arc::new(Semaphore::new(super::handover::HANDOVER_SLOTS)),
             awaiting: Mutex::new(HashMap::new()),
             udp_idle_timeout: Duration::from_secs(120),
+            udp_public_address: None,
             channel_passes_udp: AtomicBool::new(false),
             accepted_nodelay: AtomicBool::new(false),
             udp_counters: super::udp_associate::Counters::default(),
         }
+    }
+
+    /// The same context naming `address` in UDP ASSOCIATE replies, for
+    /// customers of its family.
+    pub fn with_udp_public_address(mut self, address: Option<IpAddr>) -> Self {
+        self.udp_public_address = address;
+        self
     }
 
     /// The same context with this idle timeout for SOCKS5 UDP associations.

@@ -146,8 +146,9 @@ pub async fn serve(
         }
     };
     let bound = relay.local_addr().ok();
+    let named = bound.map(|bound| relay_as_named(bound, context.udp_public_address));
     if control
-        .write_all(&socks5::encode_reply(Reply::Succeeded, bound))
+        .write_all(&socks5::encode_reply(Reply::Succeeded, named))
         .await
         .is_err()
     {
@@ -176,6 +177,18 @@ pub async fn serve(
         },
     };
     run(context, id, client, association, true, Some(counted)).await;
+}
+
+/// The relay's address as a UDP ASSOCIATE reply names it: `bound`, or
+/// behind a 1:1 NAT the public address of its family (`public`) with
+/// `bound`'s port, which the NAT maps to it.
+fn relay_as_named(bound: SocketAddr, public: Option<IpAddr>) -> SocketAddr {
+    match public {
+        Some(public) if public.is_ipv4() == canonical(bound.ip()).is_ipv4() => {
+            SocketAddr::new(public, bound.port())
+        }
+        _ => bound,
+    }
 }
 
 /// The relay socket on the address the customer reached (a fresh port),
@@ -647,5 +660,25 @@ mod tests {
         assert_eq!(canonical_addr(mapped), "192.0.2.1:4000".parse().unwrap());
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
         assert_eq!(canonical(v6), v6);
+    }
+
+    #[test]
+    fn behind_a_nat_the_reply_names_the_public_address_of_the_customers_family() {
+        let bound: SocketAddr = "10.0.0.5:40000".parse().unwrap();
+        let public: IpAddr = "203.0.113.7".parse().unwrap();
+        assert_eq!(
+            relay_as_named(bound, Some(public)),
+            "203.0.113.7:40000".parse().unwrap()
+        );
+        assert_eq!(relay_as_named(bound, None), bound);
+        // Reached over IPv6 (or IPv4-mapped): an IPv4 public address is not
+        // this customer's.
+        let v6: SocketAddr = "[2001:db8::5]:40000".parse().unwrap();
+        assert_eq!(relay_as_named(v6, Some(public)), v6);
+        let mapped: SocketAddr = "[::ffff:10.0.0.5]:40000".parse().unwrap();
+        assert_eq!(
+            relay_as_named(mapped, Some(public)),
+            "203.0.113.7:40000".parse().unwrap()
+        );
     }
 }

@@ -159,6 +159,7 @@ pub(super) async fn warm_up(
         )
         .with_http_limits(crate::conn::http::Limits::from_config(config))
         .with_udp_idle_timeout(config.proxy.udp_idle_timeout)
+        .with_udp_public_address(config.proxy.udp_public_address)
         .with_fds(fds)
         .with_dns_counters(dns.as_ref().map(|gateway| gateway.counters.clone()))
         .with_caps(crate::conn::caps::Caps::new(
