@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use blipless_tests::dns::dnsmasq_args;
 use blipless_tests::netns::Background;
-use blipless_tests::node::Node;
+use blipless_tests::node::{Daemon, Node};
 use blipless_tests::{free_port, wait_until};
 
 /// The client side, in Python: `stream` keeps one association echoing
@@ -446,40 +446,71 @@ fn associate(
     (control, relay)
 }
 
+/// A node (with `extra` config) and one association of its client, opened
+/// byte by byte: where the raw tests start.
+struct Associated {
+    // Dropped first: the daemons before the node's folder.
+    ingress: Daemon,
+    _device: Daemon,
+    node: Node,
+    echo_at: std::net::SocketAddrV4,
+    _echo: Echo,
+    control: std::net::TcpStream,
+    /// The relay's address as the reply named it.
+    relay: std::net::SocketAddr,
+    customer: UdpSocket,
+}
+
+impl Associated {
+    fn start(extra: &str) -> Self {
+        let mut node = Node::new(extra);
+        let (ingress, device, client) = node.start();
+        let echo = Echo::start("127.0.0.1");
+        let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+        let (control, relay) = associate(&node, &client, 0);
+        let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+        Self {
+            ingress,
+            _device: device,
+            node,
+            echo_at,
+            _echo: echo,
+            control,
+            relay,
+            customer,
+        }
+    }
+
+    /// Sends `payload` to the echo server through the relay at `to`;
+    /// whether it came back within `wait`.
+    fn echoed(&self, to: std::net::SocketAddr, payload: &[u8], wait: Duration) -> bool {
+        self.customer.set_read_timeout(Some(wait)).expect("timeout");
+        self.customer
+            .send_to(&udp_datagram(self.echo_at, payload), to)
+            .expect("send");
+        let mut buffer = [0u8; 2048];
+        self.customer
+            .recv_from(&mut buffer)
+            .is_ok_and(|(len, _)| buffer[..len].ends_with(payload))
+    }
+}
+
 /// Bytes on the control connection end the association: RFC 1928 gives it
 /// no use but to hold the association, and what arrives on it would be
 /// read uncounted. The node closes it, and the relay answers no more.
 #[test]
 fn bytes_on_the_control_connection_end_the_association() {
     use std::io::Write as _;
-    let mut node = Node::new("");
-    let (_ingress, _device, client) = node.start();
-    let echo = Echo::start("127.0.0.1");
-    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    let (mut control, relay) = associate(&node, &client, 0);
-    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
-    customer
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut buffer = [0u8; 2048];
-    customer
-        .send_to(&udp_datagram(echo_at, b"before"), relay)
-        .expect("send");
-    let (len, _) = customer.recv_from(&mut buffer).expect("the echo");
-    assert!(buffer[..len].ends_with(b"before"));
-    control.write_all(b"not SOCKS5").expect("write");
+    let mut at = Associated::start("");
+    let relay = at.relay;
+    assert!(at.echoed(relay, b"before", Duration::from_secs(5)));
+    at.control.write_all(b"not SOCKS5").expect("write");
     assert!(
-        blipless_tests::raw::closed(&mut control),
+        blipless_tests::raw::closed(&mut at.control),
         "the control connection stayed open"
     );
-    customer
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .expect("timeout");
-    customer
-        .send_to(&udp_datagram(echo_at, b"after"), relay)
-        .expect("send");
     assert!(
-        customer.recv_from(&mut buffer).is_err(),
+        !at.echoed(relay, b"after", Duration::from_millis(500)),
         "the relay still answered"
     );
 }
@@ -490,36 +521,22 @@ fn bytes_on_the_control_connection_end_the_association() {
 /// association on; the rolled-back plane keeps its channel.
 #[test]
 fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_is() {
-    let mut node = Node::new("");
-    let (ingress, _device, client) = node.start();
-    let echo = Echo::start("127.0.0.1");
-    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    let (mut control, relay) = associate(&node, &client, 0);
-    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
-    customer
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut buffer = [0u8; 2048];
-    let mut echoed = |payload: &[u8]| {
-        customer
-            .send_to(&udp_datagram(echo_at, payload), relay)
-            .expect("send");
-        customer
-            .recv_from(&mut buffer)
-            .is_ok_and(|(len, _)| buffer[..len].ends_with(payload))
-    };
-    assert!(echoed(b"before"));
-    let older = node.start_device_with_env(&[("BLIPLESS_FAULT_OLDER_THAN_UDP_MIGRATE", "1")]);
+    let mut at = Associated::start("");
+    let relay = at.relay;
+    assert!(at.echoed(relay, b"before", Duration::from_secs(5)));
+    let older = at
+        .node
+        .start_device_with_env(&[("BLIPLESS_FAULT_OLDER_THAN_UDP_MIGRATE", "1")]);
     wait_until(
         Duration::from_secs(60),
         "the older plane to be active",
-        || node.active_generation() == Some(2),
+        || at.node.active_generation() == Some(2),
     );
     wait_until(
         Duration::from_secs(30),
         "the association's handover to be tried",
         || {
-            ingress.log_text().contains("too old for Migrate")
+            at.ingress.log_text().contains("too old for Migrate")
                 || older.log_text().contains("acting older")
         },
     );
@@ -528,17 +545,20 @@ fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_i
         "the older plane was sent the association: {}",
         older.log_text()
     );
-    assert!(echoed(b"after"), "the association was lost");
+    assert!(
+        at.echoed(relay, b"after", Duration::from_secs(5)),
+        "the association was lost"
+    );
     assert_eq!(
-        node.active_generation(),
+        at.node.active_generation(),
         Some(2),
         "the older plane is active"
     );
-    control
+    at.control
         .set_read_timeout(Some(Duration::from_millis(500)))
         .expect("timeout");
     assert!(
-        !blipless_tests::raw::closed(&mut control),
+        !blipless_tests::raw::closed(&mut at.control),
         "the control connection closed"
     );
 }
@@ -549,26 +569,13 @@ fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_i
 /// are relayed. Nothing is sent to the public address itself.
 #[test]
 fn behind_a_nat_the_reply_names_the_public_address() {
-    let mut node = Node::new("[proxy]\nudp_public_address = \"203.0.113.7\"\n");
-    let (_ingress, _device, client) = node.start();
-    let echo = Echo::start("127.0.0.1");
-    let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    let (_control, named) = associate(&node, &client, 0);
+    let at = Associated::start("[proxy]\nudp_public_address = \"203.0.113.7\"\n");
     assert_eq!(
-        named.ip(),
+        at.relay.ip(),
         "203.0.113.7".parse::<std::net::IpAddr>().expect("ip")
     );
-    let behind_the_nat = std::net::SocketAddr::from(([127, 0, 0, 1], named.port()));
-    let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
-    customer
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    customer
-        .send_to(&udp_datagram(echo_at, b"through-nat"), behind_the_nat)
-        .expect("send");
-    let mut buffer = [0u8; 2048];
-    let (len, _) = customer.recv_from(&mut buffer).expect("the echo");
-    assert!(buffer[..len].ends_with(b"through-nat"));
+    let behind_the_nat = std::net::SocketAddr::from(([127, 0, 0, 1], at.relay.port()));
+    assert!(at.echoed(behind_the_nat, b"through-nat", Duration::from_secs(5)));
 }
 
 /// Answers go to the customer's port: another host behind the customer's
