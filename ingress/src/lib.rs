@@ -266,6 +266,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     node.start_draining();
     tokio::time::sleep(config.drain.lame_duck).await;
     running.close_customer_listeners(&mut listeners);
+    // The planes are told to drain next: none will be active again.
+    if let Some(tls) = &tls {
+        tls.no_more_hand_overs();
+    }
     // The grace counts from here, and bounds telling the planes too: a
     // wedged plane that reads nothing must not hold the drain past it.
     let deadline = tokio::time::Instant::now() + config.drain.grace;

@@ -535,3 +535,84 @@ fn a_customer_that_stops_reading_holds_its_tls_relay_only_for_the_idle_timeout()
     let _ = stalled.wait();
     drop(input);
 }
+
+/// A CONNECT tunnel over TLS whose destination finishes sending first: the
+/// customer gets the end of the download (a close_notify) and its upload
+/// goes on, as through the plain listeners. The relay took the plane's
+/// half-close for a close and cut the upload 10 s later.
+#[test]
+fn a_destination_that_finishes_first_leaves_the_customers_upload_running() {
+    let mut node = Node::new("");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, client) = node.start();
+    // The destination: says "bye", shuts its sending side, and counts what
+    // it receives until the customer closes.
+    let destination = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let at = destination.local_addr().expect("address");
+    let counted = std::thread::spawn(move || {
+        let (mut stream, _) = destination.accept().expect("accept");
+        stream.write_all(b"bye").expect("bye");
+        stream
+            .shutdown(std::net::Shutdown::Write)
+            .expect("half-close");
+        let mut received = Vec::new();
+        let _ = stream.read_to_end(&mut received);
+        received.len()
+    });
+    // Python's ssl (OpenSSL) keeps sending after a TLS 1.3 close_notify.
+    let script = r#"
+import base64, socket, ssl, sys, time
+host, port, ca, target, auth = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+context = ssl.create_default_context(cafile=ca)
+s = context.wrap_socket(socket.create_connection((host, port)), server_hostname="localhost")
+s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n" % (target, target, auth)).encode())
+answer = b""
+while b"\r\n\r\n" not in answer:
+    chunk = s.recv(4096)
+    if not chunk:
+        sys.exit("no answer to CONNECT")
+    answer += chunk
+head, _, rest = answer.partition(b"\r\n\r\n")
+if b" 200" not in head.split(b"\r\n")[0]:
+    sys.exit("CONNECT refused: %r" % head)
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    rest += chunk
+print("downloaded", rest.decode(), flush=True)
+sent = 0
+for _ in range(14):
+    s.sendall(b"x" * 1000)
+    sent += 1000
+    time.sleep(1)
+print("uploaded", sent, flush=True)
+s.close()
+"#;
+    let script_path = node.path().join("half_close.py");
+    std::fs::write(&script_path, script).expect("script");
+    let auth = blipless_tests::base64(format!("alice:{}", client.secret).as_bytes());
+    let output = std::process::Command::new("/usr/bin/python3")
+        .arg(&script_path)
+        .args([
+            "127.0.0.1",
+            &address.port().to_string(),
+            ca.certificate.to_str().expect("path"),
+            &at.to_string(),
+            &auth,
+        ])
+        .output()
+        .expect("python3");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(said.contains("downloaded bye"), "{said}");
+    assert!(said.contains("uploaded 14000"), "{said}");
+    let received = counted.join().expect("the destination");
+    assert_eq!(received, 14_000, "the upload after the destination's end");
+}

@@ -60,9 +60,13 @@ pub struct TlsEdge {
     /// The relay tasks, which outlive the accept loop (a handoff or a
     /// drain stops accepting; what is relayed goes on).
     pub relays: TaskTracker,
-    /// Cancelled when the ingress exits for good: relays still waiting for
-    /// a device plane give up.
+    /// Cancelled when the ingress exits for good: relays end.
     pub stop: CancellationToken,
+    /// Cancelled once no device plane will take another connection from
+    /// this ingress (it has stepped aside for a successor, or its drain has
+    /// closed the listeners): a handshake that completes after it closes
+    /// instead of waiting for a plane until the grace.
+    pub handing_over: CancellationToken,
 }
 
 impl std::fmt::Debug for TlsEdge {
@@ -135,6 +139,7 @@ impl TlsEdge {
             metrics,
             relays: TaskTracker::new(),
             stop: CancellationToken::new(),
+            handing_over: CancellationToken::new(),
         })))
     }
 
@@ -231,9 +236,16 @@ impl TlsEdge {
         }
     }
 
+    /// No device plane will take another connection from this ingress:
+    /// handshakes that complete from now on close.
+    pub fn no_more_hand_overs(&self) {
+        self.handing_over.cancel();
+    }
+
     /// Waits for the relays to end, at most until `deadline`; then stops
     /// the ones left (their customers' connections close).
     pub async fn finish(&self, deadline: tokio::time::Instant) {
+        self.no_more_hand_overs();
         self.relays.close();
         let open = self.relays.len();
         if open > 0 {

@@ -3,10 +3,10 @@
 //! to the active device plane as an `Accepted` connection, and the relay
 //! between the TLS stream and the other end until either side is done.
 //!
-//! Each side's end of stream is passed on as the other's: a device plane
-//! that closes its end (the response is complete, or the plane refused the
-//! request) becomes a TLS close_notify and a FIN to the customer; a customer
-//! that closes becomes a FIN on the pair. A handshake that fails (not TLS,
+//! Each side's end of stream is passed on as the other's: the device
+//! plane's (the response is complete, the plane refused the request, or a
+//! tunnel's destination finished sending) becomes a TLS close_notify and a
+//! FIN to the customer; a customer that closes becomes a FIN on the pair. A handshake that fails (not TLS,
 //! a name the certificate does not cover, too slow) closes the connection
 //! and touches nothing else. A relay that moves no byte either way for
 //! `proxy.idle_timeout` ends, as the plane's own tunnels do: a customer that
@@ -73,7 +73,6 @@ async fn serve(
         () = edge.stop.cancelled() => return,
     };
     edge.metrics.count_handshake(true);
-    drop(permit);
     let (ours, theirs) = match pair() {
         Ok(pair) => pair,
         Err(error) => {
@@ -82,7 +81,11 @@ async fn serve(
             return;
         }
     };
-    let handed = accept::hand_over(theirs.as_fd(), accepted, context, &edge.stop).await;
+    let handed = accept::hand_over(theirs.as_fd(), accepted, context, &edge.handing_over).await;
+    // Held until here: a connection waiting for a plane holds descriptors as
+    // one handshaking does, and the plain listeners stop accepting while
+    // theirs wait, so `limits.tls_handshakes` bounds both.
+    drop(permit);
     // The device plane holds its own copy now; ours would keep the pair open.
     drop(theirs);
     if !handed {
@@ -100,25 +103,29 @@ async fn serve(
     edge.metrics.add_relayed(-1);
 }
 
-/// Moves bytes both ways until both are done. Once the device plane has
-/// closed its end (the connection is over on its side), the customer gets
-/// [`CLOSE_WAIT`] to close theirs: a client that never does cannot hold the
-/// connection open. A customer that stops reading is the caller's
+/// Moves bytes both ways until both are done. The device plane's end of
+/// stream is either a half-close (a tunnel's destination finished sending:
+/// the customer's upload goes on, as on the plain listeners) or its whole
+/// end closed (the connection is over on its side): then the customer gets
+/// [`CLOSE_WAIT`] to close theirs, so that a client that never does cannot
+/// hold the connection open. A customer that stops reading is the caller's
 /// [`Activity::idle_for`]'s to end: the plane's close cannot be seen while a
 /// write to the customer waits.
 async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64, activity: &Activity) {
     let (mut tls_read, mut tls_write) = tokio::io::split(tls);
-    let (mut ours_read, mut ours_write) = ours.into_split();
+    let (ours_read, mut ours_write) = ours.into_split();
     let up = async {
         let copied = pump(&mut tls_read, &mut ours_write, activity).await;
         let _ = ours_write.shutdown().await;
         copied
     };
-    let down = async {
+    // Owns its half, and gives it back to tell a half-close from a close.
+    let down = async move {
+        let mut ours_read = ours_read;
         let copied = pump(&mut ours_read, &mut tls_write, activity).await;
         // A close_notify and a FIN to the customer.
         let _ = tls_write.shutdown().await;
-        copied
+        (copied, ours_read)
     };
     tokio::pin!(up, down);
     tokio::select! {
@@ -129,13 +136,31 @@ async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64, activity: &
             // The customer is done sending; the plane may still answer.
             let _ = down.await;
         }
-        copied = &mut down => {
-            if let Err(error) = copied {
+        (copied, ours_read) = &mut down => {
+            if let Err(error) = &copied {
                 tracing::debug!(id, %error, "HTTPS relay: the device plane side ended");
             }
-            let _ = tokio::time::timeout(CLOSE_WAIT, up).await;
+            if copied.is_err() || plane_closed(&ours_read).await {
+                let _ = tokio::time::timeout(CLOSE_WAIT, up).await;
+            } else {
+                let _ = up.await;
+            }
         }
     }
+}
+
+/// Whether the device plane closed its whole end of the pair, not only its
+/// sending side: on a Unix stream socket the peer's close shuts both of our
+/// directions (`EPOLLHUP`), its `shutdown(SHUT_WR)` only our reading. Not
+/// known within a moment (our sending side is full): taken as open, the
+/// upload then runs on, bounded by the idle timeout.
+async fn plane_closed(ours: &tokio::net::unix::OwnedReadHalf) -> bool {
+    let ready = tokio::time::timeout(
+        Duration::from_millis(100),
+        ours.as_ref().ready(tokio::io::Interest::WRITABLE),
+    )
+    .await;
+    matches!(ready, Ok(Ok(ready)) if ready.is_write_closed())
 }
 
 /// Copies `from` into `to` until `from` ends, flushing each chunk (rustls
