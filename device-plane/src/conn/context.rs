@@ -290,7 +290,7 @@ impl Context {
         {
             Err(EgressError::SourceUnusable(source, error)) => {
                 tracing::warn!(client, %source, %error, "egress identity unusable; evicting it");
-                self.identities.evict(client).await;
+                self.identities.source_unusable(client, source).await;
                 let held = self.identities.open(client).await;
                 self.egress
                     .connect(client, held.identity.source, target)

@@ -208,7 +208,10 @@ async fn open_sockets(
         // connect does (`Context::connect_direct`).
         Err(error) if error.kind() == std::io::ErrorKind::AddrNotAvailable => {
             tracing::warn!(client, %error, "egress identity unusable; evicting it");
-            context.identities.evict(client).await;
+            match held.identity.source {
+                Some(source) => context.identities.source_unusable(client, source).await,
+                None => context.identities.evict(client).await,
+            }
             let held = context.identities.open(client).await;
             egress_socket(held.identity.source).await?
         }

@@ -63,7 +63,13 @@ pub struct Identities {
     prewarmed: AtomicU64,
     /// The next source a rotating client's connection takes.
     next_rotation: std::sync::atomic::AtomicUsize,
+    /// Pool addresses found not to be the host's any more, and since when:
+    /// not allocated for [`UNUSABLE_FOR`].
+    unusable: Mutex<HashMap<IpAddr, std::time::Instant>>,
 }
+
+/// How long a pool address that could not be bound is passed over.
+const UNUSABLE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A new sticky session for upstream usernames: 16 lowercase hex digits,
 /// which every provider's username syntax accepts.
@@ -101,6 +107,7 @@ impl Identities {
             activity: Mutex::new(HashMap::new()),
             prewarmed: AtomicU64::new(0),
             next_rotation: std::sync::atomic::AtomicUsize::new(0),
+            unusable: Mutex::new(HashMap::new()),
         }
     }
 
@@ -141,27 +148,63 @@ impl Identities {
     /// The client's identity, opening it if needed. Never fails: if the store
     /// cannot be reached, the client gets a fresh identity (logged) and the
     /// snapshot is written at the next flush.
-    pub async fn open(&self, client: &str) -> Arc<ClientIdentity> {
+    pub async fn open(self: &Arc<Self>, client: &str) -> Arc<ClientIdentity> {
         let slot = lock(&self.open)
             .entry(client.to_string())
             .or_default()
             .clone();
-        slot.get_or_init(|| self.open_identity(client))
-            .await
-            .clone()
+        if let Some(identity) = slot.get() {
+            return identity.clone();
+        }
+        // The opening runs on a task of its own, which fills the slot
+        // whatever becomes of this caller: restoring takes the stored
+        // identity out of the store, and a caller dropped between that and
+        // the save (a connect cut short, a pre-warm past its budget) would
+        // lose it, and the client its source address.
+        let (identities, name) = (self.clone(), client.to_owned());
+        let opening = tokio::spawn(async move {
+            slot.get_or_init(|| identities.open_identity(&name))
+                .await
+                .clone()
+        });
+        match opening.await {
+            Ok(identity) => identity,
+            // The runtime is going down (or the opening panicked): a fresh
+            // identity, which is all this connection needs.
+            Err(error) => {
+                tracing::warn!(client, %error, "opening the egress identity failed; allocating one");
+                Arc::new(ClientIdentity {
+                    client: client.to_owned(),
+                    identity: EgressIdentity {
+                        source: self.allocate_source(),
+                        session: Some(new_session()),
+                        ..EgressIdentity::default()
+                    },
+                })
+            }
+        }
     }
 
     async fn open_identity(&self, client: &str) -> Arc<ClientIdentity> {
         let restored = match self.store.take_identity(&self.node, client).await {
-            Ok(identity) => identity.filter(|i| i.source.is_none_or(|s| self.sources.contains(&s))),
+            Ok(identity) => identity,
             Err(error) => {
                 tracing::warn!(client, %error, "restoring the egress identity failed; allocating one");
                 None
             }
         };
         let mut identity = match restored {
-            Some(identity) => {
+            Some(mut identity) => {
                 tracing::debug!(client, ?identity, "egress identity restored");
+                // A source the pool no longer has, or none where the pool
+                // now has some (`egress.sources` changed): a new source;
+                // the session and window stay.
+                let stale = identity.source.map_or(!self.sources.is_empty(), |source| {
+                    !self.sources.contains(&source)
+                });
+                if stale {
+                    identity.source = self.allocate_source();
+                }
                 identity
             }
             None => EgressIdentity {
@@ -186,14 +229,38 @@ impl Identities {
         })
     }
 
-    /// The pool address fewest open identities use (first such in pool order).
+    /// `client`'s source address `source` cannot be bound (it is no longer
+    /// the host's): the identity is evicted, and the address passed over by
+    /// allocations for a while, so that the next open does not get it back.
+    pub async fn source_unusable(&self, client: &str, source: IpAddr) {
+        lock(&self.unusable).insert(source, std::time::Instant::now());
+        self.evict(client).await;
+    }
+
+    /// The pool address fewest open identities use (first such in pool
+    /// order), among those not found unusable lately (all of them if none
+    /// is left: a connection from a dead address fails, where one from the
+    /// host's own would leave from an address the operator did not give).
     fn allocate_source(&self) -> Option<IpAddr> {
         let open: Vec<Arc<ClientIdentity>> = lock(&self.open)
             .values()
             .filter_map(|s| s.get().cloned())
             .collect();
-        self.sources
-            .iter()
+        let usable: Vec<&IpAddr> = {
+            let mut unusable = lock(&self.unusable);
+            unusable.retain(|_, since| since.elapsed() < UNUSABLE_FOR);
+            self.sources
+                .iter()
+                .filter(|source| !unusable.contains_key(source))
+                .collect()
+        };
+        let candidates = if usable.is_empty() {
+            self.sources.iter().collect()
+        } else {
+            usable
+        };
+        candidates
+            .into_iter()
             .min_by_key(|source| {
                 open.iter()
                     .filter(|d| d.identity.source == Some(**source))
@@ -212,6 +279,16 @@ impl Identities {
     /// window changes rarely: on first use and when a route fails), so a
     /// SIGKILL right after keeps the choice.
     pub async fn set_window(&self, held: &ClientIdentity, window: Vec<String>) {
+        // An identity evicted since it was handed out (its source found
+        // unusable, its client removed) must not be saved over what
+        // replaced it.
+        let current = lock(&self.open)
+            .get(&held.client)
+            .and_then(|slot| slot.get().cloned())
+            .is_some_and(|open| std::ptr::eq(&*open, held));
+        if !current {
+            return;
+        }
         let previous = lock(&self.windows).insert(held.client.clone(), window.clone());
         if previous.as_ref() == Some(&window) {
             return;
@@ -330,10 +407,16 @@ impl Identities {
         concurrency: usize,
         device_timeout: Duration,
         budget: Duration,
+        is_client: impl Fn(&str) -> bool,
     ) -> PrewarmReport {
         let since = now_unix() - window.as_secs() as i64;
         let candidates = match self.store.active_clients(&self.node, since).await {
-            Ok(clients) => clients,
+            // Only clients there still: a removed one's activity outlives
+            // it, and opening it would save its identity again.
+            Ok(clients) => clients
+                .into_iter()
+                .filter(|client| is_client(client))
+                .collect::<Vec<_>>(),
             Err(error) => {
                 tracing::warn!(%error, "reading the activity set failed; no pre-warm");
                 return PrewarmReport::default();

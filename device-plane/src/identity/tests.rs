@@ -20,6 +20,8 @@ struct Instrumented {
     slow_delay: Duration,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// Milliseconds each identity save waits before it is made.
+    put_delay_ms: std::sync::atomic::AtomicU64,
     restored: std::sync::Mutex<Vec<String>>,
 }
 
@@ -66,6 +68,8 @@ impl Store for Instrumented {
         identity: &EgressIdentity,
         ttl: Duration,
     ) -> Result<(), StoreError> {
+        let delay = self.put_delay_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         self.inner.put_identity(node, client, identity, ttl).await
     }
     async fn take_identity(
@@ -154,6 +158,7 @@ async fn fixture(slow_delay: Duration) -> (tempfile::TempDir, Arc<Instrumented>)
         slow_delay,
         in_flight: AtomicUsize::new(0),
         most_in_flight: AtomicUsize::new(0),
+        put_delay_ms: std::sync::atomic::AtomicU64::new(0),
         restored: std::sync::Mutex::new(Vec::new()),
     });
     (dir, store)
@@ -177,13 +182,15 @@ async fn pre_warm_opens_only_recent_clients_with_bounded_concurrency() {
             4,
             Duration::from_secs(5),
             Duration::from_secs(30),
+            |client| client != "recent0",
         )
         .await;
-    assert_eq!(report.candidates, 20);
-    assert_eq!(report.opened, 20);
-    assert_eq!(identities.prewarmed(), 20);
-    assert_eq!(identities.live(), 20);
+    assert_eq!(report.candidates, 19, "recent0 is no client any more");
+    assert_eq!(report.opened, 19);
+    assert_eq!(identities.prewarmed(), 19);
+    assert_eq!(identities.live(), 19);
     let restored = store.restored.lock().expect("lock").clone();
+    assert!(!restored.contains(&"recent0".to_string()));
     assert!(
         !restored.contains(&"stale".to_string()),
         "a client idle past the window is not pre-warmed"
@@ -213,6 +220,7 @@ async fn a_slow_client_is_skipped_and_cannot_hold_the_budget() {
             8,
             Duration::from_millis(300),
             Duration::from_secs(30),
+            |_| true,
         )
         .await;
     assert!(
@@ -231,6 +239,7 @@ async fn a_slow_client_is_skipped_and_cannot_hold_the_budget() {
             8,
             Duration::from_secs(3600),
             Duration::from_millis(500),
+            |_| true,
         )
         .await;
     assert!(
@@ -249,7 +258,7 @@ async fn identities_are_restored_kept_and_evicted() {
         "127.0.0.2".parse().expect("ip"),
         "127.0.0.3".parse().expect("ip"),
     ];
-    let first = Identities::new(store.clone(), node(), pool.clone());
+    let first = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
     let a = first.open("a").await;
     let b = first.open("b").await;
     assert_ne!(
@@ -259,7 +268,7 @@ async fn identities_are_restored_kept_and_evicted() {
     first.keep_all().await;
 
     // A successor restores both.
-    let second = Identities::new(store.clone(), node(), pool.clone());
+    let second = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
     assert_eq!(second.open("a").await.identity, a.identity);
     assert_eq!(second.open("b").await.identity, b.identity);
 
@@ -271,11 +280,76 @@ async fn identities_are_restored_kept_and_evicted() {
     );
 
     // An identity outside the current pool is not restored.
-    let narrower = Identities::new(
+    let narrower = Arc::new(Identities::new(
         store.clone(),
         node(),
         vec![a.identity.source.expect("source")],
-    );
+    ));
     let b_again = narrower.open("b").await;
     assert_eq!(b_again.identity.source, a.identity.source);
+    assert_eq!(
+        b_again.identity.session, b.identity.session,
+        "a new source, the same session"
+    );
+
+    // One kept without a source (no pool then) gets one when a pool is set.
+    let without = Arc::new(Identities::new(store.clone(), node(), Vec::new()));
+    let c = without.open("c").await;
+    assert_eq!(c.identity.source, None);
+    without.keep_all().await;
+    let with_pool = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
+    let c_again = with_pool.open("c").await;
+    assert!(c_again.identity.source.is_some_and(|s| pool.contains(&s)));
+    assert_eq!(c_again.identity.session, c.identity.session);
+}
+
+/// An open given up while it restores (a connect cut short, a pre-warm past
+/// its budget) still saves what it took out of the store: the next plane
+/// restores the same identity instead of allocating a new source.
+#[tokio::test]
+async fn an_open_given_up_midway_keeps_the_stored_identity() {
+    let (_dir, store) = fixture(Duration::from_millis(1)).await;
+    let pool: Vec<std::net::IpAddr> = vec![
+        "127.0.0.2".parse().expect("ip"),
+        "127.0.0.3".parse().expect("ip"),
+    ];
+    let first = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
+    let kept = first.open("a").await;
+    first.keep_all().await;
+
+    // The take takes 50 ms and the save after it 100 ms: the caller gives
+    // up between the two, when the identity is out of the store.
+    store.put_delay_ms.store(100, Ordering::SeqCst);
+    let second = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
+    let given_up = tokio::time::timeout(Duration::from_millis(90), second.open("a")).await;
+    assert!(given_up.is_err(), "the open was to take longer");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.put_delay_ms.store(0, Ordering::SeqCst);
+
+    let third = Arc::new(Identities::new(store.clone(), node(), pool));
+    assert_eq!(third.open("a").await.identity, kept.identity);
+}
+
+/// A source found unusable (no longer the host's) is not handed straight
+/// back to the client it was taken from: the next open gets another.
+#[tokio::test]
+async fn an_unusable_source_is_passed_over() {
+    let (_dir, store) = fixture(Duration::from_millis(1)).await;
+    let pool: Vec<std::net::IpAddr> = vec![
+        "127.0.0.2".parse().expect("ip"),
+        "127.0.0.3".parse().expect("ip"),
+    ];
+    let identities = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
+    let first = identities.open("a").await;
+    let dead = first.identity.source.expect("a source");
+    identities.source_unusable("a", dead).await;
+    let again = identities.open("a").await;
+    assert!(
+        again
+            .identity
+            .source
+            .is_some_and(|s| s != dead && pool.contains(&s)),
+        "{:?} after {dead} was found unusable",
+        again.identity.source
+    );
 }

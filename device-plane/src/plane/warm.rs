@@ -90,6 +90,7 @@ pub(super) async fn warm_up(
             config.prewarm.concurrency,
             config.prewarm.device_timeout,
             budget,
+            |client| directory.get(client).is_some(),
         )
         .await;
     tracing::info!(
