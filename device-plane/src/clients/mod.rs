@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use blipless_store::credentials;
-use blipless_store::{Change, ClientLimits, ClientRecord, Store, StoreError, Usage};
+use blipless_store::{Change, ChangeKind, ClientLimits, ClientRecord, Store, StoreError, Usage};
 
 pub mod limiter;
 mod usage;
@@ -249,6 +249,14 @@ impl Directory {
                 return Ok(applied);
             };
             // Fetch each touched client once: its current record is the truth.
+            // One removed on the way (and added again, if it has a record) is
+            // a new client of the same name: not the old one's usage, limits'
+            // state or egress identity.
+            let removed_on_the_way: BTreeSet<String> = changes
+                .iter()
+                .filter(|c| c.kind == ChangeKind::Remove)
+                .map(|c| c.name.clone())
+                .collect();
             let names: BTreeSet<String> = changes
                 .into_iter()
                 .map(|c| c.name)
@@ -266,6 +274,9 @@ impl Directory {
                     }
                     Err(error) => return Err(error),
                 };
+                if record.is_some() && removed_on_the_way.contains(&name) {
+                    self.apply(&name, None);
+                }
                 self.apply(&name, record);
                 applied += 1;
             }

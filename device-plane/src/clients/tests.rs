@@ -142,3 +142,29 @@ async fn a_record_that_cannot_be_read_costs_only_its_own_client() {
     directory.catch_up().await.expect("catch up");
     assert!(directory.get("b").is_some());
 }
+
+/// A client removed and added again between two polls is a new client of
+/// the same name: its usage meter starts afresh and the old one's egress
+/// identity is evicted, even when the new record reads the same.
+#[tokio::test]
+async fn a_client_removed_and_added_again_between_polls_is_a_new_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    let store: Arc<dyn Store> = blipless_store::open(&url).await.expect("open");
+    store.add_client(record("a")).await.expect("add a");
+    let directory = Directory::load(store.clone()).await.expect("load");
+    let before = directory.get("a").expect("a");
+    assert!(store.remove_client("a").await.expect("remove a"));
+    store.add_client(record("a")).await.expect("add a again");
+    directory.catch_up().await.expect("catch up");
+    let after = directory.get("a").expect("a, added again");
+    assert!(
+        !Arc::ptr_eq(&before.meter, &after.meter),
+        "the old client's usage carried over"
+    );
+    assert!(
+        before.revoked.is_cancelled(),
+        "the old client's connections go on"
+    );
+    assert_eq!(directory.take_removed(), ["a"]);
+}
