@@ -144,7 +144,10 @@ impl Store for SqliteStore {
                     .map_err(db("checking client name"))?;
                 let name_taken = match stored {
                     Some(raw) => {
-                        if client_from_raw(raw).is_ok_and(|stored| stored == record) {
+                        if raw
+                            .and_then(client_from_raw)
+                            .is_ok_and(|stored| stored == record)
+                        {
                             return Ok(());
                         }
                         true
@@ -183,7 +186,7 @@ impl Store for SqliteStore {
                 )
                 .optional()
                 .map_err(db("reading client"))?;
-            raw.map(client_from_raw).transpose()
+            raw.map(|raw| raw.and_then(client_from_raw)).transpose()
         })
         .await
     }
@@ -201,7 +204,7 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(db("listing clients"))?;
             Ok(ClientList::from_results(
-                rows.into_iter().map(client_from_raw),
+                rows.into_iter().map(|raw| raw.and_then(client_from_raw)),
             ))
         })
         .await

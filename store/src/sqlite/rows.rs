@@ -53,16 +53,38 @@ pub(super) type RawClient = (
     Option<String>,
 );
 
-pub(super) fn raw_client(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawClient> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-        row.get(6)?,
-    ))
+/// A `clients` row: an error only when its name cannot be read; a column of
+/// the wrong type (a hand edit) is that client's [`StoreError::CorruptRecord`],
+/// which costs it alone (a listing goes on without it).
+pub(super) fn raw_client(
+    row: &rusqlite::Row<'_>,
+) -> rusqlite::Result<Result<RawClient, StoreError>> {
+    let name: String = row.get(0)?;
+    let rest = (|| -> rusqlite::Result<_> {
+        Ok((
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+            row.get(5)?,
+            row.get(6)?,
+        ))
+    })();
+    Ok(match rest {
+        Ok((secret_hash, created_at, wg_public_key, wg_address, egress, limits)) => Ok((
+            name,
+            secret_hash,
+            created_at,
+            wg_public_key,
+            wg_address,
+            egress,
+            limits,
+        )),
+        Err(error) => Err(StoreError::CorruptRecord {
+            detail: error.to_string(),
+            name,
+        }),
+    })
 }
 
 pub(super) fn client_from_raw(raw: RawClient) -> Result<ClientRecord, StoreError> {

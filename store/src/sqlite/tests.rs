@@ -412,3 +412,41 @@ async fn a_record_that_cannot_be_read_is_named_and_the_others_are_read() {
     let listed = store.list_clients().await;
     assert!(listed.as_ref().is_err_and(unreadable), "{listed:?}");
 }
+
+/// A column of the wrong type (a hand edit) costs only its client: it reads
+/// as that client's CorruptRecord, and a listing goes on without it. It used
+/// to fail every listing, so no device plane could start.
+#[tokio::test]
+async fn a_column_of_the_wrong_type_costs_only_its_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let store = crate::open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open");
+    for name in ["a", "b"] {
+        store
+            .add_client(crate::contract::client(name))
+            .await
+            .expect("add");
+    }
+    rusqlite::Connection::open(&path)
+        .expect("open the file")
+        .execute(
+            "UPDATE clients SET created_at = 'yesterday' WHERE name = 'b'",
+            [],
+        )
+        .expect("update");
+    let got = store.get_client("b").await;
+    assert!(
+        matches!(&got, Err(StoreError::CorruptRecord { name, .. }) if name == "b"),
+        "{got:?}"
+    );
+    let list = store.read_clients().await.expect("a listing");
+    let names: Vec<&str> = list.records.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a"]);
+    assert!(
+        matches!(&list.unreadable[..], [StoreError::CorruptRecord { name, .. }] if name == "b"),
+        "{:?}",
+        list.unreadable
+    );
+}
