@@ -284,6 +284,38 @@ fn a_certificate_that_does_not_load_stops_the_start_with_the_reason() {
     assert!(!status.success());
     let log = ingress.log_text();
     assert!(log.contains("missing.pem"), "{log}");
+
+    // A certificate that names no host (a common name only): it would load,
+    // then fail every handshake that asks for a name.
+    let mut node = Node::new("");
+    let (certificate, key) = (
+        node.path().join("cn-only.pem"),
+        node.path().join("cn-only.key"),
+    );
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&certificate)
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "{made:?}");
+    node.enable_https(&certificate, &key);
+    let mut ingress = node.spawn_ingress();
+    let status = ingress
+        .wait_exit(Duration::from_secs(30))
+        .expect("the ingress exits");
+    assert!(!status.success());
+    let log = ingress.log_text();
+    assert!(log.contains("names no host"), "{log}");
 }
 
 /// A TLS connection to the HTTPS proxy through `openssl s_client`: what is

@@ -12,6 +12,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::sign::CertifiedKey;
 use x509_cert::der::Decode;
 
+/// The subjectAltName extension's OID, where a certificate names its hosts.
+const SUBJECT_ALT_NAME: &str = "2.5.29.17";
+
 /// Why a certificate or key did not load. The certificate in use stays.
 #[derive(Debug, thiserror::Error)]
 pub enum CertificateError {
@@ -94,6 +97,26 @@ impl Certificate {
                 reason: error.to_string(),
             }
         })?;
+        // A leaf that names no host (a common name only, or not a webpki
+        // end-entity certificate) would load, then fail every handshake
+        // that asks for a name: refused here, where the operator sees why.
+        let names_a_host = parsed
+            .tbs_certificate()
+            .extensions()
+            .is_some_and(|extensions| {
+                extensions
+                    .iter()
+                    .any(|extension| extension.extn_id.to_string() == SUBJECT_ALT_NAME)
+            })
+            && webpki::EndEntityCert::try_from(leaf).is_ok();
+        if !names_a_host {
+            return Err(CertificateError::Malformed {
+                path: chain.to_owned(),
+                reason: "the leaf certificate names no host (no subjectAltName): \
+                         clients look for the name they asked for there and would refuse it"
+                    .to_owned(),
+            });
+        }
         let not_after = parsed
             .tbs_certificate()
             .validity()
