@@ -41,6 +41,12 @@ fn text(path: &Path) -> &str {
 }
 
 impl TestCa {
+    /// The CA's key: with [`TestCa::certificate`], a certificate that names
+    /// no host (a common name only, no subjectAltName).
+    pub fn key(&self) -> &Path {
+        &self.key
+    }
+
     /// A new CA with its files in `dir`.
     pub fn new(dir: &Path) -> Self {
         std::fs::create_dir_all(dir).expect("the CA folder");

@@ -272,50 +272,28 @@ fn bad_input_on_the_tls_port_costs_only_its_own_connection() {
 
 #[test]
 fn a_certificate_that_does_not_load_stops_the_start_with_the_reason() {
-    let mut node = Node::new("");
-    let key = node.path().join("broken.key");
-    let certificate = node.path().join("missing.pem");
+    // An ingress serving `certificate` and `key` exits, and says `why`.
+    let start_fails = |certificate: &std::path::Path, key: &std::path::Path, why: &str| {
+        let mut node = Node::new("");
+        node.enable_https(certificate, key);
+        let mut ingress = node.spawn_ingress();
+        let status = ingress
+            .wait_exit(Duration::from_secs(30))
+            .expect("the ingress exits");
+        assert!(!status.success());
+        let log = ingress.log_text();
+        assert!(log.contains(why), "{log}");
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = dir.path().join("broken.key");
     std::fs::write(&key, "not a key\n").expect("write");
-    node.enable_https(&certificate, &key);
-    let mut ingress = node.spawn_ingress();
-    let status = ingress
-        .wait_exit(Duration::from_secs(30))
-        .expect("the ingress exits");
-    assert!(!status.success());
-    let log = ingress.log_text();
-    assert!(log.contains("missing.pem"), "{log}");
+    start_fails(&dir.path().join("missing.pem"), &key, "missing.pem");
 
-    // A certificate that names no host (a common name only): it would load,
-    // then fail every handshake that asks for a name.
-    let mut node = Node::new("");
-    let (certificate, key) = (
-        node.path().join("cn-only.pem"),
-        node.path().join("cn-only.key"),
-    );
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&certificate)
-        .output()
-        .expect("openssl");
-    assert!(made.status.success(), "{made:?}");
-    node.enable_https(&certificate, &key);
-    let mut ingress = node.spawn_ingress();
-    let status = ingress
-        .wait_exit(Duration::from_secs(30))
-        .expect("the ingress exits");
-    assert!(!status.success());
-    let log = ingress.log_text();
-    assert!(log.contains("names no host"), "{log}");
+    // A certificate that names no host (a common name only, as the test
+    // CA's own): it would load, then fail every handshake that asks for a
+    // name.
+    let ca = TestCa::new(&dir.path().join("ca"));
+    start_fails(&ca.certificate, ca.key(), "names no host");
 }
 
 /// A TLS connection to the HTTPS proxy through `openssl s_client`: what is
