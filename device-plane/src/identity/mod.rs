@@ -66,6 +66,11 @@ pub struct Identities {
     /// Pool addresses found not to be the host's any more, and since when:
     /// not allocated for [`UNUSABLE_FOR`].
     unusable: Mutex<HashMap<IpAddr, std::time::Instant>>,
+    /// The sources of opens not finished yet, by client: counted by
+    /// allocations as if open, so that a burst of first opens (a pre-warm,
+    /// a herd of new clients) spreads over the pool instead of each taking
+    /// the address that was least used before any of them finished.
+    opening: Mutex<HashMap<String, IpAddr>>,
 }
 
 /// How long a pool address that could not be bound is passed over.
@@ -108,6 +113,7 @@ impl Identities {
             prewarmed: AtomicU64::new(0),
             next_rotation: std::sync::atomic::AtomicUsize::new(0),
             unusable: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
         }
     }
 
@@ -163,20 +169,25 @@ impl Identities {
         // lose it, and the client its source address.
         let (identities, name) = (self.clone(), client.to_owned());
         let opening = tokio::spawn(async move {
-            slot.get_or_init(|| identities.open_identity(&name))
+            let identity = slot
+                .get_or_init(|| identities.open_identity(&name))
                 .await
-                .clone()
+                .clone();
+            // Counted through the slot from now on.
+            lock(&identities.opening).remove(&name);
+            identity
         });
         match opening.await {
             Ok(identity) => identity,
             // The runtime is going down (or the opening panicked): a fresh
             // identity, which is all this connection needs.
             Err(error) => {
+                lock(&self.opening).remove(client);
                 tracing::warn!(client, %error, "opening the egress identity failed; allocating one");
                 Arc::new(ClientIdentity {
                     client: client.to_owned(),
                     identity: EgressIdentity {
-                        source: self.allocate_source(),
+                        source: self.allocate_source(None),
                         session: Some(new_session()),
                         ..EgressIdentity::default()
                     },
@@ -203,12 +214,14 @@ impl Identities {
                     !self.sources.contains(&source)
                 });
                 if stale {
-                    identity.source = self.allocate_source();
+                    identity.source = self.allocate_source(Some(client));
+                } else if let Some(source) = identity.source {
+                    lock(&self.opening).insert(client.to_owned(), source);
                 }
                 identity
             }
             None => EgressIdentity {
-                source: self.allocate_source(),
+                source: self.allocate_source(Some(client)),
                 ..EgressIdentity::default()
             },
         };
@@ -237,15 +250,28 @@ impl Identities {
         self.evict(client).await;
     }
 
-    /// The pool address fewest open identities use (first such in pool
-    /// order), among those not found unusable lately (all of them if none
-    /// is left: a connection from a dead address fails, where one from the
-    /// host's own would leave from an address the operator did not give).
-    fn allocate_source(&self) -> Option<IpAddr> {
-        let open: Vec<Arc<ClientIdentity>> = lock(&self.open)
-            .values()
-            .filter_map(|s| s.get().cloned())
-            .collect();
+    /// The pool address fewest open (or opening) identities use (first such
+    /// in pool order), among those not found unusable lately (all of them if
+    /// none is left: a connection from a dead address fails, where one from
+    /// the host's own would leave from an address the operator did not
+    /// give). With `opening`, the choice is recorded as that client's until
+    /// its open finishes.
+    fn allocate_source(&self, opening: Option<&str>) -> Option<IpAddr> {
+        // Held from the count to the record, so two opens cannot both see
+        // the same address as the least used.
+        let mut reserved = lock(&self.opening);
+        let in_use: Vec<IpAddr> = {
+            let open = lock(&self.open);
+            let finished = open
+                .values()
+                .filter_map(|slot| slot.get().and_then(|held| held.identity.source));
+            // An open whose slot just filled is counted there only.
+            let unfinished = reserved.iter().filter_map(|(client, source)| {
+                let filled = open.get(client).is_some_and(|slot| slot.initialized());
+                (!filled).then_some(*source)
+            });
+            finished.chain(unfinished).collect()
+        };
         let usable: Vec<&IpAddr> = {
             let mut unusable = lock(&self.unusable);
             unusable.retain(|_, since| since.elapsed() < UNUSABLE_FOR);
@@ -259,14 +285,14 @@ impl Identities {
         } else {
             usable
         };
-        candidates
+        let chosen = candidates
             .into_iter()
-            .min_by_key(|source| {
-                open.iter()
-                    .filter(|d| d.identity.source == Some(**source))
-                    .count()
-            })
-            .copied()
+            .min_by_key(|source| in_use.iter().filter(|used| used == source).count())
+            .copied();
+        if let (Some(client), Some(source)) = (opening, chosen) {
+            reserved.insert(client.to_owned(), source);
+        }
+        chosen
     }
 
     /// The client's egress window now (best first; empty before the first

@@ -353,3 +353,29 @@ async fn an_unusable_source_is_passed_over() {
         again.identity.source
     );
 }
+
+/// A burst of first opens (a pre-warm, a herd of new clients) spreads over
+/// the pool: each open counts the sources of the opens not finished yet.
+#[tokio::test]
+async fn a_burst_of_first_opens_spreads_over_the_pool() {
+    let (_dir, store) = fixture(Duration::from_millis(1)).await;
+    // Every save takes a while, so that the opens overlap.
+    store.put_delay_ms.store(50, Ordering::SeqCst);
+    let pool: Vec<std::net::IpAddr> = vec![
+        "127.0.0.2".parse().expect("ip"),
+        "127.0.0.3".parse().expect("ip"),
+    ];
+    let identities = Arc::new(Identities::new(store.clone(), node(), pool.clone()));
+    let opens = (0..8).map(|n| {
+        let identities = identities.clone();
+        async move { identities.open(&format!("client-{n}")).await }
+    });
+    let opened = futures_util::future::join_all(opens).await;
+    for source in &pool {
+        let users = opened
+            .iter()
+            .filter(|held| held.identity.source == Some(*source))
+            .count();
+        assert_eq!(users, 4, "{source} serves {users} of 8 clients");
+    }
+}
