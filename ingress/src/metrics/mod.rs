@@ -3,7 +3,7 @@
 //! The WireGuard figures are in `wg.rs` ([`WgMetrics`]), registered in the
 //! same registry.
 
-use blipless_protocol::channel::ListenerKind;
+use blipless_protocol::channel::{DeviceReport, ListenerKind};
 use blipless_protocol::control::DeployOutcome;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -95,6 +95,8 @@ pub struct Metrics {
     process: ProcessMetrics,
     /// `blipless_device_*`: the planes' process figures.
     device_process: process::DevicePlaneProcess,
+    /// Held through a render ([`Metrics::render_states`]).
+    rendering: std::sync::Mutex<()>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -306,6 +308,7 @@ impl Metrics {
             own_fds_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             process: ProcessMetrics::new(),
             device_process,
+            rendering: std::sync::Mutex::new(()),
             registry,
             migrated,
             deploys,
@@ -424,6 +427,23 @@ impl Metrics {
 
     /// Refreshes the gauges from the planes and renders the text exposition.
     pub fn render(&self, planes: &Planes, ready: bool) -> String {
+        let states: Vec<(PlaneState, DeviceReport)> = planes
+            .all()
+            .iter()
+            .map(|plane| (plane.state(), plane.report()))
+            .collect();
+        self.render_states(&states, ready)
+    }
+
+    /// [`Metrics::render`] over each plane's state and last report. One
+    /// render at a time: the derived gauges are zeroed (or cleared) and
+    /// then refilled, and a scrape made meanwhile would read them half
+    /// done (two planes active, or no route at all).
+    fn render_states(&self, planes: &[(PlaneState, DeviceReport)], ready: bool) -> String {
+        let _one_at_a_time = self
+            .rendering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.ready.set(i64::from(ready));
         let own = blipless_link::fds_dropped();
         let seen = self
@@ -447,14 +467,13 @@ impl Metrics {
                 })
                 .set(0);
         }
-        for plane in planes.all() {
-            let state = plane.state();
+        for (state, report) in planes {
+            let state = *state;
             self.planes
                 .get_or_create(&StateLabel {
                     state: state.as_str().into(),
                 })
                 .inc();
-            let report = plane.report();
             open += report.connections;
             devices += report.devices;
             if state == PlaneState::Draining {

@@ -2,6 +2,7 @@
 
 use super::*;
 use blipless_protocol::channel::DeviceReport;
+use std::sync::Arc;
 
 fn text(metrics: &Metrics) -> String {
     let mut text = String::new();
@@ -44,5 +45,51 @@ fn reported_auth_counts_are_summed_and_never_go_backwards() {
         "blipless_auth_throttled_total{protocol=\"http\"} 1",
     ] {
         assert!(text.contains(line), "{line} in {text}");
+    }
+}
+
+/// Scrapes at the same time each see the planes as they are: one active
+/// plane and its route, never two (the gauges zeroed by one render and
+/// refilled by both) nor none (the routes cleared and not yet refilled).
+#[test]
+fn concurrent_renders_each_see_a_whole_picture() {
+    let metrics = Arc::new(Metrics::new());
+    let report = DeviceReport {
+        routes: vec![blipless_protocol::channel::RouteReport {
+            name: "direct".into(),
+            kind: "direct".into(),
+            up: true,
+            ..Default::default()
+        }],
+        ..DeviceReport::default()
+    };
+    let planes = Arc::new(vec![
+        (PlaneState::Active, report),
+        (PlaneState::Draining, DeviceReport::default()),
+    ]);
+    let scrapers: Vec<_> = (0..2)
+        .map(|_| {
+            let (metrics, planes) = (metrics.clone(), planes.clone());
+            std::thread::spawn(move || {
+                for _ in 0..3000 {
+                    let text = metrics.render_states(&planes, true);
+                    for line in [
+                        "blipless_device_planes{state=\"active\"} 1\n",
+                        "blipless_device_planes{state=\"draining\"} 1\n",
+                        "blipless_egress_route_up{route=\"direct\"} 1\n",
+                    ] {
+                        if !text.contains(line) {
+                            return Err(format!("{line:?} missing from\n{text}"));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for scraper in scrapers {
+        if let Err(torn) = scraper.join().expect("scraper") {
+            panic!("{torn}");
+        }
     }
 }
