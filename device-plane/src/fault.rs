@@ -1,7 +1,7 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
 //! make a device plane miss its ready budget, hold back its peer set,
-//! announce another build, act older than a message, adopt slowly or die
-//! adopting.
+//! announce another build, act older than a message, adopt slowly, die
+//! adopting or hand its WireGuard exits over late.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -45,6 +45,25 @@ pub const SLOW_ADOPTION: &str = "BLIPLESS_FAULT_SLOW_ADOPTION_MS";
 /// test can have a successor die with connections it never took.
 #[cfg(feature = "fault-injection")]
 pub const DIE_ADOPTING: &str = "BLIPLESS_FAULT_DIE_ADOPTING";
+
+/// A plane handing over sends its WireGuard exits' descriptors this many
+/// milliseconds after its client TUN queues instead of before them, so that
+/// a test can have them reach a successor that opened the exits afresh.
+#[cfg(feature = "fault-injection")]
+pub const LATE_EXIT_HANDOVER: &str = "BLIPLESS_FAULT_LATE_EXIT_HANDOVER_MS";
+
+/// `BLIPLESS_FAULT_LATE_EXIT_HANDOVER_MS`, if it is set.
+pub fn late_exit_handover() -> Option<std::time::Duration> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(LATE_EXIT_HANDOVER) {
+        tracing::warn!(
+            ?delay,
+            "fault injection: handing the exits over after the TUN queues"
+        );
+        return Some(delay);
+    }
+    None
+}
 
 /// `BLIPLESS_FAULT_DIE_ADOPTING`: exits the process, if it is set.
 pub fn die_adopting() {

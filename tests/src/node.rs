@@ -335,9 +335,18 @@ impl Node {
     /// Deploys: starts a new device plane, waits until it is active and the
     /// `old` one has exited; returns the new one and how long the old took.
     pub fn deploy(&mut self, old: &mut Daemon) -> (Daemon, Duration) {
+        self.deploy_with_env(old, &[])
+    }
+
+    /// [`Node::deploy`] to a device plane with extra environment variables.
+    pub fn deploy_with_env(
+        &mut self,
+        old: &mut Daemon,
+        env: &[(&str, &str)],
+    ) -> (Daemon, Duration) {
         let before = self.active_generation();
         let started = Instant::now();
-        let new = self.start_device();
+        let new = self.start_device_with_env(env);
         wait_until(
             Duration::from_secs(60),
             "the new device plane to be active",

@@ -430,6 +430,55 @@ fn socks5_and_http_clients_egress_through_the_exit_or_directly_by_policy() {
     );
 }
 
+/// An exit's descriptors that reach a successor after it opened the exit
+/// afresh (its 2 s wait over) are closed, not kept: kept, the late TUN queue
+/// stays attached to the exit's device unread, and the kernel steers about
+/// half the new flows into it. The predecessor is made late by fault
+/// injection; every one of twelve new connections afterwards must leave
+/// through the exit.
+#[test]
+fn exit_descriptors_that_come_late_do_not_strand_flows() {
+    let mut world = ExitWorld::new(57, &[ALICE]);
+    assert_eq!(whoami(&world), world.net.exit_public, "through the exit");
+    let late = [("BLIPLESS_FAULT_LATE_EXIT_HANDOVER_MS", "3500")];
+    let (device, _) = world
+        .node
+        .node
+        .deploy_with_env(&mut world.node.device, &late);
+    world.node.device = device;
+    // This one's predecessor hands the exit over 3.5 s after the TUN
+    // queues: the successor has opened it afresh by then.
+    let (device, _) = world.node.node.deploy(&mut world.node.device);
+    world.node.device = device;
+    let mut failed = Vec::new();
+    for attempt in 0..12 {
+        match world.net.net.try_fetch("/whoami", &["--max-time", "10"]) {
+            Ok(body) if body == world.net.exit_public.as_bytes() => {}
+            Ok(body) => failed.push(format!(
+                "{attempt}: the origin saw {}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(error) => failed.push(format!("{attempt}: {error}")),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "new connections after the late handover failed: {failed:#?}\n{}",
+        world.diagnostics()
+    );
+    // And the descriptors did come late (else the test proved nothing).
+    let late_came = world
+        .node
+        .device
+        .log_text()
+        .contains("came after the exit started");
+    assert!(
+        late_came,
+        "the exit's descriptors were to come late\n{}",
+        world.diagnostics()
+    );
+}
+
 /// `blipless-ctl egress --json` shows the exit (kind wireguard) up while it
 /// answers, down with a reason (and in `/status`) after its wireguard-go
 /// stops, and up again, carrying traffic, after it restarts. How long each

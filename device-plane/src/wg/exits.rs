@@ -14,7 +14,7 @@
 //! Updating the map needs CAP_NET_ADMIN (as `net setup` does); without it
 //! the clients' packets leave directly, and the plane says so once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -53,8 +53,21 @@ pub struct Exits {
     running: Mutex<Option<(CancellationToken, TaskTracker)>>,
     /// Each exit's live session, by name.
     live: Mutex<HashMap<String, Live>>,
-    /// Descriptors handed over and not yet taken, by exit name.
-    inherited: Mutex<HashMap<String, Inherited>>,
+    /// Descriptors handed over and not yet taken, and the exits that no
+    /// longer wait for theirs.
+    inherited: Mutex<Inheritance>,
+}
+
+/// What a successor's exits inherit, by exit name.
+#[derive(Debug, Default)]
+struct Inheritance {
+    /// Descriptors handed over and not yet taken.
+    waiting: HashMap<String, Inherited>,
+    /// Exits running on what they found (handed over or opened afresh):
+    /// descriptors that come for one of them now are closed at once. Kept,
+    /// the late TUN queue would stay attached to the exit's device unread,
+    /// and the kernel would steer some flows into it for good.
+    settled: HashSet<String>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -80,7 +93,7 @@ impl Exits {
             successor,
             running: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
-            inherited: Mutex::new(HashMap::new()),
+            inherited: Mutex::new(Inheritance::default()),
         }
     }
 
@@ -96,8 +109,15 @@ impl Exits {
             tracing::warn!(exit = %message.exit, "descriptors of an exit this plane does not have: closed");
             return;
         }
+        let mut inherited = lock(&self.inherited);
+        if inherited.settled.contains(&message.exit) {
+            tracing::warn!(exit = %message.exit, "WireGuard exit descriptors came after the exit started: closed");
+            return;
+        }
         tracing::info!(exit = %message.exit, "WireGuard exit descriptors inherited from the predecessor");
-        lock(&self.inherited).insert(message.exit.clone(), Inherited { udp, queue });
+        inherited
+            .waiting
+            .insert(message.exit.clone(), Inherited { udp, queue });
     }
 
     /// Starts the tunnels and the steering (nothing when there are no
@@ -110,6 +130,9 @@ impl Exits {
         if running.is_some() {
             return;
         }
+        // A new run (a plane serving again after it handed its exits to a
+        // successor that failed) takes what is handed back to it.
+        lock(&self.inherited).settled.clear();
         let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
         for (route, config) in self.routes.exits() {
             let live = lock(&self.live)
@@ -133,11 +156,18 @@ impl Exits {
     async fn inherited_for(&self, name: &str, stop: &CancellationToken) -> Option<Inherited> {
         let deadline = tokio::time::Instant::now() + INHERIT_WAIT;
         loop {
-            if let Some(fds) = lock(&self.inherited).remove(name) {
-                return Some(fds);
-            }
-            if !self.successor || tokio::time::Instant::now() >= deadline || stop.is_cancelled() {
-                return None;
+            {
+                // Taken, or given up on, under the lock `adopt` takes: what
+                // comes after is closed there.
+                let mut inherited = lock(&self.inherited);
+                let fds = inherited.waiting.remove(name);
+                let gives_up = !self.successor
+                    || tokio::time::Instant::now() >= deadline
+                    || stop.is_cancelled();
+                if fds.is_some() || gives_up {
+                    inherited.settled.insert(name.to_owned());
+                    return fds;
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

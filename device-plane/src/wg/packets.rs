@@ -407,7 +407,20 @@ impl PacketPath {
     /// the other queues).
     pub async fn hand_over(&self) {
         // The successor runs the exits from the moment it has the queues:
-        // their descriptors go first, on the same channel.
+        // their descriptors go first, on the same channel (after, in tests
+        // of a late arrival).
+        let late_exits = crate::fault::late_exit_handover();
+        if late_exits.is_none() {
+            self.hand_exits_over().await;
+        }
+        self.hand_queues_over().await;
+        if let Some(delay) = late_exits {
+            tokio::time::sleep(delay).await;
+            self.hand_exits_over().await;
+        }
+    }
+
+    async fn hand_exits_over(&self) {
         if let Some(exits) = self.exits() {
             let channel = self
                 .channel
@@ -416,6 +429,9 @@ impl PacketPath {
                 .clone();
             exits.hand_over(channel.as_deref()).await;
         }
+    }
+
+    async fn hand_queues_over(&self) {
         let (tracker, stop) = self
             .readers
             .lock()
