@@ -458,13 +458,25 @@ impl ExitWorld {
     /// in the customer namespace routing the internet subnet through the
     /// node).
     pub fn new(s: u8, clients: &[ClientSpec]) -> ExitWorld {
+        Self::with_exit_file(s, clients, |_, file| file.to_owned())
+    }
+
+    /// [`ExitWorld::new`] with the node's wg-quick file for the exit as
+    /// `edit` makes it (from the namespaces, before the node starts, and
+    /// the file as the exit wrote it).
+    pub fn with_exit_file(
+        s: u8,
+        clients: &[ClientSpec],
+        edit: impl FnOnce(&ExitNet, &str) -> String,
+    ) -> ExitWorld {
         let net = ExitNet::new(s);
         let exit = WgGoExit::start(&net, None);
         let files = tempfile::Builder::new()
             .prefix("blipless-exit-")
             .tempdir()
             .expect("temporary folder");
-        let path = write_exit_file(files.path(), "exit.conf", &exit.node_file);
+        let file = edit(&net, &exit.node_file);
+        let path = write_exit_file(files.path(), "exit.conf", &file);
         let (node, added) = start_node(&net, &path, clients);
         let peer = added
             .iter()

@@ -165,6 +165,15 @@ fn remove_namespace(name: &str) {
     if let Err(e) = run(Command::new("ip").args(["netns", "del", name])) {
         eprintln!("netns {name}: {e}");
     }
+    // What [`Netns::write_hosts`] made, if anything (`/etc/netns` too,
+    // once empty).
+    let _ = std::fs::remove_dir_all(etc_netns(name));
+    let _ = std::fs::remove_dir("/etc/netns");
+}
+
+/// `/etc/netns/<name>`: the files `ip netns exec` mounts over `/etc`'s.
+fn etc_netns(name: &str) -> std::path::PathBuf {
+    std::path::Path::new("/etc/netns").join(name)
 }
 
 /// The processes in namespace `name` (empty when there are none or on error).
@@ -236,6 +245,17 @@ impl Netns {
     /// Runs `program args...` inside; returns its stdout as bytes.
     pub fn exec_bytes(&self, program: &str, args: &[&str]) -> io::Result<Vec<u8>> {
         output(self.command(program).args(args))
+    }
+
+    /// Writes `text` as the namespace's own `/etc/hosts`, which what starts
+    /// after through [`Netns::command`] sees (`ip netns exec` mounts
+    /// `/etc/netns/NAME/hosts` over it). Written again in place, it changes
+    /// under what runs already: the mount is of the file, not of the name.
+    /// Removed with the namespace.
+    pub fn write_hosts(&self, text: &str) -> io::Result<()> {
+        let dir = etc_netns(&self.name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("hosts"), text)
     }
 
     /// Runs `ip -n NAME args...`; returns its stdout.

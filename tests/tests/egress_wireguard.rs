@@ -479,6 +479,102 @@ fn exit_descriptors_that_come_late_do_not_strand_flows() {
     );
 }
 
+/// An exit whose wg-quick `Endpoint` is a name follows the name: when the
+/// exit moves to another address (the name now says so, the old address is
+/// gone), the exit goes down, the tunnel is reopened toward the new address,
+/// and the exit is up again and carrying the client's traffic. The name is
+/// the node namespace's own `/etc/hosts`.
+#[test]
+fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
+    const NAME: &str = "exit.blipless.test";
+    let hosts = |address: &str| format!("127.0.0.1 localhost\n{address} {NAME}\n");
+    let world = ExitWorld::with_exit_file(56, &[ALICE], |net, file| {
+        net.net
+            .node_ns
+            .write_hosts(&hosts(&net.exit_ip))
+            .expect("the node namespace's hosts file");
+        let named = file.replace(&format!("{}:", net.exit_ip), &format!("{NAME}:"));
+        assert_ne!(named, file, "the exit file names its endpoint by address");
+        named
+    });
+    let node = &world.node.node;
+    assert_eq!(whoami(&world), world.net.exit_public, "through the exit");
+
+    // The exit moves: a second address (on its loopback, which the node
+    // reaches over the same link), the name pointed at it, the first gone.
+    let exit_ns = &world.net.exit;
+    let moved_to = world.net.exit_ip.replace(".3.2", ".3.3");
+    exit_ns
+        .ip(&["addr", "add", &format!("{moved_to}/32"), "dev", "lo"])
+        .expect("the exit's second address");
+    world
+        .net
+        .net
+        .node_ns
+        .write_hosts(&hosts(&moved_to))
+        .expect("pointing the name at the new address");
+    let old_link = exit_ns
+        .ip(&[
+            "-o",
+            "addr",
+            "show",
+            "to",
+            &format!("{}/32", world.net.exit_ip),
+        ])
+        .expect("the exit's link")
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_owned)
+        .expect("an interface holds the exit's address");
+    exit_ns
+        .ip(&[
+            "addr",
+            "del",
+            &format!("{}/24", world.net.exit_ip),
+            "dev",
+            &old_link,
+        ])
+        .expect("removing the exit's first address");
+    let moved = Instant::now();
+
+    let down = within(Duration::from_secs(120), || {
+        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == false)
+    });
+    assert!(
+        down.is_some(),
+        "the exit stayed up after its address went away\n{}",
+        world.diagnostics()
+    );
+    let up = within(Duration::from_secs(120), || {
+        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == true)
+    });
+    assert!(
+        up.is_some(),
+        "the exit is still down {:?} after it moved: {:?}\n{}",
+        moved.elapsed(),
+        egress_route(node, EXIT_NAME),
+        world.diagnostics()
+    );
+    eprintln!(
+        "exit up again at its new address {:?} after it moved",
+        moved.elapsed()
+    );
+    let back = within(Duration::from_secs(60), || {
+        world
+            .net
+            .net
+            .try_fetch("/whoami", &["--max-time", "5"])
+            .is_ok_and(|body| body == world.net.exit_public.as_bytes())
+    });
+    assert!(
+        back.is_some(),
+        "no traffic through the moved exit\n{}",
+        world.diagnostics()
+    );
+    let endpoint = world.exit.node_peer().and_then(|peer| peer.endpoint);
+    eprintln!("the exit sees the node at {endpoint:?}");
+}
+
 /// `blipless-ctl egress --json` shows the exit (kind wireguard) up while it
 /// answers, down with a reason (and in `/status`) after its wireguard-go
 /// stops, and up again, carrying traffic, after it restarts. How long each

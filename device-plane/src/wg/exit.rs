@@ -22,7 +22,9 @@
 //! probes in a row without an answer within `egress.probe.timeout` mark it
 //! down. So a busy exit is never probed, an idle one costs a handshake per
 //! interval, and a dead one is down within about `failures × interval +
-//! timeout`.
+//! timeout`. While it is down, each failed probe looks the endpoint's name
+//! up again: if it names another address now (the provider moved the
+//! exit), the tunnel is reopened toward that one.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -131,12 +133,16 @@ impl Session {
 
 /// Resolves the exit's endpoint.
 async fn endpoint(exit: &WireguardExit) -> Result<SocketAddr, ExitError> {
-    let name = exit.file.peer.endpoint.clone();
-    tokio::net::lookup_host(name.as_str())
+    resolve(&exit.file.peer.endpoint).await
+}
+
+/// The first address `name` (`host:port`) resolves to now.
+async fn resolve(name: &str) -> Result<SocketAddr, ExitError> {
+    tokio::net::lookup_host(name)
         .await
         .ok()
         .and_then(|mut found| found.next())
-        .ok_or(ExitError::Unresolvable(name))
+        .ok_or_else(|| ExitError::Unresolvable(name.to_owned()))
 }
 
 /// The session on a predecessor's descriptors.
@@ -223,7 +229,7 @@ pub async fn run(
                 tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, "WireGuard exit tunnel up");
                 let session = Arc::new(session);
                 *lock(&live) = Some(session.clone());
-                serve(&route, session, probe, &stop).await;
+                serve(&route, &exit, session, probe, &stop).await;
                 if stop.is_cancelled() {
                     tracing::info!(exit = %route.name, "WireGuard exit tunnel stopped");
                     return;
@@ -252,6 +258,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// socket fails.
 async fn serve(
     route: &Arc<Route>,
+    exit: &WireguardExit,
     session: Arc<Session>,
     probe: ExitProbe,
     stop: &CancellationToken,
@@ -262,11 +269,12 @@ async fn serve(
     tasks.spawn(outbound(session.clone()));
     tasks.spawn(inbound(session.clone()));
     tasks.spawn(timers(session.clone()));
-    tasks.spawn(health(route.clone(), session.clone(), probe));
+    let endpoint = exit.file.peer.endpoint.clone();
+    tasks.spawn(health(route.clone(), session.clone(), probe, endpoint));
     tokio::select! {
         () = stop.cancelled() => {}
         _ = tasks.join_next() => {
-            tracing::warn!(exit = %route.name, "WireGuard exit tunnel failed; reopening");
+            tracing::warn!(exit = %route.name, "WireGuard exit tunnel ended; reopening");
         }
     }
     tasks.shutdown().await;
@@ -364,8 +372,10 @@ async fn timers(session: Arc<Session>) {
 }
 
 /// The exit's health (module docs): traffic from it since the last check
-/// means up; else a forced handshake, timed.
-async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe) {
+/// means up; else a forced handshake, timed. Returns (and so has the
+/// tunnel reopened) when the exit is down and `endpoint` now resolves to
+/// another address than the one the session sends to.
+async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe, endpoint: String) {
     use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(probe.interval);
     // The first check (at once) probes: it measures the latency.
@@ -403,6 +413,26 @@ async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe) {
                 probe.failures,
                 "no WireGuard handshake answer from the exit",
             );
+            if !route.is_up() && moved(&endpoint, &session).await {
+                return;
+            }
         }
+    }
+}
+
+/// Whether `endpoint` resolves now to another address than the one
+/// `session`'s socket is connected to (a name the provider pointed
+/// elsewhere). Not when it does not resolve at all: the old address is
+/// then as good a guess as any.
+async fn moved(endpoint: &str, session: &Session) -> bool {
+    let Ok(sending_to) = session.udp.peer_addr() else {
+        return false;
+    };
+    match resolve(endpoint).await {
+        Ok(now) if now != sending_to => {
+            tracing::info!(%endpoint, from = %sending_to, to = %now, "WireGuard exit endpoint moved: reopening the tunnel toward it");
+            true
+        }
+        _ => false,
     }
 }
