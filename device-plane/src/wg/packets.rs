@@ -13,7 +13,7 @@
 //! detaching a TUN queue purges it). Each packet is metered to its client and
 //! held to the client's limits ([`super::accounting`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,7 +88,12 @@ pub struct PacketPath {
     queues: Mutex<Vec<Arc<TunQueue>>>,
     readers: Mutex<(TaskTracker, CancellationToken)>,
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
-    pending: Mutex<Vec<Vec<u8>>>,
+    /// Packets parked until the first queues come; the lock is held while
+    /// they are written, so that no later packet overtakes them.
+    pending: Arc<tokio::sync::Mutex<Vec<Vec<u8>>>>,
+    /// Whether `pending` may hold packets: each batch written checks it
+    /// (one atomic load) and writes them first.
+    parked: Arc<AtomicBool>,
     /// Whether queues were ever held: only a successor that has not had its
     /// first queues yet parks packets in `pending`; any other plane without
     /// queues (handed over, or the device unusable) counts them as lost.
@@ -139,7 +144,8 @@ impl PacketPath {
             queues: Mutex::new(Vec::new()),
             readers: Mutex::new((TaskTracker::new(), CancellationToken::new())),
             channel: Arc::new(Mutex::new(None)),
-            pending: Mutex::new(Vec::new()),
+            pending: Arc::default(),
+            parked: Arc::default(),
             held_queues: std::sync::atomic::AtomicBool::new(false),
             egress,
             exits: Mutex::new(None),
@@ -191,12 +197,6 @@ impl PacketPath {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     fn open_queues(&self) {
         match super::tun::attach_queues(&self.device, self.queue_count, self.offload) {
             Ok(opened) => {
@@ -242,13 +242,11 @@ impl PacketPath {
         if let (true, Some(exits)) = (holds, self.exits()) {
             exits.start();
         }
-        let pending = std::mem::take(&mut *self.lock_pending());
-        if let (Some(queue), false) = (first, pending.is_empty()) {
+        if let (Some(queue), true) = (first, self.parked.load(Ordering::Acquire)) {
+            let (pending, parked) = (self.pending.clone(), self.parked.clone());
             let counters = self.counters.clone();
             tokio::spawn(async move {
-                for packet in pending {
-                    write_packet(&queue, &packet, &counters).await;
-                }
+                write_parked(&queue, &pending, &parked, &counters).await;
             });
         }
     }
@@ -325,6 +323,12 @@ impl PacketPath {
         let ipv6_leaves = client
             .as_ref()
             .is_some_and(|client| self.egress.routes.leaves_directly(&client.record.egress));
+        // Packets parked before the first queues go first (a successor's
+        // first batches): written here if the task `install` started has
+        // not written them yet, waited for if it is writing them.
+        if let (Some(queue), true) = (&queue, self.parked.load(Ordering::Acquire)) {
+            write_parked(queue, &self.pending, &self.parked, &self.counters).await;
+        }
         // An offload queue takes a flow's consecutive TCP segments as one
         // super-packet: they are joined here and written after the batch.
         let mut coalescer = queue
@@ -381,10 +385,11 @@ impl PacketPath {
                 (Some(_), Some(coalescer)) => coalescer.push(packet, &mut joined),
                 (Some(queue), None) => write_packet(queue, packet, &self.counters).await,
                 (None, _) => {
-                    let mut pending = self.lock_pending();
+                    let mut pending = self.pending.lock().await;
                     let parks = self.inherit && !self.held_queues.load(Ordering::Relaxed);
                     if parks && pending.len() < PENDING_LIMIT {
                         pending.push(packet.to_vec());
+                        self.parked.store(true, Ordering::Release);
                     } else {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
                     }
@@ -496,6 +501,22 @@ impl PacketPath {
             self.open_queues();
         }
     }
+}
+
+/// Writes the packets parked in `pending` to `queue`, holding its lock
+/// throughout: whoever comes next (the writer with a batch, or the task
+/// [`PacketPath::install`] started) waits, and writes after them.
+async fn write_parked(
+    queue: &TunQueue,
+    pending: &tokio::sync::Mutex<Vec<Vec<u8>>>,
+    parked: &AtomicBool,
+    counters: &PacketCounters,
+) {
+    let mut pending = pending.lock().await;
+    for packet in pending.drain(..) {
+        write_packet(queue, &packet, counters).await;
+    }
+    parked.store(false, Ordering::Release);
 }
 
 async fn write_joined(queue: &TunQueue, write: &Write<'_>, counters: &PacketCounters) {
