@@ -357,3 +357,77 @@ fn a_drain_does_not_wait_the_grace_for_a_silent_origin() {
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer:?}");
     origin.wait_released();
 }
+
+/// A connection on which no request authenticates is closed once
+/// `proxy.handshake_timeout` has passed, however many requests it sends
+/// (each gets its 407), as a SOCKS5 one is: an unknown client cannot hold a
+/// slot until the idle timeout. One that authenticated stays open past it.
+#[test]
+fn a_connection_that_never_authenticates_is_closed_at_the_handshake_timeout() {
+    let origin = RawOrigin::start(Answer::Ok);
+    let mut node = Node::new("[proxy]\nhandshake_timeout = \"2s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("read timeout");
+    let mut writer = stream.try_clone().expect("clone");
+    // A head without credentials every half second, for up to 20 s.
+    let sender = std::thread::spawn(move || {
+        for _ in 0..40 {
+            let head = b"GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: x\r\n\r\n";
+            if writer.write_all(head).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut answers = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let closed = loop {
+        if started.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => answers.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break true,
+        }
+    };
+    let answers = String::from_utf8_lossy(&answers).into_owned();
+    assert!(
+        closed,
+        "still open after {:?} of unauthenticated requests: {} answers",
+        started.elapsed(),
+        answers.matches("HTTP/1.1 407").count()
+    );
+    assert!(answers.starts_with("HTTP/1.1 407"), "{answers}");
+    let _ = sender.join();
+
+    // Authenticated, the connection outlives the handshake timeout (its
+    // requests 1.2 s apart: hyper closes a keep-alive connection idle for
+    // the handshake timeout, as it reads the next head under it).
+    let port = origin.port();
+    let mut stream = raw::connect(node.http);
+    let request = format!(
+        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        auth(&client)
+    );
+    for round in 0..3 {
+        stream.write_all(request.as_bytes()).expect("request");
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"ok") {
+            let read = stream.read(&mut chunk).expect("an answer");
+            assert!(read > 0, "closed in round {round}");
+            answer.extend_from_slice(&chunk[..read]);
+        }
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "round {round}: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+}

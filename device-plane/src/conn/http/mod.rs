@@ -255,8 +255,21 @@ async fn serve_until_handover(
     // client keeps its connection across the deploy. Set while it waits,
     // with what ends the wait early (the plane stops handing over).
     let mut awaiting_turn: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
+    // A connection no request has authenticated on gets the handshake
+    // timeout to do so, as a SOCKS5 one does: else 407s, one per request
+    // head, or a client that stops reading them, would hold a slot and a
+    // descriptor until the idle timeout, without any account.
+    let unauthenticated_until = tokio::time::Instant::now() + context.handshake_timeout;
+    let mut authenticated = identity.current().is_some();
     let result = loop {
         tokio::select! {
+            () = tokio::time::sleep_until(unauthenticated_until), if !authenticated => {
+                authenticated = identity.current().is_some();
+                if !authenticated {
+                    tracing::debug!(id, limit = ?context.handshake_timeout, "http connection closed: no request authenticated in time");
+                    return None;
+                }
+            }
             result = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => break result,
             () = &mut serving_ended, if !stopping && awaiting_turn.is_none() => {
                 if context.mode() == Mode::Handover && may_hand_over && turns.in_exchange() {
