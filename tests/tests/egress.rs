@@ -1252,3 +1252,47 @@ fn a_malformed_upstream_entry_exits_64_listing_each_of_its_problems() {
         }
     }
 }
+
+/// A client removed while its HTTP CONNECT is still connecting (its
+/// upstream has not answered) gets a 407 and a close at once, as a SOCKS5
+/// client gets reply 2: not a 200 for a tunnel that is cut at once, nor a
+/// wait for the connect timeout.
+#[test]
+fn a_client_removed_while_its_http_connect_runs_gets_407() {
+    use std::io::{Read as _, Write as _};
+    let stuck = FakeUpstream::start(Behaviour::SilentAtConnect);
+    let mut config = upstream_toml("stuck", stuck.address, None);
+    config.push_str("[proxy]\nconnect_timeout = \"30s\"\n");
+    let mut node = Node::new(&config);
+    let (_ingress, _device, _alice) = node.start();
+    let client = add_client_with(&node, "pinned", "upstream:stuck");
+    let mut stream = raw::connect(node.http);
+    let credentials =
+        blipless_tests::base64(format!("{}:{}", client.name, client.secret).as_bytes());
+    write!(
+        stream,
+        "CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\nProxy-Authorization: Basic {credentials}\r\n\r\n"
+    )
+    .expect("CONNECT");
+    wait_until(
+        Duration::from_secs(10),
+        "the upstream to hold the connect",
+        || stuck.connections() >= 1,
+    );
+    let removed = node.ctl(&["client", "remove", "pinned"]);
+    assert!(removed.status.success(), "{}", text(&removed.stderr));
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 407"),
+        "the CONNECT was answered {answer:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "answered within seconds, took {:?}",
+        started.elapsed()
+    );
+}

@@ -213,7 +213,7 @@ fn missed(stall: Stall, context: &Context, watch: &Watch, id: u64) -> Response<B
 /// "Removing a client"): authenticate again, on a new connection; this one closes.
 /// After the answer has started, cutting the origin connection ends the
 /// response body, and hyper the connection with it.
-fn revoked_answer(watch: &Watch) -> Response<Body> {
+pub(super) fn revoked_answer(watch: &Watch) -> Response<Body> {
     let mut response = plain(
         StatusCode::PROXY_AUTHENTICATION_REQUIRED,
         "these proxy credentials are no longer valid\n",

@@ -515,7 +515,7 @@ async fn handle(
     };
     identity.set(client.clone());
     if request.method() == Method::CONNECT {
-        connect(request, context, client, connect_slot, id).await
+        connect(request, context, client, connect_slot, watch, id).await
     } else {
         forward(request, context, client, watch, id).await
     }
@@ -662,6 +662,7 @@ async fn connect(
     context: Arc<Context>,
     client: Arc<Client>,
     connect_slot: ConnectSlot,
+    watch: Arc<Watch>,
     id: u64,
 ) -> Response<Body> {
     let name = client.record.name.clone();
@@ -677,7 +678,13 @@ async fn connect(
             return refused(refusal);
         }
     };
-    let (egress, via) = match context.connect_for(&name, &target).await {
+    let connected = tokio::select! {
+        connected = context.connect_for(&name, &target) => connected,
+        // Removed (or its credentials changed) while its connect ran: not
+        // a 200 for a tunnel that would be cut at once.
+        () = client.revoked.cancelled() => return forward::revoked_answer(&watch),
+    };
+    let (egress, via) = match connected {
         Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "http connect failed: {error}");
