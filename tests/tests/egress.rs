@@ -1296,3 +1296,39 @@ fn a_client_removed_while_its_http_connect_runs_gets_407() {
         started.elapsed()
     );
 }
+
+/// A node with more upstreams than one report frame holds (1500, with long
+/// names, all refusing) keeps its device plane attached and active: the
+/// report leaves routes out instead of failing, which cost the plane its
+/// channel every second.
+#[test]
+fn a_plane_with_more_routes_than_one_report_holds_stays_attached() {
+    let config: String = (0..1500)
+        .map(|n| {
+            let name = format!("upstream-{n:04}-{}", "x".repeat(50));
+            upstream_toml(&name, "127.0.0.1:1".parse().expect("address"), None)
+        })
+        .collect();
+    let mut node = Node::new(&config);
+    let (_ingress, device, _alice) = node.start();
+    let active = node.active_generation();
+    assert!(active.is_some(), "a plane is active");
+    // Reports go out every second: five of them.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        node.active_generation(),
+        active,
+        "the same plane is still active"
+    );
+    let log = device.log_text();
+    assert!(
+        !log.contains("reattaching") && !log.contains("exceeds the"),
+        "the plane lost its channel:\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        log.contains("do not all fit one report"),
+        "the plane says routes were left out:\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+}

@@ -274,7 +274,7 @@ async fn send_report(
     let auth = context.auth.counts();
     let auth_here = auth.since(auth_before);
     let process = blipless_supervise::process::ProcessSample::read_self();
-    let figures = DeviceReport {
+    let mut figures = DeviceReport {
         connections: context.connections.len() as u64,
         connections_total: context.taken.load(Ordering::Relaxed),
         clients: context.directory.len() as u64,
@@ -292,9 +292,10 @@ async fn send_report(
         resident_bytes: process.resident_bytes.unwrap_or(0),
         ..refusals_since(refusals(context), before)
     };
+    let frame = fit_routes(&mut figures);
     match tokio::time::timeout(
         REPORT_EVERY,
-        link::send(socket, &ToIngress::Report(Box::new(figures))),
+        blipless_link::send_encoded(socket, &frame, "Report", &[]),
     )
     .await
     {
@@ -308,6 +309,37 @@ async fn send_report(
             Ok(())
         }
     }
+}
+
+/// The encoded report: `figures` whole when it fits one channel frame,
+/// else with only as many routes as fit (those down first, the rest in
+/// their order), and a warning (once). Hundreds of upstreams with long
+/// names and errors can outgrow a frame, and a report that cannot be sent
+/// must not cost the plane its channel (it is advisory).
+fn fit_routes(figures: &mut DeviceReport) -> Vec<u8> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let encode = |figures: &DeviceReport| {
+        blipless_protocol::channel::encode(&ToIngress::Report(Box::new(figures.clone())))
+    };
+    let mut frame = encode(figures);
+    if frame.len() <= MAX_FRAME {
+        return frame;
+    }
+    let all = figures.routes.len();
+    figures.routes.sort_by_key(|route| route.up);
+    while frame.len() > MAX_FRAME && !figures.routes.is_empty() {
+        let kept = figures.routes.len() / 2;
+        figures.routes.truncate(kept);
+        frame = encode(figures);
+    }
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            routes = all,
+            reported = figures.routes.len(),
+            "the egress routes do not all fit one report to the ingress: the down ones first, the rest left out"
+        );
+    }
+    frame
 }
 
 /// Reads what an ingress that handed off still sends on its channel (inner
@@ -407,5 +439,51 @@ fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
         dns_answered: less(now.dns_answered, before.dns_answered),
         dns_dropped: less(now.dns_dropped, before.dns_dropped),
         ..DeviceReport::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use blipless_protocol::channel::{RouteReport, ToIngress, MAX_FRAME};
+
+    /// Thousands of upstreams outgrow one frame: the report still fits,
+    /// with the down routes first.
+    #[test]
+    fn a_report_with_too_many_routes_keeps_the_down_ones_and_fits() {
+        let route = |n: usize, up: bool| RouteReport {
+            name: format!("upstream-{n:04}-{}", "x".repeat(48)),
+            kind: "socks5".into(),
+            up,
+            latency_us: Some(1000),
+            error: (!up).then(|| format!("connection refused by {}", "y".repeat(80))),
+            ..RouteReport::default()
+        };
+        let mut figures = blipless_protocol::channel::DeviceReport {
+            routes: (0..3000).map(|n| route(n, n % 10 != 0)).collect(),
+            ..Default::default()
+        };
+        let frame = super::fit_routes(&mut figures);
+        assert!(frame.len() <= MAX_FRAME, "{} bytes", frame.len());
+        let (decoded, _) =
+            blipless_protocol::channel::decode::<ToIngress>(&frame).expect("the report decodes");
+        let ToIngress::Report(report) = decoded else {
+            panic!("not a report");
+        };
+        let down = report.routes.iter().filter(|r| !r.up).count();
+        assert_eq!(down, 300, "every down route is reported");
+        assert!(report.routes.len() < 3000, "some routes were left out");
+
+        // A report that fits goes whole.
+        let mut small = blipless_protocol::channel::DeviceReport {
+            routes: (0..10).map(|n| route(n, true)).collect(),
+            ..Default::default()
+        };
+        let frame = super::fit_routes(&mut small);
+        let (decoded, _) =
+            blipless_protocol::channel::decode::<ToIngress>(&frame).expect("the report decodes");
+        let ToIngress::Report(report) = decoded else {
+            panic!("not a report");
+        };
+        assert_eq!(report.routes.len(), 10);
     }
 }
