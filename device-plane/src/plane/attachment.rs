@@ -165,8 +165,16 @@ pub(super) async fn serve(
                 Event::ClientsChanged
             }
             _ = report.tick() => {
-                send_report(socket, context, &auth_before, &before).await?;
-                continue;
+                match send_report(socket, context, &auth_before, &before).await {
+                    Ok(()) => continue,
+                    // The ingress went away while we drain: as a failed
+                    // read would tell, and the drain goes on offline.
+                    Err(error) if session.draining() => {
+                        tracing::warn!("{error:#}");
+                        Event::ChannelClosed
+                    }
+                    Err(error) => return Err(error),
+                }
             }
             () = terminate.cancelled(), if session.listens_for_terminate() => Event::Terminate,
             () = sleep_until(grace_deadline), if grace_deadline.is_some() => Event::GraceOver {
@@ -177,77 +185,97 @@ pub(super) async fn serve(
                 migrated: context.migrated.load(Ordering::Relaxed),
             },
         };
-        for action in session.on(event, Instant::now()) {
-            match action {
-                Action::ServeAgain => {
-                    *activated = true;
-                    tracing::warn!("re-activated: the successor is gone; serving again");
-                    context.serve_again();
-                    packets.resume();
-                }
-                Action::ExpectInheritedQueues => {
-                    *activated = true;
-                    tracing::info!("active: new connections come here");
-                    if !packets.has_queues() {
-                        packets.expect_inherited();
+        // A send that fails while draining is the channel closing, as a
+        // failed read is: the drain goes on offline, within its grace.
+        // (Returned as an error, it would be taken for a lost channel to
+        // attach again over, and the drain and its deadline forgotten.)
+        let mut next = Some(event);
+        while let Some(event) = next.take() {
+            for action in session.on(event, Instant::now()) {
+                let sent = match action {
+                    Action::ServeAgain => {
+                        *activated = true;
+                        tracing::warn!("re-activated: the successor is gone; serving again");
+                        context.serve_again();
+                        packets.resume();
+                        Ok(())
                     }
-                }
-                Action::SendFullPeers => {
-                    client_changes.borrow_and_update();
-                    fault::delay_peers().await;
-                    wg::send_peers(socket, peers.full(&context.directory))
+                    Action::ExpectInheritedQueues => {
+                        *activated = true;
+                        tracing::info!("active: new connections come here");
+                        if !packets.has_queues() {
+                            packets.expect_inherited();
+                        }
+                        Ok(())
+                    }
+                    Action::SendFullPeers => {
+                        client_changes.borrow_and_update();
+                        fault::delay_peers().await;
+                        wg::send_peers(socket, peers.full(&context.directory))
+                            .await
+                            .context("sending the WireGuard peer set")
+                    }
+                    Action::AnswerEndpoints => {
+                        _endpoints_answer = Some(endpoints.answer(socket.clone()));
+                        Ok(())
+                    }
+                    Action::SendPeerChanges => {
+                        wg::send_peers(socket, peers.changes(&context.directory))
+                            .await
+                            .context("sending WireGuard peer changes")
+                    }
+                    Action::EnterDrain { handover } => {
+                        tracing::info!(handover, open = context.connections.len(), grace = ?config.drain.grace, "draining");
+                        context.mode.send_replace(if handover {
+                            Mode::Handover
+                        } else {
+                            Mode::Finish
+                        });
+                        context.connections.close();
+                        Ok(())
+                    }
+                    Action::HandOverTunQueues => {
+                        // What the ingress sent us is written before the
+                        // queues go (bounded).
+                        tun_writer.flushed(HANDOVER_FLUSH).await;
+                        packets.hand_over().await;
+                        Ok(())
+                    }
+                    Action::AskToDrain => {
+                        tracing::info!("stop requested (SIGTERM or SIGINT): asking the ingress to drain this plane");
+                        link::send(socket, &ToIngress::Drain(DrainOrder { handover: false }))
+                            .await
+                            .context("asking to drain")
+                    }
+                    Action::CutEverything => {
+                        tracing::warn!(
+                            left = context.connections.len(),
+                            "drain grace over; cutting what is left"
+                        );
+                        context.cut_everything();
+                        Ok(())
+                    }
+                    Action::SendSynced(done) => link::send(socket, &ToIngress::Synced(done))
                         .await
-                        .context("sending the WireGuard peer set")?;
+                        .context("confirming a client sync"),
+                    Action::SendDrained(summary) => {
+                        // WireGuard clients' lookups still resolving answer on
+                        // this channel (bounded): once the ingress has our
+                        // Drained, the channel is gone.
+                        packets.finish_dns().await;
+                        let _ = link::send(socket, &ToIngress::Drained(summary)).await;
+                        Ok(())
+                    }
+                    Action::End(end) => return Ok(end),
+                };
+                if let Err(error) = sent {
+                    if !session.draining() {
+                        return Err(error);
+                    }
+                    tracing::warn!("{error:#}");
+                    next = Some(Event::ChannelClosed);
+                    break;
                 }
-                Action::AnswerEndpoints => {
-                    _endpoints_answer = Some(endpoints.answer(socket.clone()));
-                }
-                Action::SendPeerChanges => {
-                    wg::send_peers(socket, peers.changes(&context.directory))
-                        .await
-                        .context("sending WireGuard peer changes")?;
-                }
-                Action::EnterDrain { handover } => {
-                    tracing::info!(handover, open = context.connections.len(), grace = ?config.drain.grace, "draining");
-                    context.mode.send_replace(if handover {
-                        Mode::Handover
-                    } else {
-                        Mode::Finish
-                    });
-                    context.connections.close();
-                }
-                Action::HandOverTunQueues => {
-                    // What the ingress sent us is written before the
-                    // queues go (bounded).
-                    tun_writer.flushed(HANDOVER_FLUSH).await;
-                    packets.hand_over().await;
-                }
-                Action::AskToDrain => {
-                    tracing::info!("stop requested (SIGTERM or SIGINT): asking the ingress to drain this plane");
-                    link::send(socket, &ToIngress::Drain(DrainOrder { handover: false }))
-                        .await
-                        .context("asking to drain")?;
-                }
-                Action::CutEverything => {
-                    tracing::warn!(
-                        left = context.connections.len(),
-                        "drain grace over; cutting what is left"
-                    );
-                    context.cut_everything();
-                }
-                Action::SendSynced(done) => {
-                    link::send(socket, &ToIngress::Synced(done))
-                        .await
-                        .context("confirming a client sync")?;
-                }
-                Action::SendDrained(summary) => {
-                    // WireGuard clients' lookups still resolving answer on
-                    // this channel (bounded): once the ingress has our
-                    // Drained, the channel is gone.
-                    packets.finish_dns().await;
-                    let _ = link::send(socket, &ToIngress::Drained(summary)).await;
-                }
-                Action::End(end) => return Ok(end),
             }
         }
     }
