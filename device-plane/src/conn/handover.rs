@@ -276,6 +276,10 @@ pub async fn adopt(
     // predecessor may be handing over already, to a newer plane whose
     // deploy began meanwhile, and what it adopts then must move on.)
     let bounced = context.awaiting_map().contains_key(&id);
+    if bounced {
+        // Counted as migrated when it was sent; it never left.
+        context.migrated.fetch_sub(1, Ordering::Relaxed);
+    }
     crate::fault::die_adopting();
     // Nothing here touches the connection before the confirmation is sent:
     // a plane that dies before sending it took nothing, which is what lets
