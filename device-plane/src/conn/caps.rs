@@ -106,9 +106,10 @@ impl Caps {
             Some(cap) => (cap, client.limiter.fleet_others()),
             None => (self.tunnels_per_client, 0),
         };
-        let counted = TunnelCount::new(client.meter.clone());
-        // Ours included: at most `cap`.
-        let here = client.meter.live_tunnels.load(Ordering::Relaxed);
+        // Ours included: at most `cap`. Judged on the count our own
+        // increment made, not on a load after it: a CONNECT counted after
+        // ours (and refused) must not get ours refused too.
+        let (counted, here) = TunnelCount::counting(client.meter.clone());
         if cap == 0 || here.saturating_add(elsewhere) <= cap {
             return Ok(counted);
         }
@@ -149,8 +150,13 @@ pub struct TunnelCount(Arc<Meter>);
 impl TunnelCount {
     /// Counts a tunnel of the client with this meter until dropped.
     pub fn new(meter: Arc<Meter>) -> Self {
-        meter.live_tunnels.fetch_add(1, Ordering::Relaxed);
-        Self(meter)
+        Self::counting(meter).0
+    }
+
+    /// [`TunnelCount::new`], and the client's open tunnels with this one.
+    pub fn counting(meter: Arc<Meter>) -> (Self, u64) {
+        let before = meter.live_tunnels.fetch_add(1, Ordering::Relaxed);
+        (Self(meter), before.saturating_add(1))
     }
 }
 
