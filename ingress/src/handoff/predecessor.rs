@@ -343,9 +343,11 @@ pub async fn step_aside(
     running.stop_accepting();
     running.stop_serving();
     running.wait().await;
-    // Bounded by the grace: a wedged plane that reads nothing must not keep
-    // this ingress from its departure checks.
-    let goaway = Planes::send_orders(
+    // Every plane at once (a wedged one, whose channel is full, must not
+    // keep the others from their Goaway, and so from activating on the
+    // successor), and bounded by the grace: it must not keep this ingress
+    // from its departure checks either.
+    let goaway = Planes::send_orders_at_once(
         planes
             .all()
             .into_iter()

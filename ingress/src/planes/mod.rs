@@ -494,19 +494,36 @@ impl Planes {
         lock(&self.attached).clone()
     }
 
-    /// Sends each order, logging (not failing on) a plane that is gone: its
-    /// reader task notices and detaches it.
+    /// Sends each order in turn, logging (not failing on) a plane that is
+    /// gone: its reader task notices and detaches it.
     pub async fn send_orders(orders: Vec<Order>) {
         for (plane, message) in orders {
-            tracing::info!(
-                generation = plane.generation,
-                message = message.name(),
-                "telling device plane"
-            );
-            if let Err(error) = plane.send(&message, &[]).await {
-                tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
-            }
+            send_order(&plane, &message).await;
         }
+    }
+
+    /// Sends each order (one per plane, as [`Planes::drain_all`] and
+    /// Goaway make them) at once: a plane whose channel is full, because it
+    /// is wedged or starved, holds up no other plane's order. Returns when
+    /// every order is sent or given up.
+    pub async fn send_orders_at_once(orders: Vec<Order>) {
+        let mut sending = tokio::task::JoinSet::new();
+        for (plane, message) in orders {
+            sending.spawn(async move { send_order(&plane, &message).await });
+        }
+        while sending.join_next().await.is_some() {}
+    }
+}
+
+/// Sends one order, logging (not failing on) a plane that is gone.
+async fn send_order(plane: &PlaneLink, message: &ToDevice<'_>) {
+    tracing::info!(
+        generation = plane.generation,
+        message = message.name(),
+        "telling device plane"
+    );
+    if let Err(error) = plane.send(message, &[]).await {
+        tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
     }
 }
 
