@@ -22,6 +22,7 @@ use blipless_tests::exit_world::{
     EXIT_NAME, EXIT_TUN,
 };
 use blipless_tests::netns::Netns;
+use blipless_tests::node::Node;
 use blipless_tests::topology::tail;
 use blipless_tests::wireguard::WireguardGoPeer;
 use blipless_tests::{binary, pattern, sha256};
@@ -36,6 +37,26 @@ const ALICE: ClientSpec = ClientSpec {
 
 fn whoami(world: &ExitWorld) -> String {
     String::from_utf8(world.fetch("/whoami")).expect("utf-8")
+}
+
+/// How long until the exit's route shows `up` in `blipless-ctl egress`,
+/// if it does within `limit`.
+fn exit_route_is(node: &Node, up: bool, limit: Duration) -> Option<Duration> {
+    within(limit, || {
+        egress_route(node, EXIT_NAME).is_some_and(|route| route["up"] == up)
+    })
+}
+
+/// How long until the WireGuard client's `/whoami` leaves through the
+/// exit again, if it does within a minute.
+fn back_through_the_exit(world: &ExitWorld) -> Option<Duration> {
+    within(Duration::from_secs(60), || {
+        world
+            .net
+            .net
+            .try_fetch("/whoami", &["--max-time", "5"])
+            .is_ok_and(|body| body == world.net.exit_public.as_bytes())
+    })
 }
 
 /// Asserts `body` is exactly the origin's `/bytes/{size}`.
@@ -537,17 +558,13 @@ fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
         .expect("removing the exit's first address");
     let moved = Instant::now();
 
-    let down = within(Duration::from_secs(120), || {
-        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == false)
-    });
+    let down = exit_route_is(node, false, Duration::from_secs(120));
     assert!(
         down.is_some(),
         "the exit stayed up after its address went away\n{}",
         world.diagnostics()
     );
-    let up = within(Duration::from_secs(120), || {
-        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == true)
-    });
+    let up = exit_route_is(node, true, Duration::from_secs(120));
     assert!(
         up.is_some(),
         "the exit is still down {:?} after it moved: {:?}\n{}",
@@ -559,13 +576,7 @@ fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
         "exit up again at its new address {:?} after it moved",
         moved.elapsed()
     );
-    let back = within(Duration::from_secs(60), || {
-        world
-            .net
-            .net
-            .try_fetch("/whoami", &["--max-time", "5"])
-            .is_ok_and(|body| body == world.net.exit_public.as_bytes())
-    });
+    let back = back_through_the_exit(&world);
     assert!(
         back.is_some(),
         "no traffic through the moved exit\n{}",
@@ -603,9 +614,7 @@ fn egress_shows_the_exit_down_when_it_dies_and_up_when_it_returns() {
 
     world.exit.stop();
     let killed = Instant::now();
-    let down = within(Duration::from_secs(300), || {
-        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == false)
-    });
+    let down = exit_route_is(node, false, Duration::from_secs(300));
     let route = egress_route(node, EXIT_NAME).expect("the exit's route");
     assert!(
         down.is_some(),
@@ -627,9 +636,7 @@ fn egress_shows_the_exit_down_when_it_dies_and_up_when_it_returns() {
 
     world.exit.restart(&world.net.exit);
     let restarted = Instant::now();
-    let up = within(Duration::from_secs(120), || {
-        egress_route(node, EXIT_NAME).is_some_and(|r| r["up"] == true)
-    });
+    let up = exit_route_is(node, true, Duration::from_secs(120));
     assert!(
         up.is_some(),
         "the exit is still down {:?} after wireguard-go restarted: {:?}\n{}",
@@ -642,13 +649,7 @@ fn egress_shows_the_exit_down_when_it_dies_and_up_when_it_returns() {
         restarted.elapsed()
     );
     // Traffic flows through it again.
-    let back = within(Duration::from_secs(60), || {
-        world
-            .net
-            .net
-            .try_fetch("/whoami", &["--max-time", "5"])
-            .is_ok_and(|body| body == world.net.exit_public.as_bytes())
-    });
+    let back = back_through_the_exit(&world);
     assert!(
         back.is_some(),
         "no traffic through the restarted exit\n{}",
