@@ -813,3 +813,39 @@ fn a_forwarded_http_request_is_held_to_the_rate_too() {
         "the forwarded request moved {rate:.0} B/s under a limit of {RATE} B/s"
     );
 }
+
+/// A client capped at one connection may pipeline forwarded requests on one
+/// connection: each exchange gives its place back as it ends, before the
+/// next request is judged, so none is refused 429.
+#[test]
+fn pipelined_requests_of_a_client_capped_at_one_are_all_served() {
+    use std::io::{Read as _, Write as _};
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, _device, alice) = node.start();
+    set(&node, &["alice", "--max-connections", "1"]);
+    let credentials = blipless_tests::base64(format!("alice:{}", alice.secret).as_bytes());
+    let url = origin.url("/hello");
+    let request = format!(
+        "GET {url} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {credentials}\r\n\r\n"
+    );
+    for round in 0..5 {
+        let mut stream = blipless_tests::raw::connect(node.http);
+        let mut last = request.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
+        let mut all = request.repeat(9);
+        all.push_str(&std::mem::take(&mut last));
+        stream
+            .write_all(all.as_bytes())
+            .expect("ten pipelined requests");
+        let mut answers = Vec::new();
+        let _ = stream.read_to_end(&mut answers);
+        let answers = String::from_utf8_lossy(&answers);
+        let served = answers.matches("HTTP/1.1 200").count();
+        assert_eq!(
+            served,
+            10,
+            "round {round}: {} refused 429 of 10:\n{answers}",
+            answers.matches("HTTP/1.1 429").count()
+        );
+    }
+}

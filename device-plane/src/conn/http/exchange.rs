@@ -56,8 +56,17 @@ pub(super) enum Stall {
     ResponseBody,
 }
 
-/// Cancels the origin connection's task when dropped (the exchange is over).
-pub(super) type OriginGuard = DropGuard;
+/// What an exchange holds until it is over: dropped, it cancels the origin
+/// connection's task and gives the client's tunnel count back, at once (not
+/// when that task next runs: a pipelined request read meanwhile would be
+/// judged against the client's cap with this exchange still counted).
+#[derive(Debug)]
+pub(super) struct OriginGuard {
+    /// Cancels the origin connection's task.
+    pub(super) _connection: DropGuard,
+    /// The exchange's place under the client's connection cap.
+    pub(super) _counted: crate::conn::caps::TunnelCount,
+}
 
 #[derive(Debug)]
 struct State {

@@ -14,7 +14,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::exchange::{request_body, response_body, Exchange, Stall, Watch};
+use super::exchange::{request_body, response_body, Exchange, OriginGuard, Stall, Watch};
 use super::*;
 
 pub(super) async fn forward(
@@ -75,7 +75,6 @@ pub(super) async fn forward(
     let over_quota = client.limiter.over_quota_token();
     let revoked = client.revoked.clone();
     tokio::spawn(async move {
-        let _counted = counted;
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
@@ -94,7 +93,10 @@ pub(super) async fn forward(
             }
         }
     });
-    let origin_guard = origin.drop_guard();
+    let origin_guard = OriginGuard {
+        _connection: origin.drop_guard(),
+        _counted: counted,
+    };
     // Told apart from the origin's failure below: a quota reached while the
     // origin answers is the client's limit, not the origin's fault.
     let quota_reached = client.limiter.over_quota_token();
