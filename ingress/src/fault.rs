@@ -25,7 +25,8 @@ pub const SILENT_SUCCESSOR: &str = "BLIPLESS_FAULT_SILENT_SUCCESSOR";
 /// A stopping ingress waits this many milliseconds after its handoff
 /// server has stopped and before it closes its sockets and removes their
 /// files: a successor that connects then sits in the handoff socket's
-/// backlog until the close.
+/// backlog until the close. An ingress that stepped aside for a successor
+/// waits as long before it exits, so the successor stays beside it.
 #[cfg(feature = "fault-injection")]
 pub const LINGER_AT_STOP: &str = "BLIPLESS_FAULT_LINGER_AT_STOP_MS";
 

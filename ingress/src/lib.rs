@@ -249,6 +249,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 }
                 stop_wireguard.cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(2), wireguard_task).await;
+                fault::linger_at_stop().await;
                 return Ok(());
             }
             SteppedAside::ServeAgain => {

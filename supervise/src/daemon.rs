@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use blipless_config::{Config, EXIT_CONFIG_ERROR};
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// The options every daemon takes. The help of `config` and `sets` is
@@ -189,9 +190,28 @@ where
 /// handoff, a device plane by a deploy), which ends this one. If it is still
 /// running `grace` later, no successor came, and `drain` is cancelled: the
 /// process drains as on SIGTERM.
+///
+/// The grace counts from the end of this process's own overlap with its
+/// predecessor ([`BesidePredecessor`]), not from the signal: a successor
+/// waits for its turn until then (two restarts in a row), and a grace
+/// spent meanwhile would drain the node under it. That wait is bounded too,
+/// by `grace` and [`OVERLAP_MARGIN`].
 async fn wait_for_successor(mut restart: Signal, grace: Duration, drain: CancellationToken) {
     if restart.recv().await.is_none() {
         return;
+    }
+    let mut overlaps = OVERLAPS.subscribe();
+    if *overlaps.borrow() > 0 {
+        tracing::info!(
+            "SIGUSR2 while still beside the predecessor: the grace counts once it has gone"
+        );
+        tokio::select! {
+            _ = overlaps.wait_for(|beside| *beside == 0) => {}
+            () = tokio::time::sleep(grace + OVERLAP_MARGIN) => {
+                tracing::warn!("the predecessor is still here after drain.grace and a margin: counting the grace from now");
+            }
+            () = drain.cancelled() => return,
+        }
     }
     tracing::info!(?grace, "SIGUSR2: waiting for a successor");
     tokio::select! {
@@ -200,6 +220,37 @@ async fn wait_for_successor(mut restart: Signal, grace: Duration, drain: Cancell
             drain.cancel();
         }
         () = drain.cancelled() => {}
+    }
+}
+
+/// How much longer than `drain.grace` a SIGUSR2 waits for this process's
+/// overlap with its predecessor to end before counting the grace anyway
+/// (the predecessor leaves within its grace; this allows for a slow exit).
+pub const OVERLAP_MARGIN: Duration = Duration::from_secs(5);
+
+/// How many [`BesidePredecessor`] marks are alive in this process.
+static OVERLAPS: std::sync::LazyLock<watch::Sender<usize>> =
+    std::sync::LazyLock::new(|| watch::Sender::new(0));
+
+/// Marks this process as still beside the predecessor it took over from
+/// (an ingress whose predecessor has not exited yet), for as long as it is
+/// alive: a SIGUSR2 meanwhile starts counting its grace only once the mark
+/// is dropped ([`wait_for_successor`]). Process-wide, as signals are.
+#[derive(Debug)]
+#[must_use = "the mark ends when it is dropped"]
+pub struct BesidePredecessor(());
+
+impl BesidePredecessor {
+    /// This process is beside its predecessor from now on.
+    pub fn mark() -> Self {
+        OVERLAPS.send_modify(|beside| *beside += 1);
+        Self(())
+    }
+}
+
+impl Drop for BesidePredecessor {
+    fn drop(&mut self) {
+        OVERLAPS.send_modify(|beside| *beside = beside.saturating_sub(1));
     }
 }
 

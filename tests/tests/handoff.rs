@@ -106,6 +106,72 @@ fn a_third_ingress_waits_for_its_turn_and_takes_over_from_the_second() {
     );
 }
 
+/// `systemctl restart` twice in a row: SIGUSR2 reaches the second ingress
+/// while its predecessor is still leaving (held 5 s by a fault hook, past
+/// the 3 s grace). The second counts its grace from the predecessor's exit,
+/// so the third, which waited for its turn meanwhile, takes over from it.
+/// Before, the second's grace ran from the signal, ended first, and it
+/// drained the whole node under the waiting third.
+#[test]
+fn a_restart_of_an_ingress_still_beside_its_predecessor_hands_off_without_a_drain() {
+    let origin = Origin::start();
+    let mut node = Node::new("[drain]\ngrace = \"3s\"\n");
+    let mut first = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_LINGER_AT_STOP_MS", "5000")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the first ingress's status listener",
+        || node.status().0 != 0,
+    );
+    let client = node.add_client("alice");
+    let mut device = node.start_device();
+    node.wait_ready();
+    let mut second = node.spawn_ingress();
+    wait_until(
+        Duration::from_secs(20),
+        "the second ingress to serve",
+        || second.log_text().contains("ingress serving"),
+    );
+    second.signal(nix::sys::signal::Signal::SIGUSR2);
+    wait_until(
+        Duration::from_secs(10),
+        "the second ingress to hear SIGUSR2",
+        || second.log_text().contains("still beside the predecessor"),
+    );
+    let mut third = node.spawn_ingress();
+    assert!(
+        first
+            .wait_exit(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "{}",
+        first.log_text()
+    );
+    assert!(
+        second
+            .wait_exit(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "the second hands over to the third and exits: {}",
+        second.log_text()
+    );
+    assert_not_logged(&second, "no successor took over within drain.grace");
+    assert_not_logged(&second, "draining the node");
+    assert!(
+        third.wait_exit(Duration::from_millis(10)).is_none(),
+        "the third serves: {}",
+        third.log_text()
+    );
+    assert_logged(&third, "waiting for its turn");
+    assert!(
+        device.wait_exit(Duration::from_millis(10)).is_none(),
+        "the device plane was not drained: {}",
+        device.log_text()
+    );
+    node.wait_ready();
+    assert_eq!(
+        fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
+        100
+    );
+}
+
 #[test]
 fn a_successor_waits_for_its_turn_no_longer_than_drain_grace_and_a_margin() {
     let origin = Origin::start();

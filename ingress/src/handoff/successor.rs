@@ -294,9 +294,12 @@ impl Predecessor {
         let connection = self.socket;
         lineage.beside_predecessor.store(true, Ordering::SeqCst);
         let lineage = lineage.clone();
+        // A restart (SIGUSR2) meanwhile counts its grace once this ends.
+        let beside = blipless_supervise::daemon::BesidePredecessor::mark();
         tokio::spawn(async move {
             report_progress(&connection, &wireguard, &planes, &shutdown).await;
             lineage.beside_predecessor.store(false, Ordering::SeqCst);
+            drop(beside);
             tracing::info!("the predecessor ingress has exited");
         });
         fault::die_after_serving();
