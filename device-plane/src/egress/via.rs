@@ -45,6 +45,31 @@ pub fn is_upstream_fault(error: &UpstreamError) -> bool {
     )
 }
 
+/// Whether `error`, met connecting through `route`, counts against the
+/// route's health: an upstream fault ([`is_upstream_fault`]), except a
+/// refused login whose username names the client (`{client}`,
+/// `{session}`). Then the provider refuses that one sub-user (its balance,
+/// its own concurrency cap, its name), not everyone: the probe, which logs
+/// in as [`PROBE_CLIENT`], judges the upstream's credentials instead, and
+/// one client's parallel refusals must not cut every tunnel through it.
+fn counts_against(route: &Route, error: &UpstreamError) -> bool {
+    if matches!(error, UpstreamError::AuthRefused) && username_names_the_client(route) {
+        return false;
+    }
+    is_upstream_fault(error)
+}
+
+/// Whether `route`'s username template has a `{client}` or `{session}`.
+fn username_names_the_client(route: &Route) -> bool {
+    match &route.kind {
+        RouteKind::Socks5 {
+            username: Some(username),
+            ..
+        } => username.contains("{client}") || username.contains("{session}"),
+        _ => false,
+    }
+}
+
 /// The `{client}` a probe fills a username template with.
 const PROBE_CLIENT: &str = "blipless-probe";
 /// The `{session}` a probe fills it with: 16 hex digits, as a client's
@@ -174,7 +199,7 @@ impl Egress {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let failed = |error: UpstreamError| {
-            if is_upstream_fault(&error) {
+            if counts_against(route, &error) {
                 route.failed(self.routes.failure_threshold, &error.to_string());
             }
             EgressError::Upstream {
@@ -291,13 +316,17 @@ mod tests {
     }
 
     fn route_at(address: String) -> Arc<Route> {
+        route_as(address, None)
+    }
+
+    fn route_as(address: String, username: Option<&str>) -> Arc<Route> {
         let routes = Routes::new(
             &[Upstream {
                 name: "up".into(),
                 tags: Vec::new(),
                 kind: UpstreamKind::Socks5(Socks5Upstream {
                     address,
-                    username: None,
+                    username: username.map(Into::into),
                     password: None,
                 }),
             }],
@@ -305,6 +334,23 @@ mod tests {
             2,
         );
         routes.upstreams()[0].clone()
+    }
+
+    /// A provider that refuses one client's sub-user (`user-{client}`)
+    /// does not take the upstream down for every client; a refused fixed
+    /// username is the upstream's (our configuration's) fault, as before.
+    #[test]
+    fn a_refused_login_counts_against_the_route_only_with_a_fixed_username() {
+        let refused = UpstreamError::AuthRefused;
+        for per_client in ["user-{client}", "user-{client}-session-{session}", "s-{session}"] {
+            let route = route_as("127.0.0.1:1".into(), Some(per_client));
+            assert!(!counts_against(&route, &refused), "{per_client}");
+            let io = UpstreamError::Io(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
+            assert!(counts_against(&route, &io), "{per_client}");
+        }
+        let fixed = route_as("127.0.0.1:1".into(), Some("operator"));
+        assert!(counts_against(&fixed, &refused));
+        assert!(counts_against(&route_at("127.0.0.1:1".into()), &refused));
     }
 
     /// Out of descriptors or local ports is this node's shortage: the

@@ -247,14 +247,33 @@ pub fn reply_from_code(code: u8) -> Option<Reply> {
 /// malformed bound name in a success reply once the whole reply is here.
 /// A failure reply's bound name is not checked (servers fill it with
 /// anything, often nothing): its code is what matters, and its bound
-/// address is then the unspecified IPv4 address with the port given.
+/// address is then the unspecified IPv4 address with the port given. A
+/// failure reply with an unknown address type is taken as its four head
+/// bytes, with the unspecified IPv4 address and port 0 as its bound
+/// address: a refusal, not a protocol error.
 pub fn parse_connect_reply(buf: &[u8]) -> Result<(ConnectReply, usize), ClientError> {
     // The reply has the request's layout (the server side frames both).
     let framed = match super::frame_address(buf) {
         Framing::Whole(framed) => framed,
         Framing::Incomplete { needed } => return Err(ClientError::Incomplete { needed }),
         Framing::BadVersion(version) => return Err(ClientError::BadVersion(version)),
-        Framing::BadAddressType(atyp) => return Err(ClientError::BadAddressType(atyp)),
+        // A failure reply is a failure whatever its address type (servers
+        // fill it with anything, zeros included): its code is what counts,
+        // and the server closes the connection after it, so its length
+        // does not matter. Taken as the four head bytes.
+        Framing::BadAddressType(atyp) => match buf.get(1) {
+            Some(&code) if code != 0 => {
+                let bound = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0);
+                return Ok((
+                    ConnectReply {
+                        code,
+                        bound: Destination::Ip(bound),
+                    },
+                    4,
+                ));
+            }
+            _ => return Err(ClientError::BadAddressType(atyp)),
+        },
     };
     let bound = match framed.destination() {
         Ok(bound) => bound,

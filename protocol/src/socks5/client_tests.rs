@@ -418,6 +418,10 @@ fn reply_errors() {
             parse_connect_reply(&[5, 0, 0, atyp]),
             Err(ClientError::BadAddressType(atyp))
         );
+        // A failure with a junk address type is still that failure (an
+        // upstream that refuses a destination is not broken).
+        let (got, n) = parse_connect_reply(&[5, 4, 0, atyp, 9, 9]).expect("a failure reply");
+        assert_eq!((got.reply(), n), (Some(Reply::HostUnreachable), 4));
     }
     for name in [&b""[..], b"a b", b"a\0b", b"\xFF\xFE", b"tab\there"] {
         assert_eq!(
