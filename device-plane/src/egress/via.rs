@@ -3,7 +3,8 @@
 //!
 //! Through an upstream, a literal destination address is checked against
 //! the same default deny as direct egress; a name is passed on unresolved
-//! (the provider resolves it where its exit is). The upstream's own address
+//! (the provider resolves it where its exit is), but for `localhost` names,
+//! held to the deny as loopback. The upstream's own address
 //! is the operator's and is not checked. After the handshake the egress
 //! socket is a kernel TCP socket like any other, so the tunnel migrates
 //! across deploys byte-exact as a direct one does.
@@ -184,6 +185,15 @@ impl Egress {
             // A name that is an address in disguise (`127.1`, `2130706433`)
             // is held to the same deny as one given literally.
             Target::Name { host, port } => match numeric_host::classify(host) {
+                // Names for the upstream host itself (RFC 6761): its
+                // loopback is no more the customers' than ours is (unless
+                // `egress.allow` lets loopback through).
+                HostKind::Name
+                    if names_loopback(host)
+                        && !self.permits(std::net::Ipv4Addr::LOCALHOST.into()) =>
+                {
+                    return Err(EgressError::Denied(target.to_string()));
+                }
                 HostKind::Name => Destination::Domain {
                     host: host.clone(),
                     port: *port,
@@ -220,6 +230,14 @@ impl Egress {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(stream)
     }
+}
+
+/// Whether `host` is `localhost` or under `.localhost` (any case, with or
+/// without the root's trailing dot): names every resolver answers with
+/// loopback (RFC 6761, 6.3).
+fn names_loopback(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    host == "localhost" || host.ends_with(".localhost")
 }
 
 fn elapsed_us(since: Instant) -> u64 {
@@ -336,13 +354,33 @@ mod tests {
         routes.upstreams()[0].clone()
     }
 
+    #[test]
+    fn localhost_names_are_told_from_other_names() {
+        for host in ["localhost", "LocalHost.", "a.localhost", "x.y.LOCALHOST."] {
+            assert!(names_loopback(host), "{host}");
+        }
+        for host in [
+            "localhost.example",
+            "notlocalhost",
+            "localhostx",
+            "example.com",
+            "",
+        ] {
+            assert!(!names_loopback(host), "{host}");
+        }
+    }
+
     /// A provider that refuses one client's sub-user (`user-{client}`)
     /// does not take the upstream down for every client; a refused fixed
     /// username is the upstream's (our configuration's) fault, as before.
     #[test]
     fn a_refused_login_counts_against_the_route_only_with_a_fixed_username() {
         let refused = UpstreamError::AuthRefused;
-        for per_client in ["user-{client}", "user-{client}-session-{session}", "s-{session}"] {
+        for per_client in [
+            "user-{client}",
+            "user-{client}-session-{session}",
+            "s-{session}",
+        ] {
             let route = route_as("127.0.0.1:1".into(), Some(per_client));
             assert!(!counts_against(&route, &refused), "{per_client}");
             let io = UpstreamError::Io(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
