@@ -34,12 +34,7 @@ impl RedisStore {
             if attempt > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
             }
-            let mut cmd = redis::cmd("GET");
-            cmd.arg(&key);
-            let Some(json): Option<String> = self
-                .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
-                .await?
-            else {
+            let Some(json) = self.stored_record(name, "reading a client").await? else {
                 return Err(StoreError::NotFound(name.to_owned()));
             };
             let mut record = self.decode_client(name, &json)?;
@@ -47,7 +42,7 @@ impl RedisStore {
             let limits = record.limits;
             let new = serde_json::to_string(&record)
                 .map_err(|err| StoreError::Backend(format!("encoding client: {err}")))?;
-            if new == json {
+            if new.as_bytes() == json {
                 return Ok(limits);
             }
             let mut script = scripts::REPLACE_CLIENT.prepare_invoke();

@@ -27,8 +27,11 @@ const USAGE_FIELDS: [&str; 3] = ["up", "down", "conns"];
 /// per-reply timeout ([`super::RESPONSE_TIMEOUT`]).
 const FEED_BLOCK: Duration = Duration::from_millis(1000);
 
-/// A stream entry as XRANGE returns it: its ID and its fields.
-type FeedEntry = (String, HashMap<String, String>);
+/// A stream entry as XRANGE returns it: its ID (Redis makes it, always
+/// ASCII) and its fields, as bytes: a field that is not UTF-8 (a hand, a
+/// newer version) is that one entry's problem, not a failed read of the
+/// whole feed.
+type FeedEntry = (String, HashMap<Vec<u8>, Vec<u8>>);
 
 impl RedisStore {
     /// Updates the index and appends a change. Retried like an idempotent call: a
@@ -131,23 +134,26 @@ impl RedisStore {
         Ok(())
     }
 
-    /// A client's record as stored (its JSON), if any.
-    async fn stored_json(&self, name: &str) -> Result<Option<String>, StoreError> {
-        let mut cmd = redis::cmd("GET");
+    /// A client's record as stored (its JSON, as bytes), if any. Read with
+    /// MGET, which answers a key of another type (a hash someone wrote
+    /// there) with nil where GET fails the call: such a key reads as no
+    /// record, as one being removed does, and can still be removed.
+    pub(super) async fn stored_record(
+        &self,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut cmd = redis::cmd("MGET");
         cmd.arg(client_key(name));
-        self.run("checking a client name", Retry::Idempotent, &Req::Cmd(cmd))
-            .await
+        let mut values: Vec<Option<Vec<u8>>> =
+            self.run(what, Retry::Idempotent, &Req::Cmd(cmd)).await?;
+        Ok(values.pop().flatten())
     }
 
     /// A client's WireGuard address as its record says, leniently: a corrupt record
     /// has none (so that it can still be removed).
     async fn stored_address(&self, name: &str) -> Result<Option<IpAddr>, StoreError> {
-        let key = client_key(name);
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&key);
-        let json: Option<String> = self
-            .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let json = self.stored_record(name, "reading a client").await?;
         Ok(json.and_then(|json| match self.decode_client(name, &json) {
             Ok(record) => record.wg_address,
             Err(error) => {
@@ -157,12 +163,17 @@ impl RedisStore {
         }))
     }
 
-    /// A client's record from its JSON; anything else is that client's
-    /// corrupt record. The error names the client, the key and where in the
-    /// JSON, never a value from it (serde's own message may quote one, and
-    /// the record holds the secret's hash).
-    pub(super) fn decode_client(&self, name: &str, json: &str) -> Result<ClientRecord, StoreError> {
-        serde_json::from_str(json).map_err(|err| {
+    /// A client's record from its JSON; anything else (bytes that are not
+    /// UTF-8 included, or a record under `name`'s key that names another
+    /// client) is that client's corrupt record. The error names the client,
+    /// the key and where in the JSON, never a value from it (serde's own
+    /// message may quote one, and the record holds the secret's hash).
+    pub(super) fn decode_client(
+        &self,
+        name: &str,
+        json: &[u8],
+    ) -> Result<ClientRecord, StoreError> {
+        let record: ClientRecord = serde_json::from_slice(json).map_err(|err| {
             let what = match err.classify() {
                 serde_json::error::Category::Io => "unreadable",
                 serde_json::error::Category::Syntax => "not valid JSON",
@@ -179,7 +190,18 @@ impl RedisStore {
                     err.column()
                 ),
             }
-        })
+        })?;
+        if record.name != name {
+            return Err(StoreError::CorruptRecord {
+                name: name.to_owned(),
+                detail: format!(
+                    "Redis at {}: key {}: the record names another client",
+                    self.shown_url,
+                    client_key(name)
+                ),
+            });
+        }
+        Ok(record)
     }
 
     /// A feed entry as a [`Change`], leniently: one entry that is not ours
@@ -196,18 +218,22 @@ impl RedisStore {
             tracing::warn!(store = %self.shown_url, key = FEED_KEY, %id, "a change feed entry with a foreign ID: skipped");
             return None;
         };
-        let kind = match fields.get("kind").map(String::as_str) {
-            Some("remove") => ChangeKind::Remove,
-            Some("upsert") => ChangeKind::Upsert,
+        let kind = match fields.get(&b"kind"[..]).map(Vec::as_slice) {
+            Some(b"remove") => ChangeKind::Remove,
+            Some(b"upsert") => ChangeKind::Upsert,
             other => {
-                tracing::debug!(key = FEED_KEY, %id, kind = ?other, "a change feed entry of an unknown kind: read as an upsert");
+                let kind = other.map(String::from_utf8_lossy);
+                tracing::debug!(key = FEED_KEY, %id, ?kind, "a change feed entry of an unknown kind: read as an upsert");
                 ChangeKind::Upsert
             }
         };
-        let name = fields.get("name").cloned().unwrap_or_else(|| {
-            tracing::warn!(store = %self.shown_url, key = FEED_KEY, %id, "a change feed entry without a client name: only its position is used");
-            String::new()
-        });
+        let name = fields
+            .get(&b"name"[..])
+            .and_then(|name| String::from_utf8(name.clone()).ok())
+            .unwrap_or_else(|| {
+                tracing::warn!(store = %self.shown_url, key = FEED_KEY, %id, "a change feed entry without a readable client name: only its position is used");
+                String::new()
+            });
         Some(Change { seq, name, kind })
     }
 }
@@ -229,9 +255,9 @@ impl Store for RedisStore {
             // A taken name is reported before a taken address (but this very record,
             // from an earlier attempt of this add, is finished).
             if self
-                .stored_json(&record.name)
+                .stored_record(&record.name, "checking a client name")
                 .await?
-                .is_some_and(|stored| stored != json)
+                .is_some_and(|stored| stored != json.as_bytes())
             {
                 return Err(StoreError::AlreadyExists(record.name));
             }
@@ -265,12 +291,7 @@ impl Store for RedisStore {
         if !is_valid_name(name) {
             return Ok(None);
         }
-        let key = client_key(name);
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&key);
-        let json: Option<String> = self
-            .run("reading a client", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let json = self.stored_record(name, "reading a client").await?;
         json.map(|json| self.decode_client(name, &json)).transpose()
     }
 
@@ -290,7 +311,7 @@ impl Store for RedisStore {
         for name in &names {
             cmd.arg(client_key(name));
         }
-        let records: Vec<Option<String>> = self
+        let records: Vec<Option<Vec<u8>>> = self
             .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
         Ok(ClientList::from_results(

@@ -69,16 +69,33 @@ return 1
 /// `1` to append even when the name was not in the index (the caller removed a record).
 /// An upsert adds the name to the index and always appends; a remove takes it out and
 /// appends if it was there (or if forced). Returns the seq appended, or 0.
+///
+/// An entry someone else put in the feed above the counter (a hand's `XADD *`, a
+/// counter deleted) would make `XADD` refuse every later seq: the seq then jumps
+/// past the feed's last entry, and the counter with it. The index changes only
+/// once the entry is in (a script is not rolled back when a command fails).
 pub(super) static FEED_APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if ARGV[2] == 'upsert' then
-  redis.call('SADD', KEYS[1], ARGV[1])
-elseif redis.call('SREM', KEYS[1], ARGV[1]) == 0 and ARGV[3] ~= '1' then
+local upsert = ARGV[2] == 'upsert'
+if not upsert and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 and ARGV[3] ~= '1' then
   return 0
 end
 local seq = redis.call('INCR', KEYS[2])
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)[1]
+if last then
+  local top = tonumber(string.match(last[1], '^(%d+)-'))
+  if top and top >= seq then
+    seq = top + 1
+    redis.call('SET', KEYS[2], string.format('%d', seq))
+  end
+end
 redis.call('XADD', KEYS[3], string.format('%d-0', seq), 'name', ARGV[1], 'kind', ARGV[2])
+if upsert then
+  redis.call('SADD', KEYS[1], ARGV[1])
+else
+  redis.call('SREM', KEYS[1], ARGV[1])
+end
 return seq
 ",
     )

@@ -188,6 +188,107 @@ async fn foreign_feed_entries_are_read_leniently() {
             (102, "bob", ChangeKind::Remove),
         ]
     );
+    // Changes go on above them (the counter was at 1): before, XADD refused
+    // every later seq, after the index had already changed.
+    store
+        .add_client(client("carol"))
+        .await
+        .expect("add above them");
+    // And above an entry with an ID of Redis's own making (unix ms).
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(FEED_KEY).arg("*").arg("kind").arg("upsert");
+    let stamped: String = xadd.query_async(&mut conn).await.expect("XADD *");
+    let stamp: u64 = stamped
+        .split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("an ID");
+    assert!(store.remove_client("carol").await.expect("remove above it"));
+    let feed = store.changes_since(102, 10).await.expect("the feed reads");
+    let read: Vec<(u64, &str, ChangeKind)> = feed
+        .iter()
+        .map(|c| (c.seq, c.name.as_str(), c.kind))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            (103, "carol", ChangeKind::Upsert),
+            (stamp, "", ChangeKind::Upsert),
+            (stamp + 1, "carol", ChangeKind::Remove),
+        ]
+    );
+    assert_eq!(store.list_clients().await.expect("list"), [client("alice")]);
+}
+
+/// Records a hand (or damage, or another version) wrote under client keys
+/// cost only their own clients: bytes that are not UTF-8, and a record that
+/// names another client, are those clients' corrupt records; a key of
+/// another type reads as no record. The list, the other clients, the feed
+/// (an entry whose name is not UTF-8 included) and removing the damaged
+/// clients all still work. Before, one bad byte failed every list (so no
+/// plane could start) and every read of the feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_records_cost_only_their_own_clients() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    for name in ["alice", "bob", "carol", "dave"] {
+        store.add_client(client(name)).await.expect("add");
+    }
+    let mut conn = raw(&server).await;
+    let set = |key: &str, value: Vec<u8>| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value);
+        cmd
+    };
+    let _: () = set("{pc_alice}", b"\xff\xfe{".to_vec())
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let _: () = conn.del("{pc_bob}").await.expect("DEL");
+    let _: () = conn.hset("{pc_bob}", "x", "y").await.expect("HSET");
+    let mut carol_as_dave = serde_json::to_vec(&client("dave")).expect("json");
+    carol_as_dave.push(b' ');
+    let _: () = set("{pc_carol}", carol_as_dave)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(FEED_KEY)
+        .arg("100-0")
+        .arg("kind")
+        .arg("upsert")
+        .arg("name")
+        .arg(&b"\xffbad"[..]);
+    let _: String = xadd.query_async(&mut conn).await.expect("XADD");
+
+    let list = store.read_clients().await.expect("the list reads");
+    let served: Vec<&str> = list.records.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(served, ["dave"]);
+    let mut unreadable: Vec<String> = list
+        .unreadable
+        .iter()
+        .map(|error| match error {
+            StoreError::CorruptRecord { name, .. } => name.clone(),
+            other => panic!("not a corrupt record: {other}"),
+        })
+        .collect();
+    unreadable.sort();
+    assert_eq!(unreadable, ["alice", "carol"]);
+    assert!(matches!(
+        store.get_client("alice").await,
+        Err(StoreError::CorruptRecord { .. })
+    ));
+    assert!(store.get_client("bob").await.expect("bob reads").is_none());
+    assert!(store.get_client("dave").await.expect("dave").is_some());
+    let feed = store.changes_since(0, 100).await.expect("the feed reads");
+    assert_eq!(
+        feed.last().map(|c| (c.seq, c.name.as_str())),
+        Some((100, ""))
+    );
+    for name in ["alice", "bob", "carol"] {
+        assert!(store.remove_client(name).await.expect("remove"), "{name}");
+    }
+    assert_eq!(store.list_clients().await.expect("list"), [client("dave")]);
 }
 
 /// The WireGuard address claims the module doc describes: a claim left without a
