@@ -318,7 +318,9 @@ impl PeerTable {
         upserts: &'e [PeerEntry],
     ) -> (usize, Vec<&'e PeerEntry>) {
         let removed = removes.iter().filter(|key| self.remove(key)).count();
+        let moving = self.detach_moving(upserts);
         let refused = upserts.iter().filter(|entry| !self.upsert(entry)).collect();
+        self.reattach(&moving);
         (removed, refused)
     }
 
@@ -336,7 +338,45 @@ impl PeerTable {
         for key in gone {
             self.remove(&key);
         }
-        entries.iter().filter(|entry| !self.upsert(entry)).count()
+        let moving = self.detach_moving(entries);
+        let refused = entries.iter().filter(|entry| !self.upsert(entry)).count();
+        self.reattach(&moving);
+        refused
+    }
+
+    /// Frees the addresses of the peers that `entries` move to another
+    /// address, before any entry is applied: within one batch addresses
+    /// may pass between peers (two clients removed and added again, each
+    /// given the other's address), which applied one by one, in whatever
+    /// order, would find each new address still held and refuse both.
+    /// Returns the keys detached.
+    fn detach_moving(&mut self, entries: &[PeerEntry]) -> Vec<[u8; 32]> {
+        let mut detached = Vec::new();
+        for entry in entries {
+            let Some(peer) = self.by_key.get(&entry.public_key) else {
+                continue;
+            };
+            if peer.address != entry.address
+                && self
+                    .by_address
+                    .get(&peer.address)
+                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
+            {
+                self.by_address.remove(&peer.address);
+                detached.push(entry.public_key);
+            }
+        }
+        detached
+    }
+
+    /// Gives the peers [`Self::detach_moving`] detached whose move was
+    /// refused their old address back, unless another peer took it.
+    fn reattach(&mut self, detached: &[[u8; 32]]) {
+        for key in detached {
+            if let Some(peer) = self.by_key.get(key).cloned() {
+                self.by_address.entry(peer.address).or_insert(peer);
+            }
+        }
     }
 
     fn insert(&mut self, peer: Arc<Peer>) {
@@ -438,6 +478,50 @@ mod tests {
         assert!(table.by_address("10.64.0.3".parse().expect("ip")).is_none());
         assert!(table.remove(&entry(3, "10.64.0.4").public_key));
         assert!(!table.remove(&entry(3, "10.64.0.4").public_key));
+    }
+
+    /// Two clients removed and added again with the same keys and each
+    /// other's address, within one feed poll: both moves apply, in a full
+    /// set and in a change alike. Before, each found its new address still
+    /// held by the other and both were refused.
+    #[test]
+    fn addresses_can_pass_between_peers_within_one_batch() {
+        let address = |table: &PeerTable, key: u8| {
+            table
+                .by_key(&entry(key, "10.64.0.9").public_key)
+                .map(|peer| peer.address.to_string())
+        };
+        let owner = |table: &PeerTable, ip: &str| {
+            table
+                .by_address(ip.parse().expect("ip"))
+                .map(|peer| peer.client.clone())
+        };
+        let owner = |table: &PeerTable, ip: &str| {
+            owner(table, ip).and_then(|client| client.strip_prefix("client-")?.parse::<u8>().ok())
+        };
+        let mut table = PeerTable::new(0);
+        table.upsert(&entry(1, "10.64.0.2"));
+        table.upsert(&entry(2, "10.64.0.3"));
+        assert_eq!(
+            table.replace(&[entry(1, "10.64.0.3"), entry(2, "10.64.0.2")]),
+            0
+        );
+        assert_eq!(address(&table, 1).as_deref(), Some("10.64.0.3"));
+        assert_eq!(owner(&table, "10.64.0.2"), Some(2));
+        assert_eq!(owner(&table, "10.64.0.3"), Some(1));
+        let swap = [entry(2, "10.64.0.3"), entry(1, "10.64.0.2")];
+        let (_, refused) = table.apply_change(&[], &swap);
+        assert!(refused.is_empty());
+        assert_eq!(owner(&table, "10.64.0.2"), Some(1));
+        assert_eq!(owner(&table, "10.64.0.3"), Some(2));
+        // A move that is refused (its new address belongs to a peer that
+        // stays) keeps the old address.
+        table.upsert(&entry(3, "10.64.0.4"));
+        let taken = [entry(1, "10.64.0.4")];
+        let (_, refused) = table.apply_change(&[], &taken);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(owner(&table, "10.64.0.2"), Some(1));
+        assert_eq!(owner(&table, "10.64.0.4"), Some(3));
     }
 
     #[test]
