@@ -33,6 +33,9 @@ pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 pub const CALL_BACK_WINDOW: Duration = Duration::from_secs(600);
 /// How often a peer that has not answered is called again.
 pub const CALL_BACK_RETRY: Duration = Duration::from_secs(1);
+/// How many call-back initiations are made between two yields to the
+/// runtime (each costs two X25519 operations, about 100 µs).
+const CALL_BACK_YIELD_EVERY: usize = 64;
 /// How long the ingress keeps calling peers back.
 pub const CALL_BACK_BUDGET: Duration = Duration::from_secs(30);
 /// At most this many threads make the first calls (see `first_calls`).
@@ -243,7 +246,12 @@ impl Wireguard {
         let mut buffer = vec![0u8; WORK_BUFFER];
         while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
             tokio::time::sleep(CALL_BACK_CHECK).await;
-            let mut out = Outgoing::default();
+            // The peers due a retry are picked under the table's lock and
+            // called outside it: an initiation costs two X25519 operations,
+            // and with thousands of peers offline, made under the lock they
+            // held a peer-set update (the writer) for as long, and every
+            // packet's lookup (readers queue behind a waiting writer) with it.
+            let mut due = Vec::new();
             {
                 let table = self.read_peers();
                 waiting.retain_mut(|(key, last_try)| {
@@ -259,16 +267,25 @@ impl Wireguard {
                         return true;
                     }
                     *last_try = Instant::now();
-                    if let (Some(endpoint), TunnResult::WriteToNetwork(initiation)) = (
-                        peer.endpoint(),
-                        self.tunnel_of(peer)
-                            .format_handshake_initiation(&mut buffer, true),
-                    ) {
-                        out.push(endpoint, initiation, segments);
-                    }
+                    due.push(peer.clone());
                     true
                 });
             }
+            let mut out = Outgoing::default();
+            for (n, peer) in due.iter().enumerate() {
+                if let (Some(endpoint), TunnResult::WriteToNetwork(initiation)) = (
+                    peer.endpoint(),
+                    self.tunnel_of(peer)
+                        .format_handshake_initiation(&mut buffer, true),
+                ) {
+                    out.push(endpoint, initiation, segments);
+                }
+                // Other tasks on this thread (the receiving loop) get a turn.
+                if n % CALL_BACK_YIELD_EVERY == CALL_BACK_YIELD_EVERY - 1 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            drop(due);
             let failed = out.flush(&self.socket).await;
             self.metrics.count_send_failures(failed);
         }
