@@ -116,13 +116,7 @@ fn a_third_ingress_waits_for_its_turn_and_takes_over_from_the_second() {
 fn a_restart_of_an_ingress_still_beside_its_predecessor_hands_off_without_a_drain() {
     let origin = Origin::start();
     let mut node = Node::new("[drain]\ngrace = \"3s\"\n");
-    let mut first = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_LINGER_AT_STOP_MS", "5000")]);
-    wait_until(
-        Duration::from_secs(20),
-        "the first ingress's status listener",
-        || node.status().0 != 0,
-    );
-    let client = node.add_client("alice");
+    let (mut first, client) = lingering_ingress(&mut node, "5000");
     let mut device = node.start_device();
     node.wait_ready();
     let mut second = node.spawn_ingress();
@@ -511,13 +505,7 @@ fn a_successor_started_while_the_node_drains_waits_and_then_starts_afresh() {
 fn a_successor_caught_in_the_last_moment_of_a_drain_starts_afresh() {
     let origin = Origin::start();
     let mut node = Node::new("[drain]\nlame_duck = \"100ms\"\ngrace = \"2s\"\n");
-    let mut first = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_LINGER_AT_STOP_MS", "3000")]);
-    wait_until(
-        Duration::from_secs(20),
-        "the first ingress's status listener",
-        || node.status().0 != 0,
-    );
-    let client = node.add_client("alice");
+    let (mut first, client) = lingering_ingress(&mut node, "3000");
     first.signal(nix::sys::signal::Signal::SIGTERM);
     wait_until(
         Duration::from_secs(20),
@@ -693,6 +681,20 @@ fn a_successor_stopped_beside_its_predecessor_takes_the_predecessor_with_it() {
 
 /// Fails the test, with the log, unless `daemon` logged `text`.
 #[track_caller]
+/// An ingress that lingers `linger_ms` at its end (a drain's, or a step
+/// aside's) with its sockets open, once its status listener answers, and
+/// a client.
+fn lingering_ingress(node: &mut Node, linger_ms: &str) -> (Daemon, ClientUrls) {
+    let first = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_LINGER_AT_STOP_MS", linger_ms)]);
+    wait_until(
+        Duration::from_secs(20),
+        "the first ingress's status listener",
+        || node.status().0 != 0,
+    );
+    let client = node.add_client("alice");
+    (first, client)
+}
+
 fn assert_logged(daemon: &Daemon, text: &str) {
     let log = daemon.log_text();
     assert!(log.contains(text), "no {text:?} in:\n{log}");

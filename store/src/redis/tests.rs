@@ -152,6 +152,20 @@ async fn half_done_adds_and_removes_are_repaired() {
     assert!(!store.remove_client("gone").await.expect("remove again"));
 }
 
+/// Asserts that the feed after `after` (up to 10 entries) reads as
+/// `expected` (seq, name, kind).
+async fn assert_feed(store: &RedisStore, after: u64, expected: &[(u64, &str, ChangeKind)]) {
+    let feed = store
+        .changes_since(after, 10)
+        .await
+        .expect("the feed reads");
+    let read: Vec<(u64, &str, ChangeKind)> = feed
+        .iter()
+        .map(|c| (c.seq, c.name.as_str(), c.kind))
+        .collect();
+    assert_eq!(read, expected);
+}
+
 /// Entries another version (or a hand) put in the feed do not stop it: an
 /// unknown kind reads as an upsert, a nameless entry keeps its position, an
 /// entry with a foreign ID is skipped; the entries around them still read.
@@ -174,20 +188,17 @@ async fn foreign_feed_entries_are_read_leniently() {
         }
         let _: String = xadd.query_async(&mut conn).await.expect("XADD");
     }
-    let feed = store.changes_since(0, 10).await.expect("the feed reads");
-    let read: Vec<(u64, &str, ChangeKind)> = feed
-        .iter()
-        .map(|c| (c.seq, c.name.as_str(), c.kind))
-        .collect();
-    assert_eq!(
-        read,
-        [
+    assert_feed(
+        &store,
+        0,
+        &[
             (1, "alice", ChangeKind::Upsert),
             (100, "alice", ChangeKind::Upsert),
             (101, "", ChangeKind::Upsert),
             (102, "bob", ChangeKind::Remove),
-        ]
-    );
+        ],
+    )
+    .await;
     // Changes go on above them (the counter was at 1): before, XADD refused
     // every later seq, after the index had already changed.
     store
@@ -204,19 +215,16 @@ async fn foreign_feed_entries_are_read_leniently() {
         .and_then(|ms| ms.parse().ok())
         .expect("an ID");
     assert!(store.remove_client("carol").await.expect("remove above it"));
-    let feed = store.changes_since(102, 10).await.expect("the feed reads");
-    let read: Vec<(u64, &str, ChangeKind)> = feed
-        .iter()
-        .map(|c| (c.seq, c.name.as_str(), c.kind))
-        .collect();
-    assert_eq!(
-        read,
-        [
+    assert_feed(
+        &store,
+        102,
+        &[
             (103, "carol", ChangeKind::Upsert),
             (stamp, "", ChangeKind::Upsert),
             (stamp + 1, "carol", ChangeKind::Remove),
-        ]
-    );
+        ],
+    )
+    .await;
     assert_eq!(store.list_clients().await.expect("list"), [client("alice")]);
 }
 
