@@ -679,8 +679,6 @@ fn a_successor_stopped_beside_its_predecessor_takes_the_predecessor_with_it() {
     assert!(device.wait_exit(Duration::from_secs(30)).is_some());
 }
 
-/// Fails the test, with the log, unless `daemon` logged `text`.
-#[track_caller]
 /// An ingress that lingers `linger_ms` at its end (a drain's, or a step
 /// aside's) with its sockets open, once its status listener answers, and
 /// a client.
@@ -695,6 +693,8 @@ fn lingering_ingress(node: &mut Node, linger_ms: &str) -> (Daemon, ClientUrls) {
     (first, client)
 }
 
+/// Fails the test, with the log, unless `daemon` logged `text`.
+#[track_caller]
 fn assert_logged(daemon: &Daemon, text: &str) {
     let log = daemon.log_text();
     assert!(log.contains(text), "no {text:?} in:\n{log}");

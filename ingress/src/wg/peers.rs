@@ -348,33 +348,71 @@ impl PeerTable {
     /// address, before any entry is applied: within one batch addresses
     /// may pass between peers (two clients removed and added again, each
     /// given the other's address), which applied one by one, in whatever
-    /// order, would find each new address still held and refuse both.
-    /// Returns the keys detached.
+    /// order, would find each new address still held and refuse both. Only
+    /// moves that can succeed are freed: one whose new address is held by a
+    /// peer that does not move too is refused as before, keeping its
+    /// address. Returns the keys detached.
     fn detach_moving(&mut self, entries: &[PeerEntry]) -> Vec<[u8; 32]> {
+        let mut moving: Vec<(&[u8; 32], IpAddr)> = entries
+            .iter()
+            .filter(|entry| {
+                self.by_key
+                    .get(&entry.public_key)
+                    .is_some_and(|peer| peer.address != entry.address)
+            })
+            .map(|entry| (&entry.public_key, entry.address))
+            .collect();
+        // Until nothing changes: a move whose new address is held by a
+        // peer staying put cannot happen, nor then one into its address.
+        loop {
+            let keys: std::collections::HashSet<[u8; 32]> =
+                moving.iter().map(|(key, _)| **key).collect();
+            let before = moving.len();
+            moving.retain(|(key, to)| match self.by_address.get(to) {
+                None => true,
+                Some(owner) => owner.public_key != **key && keys.contains(&owner.public_key),
+            });
+            if moving.len() == before {
+                break;
+            }
+        }
         let mut detached = Vec::new();
-        for entry in entries {
-            let Some(peer) = self.by_key.get(&entry.public_key) else {
+        for (key, _) in moving {
+            let Some(peer) = self.by_key.get(key) else {
                 continue;
             };
-            if peer.address != entry.address
-                && self
-                    .by_address
-                    .get(&peer.address)
-                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
+            if self
+                .by_address
+                .get(&peer.address)
+                .is_some_and(|owner| Arc::ptr_eq(owner, peer))
             {
                 self.by_address.remove(&peer.address);
-                detached.push(entry.public_key);
+                detached.push(*key);
             }
         }
         detached
     }
 
-    /// Gives the peers [`Self::detach_moving`] detached whose move was
-    /// refused their old address back, unless another peer took it.
+    /// Settles the peers [`Self::detach_moving`] detached whose move was
+    /// refused all the same (a batch that names one address twice): each
+    /// gets its old address back, or, if another peer took it meanwhile,
+    /// leaves the table. A peer without its address would still pass the
+    /// source check while its return traffic went to the other peer.
     fn reattach(&mut self, detached: &[[u8; 32]]) {
         for key in detached {
-            if let Some(peer) = self.by_key.get(key).cloned() {
-                self.by_address.entry(peer.address).or_insert(peer);
+            let Some(peer) = self.by_key.get(key).cloned() else {
+                continue;
+            };
+            match self.by_address.get(&peer.address) {
+                None => {
+                    self.by_address.insert(peer.address, peer);
+                }
+                Some(owner) if Arc::ptr_eq(owner, &peer) => {}
+                Some(_) => {
+                    tracing::warn!(client = %peer.client, "a WireGuard peer's address went to another peer in the same batch: it is removed until the next full set");
+                    self.by_key.remove(key);
+                    self.by_index.remove(&peer.index);
+                }
             }
         }
     }
@@ -515,13 +553,29 @@ mod tests {
         assert_eq!(owner(&table, "10.64.0.2"), Some(1));
         assert_eq!(owner(&table, "10.64.0.3"), Some(2));
         // A move that is refused (its new address belongs to a peer that
-        // stays) keeps the old address.
+        // stays) keeps the old address, and a new peer in the same batch
+        // does not get it.
         table.upsert(&entry(3, "10.64.0.4"));
-        let taken = [entry(1, "10.64.0.4")];
+        let taken = [entry(1, "10.64.0.4"), entry(4, "10.64.0.2")];
         let (_, refused) = table.apply_change(&[], &taken);
-        assert_eq!(refused.len(), 1);
+        assert_eq!(refused.len(), 2);
         assert_eq!(owner(&table, "10.64.0.2"), Some(1));
         assert_eq!(owner(&table, "10.64.0.4"), Some(3));
+        // A batch that names one address twice: the move that loses keeps
+        // no address another peer holds.
+        let twice = [
+            entry(7, "10.64.0.5"),
+            entry(1, "10.64.0.5"),
+            entry(8, "10.64.0.2"),
+        ];
+        let (_, refused) = table.apply_change(&[], &twice);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(owner(&table, "10.64.0.2"), Some(8));
+        for peer in table.iter() {
+            if let Some(owner) = table.by_address(peer.address) {
+                assert!(Arc::ptr_eq(owner, peer), "{} owns its address", peer.client);
+            }
+        }
     }
 
     #[test]

@@ -298,9 +298,20 @@ impl Store for RedisStore {
     async fn read_clients(&self) -> Result<ClientList, StoreError> {
         let mut cmd = redis::cmd("SMEMBERS");
         cmd.arg(INDEX_KEY);
-        let mut names: Vec<String> = self
+        let members: Vec<Vec<u8>> = self
             .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
             .await?;
+        // A member that is not a client name (a hand's) names no record.
+        let mut names: Vec<String> = members
+            .into_iter()
+            .filter_map(|member| match String::from_utf8(member) {
+                Ok(name) if is_valid_name(&name) => Some(name),
+                _ => {
+                    tracing::warn!(store = %self.shown_url, key = INDEX_KEY, "a client index member that is not a client name: skipped");
+                    None
+                }
+            })
+            .collect();
         if names.is_empty() {
             return Ok(ClientList::default());
         }

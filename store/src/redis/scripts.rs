@@ -9,11 +9,14 @@ use deadpool_redis::redis::Script;
 /// Creates a client: its record if the name is free (`SET NX`) and its zeroed usage.
 /// KEYS: record, usage. ARGV: the record's JSON. Returns 1 if created, 2 if that very
 /// record is there already (an earlier attempt of this add landed), 0 if the name is
-/// taken.
+/// taken (by a key of another type too: a hand's, which GET would fail on).
 pub(super) static ADD_CLIENT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+    return 0
+  end
   if redis.call('GET', KEYS[1]) == ARGV[1] then
     return 2
   end
@@ -72,7 +75,8 @@ return 1
 ///
 /// An entry someone else put in the feed above the counter (a hand's `XADD *`, a
 /// counter deleted) would make `XADD` refuse every later seq: the seq then jumps
-/// past the feed's last entry, and the counter with it. The index changes only
+/// past the highest ID the feed ever had (`last-generated-id`, which deleting the
+/// entry does not lower), and the counter with it. The index changes only
 /// once the entry is in (a script is not rolled back when a command fails).
 pub(super) static FEED_APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -82,12 +86,16 @@ if not upsert and redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 and ARGV[3] ~= 
   return 0
 end
 local seq = redis.call('INCR', KEYS[2])
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)[1]
-if last then
-  local top = tonumber(string.match(last[1], '^(%d+)-'))
-  if top and top >= seq then
-    seq = top + 1
-    redis.call('SET', KEYS[2], string.format('%d', seq))
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[3])
+  for i = 1, #info - 1, 2 do
+    if info[i] == 'last-generated-id' then
+      local top = tonumber(string.match(info[i + 1], '^(%d+)-'))
+      if top and top >= seq then
+        seq = top + 1
+        redis.call('SET', KEYS[2], string.format('%d', seq))
+      end
+    end
   end
 end
 redis.call('XADD', KEYS[3], string.format('%d-0', seq), 'name', ARGV[1], 'kind', ARGV[2])

@@ -226,6 +226,25 @@ async fn foreign_feed_entries_are_read_leniently() {
     )
     .await;
     assert_eq!(store.list_clients().await.expect("list"), [client("alice")]);
+    // An entry of Redis's making deleted before anyone wrote above it: the
+    // feed's highest ID stays what it was (before, XADD refused the seq
+    // that came after the entries left).
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(FEED_KEY).arg("*").arg("kind").arg("upsert");
+    let stamped: String = xadd.query_async(&mut conn).await.expect("XADD *");
+    let stamp: u64 = stamped
+        .split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("an ID");
+    let mut xdel = redis::cmd("XDEL");
+    xdel.arg(FEED_KEY).arg(&stamped);
+    let _: i64 = xdel.query_async(&mut conn).await.expect("XDEL");
+    store
+        .add_client(client("dave"))
+        .await
+        .expect("add after the delete");
+    assert_feed(&store, stamp, &[(stamp + 1, "dave", ChangeKind::Upsert)]).await;
 }
 
 /// Records a hand (or damage, or another version) wrote under client keys
@@ -297,6 +316,27 @@ async fn damaged_records_cost_only_their_own_clients() {
         assert!(store.remove_client(name).await.expect("remove"), "{name}");
     }
     assert_eq!(store.list_clients().await.expect("list"), [client("dave")]);
+    // An index member that is no name is skipped, not a failed list.
+    let mut sadd = redis::cmd("SADD");
+    sadd.arg(INDEX_KEY).arg(&b"\xff"[..]);
+    let _: i64 = sadd.query_async(&mut conn).await.expect("SADD");
+    assert_eq!(store.list_clients().await.expect("list"), [client("dave")]);
+    // Adding a name whose key is of another type is refused as taken, and
+    // the address it claimed is free again (before: a WRONGTYPE error,
+    // and the claim kept for good).
+    let _: () = conn.hset("{pc_gina}", "x", "y").await.expect("HSET");
+    assert!(matches!(
+        store.add_client(client("gina")).await,
+        Err(StoreError::AlreadyExists(name)) if name == "gina"
+    ));
+    let erin = ClientRecord {
+        wg_address: Some(address_of("gina")),
+        ..client("erin")
+    };
+    store
+        .add_client(erin)
+        .await
+        .expect("gina's address is free");
 }
 
 /// The WireGuard address claims the module doc describes: a claim left without a
