@@ -465,8 +465,32 @@ impl RedisStore {
         if pong != "PONG" {
             return Err(store.backend("checking that Redis answers", &format!("got {pong:?}")));
         }
+        store.load_scripts().await;
         tracing::debug!(url = %store.shown_url, "opened Redis store");
         Ok(store)
+    }
+
+    /// Loads every script now, best effort (a failure is logged at debug:
+    /// a call loads what is missing). On a Cluster, `SCRIPT LOAD` goes to
+    /// every node, replicas included, and waits for all of them: left to
+    /// a script's first use, it would wait on a hung master whatever slot
+    /// the call was for.
+    async fn load_scripts(&self) {
+        let load = async {
+            let mut conn = self.pools.get().await.map_err(|err| err.to_string())?;
+            for script in scripts::all() {
+                script
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|err| err.to_string())?;
+            }
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, load).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(url = %self.shown_url, %error, "loading the scripts"),
+            Err(_) => tracing::debug!(url = %self.shown_url, "loading the scripts timed out"),
+        }
     }
 
     /// The store's URL, without its password.

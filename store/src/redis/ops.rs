@@ -238,6 +238,28 @@ impl RedisStore {
     }
 }
 
+/// The ID of the first entry in an `XREAD` reply (`[[stream, [[id,
+/// fields], ...]]]`), if it has that shape.
+fn first_entry_id(reply: &redis::Value) -> Option<String> {
+    let redis::Value::Array(streams) = reply else {
+        return None;
+    };
+    let redis::Value::Array(stream) = streams.first()? else {
+        return None;
+    };
+    let redis::Value::Array(entries) = stream.get(1)? else {
+        return None;
+    };
+    let redis::Value::Array(entry) = entries.first()? else {
+        return None;
+    };
+    match entry.first()? {
+        redis::Value::BulkString(id) => String::from_utf8(id.clone()).ok(),
+        redis::Value::SimpleString(id) => Some(id.clone()),
+        _ => None,
+    }
+}
+
 /// A u64 delta as a Redis integer, saturating at i64::MAX.
 fn redis_int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -379,23 +401,44 @@ impl Store for RedisStore {
         }
         // Each blocking read holds one pooled connection, not the others;
         // it must end well inside the per-reply timeout.
-        let block = wait.min(FEED_BLOCK).as_millis().max(1);
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT")
-            .arg(1)
-            .arg("BLOCK")
-            .arg(u64::try_from(block).unwrap_or(1))
-            .arg("STREAMS")
-            .arg(FEED_KEY)
-            .arg(format!("{after}-0"));
-        let reply: redis::Value = self
-            .run(
-                "waiting on the change feed",
-                Retry::Idempotent,
-                &Req::Cmd(cmd),
-            )
-            .await?;
-        Ok(!matches!(reply, redis::Value::Nil))
+        let until = tokio::time::Instant::now() + wait.min(FEED_BLOCK);
+        // Past every entry at `after`: ours is `<after>-0`, and one of
+        // another's making there (`<after>-5`) is no change to wait for.
+        let mut from = format!("{after}-{}", u64::MAX);
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let block = left.as_millis().max(1);
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(u64::try_from(block).unwrap_or(1))
+                .arg("STREAMS")
+                .arg(FEED_KEY)
+                .arg(&from);
+            let reply: redis::Value = self
+                .run(
+                    "waiting on the change feed",
+                    Retry::Idempotent,
+                    &Req::Cmd(cmd),
+                )
+                .await?;
+            if matches!(reply, redis::Value::Nil) {
+                return Ok(false);
+            }
+            match first_entry_id(&reply) {
+                // An entry with a foreign ID is skipped by the reader
+                // (`decode_change`): waiting on past it, not returning at
+                // once every time, keeps a follower from spinning on it.
+                Some(id) if !id.ends_with("-0") => {
+                    if left.is_zero() {
+                        return Ok(false);
+                    }
+                    from = id;
+                }
+                _ => return Ok(true),
+            }
+        }
     }
 
     async fn changes_since(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {

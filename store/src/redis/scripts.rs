@@ -201,3 +201,17 @@ return 1
 ",
     )
 });
+
+/// Every script, for loading them all when the store opens.
+pub(super) fn all() -> [&'static Script; 8] {
+    [
+        &ADD_CLIENT,
+        &ADD_USAGE,
+        &FEED_APPEND,
+        &CLAIM_ADDRESS,
+        &RELEASE_ADDRESS,
+        &REPLACE_CLIENT,
+        &ADD_QUOTA_USAGE,
+        &PUT_LIVE_TUNNELS,
+    ]
+}

@@ -247,6 +247,32 @@ async fn foreign_feed_entries_are_read_leniently() {
     assert_feed(&store, stamp, &[(stamp + 1, "dave", ChangeKind::Upsert)]).await;
 }
 
+/// An entry with a foreign ID past a follower's position is no change to
+/// wait for: the wait runs its course (before, it returned at once, every
+/// time, and the follower spun on the entry it then skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_entry_is_no_change_to_wait_for() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    store.add_client(client("alice")).await.expect("add");
+    let head = store.feed_head().await.expect("head");
+    let mut conn = raw(&server).await;
+    for id in [format!("{head}-7"), format!("{}-5", head + 1)] {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(FEED_KEY).arg(id).arg("kind").arg("upsert");
+        let _: String = xadd.query_async(&mut conn).await.expect("XADD");
+    }
+    assert!(!store
+        .wait_for_change(head, Duration::from_millis(300))
+        .await
+        .expect("the wait"));
+    store.add_client(client("bob")).await.expect("add");
+    assert!(store
+        .wait_for_change(head, Duration::from_millis(300))
+        .await
+        .expect("the wait"));
+}
+
 /// Records a hand (or damage, or another version) wrote under client keys
 /// cost only their own clients: bytes that are not UTF-8, and a record that
 /// names another client, are those clients' corrupt records; a key of

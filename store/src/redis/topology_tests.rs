@@ -129,6 +129,76 @@ async fn an_unconfirmed_add_repeated_counts_once() {
     assert_eq!(usage.bytes_up, 10, "{usage:?}");
 }
 
+/// A Cluster master that hangs (SIGSTOP) pauses the keys in its slots, not
+/// the others: calls on another master's slots go on. Before, the pool
+/// checked each connection it handed out with a PING, which a cluster
+/// connection sends to every master: it waited on the hung one, and every
+/// call on every slot failed until the master was failed over. (Full
+/// coverage is off, so that slots served stay served meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_cluster_master_pauses_only_its_own_slots() {
+    let cluster = RedisCluster::start();
+    for port in cluster.ports() {
+        crate::testing::cli(
+            port,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        );
+    }
+    let feed_master = cluster.master_of_slot_for_key("{blipless}:feed");
+    let name = (0..1000)
+        .map(|n| format!("c{n}"))
+        .find(|name| cluster.master_of_slot_for_key(&format!("{{pc_{name}}}")) != feed_master)
+        .expect("a name on another master than the feed's");
+    let client_master = cluster.master_of_slot_for_key(&format!("{{pc_{name}}}"));
+    let hung = cluster
+        .master_ports()
+        .into_iter()
+        .find(|port| ![feed_master, client_master].contains(port))
+        .expect("a third master");
+    let on_the_hung = (0..1000)
+        .map(|n| format!("h{n}"))
+        .find(|name| cluster.master_of_slot_for_key(&format!("{{pc_{name}}}")) == hung)
+        .expect("a name on the master to hang");
+    let store = open(&cluster.url()).await;
+    store.add_client(client(&name)).await.expect("add");
+    // A warm pool: its connections are checked when handed out again.
+    for _ in 0..8 {
+        store.get_client(&name).await.expect("read");
+    }
+    let hung_pid = nix::unistd::Pid::from_raw(cluster.pid_of(hung).expect("it runs"));
+    nix::sys::signal::kill(hung_pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    // Calls on the hung master's slots meanwhile: they wait and fail, and
+    // must cost the others nothing.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hung_calls = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let _ = store.get_client(&on_the_hung).await;
+            }
+        })
+    };
+    let delta = Usage {
+        bytes_up: 1,
+        bytes_down: 1,
+        connections: 1,
+    };
+    let mut failures = Vec::new();
+    for batch in 1..=10 {
+        if let Err(error) = store.get_client(&name).await {
+            failures.push(format!("read: {error}"));
+        }
+        if let Err(error) = store.add_usage(&name, delta, batch).await {
+            failures.push(format!("usage: {error}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    nix::sys::signal::kill(hung_pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    let _ = hung_calls.await;
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// What the writers saw while a master was killed.
 #[derive(Debug, Default)]
 struct Tally {

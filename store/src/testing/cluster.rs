@@ -103,6 +103,16 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no master serves slot {slot} ({key:?}): {slots:?}"))
     }
 
+    /// The ports of the nodes that are masters now.
+    pub fn master_ports(&self) -> Vec<u16> {
+        self.masters().unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    /// The pid of the node on `port`, if it runs.
+    pub fn pid_of(&self, port: u16) -> Option<i32> {
+        self.nodes.iter().find(|node| node.port() == port)?.pid()
+    }
+
     /// Kills the node on `port` (SIGKILL, as a crash would) and waits for it to exit.
     pub fn kill(&mut self, port: u16) {
         self.node_mut(port).kill();
