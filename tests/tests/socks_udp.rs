@@ -710,3 +710,49 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// In a namespace where sockets default to IPv6 only
+/// (`net.ipv6.bindv6only=1`, as some hosts set it), the relay still reaches
+/// IPv4 destinations. Before, its unbound `[::]` egress socket was IPv6-only
+/// there, and every datagram to an IPv4 address was dropped without a word.
+#[test]
+fn ipv4_destinations_are_reached_where_sockets_default_to_ipv6_only() {
+    blipless_tests::netns::require_root();
+    let ns = blipless_tests::netns::Netns::new("v6only").expect("a namespace");
+    ns.exec("sysctl", &["-qw", "net.ipv6.bindv6only=1"])
+        .expect("sysctl");
+    let mut node = Node::in_netns(ns.name(), "allow = [\"127.0.0.1/32\"]", "");
+    let (_ingress, _device, client) = node.start();
+    let socks = node.socks;
+    let echoed = blipless_tests::wg_peer::in_netns(ns.name(), move || {
+        let echo = Echo::start("127.0.0.1");
+        let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
+        let mut control = blipless_tests::raw::connect(socks);
+        assert_eq!(
+            blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
+            0
+        );
+        std::io::Write::write_all(&mut control, &[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
+            .expect("UDP ASSOCIATE");
+        let reply = blipless_tests::raw::read_exact(&mut control, 10);
+        assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
+        let relay = std::net::SocketAddr::from((
+            [reply[4], reply[5], reply[6], reply[7]],
+            u16::from_be_bytes([reply[8], reply[9]]),
+        ));
+        let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
+        customer
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut buffer = [0u8; 2048];
+        (0..5).any(|_| {
+            customer
+                .send_to(&udp_datagram(echo_at, b"over IPv4"), relay)
+                .expect("send");
+            customer
+                .recv_from(&mut buffer)
+                .is_ok_and(|(len, _)| buffer[..len].ends_with(b"over IPv4"))
+        })
+    });
+    assert!(echoed, "the echo through the relay came back");
+}

@@ -56,6 +56,9 @@ const UDP_OVERHEAD: usize = 28;
 /// Names an association remembers the addresses of, and for how long.
 const NAME_CACHE: usize = 64;
 const NAME_TTL: Duration = Duration::from_secs(60);
+/// The most addresses kept of one name's answer, per family (the first
+/// permitted ones).
+const NAME_ADDRESSES: usize = 8;
 /// Datagrams taken from one socket before the other gets a turn.
 const BATCH: usize = 32;
 /// Limit on resolving a destination name.
@@ -225,11 +228,34 @@ async fn open_sockets(
 async fn egress_socket(source: Option<IpAddr>) -> std::io::Result<UdpSocket> {
     match source {
         Some(source) => UdpSocket::bind(SocketAddr::new(source, 0)).await,
-        None => match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).await {
+        None => match dual_stack_socket() {
             Ok(socket) => Ok(socket),
             Err(_) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await,
         },
     }
+}
+
+/// An unbound `[::]` socket that reaches IPv4 too (through mapped
+/// addresses): `IPV6_V6ONLY` is turned off before the bind, whatever the
+/// namespace's `net.ipv6.bindv6only` says. Left to that default, a host
+/// where it is 1 made every IPv4 destination fail to send, silently.
+fn dual_stack_socket() -> std::io::Result<UdpSocket> {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn6,
+    };
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
+    let any = std::net::SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0);
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn6::from(any),
+    )?;
+    UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
 /// An association's sockets and state.
@@ -603,6 +629,20 @@ impl Relay<'_> {
         if self.names.len() >= NAME_CACHE {
             self.names.clear();
         }
+        // A name can answer with thousands of addresses (a 64 KiB answer
+        // over TCP): the cache bounds what each name holds too, keeping
+        // the first permitted ones of each family (the egress socket may
+        // reach only one).
+        let mut kept = [0usize; 2];
+        let addresses: Vec<SocketAddr> = addresses
+            .into_iter()
+            .filter(|a| self.context.egress.permits(canonical_addr(*a).ip()))
+            .filter(|a| {
+                let family = usize::from(canonical_addr(*a).is_ipv6());
+                kept[family] += 1;
+                kept[family] <= NAME_ADDRESSES
+            })
+            .collect();
         self.names
             .insert(host, (addresses.clone(), Instant::now() + holds));
         addresses
