@@ -233,6 +233,9 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         );
         return Ok(());
     }
+    // At once, not when the run loop steps aside: no session is started
+    // meanwhile (`Wireguard::set_stepped_aside`).
+    handoffs.node.wireguard.set_stepped_aside(true);
     if handoffs.takeovers.send(socket).await.is_ok() {
         // The run loop steps aside; it ends the handoff if it serves again.
         std::mem::forget(handing_off);
@@ -340,6 +343,7 @@ pub async fn step_aside(
 ) -> SteppedAside {
     let overlap = Instant::now();
     tracing::info!("a successor ingress serves; stepping aside");
+    wireguard.set_stepped_aside(true);
     running.stop_accepting();
     running.stop_serving();
     running.wait().await;
@@ -406,6 +410,7 @@ pub async fn step_aside(
         }
     }
     tracing::warn!("the successor ingress died after taking over; serving again");
+    wireguard.set_stepped_aside(false);
     lineage.end_handoff();
     SteppedAside::ServeAgain
 }

@@ -27,7 +27,7 @@ struct DirectionLabel {
 /// Every drop reason (`drop_reason` in wg/mod.rs and the receive path): each
 /// series exists from the start, at 0, so an alert on `increase()` sees the
 /// first drop.
-const DROP_REASONS: [&str; 14] = [
+const DROP_REASONS: [&str; 15] = [
     "unknown_peer",
     "source",
     "queue_full",
@@ -41,6 +41,7 @@ const DROP_REASONS: [&str; 14] = [
     "no_session",
     "under_load",
     "expired",
+    "stepped_aside",
     "other",
 ];
 

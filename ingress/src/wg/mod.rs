@@ -93,6 +93,13 @@ pub struct Wireguard {
     queue_limit: usize,
     staging: Mutex<Option<Staging>>,
     synced: AtomicBool,
+    /// This ingress stepped aside for a successor: it starts no session
+    /// (no handshake initiation, from its timers' rekey or for a packet to
+    /// a peer without one). A peer that answered one would make this
+    /// ingress's session its current one and send here, to an ingress
+    /// about to exit, while the successor's traffic to it kept the peer
+    /// from noticing for up to two minutes.
+    stepped_aside: AtomicBool,
     /// Endpoints were given (by a predecessor or a device plane's snapshot).
     seeded: AtomicBool,
     endpoint_staging: Mutex<Option<(u64, Vec<blipless_protocol::channel::EndpointEntry>)>>,
@@ -182,6 +189,7 @@ impl Wireguard {
             queue_limit,
             staging: Mutex::new(None),
             synced: AtomicBool::new(false),
+            stepped_aside: AtomicBool::new(false),
             seeded: AtomicBool::new(false),
             endpoint_staging: Mutex::new(None),
             epoch: std::time::Instant::now(),
@@ -388,6 +396,14 @@ impl Wireguard {
             self.metrics.count_drop("invalid");
             return;
         };
+        // Answered, it would make this ingress, about to exit, the peer's
+        // current session (`stepped_aside`); unanswered, the peer tries
+        // again, and its next initiation reaches the successor.
+        if matches!(parsed, Packet::HandshakeInit(_)) && self.stepped_aside.load(Ordering::Relaxed)
+        {
+            self.metrics.count_drop("stepped_aside");
+            return;
+        }
         // Only initiations pass the shared limiter: under load they get cookie
         // replies. Responses answer this ingress's own initiations (a
         // call-back may send a thousand at once), so they are not limited
@@ -491,7 +507,9 @@ impl Wireguard {
                 while let TunnResult::WriteToNetwork(queued) =
                     tunnel.decapsulate(None, &[], &mut work.buffer)
                 {
-                    work.replies.push(from, queued, segments);
+                    if self.may_send(queued) {
+                        work.replies.push(from, queued, segments);
+                    }
                 }
                 None
             }
@@ -515,6 +533,7 @@ impl Wireguard {
             }
             TunnResult::Err(error) => {
                 self.metrics.count_drop(drop_reason(&error));
+                tunnel.unmake_if_fresh();
                 None
             }
         };
@@ -649,6 +668,10 @@ impl Wireguard {
             let room = (packet.len() + 32).max(MIN_BORINGTUN_ROOM);
             out.push_with(endpoint, room, segments, |room| {
                 match tunnel.encapsulate(packet, room) {
+                    TunnResult::WriteToNetwork(datagram) if !self.may_send(datagram) => {
+                        self.metrics.count_drop("stepped_aside");
+                        None
+                    }
                     TunnResult::WriteToNetwork(datagram) => {
                         round.inner_out += 1;
                         Some(datagram.len())
@@ -663,6 +686,18 @@ impl Wireguard {
                 }
             });
         }
+    }
+
+    /// A successor serves (`true`: start no session from now on), or
+    /// went away and this ingress serves again (`false`).
+    pub fn set_stepped_aside(&self, stepped_aside: bool) {
+        self.stepped_aside.store(stepped_aside, Ordering::SeqCst);
+    }
+
+    /// Whether `datagram`, made by a peer's state to be sent, may go: not a
+    /// handshake initiation (type 1) once this ingress stepped aside.
+    fn may_send(&self, datagram: &[u8]) -> bool {
+        datagram.first() != Some(&1) || !self.stepped_aside.load(Ordering::Relaxed)
     }
 
     async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
@@ -697,7 +732,11 @@ impl Wireguard {
                 continue;
             };
             if let TunnResult::WriteToNetwork(datagram) = tunnel.update_timers(&mut buffer) {
-                out.push(endpoint, datagram, segments);
+                if self.may_send(datagram) {
+                    out.push(endpoint, datagram, segments);
+                } else {
+                    self.metrics.count_drop("stepped_aside");
+                }
             }
         }
         let failed = out.flush(&self.socket).await;

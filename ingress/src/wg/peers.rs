@@ -76,17 +76,18 @@ impl Peer {
     /// for the peer yet.
     pub fn tunnel(&self, make: TunnelFactory<'_>) -> TunnelGuard<'_> {
         let mut slot = self.slot();
-        if slot.is_none() {
+        let fresh = slot.is_none();
+        if fresh {
             *slot = Some(Box::new(make(&self.public_key, self.index)));
         }
-        TunnelGuard(slot)
+        TunnelGuard { slot, fresh }
     }
 
     /// The session state, locked, only if it has been made (timers and
     /// statistics never make one).
     pub fn made_tunnel(&self) -> Option<TunnelGuard<'_>> {
         let slot = self.slot();
-        slot.is_some().then_some(TunnelGuard(slot))
+        slot.is_some().then_some(TunnelGuard { slot, fresh: false })
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Box<Tunn>>> {
@@ -165,7 +166,23 @@ pub type TunnelFactory<'a> = &'a dyn Fn(&[u8; 32], u32) -> Tunn;
 
 /// A peer's session state, locked ([`Peer::tunnel`], [`Peer::made_tunnel`]):
 /// the slot always holds one while the guard exists.
-pub struct TunnelGuard<'a>(MutexGuard<'a, Option<Box<Tunn>>>);
+pub struct TunnelGuard<'a> {
+    slot: MutexGuard<'a, Option<Box<Tunn>>>,
+    /// Made by this very [`Peer::tunnel`] call.
+    fresh: bool,
+}
+
+impl TunnelGuard<'_> {
+    /// Unmakes the session state if it was made for this use: an
+    /// initiation that then failed its checks (a stranger who knows a
+    /// peer's public key can name it) must not leave the state behind,
+    /// about 11 KiB for every peer named that way.
+    pub fn unmake_if_fresh(mut self) {
+        if self.fresh {
+            *self.slot = None;
+        }
+    }
+}
 
 impl std::fmt::Debug for TunnelGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,7 +193,7 @@ impl std::fmt::Debug for TunnelGuard<'_> {
 impl std::ops::Deref for TunnelGuard<'_> {
     type Target = Tunn;
     fn deref(&self) -> &Tunn {
-        self.0
+        self.slot
             .as_ref()
             .expect("a guard is only made over a made tunnel")
     }
@@ -184,7 +201,7 @@ impl std::ops::Deref for TunnelGuard<'_> {
 
 impl std::ops::DerefMut for TunnelGuard<'_> {
     fn deref_mut(&mut self) -> &mut Tunn {
-        self.0
+        self.slot
             .as_mut()
             .expect("a guard is only made over a made tunnel")
     }
@@ -622,6 +639,25 @@ mod tests {
                 .map(|p| p.index),
             index
         );
+    }
+
+    /// A state made for an initiation that then fails is unmade; one that
+    /// was there before is kept.
+    #[test]
+    fn only_a_state_made_for_this_use_is_unmade() {
+        let make = factory();
+        let mut table = PeerTable::new(0);
+        table.upsert(&entry(1, "10.64.0.2"));
+        let peer = table
+            .by_address("10.64.0.2".parse().expect("ip"))
+            .cloned()
+            .expect("peer");
+        peer.tunnel(&make).unmake_if_fresh();
+        assert!(peer.made_tunnel().is_none(), "made and unmade");
+        drop(peer.tunnel(&make));
+        assert!(peer.made_tunnel().is_some(), "made and kept");
+        peer.tunnel(&make).unmake_if_fresh();
+        assert!(peer.made_tunnel().is_some(), "made before: kept");
     }
 
     #[test]

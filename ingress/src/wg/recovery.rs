@@ -246,6 +246,14 @@ impl Wireguard {
         let mut buffer = vec![0u8; WORK_BUFFER];
         while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
             tokio::time::sleep(CALL_BACK_CHECK).await;
+            // A successor serves now: it calls the peers, not this ingress.
+            if self
+                .stepped_aside
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::info!("a successor serves: the call-back stops here");
+                break;
+            }
             // The peers due a retry are picked under the table's lock and
             // called outside it: an initiation costs two X25519 operations,
             // and with thousands of peers offline, made under the lock they
