@@ -423,12 +423,12 @@ fn udp_datagram(to: std::net::SocketAddrV4, payload: &[u8]) -> Vec<u8> {
 /// UDP ASSOCIATE as `client`, naming `port` as the customer's; the control
 /// connection and the relay's address.
 fn associate(
-    node: &Node,
+    socks: std::net::SocketAddr,
     client: &blipless_tests::node::ClientUrls,
     port: u16,
 ) -> (std::net::TcpStream, std::net::SocketAddr) {
     use std::io::Write as _;
-    let mut control = blipless_tests::raw::connect(node.socks);
+    let mut control = blipless_tests::raw::connect(socks);
     assert_eq!(
         blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
         0
@@ -467,7 +467,7 @@ impl Associated {
         let (ingress, device, client) = node.start();
         let echo = Echo::start("127.0.0.1");
         let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-        let (control, relay) = associate(&node, &client, 0);
+        let (control, relay) = associate(node.socks, &client, 0);
         let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
         Self {
             ingress,
@@ -588,7 +588,7 @@ fn another_port_of_the_customers_address_cannot_take_its_answers() {
     let (_ingress, _device, client) = node.start();
     let echo = Echo::start("127.0.0.1");
     let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-    let associate = |port: u16| associate(&node, &client, port);
+    let associate = |port: u16| associate(node.socks, &client, port);
     let mut buffer = [0u8; 2048];
     // Behind a NAT: the request names a port the datagrams do not come
     // from. The first datagram that passes says where answers go.
@@ -727,19 +727,7 @@ fn ipv4_destinations_are_reached_where_sockets_default_to_ipv6_only() {
     let echoed = blipless_tests::wg_peer::in_netns(ns.name(), move || {
         let echo = Echo::start("127.0.0.1");
         let echo_at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, echo.port);
-        let mut control = blipless_tests::raw::connect(socks);
-        assert_eq!(
-            blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
-            0
-        );
-        std::io::Write::write_all(&mut control, &[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
-            .expect("UDP ASSOCIATE");
-        let reply = blipless_tests::raw::read_exact(&mut control, 10);
-        assert_eq!(reply[..4], [5, 0, 0, 1], "{reply:?}");
-        let relay = std::net::SocketAddr::from((
-            [reply[4], reply[5], reply[6], reply[7]],
-            u16::from_be_bytes([reply[8], reply[9]]),
-        ));
+        let (_control, relay) = associate(socks, &client, 0);
         let customer = UdpSocket::bind("127.0.0.1:0").expect("the customer's port");
         customer
             .set_read_timeout(Some(Duration::from_secs(2)))

@@ -641,17 +641,23 @@ mod tests {
         );
     }
 
-    /// A state made for an initiation that then fails is unmade; one that
-    /// was there before is kept.
-    #[test]
-    fn only_a_state_made_for_this_use_is_unmade() {
-        let make = factory();
+    /// A table with one peer (10.64.0.2), and that peer.
+    fn one_peer() -> (PeerTable, Arc<Peer>) {
         let mut table = PeerTable::new(0);
         table.upsert(&entry(1, "10.64.0.2"));
         let peer = table
             .by_address("10.64.0.2".parse().expect("ip"))
             .cloned()
             .expect("peer");
+        (table, peer)
+    }
+
+    /// A state made for an initiation that then fails is unmade; one that
+    /// was there before is kept.
+    #[test]
+    fn only_a_state_made_for_this_use_is_unmade() {
+        let make = factory();
+        let (_table, peer) = one_peer();
         peer.tunnel(&make).unmake_if_fresh();
         assert!(peer.made_tunnel().is_none(), "made and unmade");
         drop(peer.tunnel(&make));
@@ -663,12 +669,7 @@ mod tests {
     #[test]
     fn a_peer_gets_its_session_state_only_when_used_and_keeps_it_when_moved() {
         let make = factory();
-        let mut table = PeerTable::new(0);
-        table.upsert(&entry(1, "10.64.0.2"));
-        let peer = table
-            .by_address("10.64.0.2".parse().expect("ip"))
-            .cloned()
-            .expect("peer");
+        let (mut table, peer) = one_peer();
         assert!(peer.made_tunnel().is_none(), "nothing made at upsert");
         let (_, tx, rx, _, _) = peer.tunnel(&make).stats();
         assert_eq!((tx, rx), (0, 0));
