@@ -239,6 +239,8 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
     if handoffs.takeovers.send(socket).await.is_ok() {
         // The run loop steps aside; it ends the handoff if it serves again.
         std::mem::forget(handing_off);
+    } else {
+        handoffs.node.wireguard.set_stepped_aside(false);
     }
     Ok(())
 }

@@ -509,6 +509,8 @@ impl Wireguard {
                 {
                     if self.may_send(queued) {
                         work.replies.push(from, queued, segments);
+                    } else {
+                        self.metrics.count_drop("stepped_aside");
                     }
                 }
                 None

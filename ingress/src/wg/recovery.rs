@@ -286,7 +286,11 @@ impl Wireguard {
                     self.tunnel_of(peer)
                         .format_handshake_initiation(&mut buffer, true),
                 ) {
-                    out.push(endpoint, initiation, segments);
+                    // Checked for each: a successor may serve from any
+                    // moment on.
+                    if self.may_send(initiation) {
+                        out.push(endpoint, initiation, segments);
+                    }
                 }
                 // Other tasks on this thread (the receiving loop) get a turn.
                 if n % CALL_BACK_YIELD_EVERY == CALL_BACK_YIELD_EVERY - 1 {
