@@ -107,8 +107,10 @@
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
 //! and the Sentinel pool checks `ROLE` before reusing a connection.
-//! The pool checks each connection (`PING`) before reuse and replaces broken ones,
-//! so the store works again by itself once Redis is back.
+//! The pool checks each connection (`PING`; on a Cluster, where a `PING` goes to every
+//! master, nothing: a call that times out drops its connection, and the next one reads
+//! the slot map afresh) before reuse and replaces broken ones, so the store works
+//! again by itself once Redis is back.
 
 mod limits;
 mod ops;
@@ -478,18 +480,29 @@ impl RedisStore {
     async fn load_scripts(&self) {
         let load = async {
             let mut conn = self.pools.get().await.map_err(|err| err.to_string())?;
+            let mut failed = Vec::new();
             for script in scripts::all() {
-                script
-                    .load_async(&mut conn)
-                    .await
-                    .map_err(|err| err.to_string())?;
+                if let Err(error) = script.load_async(&mut conn).await {
+                    failed.push(error.to_string());
+                }
             }
-            Ok::<(), String>(())
+            match failed.first() {
+                None => Ok(()),
+                Some(error) => Err(format!(
+                    "{} of {}: {error}",
+                    failed.len(),
+                    scripts::all().len()
+                )),
+            }
         };
         match tokio::time::timeout(ATTEMPT_TIMEOUT, load).await {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::debug!(url = %self.shown_url, %error, "loading the scripts"),
-            Err(_) => tracing::debug!(url = %self.shown_url, "loading the scripts timed out"),
+            Ok(Err(error)) => {
+                tracing::info!(url = %self.shown_url, %error, "could not load the scripts at open: each is loaded at its first use")
+            }
+            Err(_) => {
+                tracing::info!(url = %self.shown_url, "loading the scripts at open timed out: each is loaded at its first use")
+            }
         }
     }
 
@@ -508,19 +521,28 @@ impl RedisStore {
         let mut backoff = RETRY_BACKOFF.iter();
         let mut attempts = 1;
         loop {
+            let deadline = tokio::time::Instant::now() + ATTEMPT_TIMEOUT;
             let attempt = async {
                 let mut conn = self.pools.get().await.map_err(Failure::Connect)?;
-                match req.send(&mut conn).await {
-                    Ok(value) => Ok(value),
-                    Err(err) => {
+                match tokio::time::timeout_at(deadline, req.send(&mut conn)).await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(err)) => {
                         if reached_a_replica(&err) || connection_failed(&err) {
                             conn.discard();
                         }
                         Err(Failure::Request(err))
                     }
+                    // A cluster connection keeps its map of slots to nodes
+                    // and retries a node that does not answer (a master
+                    // hung, then failed over) on it: a new one reads the
+                    // map afresh.
+                    Err(_) => {
+                        conn.discard_if_cluster();
+                        Err(Failure::TimedOut)
+                    }
                 }
             };
-            let failure = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+            let failure = match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(failure)) => failure,
                 Err(_) => Failure::TimedOut,

@@ -227,6 +227,14 @@ impl Pools {
 }
 
 impl Conn {
+    /// [`Conn::discard`] for a cluster connection; any other goes back to
+    /// its pool.
+    pub(super) fn discard_if_cluster(self) {
+        if matches!(self, Self::Cluster(_)) {
+            self.discard();
+        }
+    }
+
     /// Takes the connection out of its pool for good (it reached a node that is no
     /// longer the master, or broke).
     pub(super) fn discard(self) {

@@ -133,8 +133,9 @@ async fn an_unconfirmed_add_repeated_counts_once() {
 /// the others: calls on another master's slots go on. Before, the pool
 /// checked each connection it handed out with a PING, which a cluster
 /// connection sends to every master: it waited on the hung one, and every
-/// call on every slot failed until the master was failed over. (Full
-/// coverage is off, so that slots served stay served meanwhile.)
+/// call on every slot failed until the master was failed over. Once it is
+/// failed over, still hung, calls on its slots work again. (Full coverage
+/// is off, so that slots served stay served meanwhile.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_cluster_master_pauses_only_its_own_slots() {
     let cluster = RedisCluster::start();
@@ -171,7 +172,7 @@ async fn a_hung_cluster_master_pauses_only_its_own_slots() {
     // must cost the others nothing.
     let stop = Arc::new(AtomicBool::new(false));
     let hung_calls = {
-        let (store, stop) = (store.clone(), stop.clone());
+        let (store, stop, on_the_hung) = (store.clone(), stop.clone(), on_the_hung.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let _ = store.get_client(&on_the_hung).await;
@@ -194,9 +195,31 @@ async fn a_hung_cluster_master_pauses_only_its_own_slots() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop.store(true, Ordering::SeqCst);
-    nix::sys::signal::kill(hung_pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     let _ = hung_calls.await;
+    // The hung master is failed over (its node timeout is 1 s) while it is
+    // still stopped: calls on its slots work again, on connections that
+    // read the slot map afresh (a connection kept retried the hung node).
+    let hung_key = format!("{{pc_{on_the_hung}}}");
+    let failed_over = async {
+        while cluster.master_of_slot_for_key_asking(feed_master, &hung_key) == hung {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), failed_over)
+        .await
+        .expect("the hung master is failed over");
+    let answered = async {
+        while store.get_client(&on_the_hung).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let recovered = tokio::time::timeout(Duration::from_secs(60), answered).await;
+    nix::sys::signal::kill(hung_pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     assert!(failures.is_empty(), "{failures:#?}");
+    assert!(
+        recovered.is_ok(),
+        "calls on the failed-over master's slots work again while it is still hung"
+    );
 }
 
 /// What the writers saw while a master was killed.

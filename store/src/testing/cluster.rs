@@ -90,7 +90,12 @@ impl RedisCluster {
 
     /// The port of the master that serves `key`'s slot now, as a live node sees it.
     pub fn master_of_slot_for_key(&self, key: &str) -> u16 {
-        let port = self.live_port();
+        self.master_of_slot_for_key_asking(self.live_port(), key)
+    }
+
+    /// The port of the master that serves `key`'s slot, as the node on `port`
+    /// sees it (one that answers: a stopped node would not).
+    pub fn master_of_slot_for_key_asking(&self, port: u16, key: &str) -> u16 {
         let slot: u16 = cli(port, &["CLUSTER", "KEYSLOT", key])
             .trim()
             .parse()
