@@ -152,6 +152,20 @@ async fn half_done_adds_and_removes_are_repaired() {
     assert!(!store.remove_client("gone").await.expect("remove again"));
 }
 
+/// Adds a nameless upsert to the feed with an ID of Redis's own making
+/// (`XADD *`, unix milliseconds); returns the ID and its milliseconds.
+async fn xadd_stamped(conn: &mut redis::aio::MultiplexedConnection) -> (String, u64) {
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(FEED_KEY).arg("*").arg("kind").arg("upsert");
+    let stamped: String = xadd.query_async(conn).await.expect("XADD *");
+    let stamp = stamped
+        .split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("an ID");
+    (stamped, stamp)
+}
+
 /// Asserts that the feed after `after` (up to 10 entries) reads as
 /// `expected` (seq, name, kind).
 async fn assert_feed(store: &RedisStore, after: u64, expected: &[(u64, &str, ChangeKind)]) {
@@ -206,14 +220,7 @@ async fn foreign_feed_entries_are_read_leniently() {
         .await
         .expect("add above them");
     // And above an entry with an ID of Redis's own making (unix ms).
-    let mut xadd = redis::cmd("XADD");
-    xadd.arg(FEED_KEY).arg("*").arg("kind").arg("upsert");
-    let stamped: String = xadd.query_async(&mut conn).await.expect("XADD *");
-    let stamp: u64 = stamped
-        .split('-')
-        .next()
-        .and_then(|ms| ms.parse().ok())
-        .expect("an ID");
+    let (_, stamp) = xadd_stamped(&mut conn).await;
     assert!(store.remove_client("carol").await.expect("remove above it"));
     assert_feed(
         &store,
@@ -229,14 +236,7 @@ async fn foreign_feed_entries_are_read_leniently() {
     // An entry of Redis's making deleted before anyone wrote above it: the
     // feed's highest ID stays what it was (before, XADD refused the seq
     // that came after the entries left).
-    let mut xadd = redis::cmd("XADD");
-    xadd.arg(FEED_KEY).arg("*").arg("kind").arg("upsert");
-    let stamped: String = xadd.query_async(&mut conn).await.expect("XADD *");
-    let stamp: u64 = stamped
-        .split('-')
-        .next()
-        .and_then(|ms| ms.parse().ok())
-        .expect("an ID");
+    let (stamped, stamp) = xadd_stamped(&mut conn).await;
     let mut xdel = redis::cmd("XDEL");
     xdel.arg(FEED_KEY).arg(&stamped);
     let _: i64 = xdel.query_async(&mut conn).await.expect("XDEL");
