@@ -104,7 +104,11 @@ async fn handshake(
         .map_err(|e| Stop::Answer(socks5::auth_status(false).to_vec(), e.to_string()))?;
     // Where the attempt comes from, for the throttle: the ingress said so
     // when it handed the connection over.
-    if let Verdict::Throttled { .. } = context.auth.check(source, Protocol::Socks5, Instant::now())
+    let username = Some(&credentials.username[..]);
+    if let Verdict::Throttled { .. } =
+        context
+            .auth
+            .check(source, Protocol::Socks5, username, Instant::now())
     {
         return Err(Stop::Refused(socks5::auth_status(false).to_vec()));
     }
@@ -112,14 +116,15 @@ async fn handshake(
         .directory
         .authenticate(&credentials.username, &credentials.password)
     else {
-        let username = Some(&credentials.username[..]);
         let failure = Failure::Wrong { username };
         context
             .auth
             .failed(source, Protocol::Socks5, failure, Instant::now());
         return Err(Stop::Refused(socks5::auth_status(false).to_vec()));
     };
-    context.auth.succeeded(source);
+    context
+        .auth
+        .succeeded(source, &credentials.username, Instant::now());
     write(stream, &socks5::auth_status(true)).await?;
     let request = read_message(stream, &mut buffer, socks5::parse_request)
         .await?

@@ -241,7 +241,7 @@ impl Metrics {
         let auth_throttled = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "auth_throttled",
-            "Proxy authentications refused unchecked because their source was throttled, by protocol",
+            "Proxy authentications refused unchecked while throttled (their username at their source, or their whole source), by protocol",
             auth_throttled.clone(),
         );
         let refused = Family::<RefusalLabel, Counter>::default();

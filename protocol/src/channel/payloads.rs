@@ -145,13 +145,13 @@ pub struct DeviceReport {
     /// to its own counters, so they never go backwards when a plane leaves.
     #[serde(default)]
     pub auth_failures_socks5: u64,
-    /// SOCKS5 logins refused unchecked because their source was throttled.
+    /// SOCKS5 logins refused unchecked while throttled (their username at their source, or their whole source).
     #[serde(default)]
     pub auth_throttled_socks5: u64,
     /// HTTP proxy 407s (`Proxy-Authorization` missing, malformed or wrong).
     #[serde(default)]
     pub auth_failures_http: u64,
-    /// HTTP proxy requests refused unchecked (429) because their source was throttled.
+    /// HTTP proxy requests refused unchecked (429) while throttled (their username at their source, or their whole source).
     #[serde(default)]
     pub auth_throttled_http: u64,
     /// Connections refused at once because the plane was near its open-file

@@ -1,5 +1,6 @@
 //! Failed proxy authentications: counted by protocol, logged at most once per
-//! second per source with a count, and throttled per source.
+//! second per source with a count, and throttled per username at a source
+//! and per source.
 //!
 //! Sans-IO: no sockets and no clock. Every call takes the time as an
 //! [`Instant`], so the time-based behaviour is tested by passing instants.
@@ -10,16 +11,22 @@
 //! The rules (docs/DECISIONS.md, "Failed authentication"):
 //!
 //! - A source is an IPv4 address or an IPv6 /64 (one host's usual share).
-//! - [`STRIKES`] wrong credentials from a source within [`STRIKE_WINDOW`]
-//!   throttle it for a cool-down: [`FIRST_COOL_DOWN`], doubling with each
-//!   further throttling up to [`MAX_COOL_DOWN`]. While throttled, every
-//!   attempt from it is refused without checking its credentials, with the
-//!   protocol's own refusal (the callers: SOCKS5 auth status failure, HTTP
-//!   429 with `Retry-After`), and counted as throttled.
+//! - [`STRIKES`] wrong passwords for one username from a source within
+//!   [`STRIKE_WINDOW`] throttle that username at that source for a
+//!   cool-down: [`FIRST_COOL_DOWN`], doubling with each further throttling
+//!   up to [`MAX_COOL_DOWN`]. Other usernames from the same address (the
+//!   other customers behind one NAT) are still checked.
+//! - Wrong logins naming [`SOURCE_USERNAMES`] different usernames (unknown
+//!   ones, and an unreadable one, included) from a source within
+//!   [`STRIKE_WINDOW`] throttle the whole source the same way: a guess across
+//!   many accounts.
+//! - While throttled, an attempt is refused without checking its
+//!   credentials, with the protocol's own refusal (the callers: SOCKS5 auth
+//!   status failure, HTTP 429 with `Retry-After`), and counted as throttled.
 //! - A missing `Proxy-Authorization` is counted and logged as a failure but
 //!   is no strike: it guesses nothing, and it is how a challenge-response
 //!   client starts.
-//! - A success resets the source. A source with no failure for
+//! - A success resets its username at the source. A source with no failure for
 //!   [`FORGET_AFTER`] is forgotten; at most [`MAX_SOURCES`] are kept, the
 //!   least recently seen evicted first.
 //! - Usernames are attacker-chosen bytes: kept as a lossy UTF-8 string of at
@@ -44,8 +51,16 @@ mod tests;
 pub use log::{log_every_second, printable_username, Flush, Pending, Summary};
 pub use table::AuthTable;
 
-/// Wrong credentials from one source within [`STRIKE_WINDOW`] that throttle it.
+/// Wrong passwords for one username from one source within [`STRIKE_WINDOW`]
+/// that throttle that username there.
 pub const STRIKES: u32 = 5;
+/// Different usernames failed on from one source within [`STRIKE_WINDOW`]
+/// that throttle the whole source.
+pub const SOURCE_USERNAMES: u32 = 10;
+/// Usernames whose strikes a source keeps at most (more than
+/// [`SOURCE_USERNAMES`], so a source is throttled before it runs out; few,
+/// as every one of [`MAX_SOURCES`] sources may fill them).
+pub const MAX_USERNAMES_PER_SOURCE: usize = SOURCE_USERNAMES as usize + 2;
 /// The window [`STRIKES`] are counted in (from the first strike).
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(10);
 /// The first cool-down.
@@ -126,7 +141,8 @@ impl fmt::Display for Source {
 pub enum Verdict {
     /// Check the credentials.
     Check,
-    /// Refuse without checking: the source is throttled for this much longer.
+    /// Refuse without checking: the source, or this username at the
+    /// source, is throttled for this much longer.
     Throttled {
         /// Until the cool-down ends.
         retry_after: Duration,
@@ -204,8 +220,14 @@ impl AuthGuard {
     }
 
     /// [`AuthTable::check`].
-    pub fn check(&self, address: IpAddr, protocol: Protocol, now: Instant) -> Verdict {
-        self.table().check(address, protocol, now)
+    pub fn check(
+        &self,
+        address: IpAddr,
+        protocol: Protocol,
+        username: Option<&[u8]>,
+        now: Instant,
+    ) -> Verdict {
+        self.table().check(address, protocol, username, now)
     }
 
     /// [`AuthTable::failed`].
@@ -225,8 +247,8 @@ impl AuthGuard {
     }
 
     /// [`AuthTable::succeeded`].
-    pub fn succeeded(&self, address: IpAddr) {
-        self.table().succeeded(address);
+    pub fn succeeded(&self, address: IpAddr, username: &[u8], now: Instant) {
+        self.table().succeeded(address, username, now);
     }
 
     /// The counts so far.

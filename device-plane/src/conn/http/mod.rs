@@ -4,7 +4,7 @@
 //!
 //! hyper parses and answers malformed requests (400) itself. We answer 407
 //! for missing or wrong credentials (429 with `Retry-After` while the
-//! customer's address is throttled for failing too often:
+//! username, or the whole address, is throttled for failing too often:
 //! [`crate::conn::auth_guard`]), 403 for a destination the policy
 //! refuses, 502 for one that cannot be reached, 504 for one that does not
 //! answer in time.
@@ -526,7 +526,8 @@ async fn handle(
 enum Refusal {
     /// Credentials missing, malformed or wrong: 407 with a challenge.
     Unauthenticated,
-    /// The source is throttled for this much longer: 429 with `Retry-After`.
+    /// The username at this source, or the whole source, is throttled for
+    /// this much longer: 429 with `Retry-After`.
     Throttled(Duration),
 }
 
@@ -547,7 +548,7 @@ impl Refusal {
             Refusal::Throttled(left) => {
                 let mut response = plain(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "too many failed proxy logins from this address; retry later\n",
+                    "too many failed proxy logins; retry later\n",
                 );
                 let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
                 response.headers_mut().insert(
@@ -561,8 +562,8 @@ impl Refusal {
 }
 
 /// Checks a request's `Proxy-Authorization: Basic` through the plane's auth
-/// guard. A throttled source is refused (429) without its credentials being
-/// checked; missing, malformed or wrong credentials are refused (407) and
+/// guard. A throttled username or source is refused (429) without its
+/// credentials being checked; missing, malformed or wrong credentials are refused (407) and
 /// counted (missing ones are no strike towards the throttle). With no
 /// `source` known nothing is throttled, and failures are only counted.
 fn authenticate(
@@ -570,23 +571,28 @@ fn authenticate(
     context: &Context,
     source: Option<IpAddr>,
 ) -> Result<Arc<Client>, Refusal> {
+    let header = headers.get(hyper::header::PROXY_AUTHORIZATION);
+    let basic = header.and_then(|value| proxy_auth::parse_basic(value.as_bytes()));
+    // Who the request logs in as, for the throttle: none without the header,
+    // the empty name when it is not readable Basic.
+    let username = header.map(|_| basic.as_ref().map_or(&b""[..], |c| c.user()));
     if let Some(source) = source {
         if let Verdict::Throttled { retry_after } =
-            context.auth.check(source, Protocol::Http, Instant::now())
+            context
+                .auth
+                .check(source, Protocol::Http, username, Instant::now())
         {
             return Err(Refusal::Throttled(retry_after));
         }
     }
-    let header = headers.get(hyper::header::PROXY_AUTHORIZATION);
-    let basic = header.and_then(|value| proxy_auth::parse_basic(value.as_bytes()));
     let client = basic.as_ref().and_then(|credentials| {
         context
             .directory
             .authenticate(credentials.user(), credentials.password())
     });
     if let Some(client) = client {
-        if let Some(source) = source {
-            context.auth.succeeded(source);
+        if let Some((source, username)) = source.zip(username) {
+            context.auth.succeeded(source, username, Instant::now());
         }
         return Ok(client);
     }
