@@ -19,6 +19,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The link the package's tmpfiles.d entry makes for `wg show blipless`.
+const WG_LINK: &str = "/run/wireguard/blipless.sock";
+
 fn run(program: &str, args: &[&str]) -> Output {
     Command::new(program)
         .args(args)
@@ -49,13 +52,20 @@ fn user_exists() -> bool {
 
 /// Purges the package and deletes the user and group it created, on every
 /// way out of the test.
-struct Installation;
+struct Installation {
+    /// Whether /run/wireguard was there before the install (which makes it).
+    wireguard_dir_was_there: bool,
+}
 
 impl Drop for Installation {
     fn drop(&mut self) {
         let _ = run("dpkg", &["--purge", "blipless"]);
         let _ = run("userdel", &["blipless"]);
         let _ = run("groupdel", &["blipless"]);
+        if !self.wireguard_dir_was_there {
+            // Only if empty: a WireGuard may have made a socket there since.
+            let _ = std::fs::remove_dir("/run/wireguard");
+        }
     }
 }
 
@@ -96,7 +106,11 @@ fn the_package_installs_lays_down_what_it_should_and_purges_cleanly() {
         "{name}"
     );
 
-    let _installation = Installation;
+    // The install makes /run/wireguard if it is missing; the test removes
+    // it again then (if empty).
+    let _installation = Installation {
+        wireguard_dir_was_there: Path::new("/run/wireguard").exists(),
+    };
     ok("dpkg", &["-i", &deb.to_string_lossy()]);
     assert!(installed());
 
@@ -157,6 +171,25 @@ fn the_package_installs_lays_down_what_it_should_and_purges_cleanly() {
         mode_owner("/etc/blipless/blipless.toml"),
         (0o640, "root".into(), "blipless".into())
     );
+    // `wg show blipless` finds the ingress's UAPI socket through a link in
+    // /run/wireguard, which stays root's (the unit no longer hands it to
+    // the service user).
+    assert_eq!(
+        std::fs::read_link(WG_LINK).expect("the wg show link"),
+        Path::new("/run/blipless/blipless.sock")
+    );
+    assert_eq!(mode_owner("/run/wireguard").1, "root");
+    assert!(
+        !ok(
+            "grep",
+            &[
+                "^RuntimeDirectory=",
+                "/usr/lib/systemd/system/blipless-ingress.service"
+            ]
+        )
+        .contains("wireguard"),
+        "the ingress unit names /run/wireguard as its own"
+    );
     let conffiles = ok("dpkg-query", &["-W", "-f=${Conffiles}", "blipless"]);
     assert!(
         conffiles.contains("/etc/blipless/blipless.toml"),
@@ -195,6 +228,10 @@ fn the_package_installs_lays_down_what_it_should_and_purges_cleanly() {
     ] {
         assert!(!Path::new(gone).exists(), "{gone} is left after a purge");
     }
+    assert!(
+        std::fs::symlink_metadata(WG_LINK).is_err(),
+        "{WG_LINK} is left after a purge"
+    );
     ok("userdel", &["blipless"]);
     let _ = run("groupdel", &["blipless"]);
     assert!(!user_exists());

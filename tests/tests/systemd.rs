@@ -16,7 +16,8 @@
 //! twice in a row (the second waits for its turn), and `dpkg -i` again (an
 //! upgrade: postinst restarts both), with zero failed requests and the
 //! tunnels' bytes exact; an upgrade over a config the new version refuses,
-//! which restarts nothing and says why; `wg show blipless`; a crashed ingress (SIGKILL) restarted by
+//! which restarts nothing and says why; `wg show blipless` (through the
+//! package's link, another WireGuard's socket in /run/wireguard left root's); a crashed ingress (SIGKILL) restarted by
 //! systemd with its listening sockets from the fd store; `systemctl reload`
 //! without an HTTPS listener and with one (a key that does not match fails
 //! it, and the certificate in use keeps serving); `systemctl stop`
@@ -306,6 +307,12 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
         "ip link add eth0 type veth peer name eth0-peer && ip addr add 192.0.2.2/24 dev eth0 \
          && ip link set eth0 up && ip link set eth0-peer up && ip route add default via 192.0.2.1",
     );
+    // Another WireGuard's control socket, as a root wireguard-go keeps it
+    // (a file stands in for the socket): the ingress's unit must leave it
+    // and its directory root's.
+    machine.ok(
+        "install -d -m 0755 /run/wireguard && install -m 0600 /dev/null /run/wireguard/wg0.sock",
+    );
     // Install: postinst creates the user and starts the three units.
     machine.ok("dpkg -i /root/blipless.deb");
     for unit in ["blipless-net", "blipless-ingress", "blipless-device"] {
@@ -369,6 +376,11 @@ fn the_package_runs_under_systemd_and_restarts_under_load_without_a_failure() {
     assert!(machine
         .ok("wg show blipless")
         .contains("listening port: 51820"));
+    assert_eq!(
+        machine.ok("stat -c '%U %a' /run/wireguard /run/wireguard/wg0.sock"),
+        "root 755\nroot 600\n",
+        "another WireGuard's directory and socket are still root's"
+    );
 
     // Load across restarts: short requests without pause, and one SOCKS5
     // and one HTTP CONNECT tunnel streaming both ways the whole time.
