@@ -4,7 +4,7 @@
 //! deploys, ingress handoffs and certificate reloads; and bad input on the
 //! TLS port costing only its own connection.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -625,4 +625,69 @@ s.close()
     assert!(said.contains("uploaded 14000"), "{said}");
     let received = counted.join().expect("the destination");
     assert_eq!(received, 14_000, "the upload after the destination's end");
+}
+
+/// A customer that never closes, after a request the plane answers and
+/// closes (a malformed one: 400): the plane shuts its sending side, reads
+/// for a moment, then closes its end; the relay sees that close and gives
+/// the customer 10 s, not `proxy.idle_timeout`. It looked once, at the
+/// half-close, and then waited for the customer for up to 15 minutes.
+#[test]
+fn a_customer_that_never_closes_after_the_planes_close_holds_its_relay_only_briefly() {
+    let mut node = Node::new("");
+    let ca = TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, _client) = node.start();
+    // Python's ssl (OpenSSL): reads the answer to its end, then holds the
+    // connection open, saying nothing.
+    let script = r#"
+import socket, ssl, sys, time
+host, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+context = ssl.create_default_context(cafile=ca)
+s = context.wrap_socket(socket.create_connection((host, port)), server_hostname="localhost")
+s.sendall(b"X\r\n\r\n")
+answer = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    answer += chunk
+print("answered", answer.split(b"\r\n")[0].decode(), flush=True)
+time.sleep(600)
+"#;
+    let script_path = node.path().join("never_closes.py");
+    std::fs::write(&script_path, script).expect("script");
+    let mut holder = std::process::Command::new("/usr/bin/python3")
+        .arg(&script_path)
+        .args([
+            "127.0.0.1",
+            &address.port().to_string(),
+            ca.certificate.to_str().expect("path"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the script's line");
+    let relayed = || node.metric("blipless_tls_connections_relayed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(45);
+    let ended = loop {
+        if relayed() == 0.0 {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(line.starts_with("answered HTTP/1.1 400"), "{line:?}");
+    assert!(
+        ended,
+        "the relay of a customer that never closes outlived the plane's close by 45 s"
+    );
 }

@@ -29,6 +29,10 @@ use crate::accept::{self, AcceptContext};
 /// closed the connection.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
+/// How often a relay whose device plane has stopped sending looks whether
+/// the plane has closed its whole end.
+const PLANE_CLOSE_POLL: Duration = Duration::from_millis(500);
+
 /// Bytes read from one side before they are written to the other.
 const CHUNK: usize = 16 * 1024;
 
@@ -108,7 +112,10 @@ async fn serve(
 /// the customer's upload goes on, as on the plain listeners) or its whole
 /// end closed (the connection is over on its side): then the customer gets
 /// [`CLOSE_WAIT`] to close theirs, so that a client that never does cannot
-/// hold the connection open. A customer that stops reading is the caller's
+/// hold the connection open. The plane often half-closes first and closes
+/// a moment later (it shuts its sending side, then reads what is left for
+/// up to 2 s before it closes): so after a half-close the relay keeps
+/// looking, every [`PLANE_CLOSE_POLL`], while the upload runs. A customer that stops reading is the caller's
 /// [`Activity::idle_for`]'s to end: the plane's close cannot be seen while a
 /// write to the customer waits.
 async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64, activity: &Activity) {
@@ -140,10 +147,15 @@ async fn relay(tls: TlsStream<TcpStream>, ours: UnixStream, id: u64, activity: &
             if let Err(error) = &copied {
                 tracing::debug!(id, %error, "HTTPS relay: the device plane side ended");
             }
-            if copied.is_err() || plane_closed(&ours_read).await {
+            if copied.is_err() {
                 let _ = tokio::time::timeout(CLOSE_WAIT, up).await;
-            } else {
-                let _ = up.await;
+                return;
+            }
+            tokio::select! {
+                _ = &mut up => {}
+                () = plane_closes(&ours_read) => {
+                    let _ = tokio::time::timeout(CLOSE_WAIT, up).await;
+                }
             }
         }
     }
@@ -161,6 +173,16 @@ async fn plane_closed(ours: &tokio::net::unix::OwnedReadHalf) -> bool {
     )
     .await;
     matches!(ready, Ok(Ok(ready)) if ready.is_write_closed())
+}
+
+/// Returns once the device plane has closed its whole end of the pair,
+/// looking every [`PLANE_CLOSE_POLL`]. (Waiting for the hang-up itself
+/// would mean clearing the pair's write readiness, which the upload's
+/// writes share.)
+async fn plane_closes(ours: &tokio::net::unix::OwnedReadHalf) {
+    while !plane_closed(ours).await {
+        tokio::time::sleep(PLANE_CLOSE_POLL).await;
+    }
 }
 
 /// Copies `from` into `to` until `from` ends, flushing each chunk (rustls
