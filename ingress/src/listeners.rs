@@ -70,8 +70,9 @@ impl Listeners {
     /// Binds every socket afresh (no predecessor), except those the service
     /// manager passed back from its file descriptor store (`inherited`, by
     /// name: the sockets of an ingress that crashed, still holding what was
-    /// queued on them; a name that is none of ours is ignored). Returns the
-    /// names bound afresh too, to park in the store.
+    /// queued on them; a name that is none of ours is ignored, and a kept
+    /// socket bound elsewhere than `config` now says is bound afresh).
+    /// Returns the names bound afresh too, to park in the store.
     pub fn bind(
         config: &Config,
         inherited: Vec<(String, OwnedFd)>,
@@ -91,13 +92,20 @@ impl Listeners {
         };
         let mut fresh = Vec::new();
         for name in singles(config) {
-            let fd = match take(name).filter(|_| path_still_there(config, name)) {
-                Some(fd) => {
+            let kept = take(name).filter(|_| path_still_there(config, name));
+            let fd = match kept.map(|fd| kept_where_configured(config, name, fd)) {
+                Some(Ok(fd)) => {
                     tracing::info!(
                         socket = name.as_str(),
                         "using the socket kept by the service manager"
                     );
                     fd
+                }
+                // Moved: the kept one, still open in the store until this
+                // name is parked again, may hold the same port.
+                Some(Err(share_port)) => {
+                    fresh.push(name);
+                    bind_one(config, name, share_port)?
                 }
                 None => {
                     fresh.push(name);
@@ -106,9 +114,20 @@ impl Listeners {
             };
             listeners.push(config, name, fd);
         }
-        let group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
-            (Some(wg0), Some(wg1)) => [wg0, wg1],
-            _ => {
+        let kept_group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
+            (Some(wg0), Some(wg1)) => {
+                let wanted = config.listen.wg;
+                (bound_as_configured(&wg0, wanted) && bound_as_configured(&wg1, wanted))
+                    .then_some([wg0, wg1])
+            }
+            _ => None,
+        };
+        if kept_group.is_none() {
+            tracing::info!(address = %config.listen.wg, "no kept WireGuard sockets on the configured address: binding them afresh");
+        }
+        let group = match kept_group {
+            Some(group) => group,
+            None => {
                 fresh.extend([SocketName::Wg0, SocketName::Wg1]);
                 bind_wg_group(config)?
             }
@@ -416,6 +435,65 @@ fn path_still_there(config: &Config, name: SocketName) -> bool {
         tracing::info!(socket = name.as_str(), path = %path.display(), "the kept socket's file is gone: binding it afresh");
     }
     there
+}
+
+/// The address an IP socket is bound to.
+fn bound_to(fd: &OwnedFd) -> Option<SocketAddr> {
+    nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd.as_raw_fd())
+        .ok()
+        .and_then(|address| {
+            if let Some(v4) = address.as_sockaddr_in() {
+                Some(SocketAddr::V4((*v4).into()))
+            } else {
+                address
+                    .as_sockaddr_in6()
+                    .map(|v6| SocketAddr::V6((*v6).into()))
+            }
+        })
+}
+
+/// Whether an IP socket is bound to `wanted` (a port of 0 there takes any
+/// port).
+fn bound_as_configured(fd: &OwnedFd, wanted: SocketAddr) -> bool {
+    bound_to(fd).is_some_and(|bound| {
+        bound.ip() == wanted.ip() && (wanted.port() == 0 || bound.port() == wanted.port())
+    })
+}
+
+/// A socket kept in the service manager's fd store, if it is bound where
+/// `config` says (a port of 0 in the configuration takes any port);
+/// otherwise (the configuration moved it: the store would go on serving the
+/// old address) `Err` with whether its replacement must share its port, as
+/// a TCP listener on the same port does (SO_REUSEPORT set on the kept one
+/// here, see [`sockets::share_port`]). A Unix socket is checked by its
+/// path (whose file must also still be there: [`path_still_there`]).
+fn kept_where_configured(config: &Config, name: SocketName, fd: OwnedFd) -> Result<OwnedFd, bool> {
+    if !is_tcp(name) {
+        let path = nix::sys::socket::getsockname::<nix::sys::socket::UnixAddr>(fd.as_raw_fd())
+            .ok()
+            .and_then(|address| address.path().map(std::path::Path::to_path_buf));
+        let wanted = configured(config, name);
+        if path.as_deref() == Some(std::path::Path::new(&wanted)) {
+            return Ok(fd);
+        }
+        tracing::info!(socket = name.as_str(), kept = ?path, configured = %wanted, "the kept socket is bound elsewhere than the configuration says: binding it afresh");
+        return Err(false);
+    }
+    let Ok(wanted) = configured(config, name).parse::<SocketAddr>() else {
+        return Ok(fd);
+    };
+    if bound_as_configured(&fd, wanted) {
+        return Ok(fd);
+    }
+    let bound = bound_to(&fd);
+    tracing::info!(
+        socket = name.as_str(),
+        kept = ?bound,
+        configured = %wanted,
+        "the kept socket is bound elsewhere than the configuration says: binding it afresh"
+    );
+    let same_port = bound.is_some_and(|bound| bound.port() == wanted.port());
+    Err(same_port && sockets::share_port(fd.as_fd()).is_ok())
 }
 
 /// A fresh two-member WireGuard group on `listen.wg` (see [`steer`]).
