@@ -43,9 +43,12 @@ impl ClientSyncs {
     }
 
     /// Asks every ready plane to apply the feed through `through` and waits
-    /// for all of them (up to [`SYNC_WAIT`]). The answer says how many
+    /// for all of them (up to [`SYNC_WAIT`], sending included: a plane whose
+    /// channel is full, frozen or wedged, is asked at the same time as the
+    /// others and counted as not confirming). The answer says how many
     /// confirmed, or which did not.
     pub async fn sync(&self, planes: &Planes, through: u64) -> ControlResponse {
+        let deadline = tokio::time::Instant::now() + SYNC_WAIT;
         let token = self.next_token.fetch_add(1, Ordering::Relaxed) + 1;
         let ready: Vec<Arc<PlaneLink>> = planes
             .all()
@@ -56,29 +59,42 @@ impl ClientSyncs {
             })
             .collect();
         let mut answers = Vec::with_capacity(ready.len());
+        let mut sends = tokio::task::JoinSet::new();
         for plane in &ready {
             let (done, answer) = oneshot::channel();
             self.lock().insert((plane.generation, token), done);
-            let request = ToDevice::SyncClients(SyncClients { token, through });
-            match plane.send(&request, &[]).await {
-                Ok(()) => answers.push((plane.generation, Some(answer))),
-                Err(error) => {
-                    tracing::warn!(generation = plane.generation, %error, "could not ask a device plane to sync clients");
-                    self.lock().remove(&(plane.generation, token));
-                    answers.push((plane.generation, None));
+            answers.push((plane.generation, answer));
+            let plane = plane.clone();
+            sends.spawn(async move {
+                let request = ToDevice::SyncClients(SyncClients { token, through });
+                let sent = tokio::time::timeout_at(deadline, plane.send(&request, &[])).await;
+                (plane.generation, sent)
+            });
+        }
+        let mut unasked = Vec::new();
+        while let Some(joined) = sends.join_next().await {
+            let Ok((generation, sent)) = joined else {
+                continue;
+            };
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(generation, %error, "could not ask a device plane to sync clients");
+                    unasked.push(generation);
+                }
+                Err(_) => {
+                    tracing::warn!(generation, wait = ?SYNC_WAIT, "could not ask a device plane to sync clients: its channel stayed full");
+                    unasked.push(generation);
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + SYNC_WAIT;
         let mut missing = Vec::new();
         for (generation, answer) in answers {
-            let confirmed = match answer {
-                Some(answer) => matches!(
+            let confirmed = !unasked.contains(&generation)
+                && matches!(
                     tokio::time::timeout_at(deadline, answer).await,
                     Ok(Ok(applied)) if applied >= through
-                ),
-                None => false,
-            };
+                );
             if !confirmed {
                 self.lock().remove(&(generation, token));
                 missing.push(generation);

@@ -91,6 +91,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     if let Err(error) = blipless_link::size_buffers(&socket) {
         tracing::warn!(%error, "could not size the device channel's send buffer");
     }
+    crate::fault::shrink_channel_buffer(&socket);
     let mut buffer = vec![0u8; MAX_FRAME];
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, receive(&socket, &mut buffer)).await {
         Err(_) => anyhow::bail!("no Hello within {HELLO_TIMEOUT:?}"),

@@ -30,6 +30,27 @@ pub const SILENT_SUCCESSOR: &str = "BLIPLESS_FAULT_SILENT_SUCCESSOR";
 #[cfg(feature = "fault-injection")]
 pub const LINGER_AT_STOP: &str = "BLIPLESS_FAULT_LINGER_AT_STOP_MS";
 
+/// The send buffer, in bytes, of each device plane's channel (instead of
+/// one that holds a largest frame): a plane that stops reading fills it
+/// after a few frames.
+#[cfg(feature = "fault-injection")]
+pub const CHANNEL_SNDBUF: &str = "BLIPLESS_FAULT_CHANNEL_SNDBUF_BYTES";
+
+/// `BLIPLESS_FAULT_CHANNEL_SNDBUF_BYTES`: shrinks `socket`'s send buffer
+/// to that, if it is set.
+pub fn shrink_channel_buffer(socket: &tokio_seqpacket::UnixSeqpacket) {
+    #[cfg(feature = "fault-injection")]
+    if let Some(bytes) = std::env::var(CHANNEL_SNDBUF)
+        .ok()
+        .and_then(|bytes| bytes.parse::<usize>().ok())
+    {
+        tracing::warn!(bytes, "fault injection: {CHANNEL_SNDBUF}");
+        let _ = nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBuf, &bytes);
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    let _ = socket;
+}
+
 /// False when `BLIPLESS_FAULT_SILENT_SUCCESSOR` is set: this successor
 /// reports no progress to its predecessor.
 pub fn reports_progress() -> bool {

@@ -101,6 +101,50 @@ fn a_node_that_cannot_confirm_makes_ctl_say_so_and_fail() {
     });
 }
 
+/// A frozen plane whose channel is full (customers kept connecting, and
+/// each connection handed to it is a message it does not read): the ingress
+/// cannot even send it the sync request. The answer still comes within the
+/// wait, naming the plane; the send waited for ever, and ctl gave up on the
+/// ingress ("reading the ingress's answer").
+#[test]
+fn a_frozen_plane_with_a_full_channel_still_gets_an_answer_within_the_wait() {
+    let mut node = Node::new("");
+    // A channel that holds a few small frames (its usual one holds a
+    // largest frame: hundreds of small ones).
+    let ingress = node.spawn_ingress_with(&[], &[("BLIPLESS_FAULT_CHANNEL_SNDBUF_BYTES", "4096")]);
+    let _alice = node.add_client("alice");
+    let device = node.start_device();
+    node.wait_ready();
+    device.signal(nix::sys::signal::Signal::SIGSTOP);
+    // Each connection is a frame the frozen plane does not read (one at a
+    // time, or the ingress hands a burst over in one); the ones the channel
+    // cannot take wait in the listener's backlog.
+    let customers: Vec<_> = (0..60)
+        .map(|_| {
+            let customer = raw::connect(node.socks);
+            std::thread::sleep(Duration::from_millis(20));
+            customer
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let output = node.ctl(&["client", "add", "late"]);
+    let took = started.elapsed();
+    device.signal(nix::sys::signal::Signal::SIGCONT);
+    drop(customers);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(75), "exit status: {stderr}");
+    assert!(
+        stderr.contains("did not confirm") && stderr.contains("g1"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(
+        ingress.log_text().contains("its channel stayed full"),
+        "the sync request was sent after all: the channel was not full"
+    );
+}
+
 #[test]
 fn with_no_node_running_client_add_succeeds_and_says_so() {
     let node = Node::new("");
