@@ -202,12 +202,18 @@ async fn hand_over_burst(
         Ok(false) => {}
         Err(error) => {
             tracing::warn!(generation = plane.generation, %error, "could not send AcceptedMany to the device plane");
-            plane.closed.cancel();
+            // Only a channel that is gone is closed; otherwise (no kernel
+            // buffer for the frame) each connection goes on its own below.
+            if crate::planes::SendFailure::of(&error) == crate::planes::SendFailure::ChannelGone {
+                plane.closed.cancel();
+            }
         }
     }
     for (stream, accepted) in handed {
-        if !hand_over(stream.as_fd(), *accepted, context, shutdown).await {
-            // Shutting down: the rest close with the burst.
+        // One that no plane took closes; the next is tried, unless the
+        // ingress is shutting down: then the rest close with the burst.
+        if !hand_over(stream.as_fd(), *accepted, context, shutdown).await && shutdown.is_cancelled()
+        {
             return;
         }
     }

@@ -302,10 +302,17 @@ async fn read_loop(
                 if !from.as_ref().is_some_and(|from| Arc::ptr_eq(from, link)) {
                     context.metrics.count_migrated();
                 }
+                // Sent off this reader (as migrations are passed on): the
+                // sender's channel may be full or busy, and this reader also
+                // carries the receiver's packets, reports and confirmations.
+                // Each confirmation names its connection, so their order
+                // does not matter.
                 if let Some(from) = from {
-                    if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {
-                        tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
-                    }
+                    tokio::spawn(async move {
+                        if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {
+                            tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
+                        }
+                    });
                 }
             }
             ToIngress::Synced(synced) => {

@@ -10,8 +10,10 @@
 //! A send is made under the plane's send lock and only while that plane is
 //! active ([`PlaneLink::send_if_active`]), so nothing is queued to a plane
 //! after the Drain that ended its activity. A plane that stopped being
-//! active in the meantime is passed by for the next; one whose socket fails
-//! is marked closed (its reader detaches it) and the next is tried. The
+//! active in the meantime is passed by for the next; one whose channel is
+//! gone is marked closed (its reader detaches it) and the next is tried; a
+//! send the kernel had no buffer for is tried again on the same plane
+//! ([`SendFailure`]). The
 //! caller keeps what it sent when no plane took it (fds and packets are
 //! only borrowed here), and decides what then: hold, return, or drop.
 
@@ -21,7 +23,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::planes::{Frame, PlaneLink, Planes};
+use crate::planes::{Frame, PlaneLink, Planes, SendFailure};
+
+/// The pause before a send the kernel had no buffer for is tried again.
+const SEND_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How long a send may wait for an active plane.
 #[derive(Debug, Clone, Copy)]
@@ -67,10 +72,33 @@ pub async fn to_active(
                     Ok(true) => return Some(target),
                     // A newer plane took over since; the watch says which.
                     Ok(false) => {}
-                    Err(error) => {
-                        tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane", frame.name);
-                        target.closed.cancel();
-                    }
+                    Err(error) => match SendFailure::of(&error) {
+                        SendFailure::ChannelGone => {
+                            tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane", frame.name);
+                            target.closed.cancel();
+                        }
+                        // The plane stays: marking it closed would leave
+                        // it active and skipped, every later send waiting
+                        // for a change of plane that never comes.
+                        SendFailure::NoBuffer => {
+                            tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane just now; trying again", frame.name);
+                            let again = Instant::now() + SEND_RETRY;
+                            let in_time = match wait {
+                                Wait::No => false,
+                                Wait::Until(deadline) => again < deadline,
+                                Wait::Forever(shutdown) => !shutdown.is_cancelled(),
+                            };
+                            if !in_time {
+                                return None;
+                            }
+                            tokio::time::sleep_until(again).await;
+                            continue;
+                        }
+                        SendFailure::ThisFrame => {
+                            tracing::warn!(generation = target.generation, %error, "could not send {} to the device plane; not sent", frame.name);
+                            return None;
+                        }
+                    },
                 }
                 if matches!(wait, Wait::No) && tried == Some(target.generation) {
                     return None;

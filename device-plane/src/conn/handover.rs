@@ -287,6 +287,10 @@ pub async fn adopt(
     // sent, the fds are ours, whatever happens below: the predecessor may
     // send the next connection.
     context.confirm_adoption(&via, id).await;
+    // Not held for the connection's life: the ingress must see this
+    // channel's end when the plane drops it (a lost attachment), however
+    // many adopted connections live on.
+    drop(via);
     crate::fault::slow_adoption().await;
     // Pipes come last: down after up.
     for (piped, pending) in [

@@ -183,7 +183,13 @@ pub async fn run(config: Config, terminate: CancellationToken) -> anyhow::Result
                     ready.packets.clone(),
                 ));
             }
-            Err(error) => tracing::warn!("device channel lost: {error:#}; reattaching"),
+            Err(error) => {
+                tracing::warn!("device channel lost: {error:#}; reattaching");
+                // Our end is given up: shut it, so that the ingress sees the
+                // channel end now and detaches this attachment, whatever
+                // still holds a copy of the socket.
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
     if let Some(drain) = resume {

@@ -254,6 +254,43 @@ impl PlaneLink {
     }
 }
 
+/// What a failed send to a device plane says about its channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendFailure {
+    /// The channel is gone (the plane closed it, or died): send it nothing
+    /// more; its reader sees the end and detaches it.
+    ChannelGone,
+    /// The kernel had no memory for the frame just now (ENOBUFS, ENOMEM: a
+    /// large frame on a fragmented host), or too many descriptors are in
+    /// flight (ETOOMANYREFS: a plane slow to read them): the channel is
+    /// fine; try again in a moment.
+    NoBuffer,
+    /// This frame cannot go (over the size cap, too many fds, ...): the
+    /// channel is fine; the frame stays with the caller.
+    ThisFrame,
+}
+
+impl SendFailure {
+    /// Classifies the error of [`PlaneLink::send`] or
+    /// [`PlaneLink::send_if_active`] (an I/O error, or a
+    /// [`blipless_link::LinkError`] wrapped in one).
+    pub fn of(error: &std::io::Error) -> Self {
+        let io = match error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<blipless_link::LinkError>())
+        {
+            Some(blipless_link::LinkError::Io(io)) => io,
+            Some(_) => return SendFailure::ThisFrame,
+            None => error,
+        };
+        match io.raw_os_error() {
+            Some(libc::ENOBUFS | libc::ENOMEM | libc::ETOOMANYREFS) => SendFailure::NoBuffer,
+            Some(libc::EMSGSIZE) => SendFailure::ThisFrame,
+            _ => SendFailure::ChannelGone,
+        }
+    }
+}
+
 /// Sends one frame with its fds on a channel socket.
 pub async fn send_frame(
     socket: &UnixSeqpacket,
@@ -263,4 +300,32 @@ pub async fn send_frame(
     blipless_link::send(socket, message, fds)
         .await
         .map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SendFailure;
+
+    fn io(errno: i32) -> std::io::Error {
+        std::io::Error::from_raw_os_error(errno)
+    }
+
+    #[test]
+    fn only_a_channel_that_is_gone_is_taken_for_gone() {
+        for errno in [libc::EPIPE, libc::ECONNRESET, libc::ENOTCONN] {
+            assert_eq!(SendFailure::of(&io(errno)), SendFailure::ChannelGone);
+            let wrapped = std::io::Error::other(blipless_link::LinkError::Io(io(errno)));
+            assert_eq!(SendFailure::of(&wrapped), SendFailure::ChannelGone);
+        }
+        for errno in [libc::ENOBUFS, libc::ENOMEM] {
+            let wrapped = std::io::Error::other(blipless_link::LinkError::Io(io(errno)));
+            assert_eq!(SendFailure::of(&wrapped), SendFailure::NoBuffer);
+        }
+        let too_large = std::io::Error::other(blipless_link::LinkError::TooLarge {
+            message: "Migrate",
+            len: usize::MAX,
+        });
+        assert_eq!(SendFailure::of(&too_large), SendFailure::ThisFrame);
+        assert_eq!(SendFailure::of(&io(libc::EMSGSIZE)), SendFailure::ThisFrame);
+    }
 }

@@ -19,7 +19,7 @@ mod link;
 pub mod process;
 
 use link::lock;
-pub use link::{send_frame, Frame, PlaneLink, PlaneState};
+pub use link::{send_frame, Frame, PlaneLink, PlaneState, SendFailure};
 
 /// How the latest deploy went.
 #[derive(Debug, Clone, PartialEq)]
@@ -415,7 +415,9 @@ impl Planes {
         let successor = attached
             .iter()
             .rev()
-            .find(|p| p.state() == PlaneState::Draining && !p.leaving())
+            // Not one that said Drained: it is finishing and will not read
+            // an Activate.
+            .find(|p| p.state() == PlaneState::Draining && !p.leaving() && !p.drained())
             .cloned();
         if let Some(next) = &successor {
             tracing::warn!(
