@@ -250,6 +250,10 @@ async fn serve_until_handover(
     // ...and the connection was between exchanges then ([`Turns`]): it may
     // move to a successor, or close quietly.
     let mut stopped_between = false;
+    // How many exchanges had begun then: one begun later (a request hyper
+    // had partly read when told to stop) is answered with keep-alive off
+    // and the connection closed, so it no longer may move.
+    let mut begun_at_stop = 0;
     // Handing over, the plane waits for the exchange under way to end with
     // the connection kept alive, then stops it between exchanges: the
     // client keeps its connection across the deploy. Set while it waits,
@@ -277,6 +281,7 @@ async fn serve_until_handover(
                 } else {
                     stopping = true;
                     stopped_between = turns.between();
+                    begun_at_stop = turns.begun();
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -287,6 +292,7 @@ async fn serve_until_handover(
                     awaiting_turn = None;
                     stopping = true;
                     stopped_between = turns.between();
+                    begun_at_stop = turns.begun();
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -299,6 +305,7 @@ async fn serve_until_handover(
                 } else {
                     stopping = true;
                     stopped_between = turns.between();
+                    begun_at_stop = turns.begun();
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -315,6 +322,7 @@ async fn serve_until_handover(
             }
         }
     };
+    let stopped_between = stopped_between && turns.begun() == begun_at_stop && turns.between();
     if let Err(error) = result {
         if error.is_parse() {
             // hyper has answered (431 for a head too large, 400 for one it

@@ -17,7 +17,7 @@
 //! [`between`](Turns::between) exchanges when none is open and the last
 //! one left it fit to go on.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hyper::body::{Body as HttpBody, Incoming};
@@ -40,6 +40,8 @@ pub(super) struct Turns {
     request_read: AtomicBool,
     /// Woken each time an exchange ends.
     ended: Notify,
+    /// Exchanges begun so far.
+    begun: AtomicU64,
 }
 
 impl Default for Turns {
@@ -49,6 +51,7 @@ impl Default for Turns {
             reusable: AtomicBool::new(true),
             request_read: AtomicBool::new(true),
             ended: Notify::new(),
+            begun: AtomicU64::new(0),
         }
     }
 }
@@ -58,6 +61,7 @@ impl Turns {
     /// request with its body wrapped to note its end, and the [`Turn`] the
     /// answer's body carries to note the exchange's.
     pub(super) fn begin(self: &Arc<Self>, request: Request<Incoming>) -> (Request<Received>, Turn) {
+        self.begun.fetch_add(1, Ordering::AcqRel);
         self.open.store(true, Ordering::Release);
         self.request_read
             .store(request.body().is_end_stream(), Ordering::Release);
@@ -75,6 +79,11 @@ impl Turns {
     /// Whether an exchange is under way.
     pub(super) fn in_exchange(&self) -> bool {
         self.open.load(Ordering::Acquire)
+    }
+
+    /// How many exchanges have begun.
+    pub(super) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
     }
 
     /// Whether the connection is between exchanges and may go on: none is
