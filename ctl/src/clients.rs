@@ -467,13 +467,22 @@ pub(crate) async fn show(
     Ok(())
 }
 
-/// A unix time as an RFC 3339 date (UTC), or the number when out of range.
+/// A unix time as an RFC 3339 date (UTC), or the number when out of range
+/// (before 1970, or past 9999, which RFC 3339 cannot write: humantime's
+/// `Display` then fails, and `to_string` would panic on it).
 fn created_text(unix_seconds: i64) -> String {
-    u64::try_from(unix_seconds)
+    use std::fmt::Write;
+    let Some(time) = u64::try_from(unix_seconds)
         .ok()
         .and_then(|s| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(s)))
-        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
-        .unwrap_or_else(|| unix_seconds.to_string())
+    else {
+        return unix_seconds.to_string();
+    };
+    let mut text = String::new();
+    match write!(text, "{}", humantime::format_rfc3339_seconds(time)) {
+        Ok(()) => text,
+        Err(_) => unix_seconds.to_string(),
+    }
 }
 
 /// Reads the feed position after this command's write and has the node's
@@ -700,4 +709,18 @@ pub(crate) async fn remove(
         say!("client {name} removed from the store");
     }
     confirmation.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::created_text;
+
+    #[test]
+    fn a_creation_time_rfc_3339_cannot_write_is_shown_as_its_number() {
+        assert_eq!(created_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(created_text(253_402_300_799), "9999-12-31T23:59:59Z");
+        // Year 10000, from a store someone else wrote: no panic.
+        assert_eq!(created_text(253_402_300_800), "253402300800");
+        assert_eq!(created_text(-1), "-1");
+    }
 }

@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 use crate::node::Node;
 use crate::peercred;
 
+/// How long a client may leave an answer unread.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves operators until `shutdown`.
 pub async fn serve(listener: UnixListener, node: Arc<Node>, shutdown: CancellationToken) {
     loop {
@@ -56,9 +59,22 @@ async fn serve_operator(stream: UnixStream, node: Arc<Node>) -> std::io::Result<
             let message = peercred::refusal(uid);
             return write_line(&mut write, &ControlResponse::Error { message }).await;
         }
-        if !line.ends_with('\n') {
+        // A line without its newline is the last one before the client's
+        // end of stream (`printf ... | socat`), unless the cap cut it.
+        if !line.ends_with('\n') && line.len() > MAX_REQUEST_LINE {
             let message = format!("request line over {MAX_REQUEST_LINE} bytes");
-            return write_line(&mut write, &ControlResponse::Error { message }).await;
+            write_line(&mut write, &ControlResponse::Error { message }).await?;
+            // The rest of the line is read and dropped (up to 1 MiB, for up
+            // to 1 s) before the close: a close with unread bytes resets
+            // the connection, and the client could lose the answer.
+            let _ = write.shutdown().await;
+            let mut rest = (&mut reader).take(1 << 20);
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::io::copy(&mut rest, &mut tokio::io::sink()),
+            )
+            .await;
+            return Ok(());
         }
         let response = match serde_json::from_str::<ControlRequest>(line.trim_end()) {
             Ok(ControlRequest::Status) => ControlResponse::Status(Box::new(node.status_report())),
@@ -107,11 +123,20 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     reader.read_line(line).await
 }
 
+/// Writes one answer line; a client that does not read it within
+/// [`WRITE_TIMEOUT`] loses its connection.
 async fn write_line(
     write: &mut tokio::net::unix::OwnedWriteHalf,
     response: &ControlResponse,
 ) -> std::io::Result<()> {
     let mut line = serde_json::to_string(response).map_err(std::io::Error::other)?;
     line.push('\n');
-    write.write_all(line.as_bytes()).await
+    tokio::time::timeout(WRITE_TIMEOUT, write.write_all(line.as_bytes()))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client does not read its answer",
+            )
+        })?
 }

@@ -17,8 +17,22 @@ use crate::node::{Node, Readiness};
 /// `/metrics`' content type: prometheus-client writes OpenMetrics 1.0 text.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves status requests until `shutdown`.
+/// Status connections served at once; one more is closed when accepted.
+const MAX_CONNECTIONS: usize = 256;
+/// A status connection is asked to close after this long: it closes between
+/// requests (a scraper's or a load balancer's kept-alive connection simply
+/// reconnects) ...
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// ... and is cut if it has not closed this much later (a client that sent
+/// requests and stopped reading the answers).
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves status requests until `shutdown`. Each connection is bounded in
+/// time ([`CONNECTION_LIFETIME`], [`CLOSE_GRACE`]) and their number by
+/// [`MAX_CONNECTIONS`]: the listener shares the ingress's descriptors with
+/// the customers'.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: CancellationToken) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -31,8 +45,16 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Cancellatio
             },
             () = shutdown.cancelled() => return,
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::debug!(
+                max = MAX_CONNECTIONS,
+                "status connection closed: too many open"
+            );
+            continue;
+        };
         let node = node.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = hyper::service::service_fn(move |request| {
                 let node = node.clone();
                 async move { Ok::<_, Infallible>(respond(&node, &request)) }
@@ -41,7 +63,21 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Cancellatio
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = connection.await {
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = tokio::time::sleep(CONNECTION_LIFETIME) => {
+                    connection.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(CLOSE_GRACE, connection.as_mut()).await {
+                        Ok(ended) => ended,
+                        Err(_) => {
+                            tracing::debug!("status connection cut: still busy after being asked to close");
+                            return;
+                        }
+                    }
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!(%error, "status connection ended");
             }
         });
