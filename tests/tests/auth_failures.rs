@@ -158,14 +158,24 @@ fn socks5_fetch_from(node: &Node, source: &str, user: &str, password: &str, orig
     assert!(answer.ends_with("hello"), "{answer}");
 }
 
-/// Runs `attempt` on fresh addresses until one round fits in the one-second
-/// throttle it looks at (`attempt` returns true when it did, having checked
-/// what it must within it). Loopback takes milliseconds; this is for a
-/// machine slower than that.
-fn within_a_cool_down(first_address: u8, mut attempt: impl FnMut(&str) -> bool) {
+/// Throttles a fresh address with `throttle`, then tries a correct login
+/// from it with `login`: that must be refused (auth status 1) while the
+/// one-second cool-down lasts. `throttle` returns when the throttle began;
+/// `login` the status. A round that did not fit in the second (loopback
+/// takes milliseconds; this is for a machine slower than that) is tried
+/// again from another address.
+fn refused_within_a_cool_down(
+    first_address: u8,
+    what: &str,
+    mut throttle: impl FnMut(&str) -> Instant,
+    mut login: impl FnMut(&str) -> u8,
+) {
     for round in 0..5u8 {
         let source = format!("127.0.{}.{}", first_address, round + 1);
-        if attempt(&source) {
+        let began = throttle(&source);
+        let status = login(&source);
+        if began.elapsed() < Duration::from_secs(1) {
+            assert_eq!(status, 1, "{what} from {source}");
             return;
         }
     }
@@ -180,28 +190,23 @@ fn a_throttled_socks5_login_is_refused_unchecked_while_another_address_logs_in()
 
     // The throttle lasts a second after the fifth failure: what follows must
     // happen within it.
-    within_a_cool_down(3, |bad| {
-        for _ in 0..4 {
+    refused_within_a_cool_down(
+        3,
+        "a correct login right after five failures",
+        |bad| {
+            for _ in 0..4 {
+                assert_eq!(socks5_login_from(&node, bad, "alice", PASSWORD), 1);
+            }
+            let started = Instant::now();
             assert_eq!(socks5_login_from(&node, bad, "alice", PASSWORD), 1);
-        }
-        let started = Instant::now();
-        assert_eq!(socks5_login_from(&node, bad, "alice", PASSWORD), 1);
-
-        // Meanwhile a customer from another address logs in and gets through.
-        socks5_fetch_from(&node, "127.0.0.2", "alice", &client.secret, &origin);
-
+            // Meanwhile a customer from another address logs in and gets through.
+            socks5_fetch_from(&node, "127.0.0.2", "alice", &client.secret, &origin);
+            started
+        },
         // The throttled login is refused even with the right password: its
         // credentials are not checked. The refusal is the auth status and a close.
-        let status = socks5_login_from(&node, bad, "alice", &client.secret);
-        let within = started.elapsed() < Duration::from_secs(1);
-        if within {
-            assert_eq!(
-                status, 1,
-                "a correct login from {bad} right after five failures is refused"
-            );
-        }
-        within
-    });
+        |bad| socks5_login_from(&node, bad, "alice", &client.secret),
+    );
 
     // After the cool-down the right password works again from the first
     // round's address.
@@ -223,38 +228,34 @@ fn a_throttled_username_leaves_its_neighbours_in_and_guesses_across_usernames_th
     // Customers behind one NAT: alice's client retries a stale password and
     // is throttled; bob, from the same address, still gets in, and alice's
     // right password is refused unchecked while her cool-down lasts.
-    within_a_cool_down(1, |nat| {
-        for _ in 0..5 {
-            assert_eq!(socks5_login_from(&node, nat, "alice", PASSWORD), 1);
-        }
-        let fifth = Instant::now();
-        socks5_fetch_from(&node, nat, "bob", &bob.secret, &origin);
-        let status = socks5_login_from(&node, nat, "alice", &alice.secret);
-        let within = fifth.elapsed() < Duration::from_secs(1);
-        if within {
-            assert_eq!(status, 1, "alice's correct login right after five failures");
-        }
-        within
-    });
+    refused_within_a_cool_down(
+        1,
+        "alice's correct login right after five failures",
+        |nat| {
+            for _ in 0..5 {
+                assert_eq!(socks5_login_from(&node, nat, "alice", PASSWORD), 1);
+            }
+            let fifth = Instant::now();
+            socks5_fetch_from(&node, nat, "bob", &bob.secret, &origin);
+            fifth
+        },
+        |nat| socks5_login_from(&node, nat, "alice", &alice.secret),
+    );
 
     // One wrong password for each of ten usernames from one address: a
     // guess across accounts throttles the whole address, bob included.
-    within_a_cool_down(2, |sprayer| {
-        for i in 0..10 {
-            let user = format!("guess{i}");
-            assert_eq!(socks5_login_from(&node, sprayer, &user, PASSWORD), 1);
-        }
-        let tenth = Instant::now();
-        let status = socks5_login_from(&node, sprayer, "bob", &bob.secret);
-        let within = tenth.elapsed() < Duration::from_secs(1);
-        if within {
-            assert_eq!(
-                status, 1,
-                "bob's correct login right after ten usernames failed"
-            );
-        }
-        within
-    });
+    refused_within_a_cool_down(
+        2,
+        "bob's correct login right after ten usernames failed",
+        |sprayer| {
+            for i in 0..10 {
+                let user = format!("guess{i}");
+                assert_eq!(socks5_login_from(&node, sprayer, &user, PASSWORD), 1);
+            }
+            Instant::now()
+        },
+        |sprayer| socks5_login_from(&node, sprayer, "bob", &bob.secret),
+    );
     // From elsewhere, bob is unaffected.
     socks5_fetch_from(&node, "127.0.0.1", "bob", &bob.secret, &origin);
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use blipless_supervise::notify::Listener;
 use blipless_tests::curl::fetch;
-use blipless_tests::node::Node;
+use blipless_tests::node::{ClientUrls, Daemon, Node};
 use blipless_tests::origin::Origin;
 use blipless_tests::{binary, wait_until};
 use command_fds::{CommandFdExt, FdMapping};
@@ -47,20 +47,38 @@ fn parked(listener: &Listener) -> HashMap<String, OwnedFd> {
     store
 }
 
-#[test]
-fn a_crashed_ingress_comes_back_on_the_sockets_the_service_manager_kept() {
-    let origin = Origin::start();
-    let mut node = Node::new("");
-    let notify_path = node.path().join("notify.sock");
-    let listener = Listener::bind(&notify_path).expect("notify socket");
-    let mut first = node.spawn_ingress_with(
+/// Starts an ingress as systemd would, its notifications to `notify_path`,
+/// and waits until it has parked its sockets; then a client and a ready
+/// device plane. Returns the notification listener, the ingress, what it
+/// parked by name, the client and the device plane.
+fn start_parked(
+    node: &mut Node,
+    notify_path: &std::path::Path,
+) -> (
+    Listener,
+    Daemon,
+    HashMap<String, OwnedFd>,
+    ClientUrls,
+    Daemon,
+) {
+    let listener = Listener::bind(notify_path).expect("notify socket");
+    let first = node.spawn_ingress_with(
         &[],
         &[("NOTIFY_SOCKET", notify_path.to_str().expect("utf-8"))],
     );
     let store = parked(&listener);
     let client = node.add_client("alice");
-    let _device = node.start_device();
+    let device = node.start_device();
     node.wait_ready();
+    (listener, first, store, client, device)
+}
+
+#[test]
+fn a_crashed_ingress_comes_back_on_the_sockets_the_service_manager_kept() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let notify_path = node.path().join("notify.sock");
+    let (_listener, mut first, store, client, _device) = start_parked(&mut node, &notify_path);
     assert_eq!(
         fetch(&client.socks, &origin.url("/bytes/100"), &[]).len(),
         100
@@ -150,15 +168,7 @@ fn a_kept_socket_the_configuration_moved_is_bound_afresh() {
     let origin = Origin::start();
     let mut node = Node::new("");
     let notify_path = node.path().join("notify.sock");
-    let listener = Listener::bind(&notify_path).expect("notify socket");
-    let mut first = node.spawn_ingress_with(
-        &[],
-        &[("NOTIFY_SOCKET", notify_path.to_str().expect("utf-8"))],
-    );
-    let store = parked(&listener);
-    let client = node.add_client("alice");
-    let _device = node.start_device();
-    node.wait_ready();
+    let (listener, mut first, store, client, _device) = start_parked(&mut node, &notify_path);
     first.kill();
 
     let moved = std::net::TcpListener::bind("127.0.0.1:0")
