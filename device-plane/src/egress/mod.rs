@@ -74,7 +74,8 @@ pub enum EgressError {
     #[error("no answer from {0} within the connect timeout")]
     TimedOut(String),
     /// This process cannot open another socket (out of file descriptors or
-    /// buffers): an operator problem, not the destination's.
+    /// buffers), or no local port is left for this destination: an
+    /// operator problem, not the destination's.
     #[error("no local resources for another connection: {0}")]
     LocalResources(std::io::Error),
     /// The client's source address cannot be bound here (no longer on this
@@ -198,6 +199,14 @@ impl Egress {
                     lookups::LookupError::Failed => EgressError::Unresolvable(host.clone()),
                 })?,
         };
+        // An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, given or resolved)
+        // is connected to as the IPv4 address it is, as the policy judges
+        // it: as IPv6 it would not match an IPv4 source, and would leave
+        // unbound, from the node's own address rather than the client's.
+        let candidates: Vec<SocketAddr> = candidates
+            .into_iter()
+            .map(|address| SocketAddr::new(canonical(address.ip()), address.port()))
+            .collect();
         if candidates.is_empty() {
             return Err(EgressError::Unresolvable(target.to_string()));
         }
@@ -244,9 +253,23 @@ async fn connect_one(
         EgressError::LocalResources(error)
     })?;
     if let Some(source) = source {
+        // The port is chosen at connect, per destination: a bound socket
+        // holds no port of its own (IP_BIND_ADDRESS_NO_PORT), so a busy
+        // source address is not out of ports at some 28,000 sockets (TIME_WAIT
+        // included) in all.
+        if let Err(error) = nix::sys::socket::setsockopt(
+            &socket,
+            nix::sys::socket::sockopt::IpBindAddressNoPort,
+            &true,
+        ) {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!(%error, "IP_BIND_ADDRESS_NO_PORT not available: each egress socket bound to a source address holds a port of its own");
+            });
+        }
         socket
             .bind(SocketAddr::new(source, 0))
-            .map_err(|e| EgressError::SourceUnusable(source, e))?;
+            .map_err(|error| bind_failed(source, error))?;
     }
     match socket.connect(address).await {
         Ok(stream) => {
@@ -256,7 +279,46 @@ async fn connect_one(
         Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
             Err(EgressError::Refused(address))
         }
+        // No local port left on the source for this destination: ours to
+        // fix, not the destination's fault. (Unbound, EADDRNOTAVAIL can
+        // also mean no usable address of the family: unreachable.)
+        Err(error) if source.is_some() && error.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            warn_out_of_ports(source, address, &error);
+            Err(EgressError::LocalResources(error))
+        }
         Err(error) => Err(EgressError::Unreachable(address, error)),
+    }
+}
+
+/// What a failed bind to a client's source address means: the address is
+/// not on this host (EADDRNOTAVAIL, and anything else the bind refuses): the
+/// identity must move; but no port left on it (EADDRINUSE) is a busy node,
+/// not a reason to move the client off its address for good.
+fn bind_failed(source: IpAddr, error: std::io::Error) -> EgressError {
+    if error.raw_os_error() == Some(libc::EADDRINUSE) {
+        warn_out_of_ports(Some(source), SocketAddr::new(source, 0), &error);
+        EgressError::LocalResources(error)
+    } else {
+        EgressError::SourceUnusable(source, error)
+    }
+}
+
+/// Says, at most once a minute, that a source address ran out of local
+/// ports: the customers get a local shortage (SOCKS5 general failure, HTTP
+/// 503), and the operator the cause.
+fn warn_out_of_ports(source: Option<IpAddr>, destination: SocketAddr, error: &std::io::Error) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if now >= last.saturating_add(60)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(source = ?source, %destination, %error, "egress source address out of local ports: widen net.ipv4.ip_local_port_range, or add addresses to egress.sources");
     }
 }
 
@@ -345,6 +407,58 @@ fn embedded_v4(ip: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_out_of_ports_keeps_its_clients_and_one_not_on_the_host_moves_them() {
+        let source: IpAddr = "192.0.2.7".parse().expect("ip");
+        let in_use = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
+        assert!(matches!(
+            bind_failed(source, in_use),
+            EgressError::LocalResources(_)
+        ));
+        let gone = std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL);
+        assert!(matches!(
+            bind_failed(source, gone),
+            EgressError::SourceUnusable(..)
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_ipv4_mapped_destination_leaves_from_the_clients_ipv4_source() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let e = egress(&["127.0.0.0/8"]);
+        let source: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{port}")
+            .parse()
+            .expect("address");
+        let stream = e
+            .connect("alice", Some(source), &Target::Address(mapped))
+            .await
+            .expect("connect");
+        let (_, peer) = listener.accept().await.expect("accept");
+        assert_eq!(peer.ip(), source, "left from the client's source");
+        drop(stream);
+    }
+
+    #[tokio::test]
+    async fn a_bound_egress_socket_takes_its_port_at_connect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = listener.local_addr().expect("address");
+        let source = Some("127.0.0.1".parse().expect("ip"));
+        let stream = connect_one(source, at).await.expect("connect");
+        let no_port =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::IpBindAddressNoPort)
+                .expect("getsockopt");
+        assert!(
+            no_port,
+            "IP_BIND_ADDRESS_NO_PORT on a socket bound to a source"
+        );
+    }
 
     fn egress(allow: &[&str]) -> Egress {
         let allow = allow.iter().map(|a| a.parse().expect("cidr")).collect();
