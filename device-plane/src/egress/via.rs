@@ -160,7 +160,8 @@ impl Egress {
         let address = match &route.kind {
             RouteKind::Direct => return self.connect(client, source, target).await,
             // The host's rule for the exit's tunnel address routes the
-            // socket into the exit; its health comes from handshakes.
+            // socket into the exit; its health comes from handshakes, and
+            // from connections through it (below).
             RouteKind::Wireguard(exit) => {
                 let stream = self
                     .connect_from(
@@ -173,6 +174,14 @@ impl Egress {
                 route
                     .opened
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // A connection through the exit is proof it carries
+                // traffic: a route marked down (probes lost while idle, or
+                // not yet looked at again since it came back) is up, and
+                // what it carries is not cut the moment it opens because
+                // the route still says down.
+                if !route.is_up() {
+                    route.succeeded(route.latency_us().unwrap_or(1), None);
+                }
                 return Ok(stream);
             }
             RouteKind::Socks5 { address, .. } => address,
