@@ -188,11 +188,15 @@ impl Context {
     ) -> Result<(TcpStream, Via), EgressError> {
         self.identities.touch(client);
         let held = self.identities.open(client).await;
-        let policy = self
-            .directory
-            .get(client)
-            .map(|known| known.record.egress.clone())
-            .unwrap_or_default();
+        // Removed while its identity opened (or just before, its removal
+        // already applied): the identity goes again, or a client added
+        // later under the name would inherit it, and nothing is connected
+        // for a client that is gone.
+        let Some(known) = self.directory.get(client) else {
+            self.identities.evict(client).await;
+            return Err(EgressError::NoRoute(format!("client {client} was removed")));
+        };
+        let policy = known.record.egress.clone();
         let routes = self.egress.routes.clone();
         if routes.upstreams().is_empty() {
             // A node without upstreams: direct, as before there were any.

@@ -205,6 +205,13 @@ async fn open_sockets(
     let relay = UdpSocket::bind(SocketAddr::new(reached, 0)).await?;
     context.identities.touch(client);
     let held = context.identities.open(client).await;
+    // Removed while its identity opened: see `Context::connect_for`.
+    if context.directory.get(client).is_none() {
+        context.identities.evict(client).await;
+        return Err(std::io::Error::other(format!(
+            "client {client} was removed"
+        )));
+    }
     let egress = match egress_socket(held.identity.source).await {
         // The source address is no longer the host's: the identity is
         // evicted and the socket opened once more from a new one, as a TCP

@@ -175,6 +175,21 @@ impl Identities {
                 .clone();
             // Counted through the slot from now on.
             lock(&identities.opening).remove(&name);
+            // Evicted while it opened (the client removed, its source gone)
+            // and not opened again since: what the opening saved is
+            // dropped again, or a client added later under the name would
+            // inherit it (and its window would count in the exits' load).
+            let evicted = !lock(&identities.open).contains_key(&name);
+            if evicted {
+                lock(&identities.windows).remove(&name);
+                if let Err(error) = identities
+                    .store
+                    .drop_identity(&identities.node, &name)
+                    .await
+                {
+                    tracing::warn!(client = %name, %error, "deleting an identity evicted while it opened failed; it expires with its TTL");
+                }
+            }
             identity
         });
         match opening.await {

@@ -330,6 +330,32 @@ async fn an_open_given_up_midway_keeps_the_stored_identity() {
     assert_eq!(third.open("a").await.identity, kept.identity);
 }
 
+/// A client removed while its identity opens: the eviction runs while the
+/// open saves, and what the open saved is dropped again (a client added
+/// later under the name would otherwise inherit it).
+#[tokio::test]
+async fn an_identity_evicted_while_it_opens_is_not_saved_back() {
+    let (_dir, store) = fixture(Duration::from_millis(1)).await;
+    let pool: Vec<std::net::IpAddr> = vec!["127.0.0.2".parse().expect("ip")];
+    let identities = Arc::new(Identities::new(store.clone(), node(), pool));
+    // The take takes 50 ms and the save after it 200 ms: the eviction comes
+    // between the two.
+    store.put_delay_ms.store(200, Ordering::SeqCst);
+    let opening = tokio::spawn({
+        let identities = identities.clone();
+        async move { identities.open("a").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    identities.evict("a").await;
+    opening.await.expect("the open");
+    store.put_delay_ms.store(0, Ordering::SeqCst);
+    assert_eq!(
+        store.inner.take_identity(&node(), "a").await.expect("take"),
+        None,
+        "the evicted identity was saved back"
+    );
+}
+
 /// A source found unusable (no longer the host's) is not handed straight
 /// back to the client it was taken from: the next open gets another.
 #[tokio::test]

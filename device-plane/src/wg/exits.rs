@@ -231,7 +231,17 @@ impl Exits {
                 continue;
             };
             let name = &client.record.name;
+            // The pass works on a snapshot, and each open awaits the store:
+            // a client removed meanwhile is not opened again (nor kept, if
+            // it went during its open), or its identity would outlive it.
+            if self.directory.get(name).is_none() {
+                continue;
+            }
             let held = self.identities.open(name).await;
+            if self.directory.get(name).is_none() {
+                self.identities.evict(name).await;
+                continue;
+            }
             let current = self.identities.window(name);
             let window = self.routes.window(&client.record.egress, &current);
             if window != current {
@@ -263,6 +273,12 @@ impl Exits {
                 () = stop.cancelled() => return,
             }
             let wanted = self.wanted().await;
+            // A pass awaits the store for each client: a plane told to stop
+            // meanwhile (it handed over) must not write its map over its
+            // successor's.
+            if stop.is_cancelled() {
+                return;
+            }
             // Written again now and then even when unchanged, so that a map
             // emptied behind our back (an operator's `nft`) heals.
             let fresh = applied
