@@ -37,20 +37,36 @@ pub async fn maintain(
     // look an over-quota client would be served and a capped one could
     // open its whole cap again here. That first look adds nothing; the
     // deploy's warm-up usually covers it.
+    // The activity flush writes one identity per client active in the last
+    // minute: thousands of writes on a busy node, in a task of its own so
+    // that the usage flush (quotas, the fleet's tunnel counts, what a
+    // SIGKILL may lose) never waits behind it.
+    let activity = tokio::spawn(flush_activity(identities.clone(), stop.clone()));
     let mut usage = tokio::time::interval(usage_flush);
-    let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
-    activity.tick().await;
     loop {
         tokio::select! {
             _ = usage.tick() => {
                 flush_usage(&directory, &identities).await;
                 directory.share_tunnel_counts(identities.node(), live_ttl(usage_flush)).await;
             }
-            _ = activity.tick() => identities.flush().await,
             () = stop.cancelled() => break,
         }
     }
     let _ = follower.await;
+    let _ = activity.await;
+}
+
+/// Flushes the egress identities' activity every [`ACTIVITY_FLUSH`] until
+/// `stop`.
+async fn flush_activity(identities: Arc<Identities>, stop: CancellationToken) {
+    let mut activity = tokio::time::interval(ACTIVITY_FLUSH);
+    activity.tick().await;
+    loop {
+        tokio::select! {
+            _ = activity.tick() => identities.flush().await,
+            () = stop.cancelled() => return,
+        }
+    }
 }
 
 /// Follows the change feed until `stop`: waits on it, applies what arrives,

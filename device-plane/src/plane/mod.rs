@@ -290,7 +290,7 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
         .await
         .is_err()
     {
-        tracing::warn!(waited = ?MAINTENANCE_STOP, "usage flush still running at exit; flushing beside it");
+        tracing::warn!(waited = ?MAINTENANCE_STOP, "usage or activity flush still running at exit; flushing beside it");
     }
     background::flush_usage(&directory, &identities).await;
     directory
