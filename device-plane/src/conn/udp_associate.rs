@@ -461,6 +461,11 @@ impl Relay<'_> {
     /// as they may be (fewer after one that needed a lookup).
     async fn up_batch(&mut self, association: &mut Association, last: &mut Instant) {
         for _ in 0..BATCH {
+            // A client over its quota mid-batch: not one datagram more (the
+            // relay loop then ends the association).
+            if self.client.limiter.is_over_quota() {
+                break;
+            }
             let Ok((len, from)) = association.relay.try_recv_from(&mut self.buffer) else {
                 break;
             };
@@ -477,6 +482,9 @@ impl Relay<'_> {
     /// the customer as they may be.
     async fn down_batch(&mut self, association: &mut Association, last: &mut Instant) {
         for _ in 0..BATCH {
+            if self.client.limiter.is_over_quota() {
+                break;
+            }
             let received = association
                 .egress
                 .try_recv_from(&mut self.buffer[HEADER_ROOM..]);
