@@ -204,7 +204,9 @@ pub async fn serve(
         }
         Ok(Err(Stop::Gone)) => return,
         Ok(Err(Stop::Answer(reply, why))) => {
-            tracing::info!(id, "socks5 refused: {why}");
+            // Not at info: any scanner or stray TLS or HTTP client on the
+            // port would write a line per connection.
+            tracing::debug!(id, "socks5 refused: {why}");
             let _ = stream.write_all(&reply).await;
             let _ = stream.shutdown().await;
             return;
