@@ -117,14 +117,14 @@ impl Listeners {
         let kept_group = match (take(SocketName::Wg0), take(SocketName::Wg1)) {
             (Some(wg0), Some(wg1)) => {
                 let wanted = config.listen.wg;
-                (bound_as_configured(&wg0, wanted) && bound_as_configured(&wg1, wanted))
-                    .then_some([wg0, wg1])
+                let kept = bound_as_configured(&wg0, wanted) && bound_as_configured(&wg1, wanted);
+                if !kept {
+                    tracing::info!(address = %wanted, "the kept WireGuard sockets are bound elsewhere than the configuration says: binding them afresh");
+                }
+                kept.then_some([wg0, wg1])
             }
             _ => None,
         };
-        if kept_group.is_none() {
-            tracing::info!(address = %config.listen.wg, "no kept WireGuard sockets on the configured address: binding them afresh");
-        }
         let group = match kept_group {
             Some(group) => group,
             None => {
@@ -295,18 +295,7 @@ impl Listeners {
 
     /// Where an IP socket (`socks`, `http`, `https`, `status`, `wg0`, `wg1`) is bound.
     pub fn address(&self, name: SocketName) -> Option<SocketAddr> {
-        use nix::sys::socket::{getsockname, SockaddrLike, SockaddrStorage};
-        use std::os::fd::AsRawFd;
-        let address: SockaddrStorage = getsockname(self.fd(name).ok()?.as_raw_fd()).ok()?;
-        match address.family()? {
-            nix::sys::socket::AddressFamily::Inet => address
-                .as_sockaddr_in()
-                .map(|a| SocketAddr::from(std::net::SocketAddrV4::from(*a))),
-            nix::sys::socket::AddressFamily::Inet6 => address
-                .as_sockaddr_in6()
-                .map(|a| SocketAddr::from(std::net::SocketAddrV6::from(*a))),
-            _ => None,
-        }
+        self.fd(name).ok().and_then(bound_to)
     }
 
     /// The customer-facing listeners as `blipless-ctl status` shows them
@@ -438,7 +427,7 @@ fn path_still_there(config: &Config, name: SocketName) -> bool {
 }
 
 /// The address an IP socket is bound to.
-fn bound_to(fd: &OwnedFd) -> Option<SocketAddr> {
+fn bound_to(fd: BorrowedFd<'_>) -> Option<SocketAddr> {
     nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd.as_raw_fd())
         .ok()
         .and_then(|address| {
@@ -455,7 +444,7 @@ fn bound_to(fd: &OwnedFd) -> Option<SocketAddr> {
 /// Whether an IP socket is bound to `wanted` (a port of 0 there takes any
 /// port).
 fn bound_as_configured(fd: &OwnedFd, wanted: SocketAddr) -> bool {
-    bound_to(fd).is_some_and(|bound| {
+    bound_to(fd.as_fd()).is_some_and(|bound| {
         bound.ip() == wanted.ip() && (wanted.port() == 0 || bound.port() == wanted.port())
     })
 }
@@ -485,7 +474,7 @@ fn kept_where_configured(config: &Config, name: SocketName, fd: OwnedFd) -> Resu
     if bound_as_configured(&fd, wanted) {
         return Ok(fd);
     }
-    let bound = bound_to(&fd);
+    let bound = bound_to(fd.as_fd());
     tracing::info!(
         socket = name.as_str(),
         kept = ?bound,

@@ -187,13 +187,8 @@ impl Context {
         target: &Target,
     ) -> Result<(TcpStream, Via), EgressError> {
         self.identities.touch(client);
-        let held = self.identities.open(client).await;
-        // Removed while its identity opened (or just before, its removal
-        // already applied): the identity goes again, or a client added
-        // later under the name would inherit it, and nothing is connected
-        // for a client that is gone.
-        let Some(known) = self.directory.get(client) else {
-            self.identities.evict(client).await;
+        // Nothing is connected for a client removed meanwhile.
+        let Some((held, known)) = self.identities.open_known(&self.directory, client).await else {
             return Err(EgressError::NoRoute(format!("client {client} was removed")));
         };
         let policy = known.record.egress.clone();
@@ -202,7 +197,7 @@ impl Context {
             // A node without upstreams: direct, as before there were any.
             return match policy {
                 EgressPolicy::Any | EgressPolicy::Direct => self
-                    .connect_direct(client, &held, target)
+                    .connect_direct(&known, &held, target)
                     .await
                     .map(|stream| (stream, Via::Direct)),
                 EgressPolicy::Upstream(_) | EgressPolicy::Tags(_) => {
@@ -231,7 +226,7 @@ impl Context {
             };
             if route.name == DIRECT {
                 return self
-                    .connect_direct(client, &held, target)
+                    .connect_direct(&known, &held, target)
                     .await
                     .map(|stream| (stream, Via::Direct));
             }
@@ -272,13 +267,12 @@ impl Context {
     /// Direct egress from the client's source address.
     async fn connect_direct(
         &self,
-        client: &str,
+        known: &crate::clients::Client,
         held: &crate::identity::ClientIdentity,
         target: &Target,
     ) -> Result<TcpStream, EgressError> {
-        let rotates = self.directory.get(client).is_some_and(|known| {
-            known.limiter.source_policy() == Some(blipless_store::SourcePolicy::Rotate)
-        });
+        let client = known.record.name.as_str();
+        let rotates = known.limiter.source_policy() == Some(blipless_store::SourcePolicy::Rotate);
         if rotates {
             // A new source for this connection; its identity keeps the
             // sticky one for when the policy changes back.

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use super::caps::TunnelCount;
 use super::context::Context;
 use crate::clients::Client;
+use crate::egress::{canonical, canonical_addr};
 
 /// Room before a returned datagram's payload for its header (IPv6 source).
 const HEADER_ROOM: usize = 22;
@@ -204,14 +205,16 @@ async fn open_sockets(
     let reached = canonical(control.local_addr()?.ip());
     let relay = UdpSocket::bind(SocketAddr::new(reached, 0)).await?;
     context.identities.touch(client);
-    let held = context.identities.open(client).await;
-    // Removed while its identity opened: see `Context::connect_for`.
-    if context.directory.get(client).is_none() {
-        context.identities.evict(client).await;
+    // Nothing is opened for a client removed meanwhile.
+    let Some((held, _)) = context
+        .identities
+        .open_known(&context.directory, client)
+        .await
+    else {
         return Err(std::io::Error::other(format!(
             "client {client} was removed"
         )));
-    }
+    };
     let egress = match egress_socket(held.identity.source).await {
         // The source address is no longer the host's: the identity is
         // evicted and the socket opened once more from a new one, as a TCP
@@ -694,17 +697,6 @@ fn control_ended(control: &TcpStream) -> bool {
         }
         Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
     }
-}
-
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-fn canonical_addr(address: SocketAddr) -> SocketAddr {
-    SocketAddr::new(canonical(address.ip()), address.port())
 }
 
 #[cfg(test)]

@@ -199,19 +199,16 @@ impl Egress {
                     lookups::LookupError::Failed => EgressError::Unresolvable(host.clone()),
                 })?,
         };
+        if candidates.is_empty() {
+            return Err(EgressError::Unresolvable(target.to_string()));
+        }
         // An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, given or resolved)
         // is connected to as the IPv4 address it is, as the policy judges
         // it: as IPv6 it would not match an IPv4 source, and would leave
         // unbound, from the node's own address rather than the client's.
-        let candidates: Vec<SocketAddr> = candidates
-            .into_iter()
-            .map(|address| SocketAddr::new(canonical(address.ip()), address.port()))
-            .collect();
-        if candidates.is_empty() {
-            return Err(EgressError::Unresolvable(target.to_string()));
-        }
         let permitted: Vec<SocketAddr> = candidates
             .into_iter()
+            .map(canonical_addr)
             .filter(|a| self.permits(a.ip()))
             .collect();
         if permitted.is_empty() {
@@ -279,14 +276,16 @@ async fn connect_one(
         Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
             Err(EgressError::Refused(address))
         }
-        // No local port left on the source for this destination: ours to
-        // fix, not the destination's fault. (Unbound, EADDRNOTAVAIL can
-        // also mean no usable address of the family: unreachable.)
-        Err(error) if source.is_some() && error.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-            warn_out_of_ports(source, address, &error);
-            Err(EgressError::LocalResources(error))
-        }
-        Err(error) => Err(EgressError::Unreachable(address, error)),
+        Err(error) => match source {
+            // No local port left on the source for this destination: ours
+            // to fix, not the destination's fault. (Unbound, EADDRNOTAVAIL
+            // can also mean no usable address of the family: unreachable.)
+            Some(source) if error.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                warn_out_of_ports(source, Some(address), &error);
+                Err(EgressError::LocalResources(error))
+            }
+            _ => Err(EgressError::Unreachable(address, error)),
+        },
     }
 }
 
@@ -296,7 +295,7 @@ async fn connect_one(
 /// not a reason to move the client off its address for good.
 fn bind_failed(source: IpAddr, error: std::io::Error) -> EgressError {
     if error.raw_os_error() == Some(libc::EADDRINUSE) {
-        warn_out_of_ports(Some(source), SocketAddr::new(source, 0), &error);
+        warn_out_of_ports(source, None, &error);
         EgressError::LocalResources(error)
     } else {
         EgressError::SourceUnusable(source, error)
@@ -306,7 +305,7 @@ fn bind_failed(source: IpAddr, error: std::io::Error) -> EgressError {
 /// Says, at most once a minute, that a source address ran out of local
 /// ports: the customers get a local shortage (SOCKS5 general failure, HTTP
 /// 503), and the operator the cause.
-fn warn_out_of_ports(source: Option<IpAddr>, destination: SocketAddr, error: &std::io::Error) {
+fn warn_out_of_ports(source: IpAddr, destination: Option<SocketAddr>, error: &std::io::Error) {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()
@@ -318,19 +317,19 @@ fn warn_out_of_ports(source: Option<IpAddr>, destination: SocketAddr, error: &st
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     {
-        tracing::warn!(source = ?source, %destination, %error, "egress source address out of local ports: widen net.ipv4.ip_local_port_range, or add addresses to egress.sources");
+        tracing::warn!(%source, ?destination, %error, "egress source address out of local ports: widen net.ipv4.ip_local_port_range, or add addresses to egress.sources");
     }
 }
 
-/// An IPv4-mapped IPv6 address is judged as the IPv4 address it carries.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map(IpAddr::V4)
-            .unwrap_or(IpAddr::V6(v6)),
-        v4 => v4,
-    }
+/// An IPv4-mapped IPv6 address is judged (and connected to) as the IPv4
+/// address it carries.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
+/// [`canonical`], with the port.
+pub(crate) fn canonical_addr(address: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical(address.ip()), address.port())
 }
 
 fn denied_by_default(ip: IpAddr) -> bool {

@@ -181,14 +181,7 @@ impl Identities {
             // inherit it (and its window would count in the exits' load).
             let evicted = !lock(&identities.open).contains_key(&name);
             if evicted {
-                lock(&identities.windows).remove(&name);
-                if let Err(error) = identities
-                    .store
-                    .drop_identity(&identities.node, &name)
-                    .await
-                {
-                    tracing::warn!(client = %name, %error, "deleting an identity evicted while it opened failed; it expires with its TTL");
-                }
+                identities.forget(&name).await;
             }
             identity
         });
@@ -368,9 +361,34 @@ impl Identities {
     /// identity closes and it is deleted from the store.
     pub async fn evict(&self, client: &str) {
         lock(&self.open).remove(client);
+        self.forget(client).await;
+    }
+
+    /// The rest of an eviction: the window and the stored snapshot.
+    async fn forget(&self, client: &str) {
         lock(&self.windows).remove(client);
         if let Err(error) = self.store.drop_identity(&self.node, client).await {
             tracing::warn!(client, %error, "deleting an evicted identity failed; it expires with its TTL");
+        }
+    }
+
+    /// [`Identities::open`] for a client that must still be in `directory`
+    /// once its identity is open, with the client: one removed meanwhile
+    /// (its removal's eviction may even have come before this open began)
+    /// has the identity evicted again, and gets `None`, so that it does not
+    /// outlive the client, nor pass to one added later under the name.
+    pub async fn open_known(
+        self: &Arc<Self>,
+        directory: &crate::clients::Directory,
+        client: &str,
+    ) -> Option<(Arc<ClientIdentity>, Arc<crate::clients::Client>)> {
+        let held = self.open(client).await;
+        match directory.get(client) {
+            Some(known) => Some((held, known)),
+            None => {
+                self.evict(client).await;
+                None
+            }
         }
     }
 

@@ -237,11 +237,9 @@ impl Exits {
             if self.directory.get(name).is_none() {
                 continue;
             }
-            let held = self.identities.open(name).await;
-            if self.directory.get(name).is_none() {
-                self.identities.evict(name).await;
+            let Some((held, _)) = self.identities.open_known(&self.directory, name).await else {
                 continue;
-            }
+            };
             let current = self.identities.window(name);
             let window = self.routes.window(&client.record.egress, &current);
             if window != current {

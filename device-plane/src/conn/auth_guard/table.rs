@@ -287,11 +287,12 @@ impl AuthTable {
         username: Option<&[u8]>,
         now: Instant,
     ) -> Verdict {
-        let key = username.map(|username| self.key(username));
         let source = Source::of(address);
         let Some(entry) = self.sources.get_mut(&source) else {
             return Verdict::Check;
         };
+        // Hashed only for a source the table keeps (most logins find none).
+        let key = username.map(|username| self.usernames.hash_one(username));
         let Some(retry_after) = entry.blocked_for(key, now) else {
             return Verdict::Check;
         };
@@ -361,11 +362,11 @@ impl AuthTable {
     /// that username starts afresh at the source (what is still to be logged
     /// stays, and so does a throttle of the whole source).
     pub fn succeeded(&mut self, address: IpAddr, username: &[u8], now: Instant) {
-        let key = self.key(username);
         let source = Source::of(address);
         let Some(entry) = self.sources.get_mut(&source) else {
             return;
         };
+        let key = self.usernames.hash_one(username);
         entry.users.retain(|user| user.key != key);
         if !entry.has_pending() && entry.users.is_empty() && entry.usernames.is_fresh(now) {
             self.sources.remove(&source);

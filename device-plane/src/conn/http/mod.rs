@@ -247,13 +247,12 @@ async fn serve_until_handover(
     // The plane stopped serving and hyper was told to stop: it finishes the
     // exchange under way with keep-alive off, else closes at once.
     let mut stopping = false;
-    // ...and the connection was between exchanges then ([`Turns`]): it may
-    // move to a successor, or close quietly.
-    let mut stopped_between = false;
-    // How many exchanges had begun then: one begun later (a request hyper
-    // had partly read when told to stop) is answered with keep-alive off
-    // and the connection closed, so it no longer may move.
-    let mut begun_at_stop = 0;
+    // ...and, if the connection was between exchanges then ([`Turns`]), how
+    // many exchanges had begun: it may move to a successor, or close
+    // quietly, unless one began since (a request hyper had partly read when
+    // told to stop is answered with keep-alive off and the connection
+    // closed).
+    let mut between_at_stop: Option<u64> = None;
     // Handing over, the plane waits for the exchange under way to end with
     // the connection kept alive, then stops it between exchanges: the
     // client keeps its connection across the deploy. Set while it waits,
@@ -280,8 +279,7 @@ async fn serve_until_handover(
                     awaiting_turn = Some(Box::pin(context.handover_ended()));
                 } else {
                     stopping = true;
-                    stopped_between = turns.between();
-                    begun_at_stop = turns.begun();
+                    between_at_stop = turns.between().then(|| turns.begun());
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -291,8 +289,7 @@ async fn serve_until_handover(
                 if !turns.in_exchange() {
                     awaiting_turn = None;
                     stopping = true;
-                    stopped_between = turns.between();
-                    begun_at_stop = turns.begun();
+                    between_at_stop = turns.between().then(|| turns.begun());
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -304,8 +301,7 @@ async fn serve_until_handover(
                     serving_ended.set(context.serving_ended());
                 } else {
                     stopping = true;
-                    stopped_between = turns.between();
-                    begun_at_stop = turns.begun();
+                    between_at_stop = turns.between().then(|| turns.begun());
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
@@ -322,7 +318,7 @@ async fn serve_until_handover(
             }
         }
     };
-    let stopped_between = stopped_between && turns.begun() == begun_at_stop && turns.between();
+    let stopped_between = between_at_stop == Some(turns.begun()) && turns.between();
     if let Err(error) = result {
         if error.is_parse() {
             // hyper has answered (431 for a head too large, 400 for one it
