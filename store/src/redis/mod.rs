@@ -107,10 +107,10 @@
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
 //! and the Sentinel pool checks `ROLE` before reusing a connection.
-//! The pool checks each connection (`PING`; on a Cluster, where a `PING` goes to every
-//! master, nothing: a call that times out drops its connection, and the next one reads
-//! the slot map afresh) before reuse and replaces broken ones, so the store works
-//! again by itself once Redis is back.
+//! The pool checks each connection (`PING`) before reuse and replaces broken ones, so
+//! the store works again by itself once Redis is back. A Cluster's calls share one
+//! cluster connection: a call that times out or breaks has a new one made in the
+//! background, which reads the slot map afresh (`pools::SharedCluster`).
 
 mod limits;
 mod ops;
@@ -127,7 +127,9 @@ use blipless_config::store_url::{self, StoreUrl};
 use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, RedisError, RetryMethod};
 use deadpool_redis::{Manager, PoolError};
 
-use self::pools::{ClusterManager, Conn, Pools, SentinelManager};
+use self::pools::{
+    ClusterManager, Conn, Pools, SentinelManager, SharedCluster, CLUSTER_CONNECT_TIMEOUT,
+};
 use super::{NodeId, StoreError};
 
 /// How long opening a connection to Redis may take.
@@ -234,6 +236,9 @@ enum Retry {
 /// One request to Redis, repeatable for retries.
 enum Req<'a> {
     Cmd(redis::Cmd),
+    /// A command that blocks on the server (`XREAD BLOCK`): on a Cluster it
+    /// takes a connection of its own, not the shared one.
+    Blocking(redis::Cmd),
     Pipe(redis::Pipeline),
     Script(redis::ScriptInvocation<'a>),
     /// A script, then `WAIT 1` and `ROLE` on the same connection: see [`Confirm`].
@@ -312,9 +317,14 @@ fn has_replicas(role: &redis::Value) -> bool {
 }
 
 impl Req<'_> {
+    /// Whether the request blocks on the server.
+    fn blocks(&self) -> bool {
+        matches!(self, Req::Blocking(_))
+    }
+
     async fn send<T: FromRedisValue>(&self, conn: &mut Conn) -> redis::RedisResult<T> {
         match self {
-            Req::Cmd(cmd) => cmd.query_async(conn).await,
+            Req::Cmd(cmd) | Req::Blocking(cmd) => cmd.query_async(conn).await,
             Req::Pipe(pipe) => pipe.query_async(conn).await,
             Req::Script(script) => script.invoke_async(conn).await,
             Req::Confirmed(confirm) => confirm.send(conn).await,
@@ -444,10 +454,19 @@ impl RedisStore {
                 Pools::Sentinel(pool)
             }
             StoreUrl::Cluster(cluster) => {
-                let manager = ClusterManager::new(cluster).map_err(|err| invalid(&err))?;
-                // Connecting to a seed, reading the slot map, connecting to the masters.
-                let pool = pools::pool(manager, CONNECT_TIMEOUT * 2).map_err(|e| pool_error(&e))?;
-                Pools::Cluster(pool)
+                let client = pools::cluster_client(cluster).map_err(|err| invalid(&err))?;
+                let shared = SharedCluster::new(client.clone());
+                // Connecting to the seeds, reading the slot map, connecting to
+                // every node: made now, with time for a node that hangs, not
+                // within the first call's attempt.
+                drop(shared.get().await.map_err(|error| {
+                    StoreError::Unavailable(format!(
+                        "Redis at {shown_url}: connecting to the Cluster: {error}"
+                    ))
+                })?);
+                let blocking = pools::pool(ClusterManager::new(client), CLUSTER_CONNECT_TIMEOUT)
+                    .map_err(|e| pool_error(&e))?;
+                Pools::Cluster { shared, blocking }
             }
             StoreUrl::Sqlite(_) => return Err(invalid(&"not a Redis URL")),
         };
@@ -479,7 +498,7 @@ impl RedisStore {
     /// the call was for.
     async fn load_scripts(&self) {
         let load = async {
-            let mut conn = self.pools.get().await.map_err(|err| err.to_string())?;
+            let mut conn = self.pools.get(false).await.map_err(|err| err.to_string())?;
             let mut failed = Vec::new();
             for script in scripts::all() {
                 if let Err(error) = script.load_async(&mut conn).await {
@@ -523,7 +542,11 @@ impl RedisStore {
         loop {
             let deadline = tokio::time::Instant::now() + ATTEMPT_TIMEOUT;
             let attempt = async {
-                let mut conn = self.pools.get().await.map_err(Failure::Connect)?;
+                let mut conn = self
+                    .pools
+                    .get(req.blocks())
+                    .await
+                    .map_err(Failure::Connect)?;
                 match tokio::time::timeout_at(deadline, req.send(&mut conn)).await {
                     Ok(Ok(value)) => Ok(value),
                     Ok(Err(err)) => {

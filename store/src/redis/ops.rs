@@ -399,7 +399,7 @@ impl Store for RedisStore {
         if i64::try_from(after).is_err() {
             return Ok(false);
         }
-        // Each blocking read holds one pooled connection, not the others;
+        // Each blocking read holds a connection of its own, not the shared one;
         // it must end well inside the per-reply timeout.
         let until = tokio::time::Instant::now() + wait.min(FEED_BLOCK);
         // Past every entry at `after`: ours is `<after>-0`, and one of
@@ -420,7 +420,7 @@ impl Store for RedisStore {
                 .run(
                     "waiting on the change feed",
                     Retry::Idempotent,
-                    &Req::Cmd(cmd),
+                    &Req::Blocking(cmd),
                 )
                 .await?;
             if matches!(reply, redis::Value::Nil) {

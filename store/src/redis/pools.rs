@@ -5,9 +5,16 @@
 //! feed read holds one, not the others). The Sentinel pool asks the sentinels
 //! for the master whenever it opens a connection, and checks with `ROLE` before
 //! reusing one that the node is still the master, so after a failover old
-//! connections are dropped and new ones go to the promoted replica. The
-//! Cluster pool's connections are the `redis` crate's cluster connections:
-//! they follow `MOVED`/`ASK` and reload the slot map when a master fails.
+//! connections are dropped and new ones go to the promoted replica.
+//!
+//! A Cluster is different: the `redis` crate's cluster connection keeps a
+//! connection to every node, follows `MOVED`/`ASK` and multiplexes calls, so
+//! one of them ([`SharedCluster`]) carries every call but the blocking feed
+//! reads, which take pooled ones of their own (a blocking read would hold up
+//! the replies queued behind it on its node). Making a cluster connection
+//! connects to every node, so while a master hangs it takes longer than a
+//! call may wait: the shared one is replaced in the background, never on a
+//! call's path (docs/ARCHITECTURE.md, "State and the store").
 
 use blipless_config::store_url::{Auth, ClusterUrl, HostPort, SentinelUrl};
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
@@ -20,7 +27,16 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::PoolError;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use super::{CONNECT_TIMEOUT, POOL_SIZE, RESPONSE_TIMEOUT};
+
+/// The longest a cluster connection may take to make: one round of connecting
+/// to the seeds, reading the slot map and connecting to every node in it, each
+/// [`CONNECT_TIMEOUT`] (checking a node's connection, [`RESPONSE_TIMEOUT`], at most).
+pub(super) const CLUSTER_CONNECT_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(CONNECT_TIMEOUT.as_secs() * 2 + RESPONSE_TIMEOUT.as_secs() * 2);
 
 /// A pool of `manager`'s connections, [`POOL_SIZE`] at most, with the store's
 /// timeouts; `create` bounds opening one (for Sentinel and Cluster, more than
@@ -111,33 +127,37 @@ fn is_master(role: &Value) -> bool {
     }
 }
 
-/// Opens cluster connections (each keeps its own connection to every node).
+/// Opens cluster connections (each keeps its own connection to every node)
+/// for the blocking feed reads.
 pub(super) struct ClusterManager {
     client: ClusterClient,
 }
 
+/// The client for a Cluster's connections, with the store's timeouts.
+pub(super) fn cluster_client(url: &ClusterUrl) -> Result<ClusterClient, RedisError> {
+    let seeds: Vec<ConnectionAddr> = url
+        .seeds
+        .iter()
+        .map(|node| address(node, url.tls))
+        .collect();
+    let mut builder = ClusterClientBuilder::new(seeds)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT);
+    if url.tls {
+        builder = builder.tls(TlsMode::Secure);
+    }
+    if let Some(user) = &url.auth.user {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &url.auth.password {
+        builder = builder.password(password);
+    }
+    builder.build()
+}
+
 impl ClusterManager {
-    pub(super) fn new(url: &ClusterUrl) -> Result<Self, RedisError> {
-        let seeds: Vec<ConnectionAddr> = url
-            .seeds
-            .iter()
-            .map(|node| address(node, url.tls))
-            .collect();
-        let mut builder = ClusterClientBuilder::new(seeds)
-            .connection_timeout(CONNECT_TIMEOUT)
-            .response_timeout(RESPONSE_TIMEOUT);
-        if url.tls {
-            builder = builder.tls(TlsMode::Secure);
-        }
-        if let Some(user) = &url.auth.user {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &url.auth.password {
-            builder = builder.password(password);
-        }
-        Ok(Self {
-            client: builder.build()?,
-        })
+    pub(super) fn new(client: ClusterClient) -> Self {
+        Self { client }
     }
 }
 
@@ -188,34 +208,46 @@ pub(super) enum Pools {
     Single(deadpool_redis::Pool),
     /// The master that Sentinel names.
     Sentinel(managed::Pool<SentinelManager>),
-    /// A Redis Cluster.
-    Cluster(managed::Pool<ClusterManager>),
+    /// A Redis Cluster: one shared connection, and a pool for blocking reads.
+    Cluster {
+        shared: Arc<SharedCluster>,
+        blocking: managed::Pool<ClusterManager>,
+    },
 }
 
 /// A connection taken from [`Pools`].
 pub(super) enum Conn {
     Single(deadpool_redis::Connection),
     Sentinel(managed::Object<SentinelManager>),
+    /// A Cluster's pooled connection, for a blocking read.
     Cluster(managed::Object<ClusterManager>),
+    /// The Cluster's shared connection as it was when taken.
+    SharedCluster {
+        conn: ClusterConnection,
+        generation: u64,
+        from: Arc<SharedCluster>,
+    },
 }
 
 impl Pools {
-    /// A connection: a pooled one that still checks out, or a new one.
-    pub(super) async fn get(&self) -> Result<Conn, PoolError> {
+    /// A connection: a pooled one that still checks out, or a new one; on a
+    /// Cluster, the shared one, unless the call `blocks` on the server.
+    pub(super) async fn get(&self, blocks: bool) -> Result<Conn, PoolError> {
         Ok(match self {
             Self::Single(pool) => Conn::Single(pool.get().await?),
             Self::Sentinel(pool) => Conn::Sentinel(pool.get().await?),
-            Self::Cluster(pool) => Conn::Cluster(pool.get().await?),
+            Self::Cluster { blocking, .. } if blocks => Conn::Cluster(blocking.get().await?),
+            Self::Cluster { shared, .. } => shared.get().await?,
         })
     }
 
-    /// How many connections the pool holds now.
+    /// How many connections the pool holds now (on a Cluster, for blocking reads).
     #[cfg(test)]
     pub(super) fn size(&self) -> usize {
         match self {
             Self::Single(pool) => pool.status().size,
             Self::Sentinel(pool) => pool.status().size,
-            Self::Cluster(pool) => pool.status().size,
+            Self::Cluster { blocking, .. } => blocking.status().size,
         }
     }
 
@@ -230,19 +262,111 @@ impl Conn {
     /// [`Conn::discard`] for a cluster connection; any other goes back to
     /// its pool.
     pub(super) fn discard_if_cluster(self) {
-        if matches!(self, Self::Cluster(_)) {
+        if matches!(self, Self::Cluster(_) | Self::SharedCluster { .. }) {
             self.discard();
         }
     }
 
     /// Takes the connection out of its pool for good (it reached a node that is no
-    /// longer the master, or broke).
+    /// longer the master, or broke); the shared cluster connection is replaced
+    /// in the background.
     pub(super) fn discard(self) {
         match self {
             Self::Single(conn) => drop(deadpool_redis::Connection::take(conn)),
             Self::Sentinel(conn) => drop(managed::Object::take(conn)),
             Self::Cluster(conn) => drop(managed::Object::take(conn)),
+            Self::SharedCluster {
+                generation, from, ..
+            } => from.replace(generation),
         }
+    }
+}
+
+/// How long after a failed replacement of the shared cluster connection the
+/// next may begin (a Cluster that refuses every connection is not hammered).
+const REPLACE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The cluster connection that every call but the blocking ones shares.
+///
+/// A call on a hung master's slots times out and asks for a new one (which
+/// reads the slot map afresh, so once the master is failed over its slots
+/// are reached again): that one is made in the background while calls go on
+/// on the current one, whose connections to the other masters still answer.
+/// One is made at a time; it replaces the current one only when it is ready.
+pub(super) struct SharedCluster {
+    client: ClusterClient,
+    /// The connection and its generation; `None` before the first one.
+    current: tokio::sync::Mutex<Option<(u64, ClusterConnection)>>,
+    /// Whether a replacement is being made.
+    replacing: AtomicBool,
+}
+
+impl SharedCluster {
+    pub(super) fn new(client: ClusterClient) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            current: tokio::sync::Mutex::new(None),
+            replacing: AtomicBool::new(false),
+        })
+    }
+
+    /// The current connection; the first is made here (calls wait for it,
+    /// up to [`CLUSTER_CONNECT_TIMEOUT`]).
+    pub(super) async fn get(self: &Arc<Self>) -> Result<Conn, PoolError> {
+        let mut current = self.current.lock().await;
+        let (generation, conn) = match &*current {
+            Some(made) => made.clone(),
+            None => {
+                let made = tokio::time::timeout(
+                    CLUSTER_CONNECT_TIMEOUT,
+                    self.client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| PoolError::Timeout(managed::TimeoutType::Create))?
+                .map_err(PoolError::Backend)?;
+                current.insert((0, made)).clone()
+            }
+        };
+        Ok(Conn::SharedCluster {
+            conn,
+            generation,
+            from: self.clone(),
+        })
+    }
+
+    /// Makes a connection to replace generation `failed`, in the background,
+    /// unless it was replaced already or a replacement is being made.
+    fn replace(self: Arc<Self>, failed: u64) {
+        if self.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            let is_current = |current: &Option<(u64, ClusterConnection)>| matches!(current, Some((generation, _)) if *generation == failed);
+            if is_current(&*self.current.lock().await) {
+                let made = tokio::time::timeout(
+                    CLUSTER_CONNECT_TIMEOUT,
+                    self.client.get_async_connection(),
+                )
+                .await;
+                match made {
+                    Ok(Ok(conn)) => {
+                        let mut current = self.current.lock().await;
+                        if is_current(&current) {
+                            *current = Some((failed + 1, conn));
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "could not replace the Redis Cluster connection: a failed call tries again in a second");
+                        tokio::time::sleep(REPLACE_AGAIN_AFTER).await;
+                    }
+                    Err(_) => {
+                        tracing::debug!("replacing the Redis Cluster connection timed out: a failed call tries again in a second");
+                        tokio::time::sleep(REPLACE_AGAIN_AFTER).await;
+                    }
+                }
+            }
+            self.replacing.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -252,6 +376,7 @@ impl ConnectionLike for Conn {
             Self::Single(conn) => conn.req_packed_command(cmd),
             Self::Sentinel(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::SharedCluster { conn, .. } => conn.req_packed_command(cmd),
         }
     }
 
@@ -265,6 +390,7 @@ impl ConnectionLike for Conn {
             Self::Single(conn) => conn.req_packed_commands(cmd, offset, count),
             Self::Sentinel(conn) => conn.req_packed_commands(cmd, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::SharedCluster { conn, .. } => conn.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -273,6 +399,7 @@ impl ConnectionLike for Conn {
             Self::Single(conn) => conn.get_db(),
             Self::Sentinel(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
+            Self::SharedCluster { conn, .. } => conn.get_db(),
         }
     }
 }

@@ -162,7 +162,6 @@ async fn a_hung_cluster_master_pauses_only_its_own_slots() {
         .expect("a name on the master to hang");
     let store = open(&cluster.url()).await;
     store.add_client(client(&name)).await.expect("add");
-    // A warm pool: its connections are checked when handed out again.
     for _ in 0..8 {
         store.get_client(&name).await.expect("read");
     }
@@ -171,14 +170,21 @@ async fn a_hung_cluster_master_pauses_only_its_own_slots() {
     // Calls on the hung master's slots meanwhile: they wait and fail, and
     // must cost the others nothing.
     let stop = Arc::new(AtomicBool::new(false));
-    let hung_calls = {
-        let (store, stop, on_the_hung) = (store.clone(), stop.clone(), on_the_hung.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let _ = store.get_client(&on_the_hung).await;
-            }
+    let hung_calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, stop, on_the_hung) = (store.clone(), stop.clone(), on_the_hung.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let _ = store.get_client(&on_the_hung).await;
+                }
+            })
         })
-    };
+        .collect();
+    // Let them begin first. With a pool of cluster connections, they held
+    // every idle one and the next call had to make one, which (connecting
+    // to every node, the hung one too, 2 s each) took longer than a call
+    // may wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let delta = Usage {
         bytes_up: 1,
         bytes_down: 1,
@@ -195,7 +201,9 @@ async fn a_hung_cluster_master_pauses_only_its_own_slots() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop.store(true, Ordering::SeqCst);
-    let _ = hung_calls.await;
+    for calls in hung_calls {
+        let _ = calls.await;
+    }
     // The hung master is failed over (its node timeout is 1 s) while it is
     // still stopped: calls on its slots work again, on connections that
     // read the slot map afresh (a connection kept retried the hung node).
