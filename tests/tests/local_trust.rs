@@ -7,7 +7,9 @@
 //!   writable by others, and creates its own with mode 0700; the store's
 //!   files are 0600;
 //! - a SOCKS5 CONNECT to one of the host's own addresses (an address added
-//!   in a network namespace the test creates) is refused with reply 2.
+//!   in a network namespace the test creates) is refused with reply 2, and
+//!   so is one to the public address the configuration names (behind a
+//!   1:1 NAT, on no interface of the host).
 //!
 //! The fake ingress is this test binary run again as uid 65534 (std's
 //! `Command::uid`), running only [`fake_ingress_process`], which does nothing
@@ -286,4 +288,41 @@ fn socks5_connect_to_one_of_the_hosts_own_addresses_is_refused() {
         "a CONNECT to the host's own address {own} must be refused by the ruleset (reply 2), got {reply} after {:?}",
         started.elapsed()
     );
+}
+
+/// Behind a 1:1 NAT the node's public address is on no interface of its
+/// host. The addresses the configuration names as the node's
+/// (`proxy.udp_public_address`, `wireguard.endpoint`) are refused all the
+/// same; without either, the same address is reached (so the refusal is the
+/// configuration's doing).
+#[test]
+fn socks5_connect_to_the_public_address_the_configuration_names_is_refused() {
+    require_root();
+    let ns = Netns::new("trust").expect("a namespace");
+    let far = Netns::new("far").expect("a namespace");
+    // The "public" address stands in another namespace, over a veth pair:
+    // reachable from the node's, and no interface of the node's has it.
+    let _pair = netns::veth(&ns, "100.128.0.2/24", &far, "100.128.0.1/24").expect("veth");
+    let public: SocketAddr = "100.128.0.1:8000".parse().expect("address");
+    let _origin = netns::start_origin(&far, public).expect("an origin at the public address");
+    let cases = [
+        ("", 0),
+        ("[proxy]\nudp_public_address = \"100.128.0.1\"\n", 2),
+        ("[wireguard]\nendpoint = \"100.128.0.1:51820\"\n", 2),
+    ];
+    for (extra, expected) in cases {
+        let mut node = Node::in_netns(ns.name(), "", extra);
+        let (_ingress, _device, client) = node.start();
+        let socks = node.socks;
+        let (user, secret) = (client.name.clone(), client.secret.clone());
+        let reply = in_netns(ns.name(), move || {
+            let mut stream = raw::connect(socks);
+            assert_eq!(raw::socks5_login(&mut stream, &user, &secret), 0, "login");
+            raw::socks5_connect_v4(&mut stream, public)
+        });
+        assert_eq!(
+            reply, expected,
+            "a CONNECT to {public} with {extra:?} configured: reply {reply}, expected {expected}"
+        );
+    }
 }

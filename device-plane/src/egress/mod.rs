@@ -5,9 +5,10 @@
 //! Default deny: loopback, private, link-local (metadata included), CGNAT,
 //! multicast, broadcast, reserved and unspecified addresses are refused
 //! unless `egress.allow` lists them, and so is every address of the host's
-//! own interfaces ([`HostAddresses`], read again every 30 s), whatever its
-//! range: a client must not reach the node's own services through its
-//! public address. The check is on every *resolved* address, so a name that
+//! own interfaces ([`HostAddresses`], read again every 30 s) and every
+//! public address the configuration names as the node's (behind a 1:1
+//! NAT), whatever its range: a client must not reach the node's own
+//! services through its public address. The check is on every *resolved* address, so a name that
 //! resolves to a private (or the host's own) address is refused too. The
 //! WireGuard packet path applies the same [`Egress::permits`] to every inner
 //! destination. A destination with both IPv6 and IPv4 addresses is

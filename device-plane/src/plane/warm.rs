@@ -112,8 +112,14 @@ pub(super) async fn warm_up(
         config.egress.window.size,
         config.egress.probe.failures,
     ));
-    let egress = Egress::new(config.egress.allow.clone(), config.proxy.connect_timeout)
-        .with_routes(routes.clone());
+    let host = crate::egress::host_addresses::HostAddresses::watch();
+    crate::egress::host_addresses::configured_public(config, &host);
+    let egress = Egress::with_host_addresses(
+        config.egress.allow.clone(),
+        config.proxy.connect_timeout,
+        host,
+    )
+    .with_routes(routes.clone());
     // Upstreams are probed from now on, the first time at once, so a plane
     // knows which are down before it says Ready.
     tokio::spawn(crate::egress::via::probe_forever(
