@@ -419,3 +419,48 @@ fn a_request_in_flight_at_a_deploy_ends_as_its_client_asked() {
         "{answer}"
     );
 }
+
+/// Trailer fields cross the proxy both ways when the client asks for them
+/// (`TE: trailers`) and `Trailer` names them: a chunked upload's reach the
+/// origin, which is told `TE: trailers` (not the client's other codings),
+/// and a chunked answer's reach the client. Before, `Trailer` was stripped as
+/// hop-by-hop and hyper, which writes only the fields it names, wrote none.
+#[test]
+fn trailer_fields_cross_the_proxy_both_ways() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("origin listener");
+    let target = listener.local_addr().expect("origin address");
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let head = read_head(&mut stream).unwrap_or_default();
+        // The chunked body up to the blank line that ends its trailer section.
+        let body = read_head(&mut stream).unwrap_or_default();
+        let _ = seen_tx.send((head, body));
+        let _ = stream.write_all(
+            b"HTTP/1.1 200 OK\r\nTrailer: x-down\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-down: 2\r\n\r\n",
+        );
+    });
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let answer = ask(
+        &node,
+        &format!(
+            "POST http://{target}/up HTTP/1.1\r\nHost: {target}\r\n{}TE: gzip, trailers\r\nTrailer: x-up\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nworld\r\n0\r\nx-up: 1\r\n\r\n",
+            auth(&client)
+        ),
+        false,
+    );
+    let (head, body) = seen_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the origin got the request");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nte: trailers\r\n"), "{head}");
+    assert!(head.contains("\r\ntrailer: x-up\r\n"), "{head}");
+    assert!(body.ends_with("0\r\nx-up: 1\r\n\r\n"), "{body:?}");
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 200"), "{answer}");
+    assert!(lower.contains("\r\ntrailer: x-down\r\n"), "{answer}");
+    assert!(lower.ends_with("0\r\nx-down: 2\r\n\r\n"), "{answer:?}");
+}

@@ -107,7 +107,18 @@ pub(super) async fn forward(
     // Our own version toward the origin, as toward the client below (RFC
     // 9110 §6.2: an intermediary sends its own).
     parts.version = hyper::Version::HTTP_11;
+    let asks_for_trailers = asks_for_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    if asks_for_trailers {
+        // The client takes trailer fields, and so do we (hyper passes them
+        // on): the origin is told on this hop (RFC 9110 §10.1.4).
+        parts
+            .headers
+            .insert(hyper::header::TE, HeaderValue::from_static("trailers"));
+        parts
+            .headers
+            .append(hyper::header::CONNECTION, HeaderValue::from_static("te"));
+    }
     parts.headers.insert(hyper::header::HOST, host);
     let exchange = Exchange::new(context.http_limits);
     let request = Request::from_parts(parts, request_body(body, exchange.clone()));
@@ -230,6 +241,23 @@ pub(super) fn revoked_answer(watch: &Watch) -> Response<Body> {
     response
 }
 
+/// Whether the request's `TE` lists `trailers` (RFC 9110 §10.1.4): the
+/// client will take the answer's trailer fields. Its other codings are
+/// this hop's and are not passed on.
+fn asks_for_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(hyper::header::TE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+        .any(|coding| {
+            let name = coding
+                .split(|byte| *byte == b';')
+                .next()
+                .unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"trailers")
+        })
+}
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
     // Split as bytes: one byte that is not text in the value must not hide
@@ -243,5 +271,53 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     for name in HOP_BY_HOP.iter().copied().map(String::from).chain(named) {
         headers.remove(name.as_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[test]
+    fn te_trailers_is_found_among_other_codings() {
+        assert!(asks_for_trailers(&headers(&[("te", "trailers")])));
+        assert!(asks_for_trailers(&headers(&[(
+            "te",
+            "gzip;q=0.5, Trailers"
+        )])));
+        assert!(asks_for_trailers(&headers(&[
+            ("te", "gzip"),
+            ("te", "trailers")
+        ])));
+        assert!(!asks_for_trailers(&headers(&[("te", "gzip, deflate")])));
+        assert!(!asks_for_trailers(&headers(&[("te", "trailersx")])));
+        assert!(!asks_for_trailers(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn trailer_is_end_to_end_and_te_is_not() {
+        let mut fields = headers(&[
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+        ]);
+        strip_hop_by_hop(&mut fields);
+        assert_eq!(
+            fields.get("trailer").map(|v| v.as_bytes()),
+            Some(&b"x-sum"[..])
+        );
+        for gone in ["te", "connection", "x-hop", "keep-alive"] {
+            assert!(fields.get(gone).is_none(), "{gone} passed on");
+        }
     }
 }

@@ -61,15 +61,17 @@ use turns::{Answer, Received, Turns};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
-/// Headers that belong to one hop and are not forwarded.
-const HOP_BY_HOP: [&str; 8] = [
+/// Headers that belong to one hop and are not forwarded. `Trailer` is not
+/// one of them (RFC 9110 §6.6.2): hyper writes a chunked body's trailer
+/// fields only where `Trailer` names them. `TE` is, and is sent again as
+/// `TE: trailers` when the client asked for trailers (`forward.rs`).
+const HOP_BY_HOP: [&str; 7] = [
     "connection",
     "proxy-connection",
     "keep-alive",
     "proxy-authorization",
     "proxy-authenticate",
     "te",
-    "trailer",
     "upgrade",
 ];
 
