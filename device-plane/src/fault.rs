@@ -1,7 +1,7 @@
 //! Fault injection for the end-to-end tests: the only hooks that let a test
 //! make a device plane miss its ready budget, hold back its peer set,
 //! announce another build, act older than a message, adopt slowly, die
-//! adopting or hand its WireGuard exits over late.
+//! adopting, hand its WireGuard exits over late or steer late.
 //!
 //! Compiled only with the cargo feature `fault-injection`, which the `tests`
 //! crate turns on (its dependency on this crate names the feature, so every
@@ -51,6 +51,12 @@ pub const DIE_ADOPTING: &str = "BLIPLESS_FAULT_DIE_ADOPTING";
 /// a test can have them reach a successor that opened the exits afresh.
 #[cfg(feature = "fault-injection")]
 pub const LATE_EXIT_HANDOVER: &str = "BLIPLESS_FAULT_LATE_EXIT_HANDOVER_MS";
+
+/// A plane's WireGuard steering waits this many milliseconds before its
+/// first pass (each time its exits start), so a test can have a client's
+/// packets arrive before its `client_exit` element is written.
+#[cfg(feature = "fault-injection")]
+pub const DELAY_STEERING: &str = "BLIPLESS_FAULT_DELAY_STEERING_MS";
 
 /// `BLIPLESS_FAULT_LATE_EXIT_HANDOVER_MS`, if it is set.
 pub fn late_exit_handover() -> Option<std::time::Duration> {
@@ -120,6 +126,15 @@ pub async fn delay_peers() {
     #[cfg(feature = "fault-injection")]
     if let Some(delay) = delay(DELAY_PEERS) {
         tracing::warn!(?delay, "fault injection: delaying the peer set");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// `BLIPLESS_FAULT_DELAY_STEERING_MS`: waits that long, if it is set.
+pub async fn delay_steering() {
+    #[cfg(feature = "fault-injection")]
+    if let Some(delay) = delay(DELAY_STEERING) {
+        tracing::warn!(?delay, "fault injection: delaying the first steering pass");
         tokio::time::sleep(delay).await;
     }
 }

@@ -25,7 +25,7 @@ use blipless_tests::netns::Netns;
 use blipless_tests::node::Node;
 use blipless_tests::topology::tail;
 use blipless_tests::wireguard::WireguardGoPeer;
-use blipless_tests::{binary, pattern, sha256};
+use blipless_tests::{binary, pattern, sha256, wait_until};
 
 /// A WireGuard client with the default policy (`any`: on a node whose only
 /// upstream is the exit, the exit).
@@ -1003,4 +1003,78 @@ fn a_wireguard_client_is_steered_to_the_second_exit_when_its_first_dies() {
         .expect("the client_exit map");
     let mark = format!("{:#010x}", EXIT_MARK + (1 - first) as u32);
     assert!(map.contains(&mark), "alice steered to {mark}: {map}");
+}
+
+/// A plane that starts while the `client_exit` map lacks a client whose
+/// policy allows only exits (after a boot the map is empty; here it is
+/// emptied and the plane started again with its first steering pass held
+/// back 8 s) does not let that client's packets out of the node's own
+/// address meanwhile: they are dropped until the pass writes the map, and
+/// then go through the exit. Before, the packet path wrote them to the TUN
+/// device whatever the map held, and the kernel routed them out of the
+/// uplink.
+#[test]
+fn a_client_the_steering_map_lacks_yet_never_leaves_directly() {
+    let mut world = ExitWorld::new(70, &[ALICE]);
+    let leaks = LeakCounter::install(&world.net);
+    assert_eq!(whoami(&world), world.net.exit_public, "through the exit");
+    let before = world.node.node.active_generation();
+    world.node.device.kill();
+    let node_ns = &world.net.net.node_ns;
+    let map = || {
+        node_ns
+            .exec(
+                "nft",
+                &["list", "map", "inet", "blipless_steer", "client_exit"],
+            )
+            .unwrap_or_default()
+    };
+    node_ns
+        .exec(
+            "nft",
+            &["flush", "map", "inet", "blipless_steer", "client_exit"],
+        )
+        .expect("emptying the map");
+    world.node.device = world
+        .node
+        .node
+        .start_device_with_env(&[("BLIPLESS_FAULT_DELAY_STEERING_MS", "8000")]);
+    wait_until(
+        Duration::from_secs(30),
+        "the new plane to be active",
+        || {
+            world
+                .node
+                .node
+                .active_generation()
+                .is_some_and(|generation| Some(generation) != before)
+        },
+    );
+    // A ping every 10 ms for 2 s, while the first pass is held back.
+    let ping = world.net.net.ping(200, "0.01");
+    let output = ping.wait_with_output().expect("ping");
+    let (sent, answered) = blipless_tests::ping_counts(&output);
+    eprintln!("ping before the first pass: {sent} sent, {answered} answered");
+    // The pass was still held back: the ping ran while the map lacked her.
+    assert!(
+        !map().contains("10.64.0.2"),
+        "the map held alice before the ping ended: the test saw no window\n{}",
+        map()
+    );
+    assert_eq!(
+        leaks.packets(),
+        0,
+        "packets of alice (steered to the exit) left directly while the map lacked her\n{}",
+        world.diagnostics()
+    );
+    assert_eq!(answered, 0, "answers came while the map lacked her");
+    wait_until(Duration::from_secs(30), "alice in the map", || {
+        map().contains("10.64.0.2")
+    });
+    assert_eq!(
+        whoami(&world),
+        world.net.exit_public,
+        "through the exit once steered"
+    );
+    assert_eq!(leaks.packets(), 0, "nothing leaked after the pass either");
 }

@@ -159,7 +159,7 @@ async fn remove_marked(rules: &Cmd, links: &Cmd, removed: &mut Removed) -> Resul
 }
 
 /// What `cmd` prints, when it succeeds.
-async fn listing(cmd: &Cmd) -> Result<String, NetError> {
+pub(super) async fn listing(cmd: &Cmd) -> Result<String, NetError> {
     let output = execute(cmd).await?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())

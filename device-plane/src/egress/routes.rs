@@ -255,18 +255,40 @@ impl Routes {
     /// address unless a policy says `direct`), else direct.
     pub fn allowed(&self, policy: &EgressPolicy) -> Vec<&Arc<Route>> {
         match policy {
-            EgressPolicy::Any if self.upstreams.is_empty() => vec![&self.direct],
-            EgressPolicy::Any => self.upstreams.iter().collect(),
             EgressPolicy::Direct => vec![&self.direct],
-            EgressPolicy::Upstream(name) => {
-                self.upstreams.iter().filter(|r| &r.name == name).collect()
-            }
-            EgressPolicy::Tags(tags) => self
-                .upstreams
-                .iter()
-                .filter(|r| r.tags.iter().any(|t| tags.contains(t)))
-                .collect(),
+            EgressPolicy::Any if self.upstreams.is_empty() => vec![&self.direct],
+            _ => self.allowed_upstreams(policy).collect(),
         }
+    }
+
+    /// The upstreams `policy` allows (none for `direct`).
+    fn allowed_upstreams<'a, 'p>(
+        &'a self,
+        policy: &'p EgressPolicy,
+    ) -> impl Iterator<Item = &'a Arc<Route>> + use<'a, 'p> {
+        self.upstreams.iter().filter(move |route| match policy {
+            EgressPolicy::Direct => false,
+            EgressPolicy::Any => true,
+            EgressPolicy::Upstream(name) => &route.name == name,
+            EgressPolicy::Tags(tags) => route.tags.iter().any(|tag| tags.contains(tag)),
+        })
+    }
+
+    /// Whether every route `policy` allows is a WireGuard exit (and it
+    /// allows one): its clients' packets have nowhere to go but an exit.
+    pub fn allows_only_exits(&self, policy: &EgressPolicy) -> bool {
+        if self.leaves_directly(policy) {
+            return false;
+        }
+        let mut allowed = self.allowed_upstreams(policy).peekable();
+        allowed.peek().is_some()
+            && allowed.all(|route| matches!(route.kind, RouteKind::Wireguard(_)))
+    }
+
+    /// Whether `policy` allows the WireGuard exit whose mark is `mark`.
+    pub fn allows_exit_marked(&self, policy: &EgressPolicy, mark: u32) -> bool {
+        self.allowed_upstreams(policy)
+            .any(|route| matches!(&route.kind, RouteKind::Wireguard(exit) if exit.mark == mark))
     }
 
     /// The window for `policy`, refilled from `current`
@@ -361,6 +383,56 @@ mod tests {
             Routes::default().allowed(&EgressPolicy::Any)[0].name,
             DIRECT
         );
+    }
+
+    fn exit(name: &str, tags: &[&str], mark: u32) -> Upstream {
+        let text = "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\n\
+                    Address = 10.2.0.2/32\n\n[Peer]\n\
+                    PublicKey = xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n\
+                    Endpoint = 127.0.0.1:51820\nAllowedIPs = 0.0.0.0/0\n";
+        Upstream {
+            name: name.into(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            kind: UpstreamKind::Wireguard(WireguardExit {
+                path: "exit.conf".into(),
+                file: blipless_config::wg_quick::parse(text).expect("wg-quick"),
+                address: std::net::Ipv4Addr::new(10, 2, 0, 2),
+                tun: format!("blx{mark}"),
+                mark,
+            }),
+        }
+    }
+
+    #[test]
+    fn policies_that_allow_only_exits_and_which_marks_they_allow() {
+        let routes = Routes::new(
+            &[
+                exit("nl", &["eu"], 7),
+                exit("de", &["eu"], 8),
+                upstream("socks", &["us"]),
+            ],
+            2,
+            2,
+        );
+        let eu = EgressPolicy::Tags(vec!["eu".into()]);
+        assert!(routes.allows_only_exits(&eu));
+        assert!(routes.allows_only_exits(&EgressPolicy::Upstream("nl".into())));
+        assert!(
+            !routes.allows_only_exits(&EgressPolicy::Any),
+            "a SOCKS5 upstream too"
+        );
+        assert!(!routes.allows_only_exits(&EgressPolicy::Direct));
+        assert!(!routes.allows_only_exits(&EgressPolicy::Upstream("socks".into())));
+        assert!(
+            !routes.allows_only_exits(&EgressPolicy::Upstream("gone".into())),
+            "nothing allowed"
+        );
+        assert!(routes.allows_exit_marked(&eu, 7) && routes.allows_exit_marked(&eu, 8));
+        assert!(!routes.allows_exit_marked(&EgressPolicy::Upstream("nl".into()), 8));
+        assert!(!routes.allows_exit_marked(&EgressPolicy::Direct, 7));
+        let exits_only = Routes::new(&[exit("nl", &[], 7)], 2, 2);
+        assert!(exits_only.allows_only_exits(&EgressPolicy::Any));
+        assert!(!Routes::default().allows_only_exits(&EgressPolicy::Any));
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub(super) async fn warm_up(
             config.limits.tunnels_per_client,
         )),
     );
-    packets.set_exits(Arc::new(crate::wg::exits::Exits::new(
+    let exits = Arc::new(crate::wg::exits::Exits::new(
         routes,
         directory.clone(),
         identities.clone(),
@@ -184,7 +184,11 @@ pub(super) async fn warm_up(
             failures: config.egress.probe.failures,
         },
         successor,
-    )));
+    ));
+    // Before the plane serves: the packet path lets steered clients through
+    // only once the map is known to hold them.
+    exits.read_steering().await;
+    packets.set_exits(exits);
     let tun_writer = TunWriter::spawn(packets.clone());
     Ok(Warm {
         context,

@@ -11,16 +11,27 @@
 //! queues, on the handed-over descriptors (waiting up to [`INHERIT_WAIT`]
 //! for them), or on fresh ones if none came. The map itself is kernel state
 //! and outlives every plane.
-//! Updating the map needs CAP_NET_ADMIN (as `net setup` does); without it
-//! the clients' packets leave directly, and the plane says so once.
+//!
+//! A client whose policy allows only exits is never let out directly while
+//! the map lacks it (after a boot, a new client, a policy change): the
+//! packet path writes its IPv4 packets only once the map is known to steer
+//! its address to an exit the policy allows ([`Exits::admits`]), from what
+//! this plane last wrote, or what the kernel held when its steering began
+//! ([`Exits::read_steering`]), which a successor finds as its predecessor
+//! left it. Updating the map needs CAP_NET_ADMIN (as `net setup` does);
+//! without it those clients' IPv4 packets are dropped, and the plane says
+//! so once. (A policy that also allows SOCKS5 upstreams may have a window
+//! without an exit, whose packets leave directly by design: it is not
+//! checked.)
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use blipless_protocol::channel::{ExitQueues, ToIngress};
+use blipless_store::EgressPolicy;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,6 +67,9 @@ pub struct Exits {
     /// Descriptors handed over and not yet taken, and the exits that no
     /// longer wait for theirs.
     inherited: Mutex<Inheritance>,
+    /// What the kernel's map holds, as far as this plane knows: client
+    /// tunnel address to exit mark.
+    steering: RwLock<HashMap<Ipv4Addr, u32>>,
 }
 
 /// What a successor's exits inherit, by exit name.
@@ -94,7 +108,55 @@ impl Exits {
             running: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
             inherited: Mutex::new(Inheritance::default()),
+            steering: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// Takes what the kernel's map holds now as steered: before the plane
+    /// serves, and again when its steering begins (a successor's, once its
+    /// predecessor stopped writing). A successor (or a plane started again
+    /// after a crash) lets those clients' packets through from its first
+    /// batch, on the map its predecessor left; after a boot the map is
+    /// empty, and they wait for this plane's first pass. Nothing to read
+    /// without exits.
+    pub async fn read_steering(&self) {
+        if self.routes.exits().next().is_none() {
+            return;
+        }
+        match blipless_ctl::net::steer::read().await {
+            Ok(map) => {
+                tracing::debug!(steered = map.len(), "read the WireGuard steering map");
+                *self
+                    .steering
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = map.into_iter().collect();
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the WireGuard steering map (needs CAP_NET_ADMIN and `blipless-ctl net setup`): the IPv4 packets of clients whose policy allows only exits wait for the first steering pass")
+            }
+        }
+    }
+
+    /// Whether an IPv4 packet of a client with `policy` and tunnel address
+    /// `address` may be written to the TUN device. A policy that allows only
+    /// exits needs the map to steer the address to one of them first:
+    /// without its element the kernel routes the packet out of the node's
+    /// own address, which such a policy forbids (docs/EGRESS.md, "WireGuard
+    /// exits").
+    pub fn admits(&self, policy: &EgressPolicy, address: Option<IpAddr>) -> bool {
+        if !self.routes.allows_only_exits(policy) {
+            return true;
+        }
+        let Some(IpAddr::V4(address)) = address else {
+            return false;
+        };
+        let mark = self
+            .steering
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&address)
+            .copied();
+        mark.is_some_and(|mark| self.routes.allows_exit_marked(policy, mark))
     }
 
     /// Keeps an exit's descriptors a predecessor handed over (the UDP
@@ -264,6 +326,12 @@ impl Exits {
     async fn steer(self: Arc<Self>, stop: CancellationToken) {
         let mut applied: Option<(Vec<(Ipv4Addr, u32)>, tokio::time::Instant)> = None;
         let mut said: Option<String> = None;
+        // What the predecessor wrote until it stopped steering.
+        self.read_steering().await;
+        tokio::select! {
+            () = crate::fault::delay_steering() => {}
+            () = stop.cancelled() => return,
+        }
         let mut tick = tokio::time::interval(STEER_EVERY);
         loop {
             tokio::select! {
@@ -293,13 +361,18 @@ impl Exits {
                             "WireGuard clients steered to their exits"
                         );
                     }
+                    *self
+                        .steering
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        wanted.iter().copied().collect();
                     applied = Some((wanted, tokio::time::Instant::now()));
                     said = None;
                 }
                 Err(error) => {
                     let text = error.to_string();
                     if said.as_ref() != Some(&text) {
-                        tracing::warn!(error = %text, "cannot steer WireGuard clients to their exits (needs CAP_NET_ADMIN and `blipless-ctl net setup`): their packets leave directly");
+                        tracing::warn!(error = %text, "cannot steer WireGuard clients to their exits (needs CAP_NET_ADMIN and `blipless-ctl net setup`): the IPv4 packets of those not steered yet are dropped");
                         said = Some(text);
                     }
                 }

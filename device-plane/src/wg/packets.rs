@@ -323,6 +323,13 @@ impl PacketPath {
         let ipv6_leaves = client
             .as_ref()
             .is_some_and(|client| self.egress.routes.leaves_directly(&client.record.egress));
+        // IPv4 of a client that must leave through an exit goes only once the
+        // steering map holds it: without its element the kernel would send
+        // it out of the node's own address (`Exits::admits`).
+        let ipv4_leaves = client.as_ref().is_none_or(|client| {
+            self.exits()
+                .is_none_or(|exits| exits.admits(&client.record.egress, client.record.wg_address))
+        });
         // Packets parked before the first queues go first (a successor's
         // first batches): written here if the task `install` started has
         // not written them yet, waited for if it is writing them.
@@ -369,7 +376,12 @@ impl PacketPath {
                 .is_some_and(|dns| dns.carries_tcp_query(packet));
             let permitted = to_dns_over_tcp
                 || blipless_protocol::ip::destination(packet).is_some_and(|destination| {
-                    self.egress.permits(destination) && (destination.is_ipv4() || ipv6_leaves)
+                    let family_leaves = if destination.is_ipv4() {
+                        ipv4_leaves
+                    } else {
+                        ipv6_leaves
+                    };
+                    self.egress.permits(destination) && family_leaves
                 });
             if !permitted {
                 self.counters.denied.fetch_add(1, Ordering::Relaxed);
