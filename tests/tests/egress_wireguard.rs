@@ -1008,7 +1008,7 @@ fn a_wireguard_client_is_steered_to_the_second_exit_when_its_first_dies() {
 /// A plane that starts while the `client_exit` map lacks a client whose
 /// policy allows only exits (after a boot the map is empty; here it is
 /// emptied and the plane started again with its first steering pass held
-/// back 8 s) does not let that client's packets out of the node's own
+/// back 15 s) does not let that client's packets out of the node's own
 /// address meanwhile: they are dropped until the pass writes the map, and
 /// then go through the exit. Before, the packet path wrote them to the TUN
 /// device whatever the map held, and the kernel routed them out of the
@@ -1038,7 +1038,7 @@ fn a_client_the_steering_map_lacks_yet_never_leaves_directly() {
     world.node.device = world
         .node
         .node
-        .start_device_with_env(&[("BLIPLESS_FAULT_DELAY_STEERING_MS", "8000")]);
+        .start_device_with_env(&[("BLIPLESS_FAULT_DELAY_STEERING_MS", "15000")]);
     wait_until(
         Duration::from_secs(30),
         "the new plane to be active",

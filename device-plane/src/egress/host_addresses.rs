@@ -8,8 +8,9 @@
 //!
 //! They are read with `getifaddrs` when the set is made and then every
 //! [`REFRESH_EVERY`] (30 s) by a task that ends with the last clone of the
-//! set; a failed read keeps the previous set (and is logged). Lookups take a
-//! read lock on a hash set, cheap enough for every inner packet.
+//! set; a failed read keeps the previous set (and is logged). Lookups take
+//! read locks on two hash sets (read and configured), cheap enough for every
+//! inner packet.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};

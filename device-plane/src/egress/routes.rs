@@ -274,15 +274,15 @@ impl Routes {
         })
     }
 
-    /// Whether every route `policy` allows is a WireGuard exit (and it
-    /// allows one): its clients' packets have nowhere to go but an exit.
+    /// Whether every route `policy` allows is a WireGuard exit: its
+    /// clients' packets have nowhere to go but an exit. So is a policy that
+    /// allows nothing on this node (an upstream it does not have): its
+    /// clients have no route at all.
     pub fn allows_only_exits(&self, policy: &EgressPolicy) -> bool {
-        if self.leaves_directly(policy) {
-            return false;
-        }
-        let mut allowed = self.allowed_upstreams(policy).peekable();
-        allowed.peek().is_some()
-            && allowed.all(|route| matches!(route.kind, RouteKind::Wireguard(_)))
+        !self.leaves_directly(policy)
+            && self
+                .allowed_upstreams(policy)
+                .all(|route| matches!(route.kind, RouteKind::Wireguard(_)))
     }
 
     /// Whether `policy` allows the WireGuard exit whose mark is `mark`.
@@ -424,8 +424,8 @@ mod tests {
         assert!(!routes.allows_only_exits(&EgressPolicy::Direct));
         assert!(!routes.allows_only_exits(&EgressPolicy::Upstream("socks".into())));
         assert!(
-            !routes.allows_only_exits(&EgressPolicy::Upstream("gone".into())),
-            "nothing allowed"
+            routes.allows_only_exits(&EgressPolicy::Upstream("gone".into())),
+            "nothing allowed: no route, not direct"
         );
         assert!(routes.allows_exit_marked(&eu, 7) && routes.allows_exit_marked(&eu, 8));
         assert!(!routes.allows_exit_marked(&EgressPolicy::Upstream("nl".into()), 8));
@@ -433,6 +433,7 @@ mod tests {
         let exits_only = Routes::new(&[exit("nl", &[], 7)], 2, 2);
         assert!(exits_only.allows_only_exits(&EgressPolicy::Any));
         assert!(!Routes::default().allows_only_exits(&EgressPolicy::Any));
+        assert!(Routes::default().allows_only_exits(&EgressPolicy::Upstream("nl".into())));
     }
 
     #[test]

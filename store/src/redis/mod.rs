@@ -237,7 +237,8 @@ enum Retry {
 enum Req<'a> {
     Cmd(redis::Cmd),
     /// A command that blocks on the server (`XREAD BLOCK`): on a Cluster it
-    /// takes a connection of its own, not the shared one.
+    /// takes a connection of its own, not the shared one (as a
+    /// [`Req::Confirmed`] does, whose `WAIT` blocks too).
     Blocking(redis::Cmd),
     Pipe(redis::Pipeline),
     Script(redis::ScriptInvocation<'a>),
@@ -317,9 +318,12 @@ fn has_replicas(role: &redis::Value) -> bool {
 }
 
 impl Req<'_> {
-    /// Whether the request blocks on the server.
+    /// Whether the request blocks on the server (`XREAD BLOCK`, or a `WAIT`
+    /// up to [`CONFIRM_WAIT`] when no replica confirms): on the shared
+    /// cluster connection it would hold up the replies queued behind it on
+    /// its node.
     fn blocks(&self) -> bool {
-        matches!(self, Req::Blocking(_))
+        matches!(self, Req::Blocking(_) | Req::Confirmed(_))
     }
 
     async fn send<T: FromRedisValue>(&self, conn: &mut Conn) -> redis::RedisResult<T> {

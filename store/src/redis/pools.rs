@@ -341,6 +341,9 @@ impl SharedCluster {
             return;
         }
         tokio::spawn(async move {
+            // Cleared however the task ends, so a replacement is never
+            // refused for good.
+            let _replacing = ClearOnDrop(&self.replacing);
             let is_current = |current: &Option<(u64, ClusterConnection)>| matches!(current, Some((generation, _)) if *generation == failed);
             if is_current(&*self.current.lock().await) {
                 let made = tokio::time::timeout(
@@ -365,8 +368,16 @@ impl SharedCluster {
                     }
                 }
             }
-            self.replacing.store(false, Ordering::Release);
         });
+    }
+}
+
+/// Clears its flag when dropped.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

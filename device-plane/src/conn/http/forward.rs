@@ -241,21 +241,16 @@ pub(super) fn revoked_answer(watch: &Watch) -> Response<Body> {
     response
 }
 
-/// Whether the request's `TE` lists `trailers` (RFC 9110 §10.1.4): the
-/// client will take the answer's trailer fields. Its other codings are
-/// this hop's and are not passed on.
+/// Whether the request's `TE` lists `trailers` (RFC 9110 §10.1.4; it takes
+/// no parameters, and hyper writes trailers to the client only for the bare
+/// token): the client will take the answer's trailer fields. Its other
+/// codings are this hop's and are not passed on.
 fn asks_for_trailers(headers: &HeaderMap) -> bool {
     headers
         .get_all(hyper::header::TE)
         .iter()
         .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
-        .any(|coding| {
-            let name = coding
-                .split(|byte| *byte == b';')
-                .next()
-                .unwrap_or_default();
-            name.trim_ascii().eq_ignore_ascii_case(b"trailers")
-        })
+        .any(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"trailers"))
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -299,6 +294,7 @@ mod tests {
         ])));
         assert!(!asks_for_trailers(&headers(&[("te", "gzip, deflate")])));
         assert!(!asks_for_trailers(&headers(&[("te", "trailersx")])));
+        assert!(!asks_for_trailers(&headers(&[("te", "trailers;q=0")])));
         assert!(!asks_for_trailers(&HeaderMap::new()));
     }
 
