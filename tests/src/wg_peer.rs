@@ -91,6 +91,19 @@ impl TestPeer {
         Ok(())
     }
 
+    /// Moves to a fresh UDP socket bound to `local` (another source
+    /// address of the namespace, say).
+    pub fn bind_to(&mut self, local: SocketAddr) -> io::Result<()> {
+        self.socket = UdpSocket::bind(local)?;
+        Ok(())
+    }
+
+    /// Hands a datagram from the server to this peer's state: a cookie
+    /// reply is kept, and the next initiation carries its mac2.
+    pub fn receive(&mut self, datagram: &[u8]) {
+        let _ = self.tunnel.decapsulate(None, datagram, &mut self.buffer);
+    }
+
     /// The UDP socket (to send raw datagrams from the same address).
     pub fn socket(&self) -> &UdpSocket {
         &self.socket

@@ -280,6 +280,105 @@ fn junk_truncated_replayed_and_flooded_messages_harm_no_one() {
     assert!(world.ingress_serving(), "the ingress survived");
 }
 
+/// Under load a cookie proves only that its sender receives at its address:
+/// one such sender replaying a cookie-carrying initiation must not buy an
+/// X25519 operation per datagram, and a peer at another address still gets
+/// its session meanwhile.
+#[test]
+fn an_initiation_flood_from_one_source_is_limited_under_load_and_others_get_through() {
+    // A low limit, so that the node is under load from the first datagrams.
+    const HANDSHAKE_LIMIT: f64 = 10.0;
+    let world = WgWorld::with(89, "handshake_limit = 10", &[]);
+    let config = add_wg_client(&world.node, "bob");
+    wait_until(Duration::from_secs(10), "bob to be a peer", || {
+        world.node.metric("blipless_wg_peers") == 2.0
+    });
+    // Bob sends from an address of his own in the customer namespace.
+    world
+        .net
+        .customer
+        .ip(&["addr", "add", "10.89.1.3/32", "dev", "lo"])
+        .expect("bob's address");
+    let (private, server, address) = client_settings(&config);
+    let endpoint: SocketAddr = world.net.endpoint().parse().expect("endpoint");
+    let unknown_before = world
+        .node
+        .metric("blipless_wg_dropped_total{reason=\"unknown_peer\"}");
+    let netns = world.net.customer.name().to_string();
+    let flood_netns = netns.clone();
+    let flood = std::thread::spawn(move || {
+        in_netns(&flood_netns, move || {
+            // A key the node does not know: every initiation that gets past
+            // the limiters costs the node its X25519 work and is dropped as
+            // `unknown_peer`.
+            let mut stranger =
+                TestPeer::new([9; 32], server, address, endpoint, 4000).expect("stranger");
+            stranger
+                .socket()
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .expect("timeout");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let armed = loop {
+                assert!(Instant::now() < deadline, "no cookie reply in 20 s");
+                let initiation = stranger.initiation().expect("initiation");
+                stranger
+                    .socket()
+                    .send_to(&initiation, endpoint)
+                    .expect("send");
+                let mut datagram = [0u8; 256];
+                if let Ok((64, _)) = stranger.socket().recv_from(&mut datagram) {
+                    if datagram[0] == 3 {
+                        stranger.receive(&datagram[..64]);
+                        break stranger.initiation().expect("an initiation with mac2");
+                    }
+                }
+            };
+            // The same initiation, mac2 and all, as fast as it goes, for 3 s.
+            let started = Instant::now();
+            let mut sent = 0u64;
+            while started.elapsed() < Duration::from_secs(3) {
+                for _ in 0..50 {
+                    if stranger.socket().send_to(&armed, endpoint).is_ok() {
+                        sent += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (sent, started.elapsed())
+        })
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let bob = in_netns(&netns, move || {
+        let mut bob = TestPeer::new(private, server, address, endpoint, 31).expect("bob");
+        bob.bind_to("10.89.1.3:0".parse().expect("address"))
+            .expect("bob's socket");
+        bob.handshake(Duration::from_secs(10))
+    });
+    let (sent, took) = flood.join().expect("the flood");
+    let limited = world
+        .node
+        .metric("blipless_wg_dropped_total{reason=\"source_limited\"}");
+    let unknown = world
+        .node
+        .metric("blipless_wg_dropped_total{reason=\"unknown_peer\"}")
+        - unknown_before;
+    eprintln!("{sent} replays in {took:?}: {limited} limited, {unknown} reached the handshake");
+    bob.expect("bob's handshake from another address during the flood");
+    // Each second: the limit's worth before the node is under load, then the
+    // source's 20 (burst 5); the cookie's own second and spare ones for a backlog on top.
+    let seconds = took.as_secs_f64().ceil() + 4.0;
+    let bound = (HANDSHAKE_LIMIT + 20.0) * seconds + 5.0;
+    assert!(
+        unknown <= bound,
+        "{unknown} of {sent} replayed initiations reached the X25519 work (at most {bound})"
+    );
+    assert!(
+        limited >= 1000.0,
+        "only {limited} dropped as source_limited"
+    );
+    assert!(world.ingress_serving(), "the ingress survived");
+}
+
 #[test]
 fn status_is_503_until_the_device_planes_peer_set_is_applied() {
     // No namespaces needed: nothing crosses the tunnel here.

@@ -27,7 +27,7 @@ struct DirectionLabel {
 /// Every drop reason (`drop_reason` in wg/mod.rs and the receive path): each
 /// series exists from the start, at 0, so an alert on `increase()` sees the
 /// first drop.
-const DROP_REASONS: [&str; 15] = [
+const DROP_REASONS: [&str; 16] = [
     "unknown_peer",
     "source",
     "queue_full",
@@ -40,6 +40,7 @@ const DROP_REASONS: [&str; 15] = [
     "authentication",
     "no_session",
     "under_load",
+    "source_limited",
     "expired",
     "stepped_aside",
     "other",

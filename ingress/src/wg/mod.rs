@@ -11,7 +11,8 @@
 //! - **Receive** ([`Wireguard::serve`]): a batch of datagrams from the UDP socket
 //!   (GRO), each checked by the shared handshake rate limiter first (mac1, then a
 //!   cookie reply when more initiations arrive per second than
-//!   `wireguard.handshake_limit`), then routed to its peer: an initiation by the
+//!   `wireguard.handshake_limit`, and then at most 20 a second from each
+//!   source, [`source_limit`]), then routed to its peer: an initiation by the
 //!   static key it carries, every other message by its receiver index. A decrypted
 //!   packet whose inner source is not the peer's own tunnel address is dropped and
 //!   counted (cryptokey routing). An authenticated packet moves the peer's
@@ -36,6 +37,7 @@ mod inner;
 mod peer_sync;
 pub mod peers;
 mod recovery;
+mod source_limit;
 pub mod steer;
 pub mod uapi;
 pub mod udp;
@@ -43,7 +45,7 @@ pub mod workers;
 
 use std::io::IoSliceMut;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -84,6 +86,17 @@ pub struct Wireguard {
     /// Every peer's `Tunn` checks handshakes with this one: mac1 only, never
     /// a cookie (the node-wide `limiter` decides when cookies are due).
     mac1_only: Arc<RateLimiter>,
+    /// `wireguard.handshake_limit`: initiations a second before the node is
+    /// under load.
+    handshake_limit: u64,
+    /// Initiations with a valid mac1 this second, counted as `limiter`
+    /// counts them (it does not say whether it is under load).
+    initiations: AtomicU64,
+    /// When `initiations` was last set back to 0.
+    initiations_since: Mutex<std::time::Instant>,
+    /// Under load, each source's initiations beyond 20 a second (burst 5)
+    /// are dropped before any X25519 work.
+    sources: Mutex<source_limit::SourceLimiter>,
     peers: RwLock<PeerTable>,
     socket: WgSocket,
     planes: Arc<Planes>,
@@ -180,6 +193,10 @@ impl Wireguard {
             public,
             limiter,
             mac1_only,
+            handshake_limit: handshake_limit as u64,
+            initiations: AtomicU64::new(0),
+            initiations_since: Mutex::new(std::time::Instant::now()),
+            sources: Mutex::new(source_limit::SourceLimiter::default()),
             peers: RwLock::new(PeerTable::new(generation)),
             socket,
             planes,
@@ -408,13 +425,22 @@ impl Wireguard {
         // replies. Responses answer this ingress's own initiations (a
         // call-back may send a thousand at once), so they are not limited
         // here; the peer's Tunn still checks their mac1 (`mac1_only`).
+        // Under load, a cookie proves only that its sender receives at its
+        // address, so each source is limited too (`source_limit`).
         let packet = if matches!(parsed, Packet::HandshakeInit(_)) {
             match self
                 .limiter
                 .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
             {
-                Ok(packet) => packet,
+                Ok(packet) => {
+                    if self.count_initiation() && !self.source_admitted(from.ip()) {
+                        self.metrics.count_drop("source_limited");
+                        return;
+                    }
+                    packet
+                }
                 Err(TunnResult::WriteToNetwork(cookie)) => {
+                    self.count_initiation();
                     self.metrics.count_cookie_reply();
                     work.replies
                         .push(from, cookie, self.socket.max_gso_segments());
@@ -702,6 +728,43 @@ impl Wireguard {
         datagram.first() != Some(&1) || !self.stepped_aside.load(Ordering::Relaxed)
     }
 
+    /// Counts an initiation with a valid mac1, as `limiter` does; whether
+    /// the node was already under load (this second's count had reached
+    /// `wireguard.handshake_limit`).
+    fn count_initiation(&self) -> bool {
+        self.initiations.fetch_add(1, Ordering::Relaxed) >= self.handshake_limit
+    }
+
+    /// Whether an initiation from `source` may go on while under load.
+    fn source_admitted(&self, source: IpAddr) -> bool {
+        self.sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .admit(source, std::time::Instant::now())
+    }
+
+    /// Starts a new second of counted initiations once a whole one has
+    /// passed (as `limiter.reset_count` does), and forgets quiet sources.
+    fn reset_initiation_count(&self) {
+        let now = std::time::Instant::now();
+        let mut since = self
+            .initiations_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now.duration_since(*since) < Duration::from_secs(1) {
+            return;
+        }
+        *since = now;
+        self.initiations.store(0, Ordering::Relaxed);
+        let mut sources = self
+            .sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !sources.is_empty() {
+            sources.forget_idle(now);
+        }
+    }
+
     async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(TIMER_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -715,6 +778,7 @@ impl Wireguard {
             // tick (about 1 s, sometimes a hair under) left half the windows
             // 2 s long, and cookies went out below `handshake_limit`.
             self.limiter.reset_count();
+            self.reset_initiation_count();
             self.tick().await;
         }
     }
