@@ -459,15 +459,16 @@ impl RedisStore {
             }
             StoreUrl::Cluster(cluster) => {
                 let client = pools::cluster_client(cluster).map_err(|err| invalid(&err))?;
-                let shared = SharedCluster::new(client.clone());
                 // Connecting to the seeds, reading the slot map, connecting to
                 // every node: made now, with time for a node that hangs, not
                 // within the first call's attempt.
-                drop(shared.get().await.map_err(|error| {
-                    StoreError::Unavailable(format!(
-                        "Redis at {shown_url}: connecting to the Cluster: {error}"
-                    ))
-                })?);
+                let shared = SharedCluster::connect(client.clone())
+                    .await
+                    .map_err(|error| {
+                        StoreError::Unavailable(format!(
+                            "Redis at {shown_url}: connecting to the Cluster: {error}"
+                        ))
+                    })?;
                 let blocking = pools::pool(ClusterManager::new(client), CLUSTER_CONNECT_TIMEOUT)
                     .map_err(|e| pool_error(&e))?;
                 Pools::Cluster { shared, blocking }

@@ -237,7 +237,7 @@ impl Pools {
             Self::Single(pool) => Conn::Single(pool.get().await?),
             Self::Sentinel(pool) => Conn::Sentinel(pool.get().await?),
             Self::Cluster { blocking, .. } if blocks => Conn::Cluster(blocking.get().await?),
-            Self::Cluster { shared, .. } => shared.get().await?,
+            Self::Cluster { shared, .. } => shared.get().await,
         })
     }
 
@@ -295,43 +295,35 @@ const REPLACE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(
 /// One is made at a time; it replaces the current one only when it is ready.
 pub(super) struct SharedCluster {
     client: ClusterClient,
-    /// The connection and its generation; `None` before the first one.
-    current: tokio::sync::Mutex<Option<(u64, ClusterConnection)>>,
+    /// The connection and its generation.
+    current: tokio::sync::Mutex<(u64, ClusterConnection)>,
     /// Whether a replacement is being made.
     replacing: AtomicBool,
 }
 
 impl SharedCluster {
-    pub(super) fn new(client: ClusterClient) -> Arc<Self> {
-        Arc::new(Self {
+    /// Makes the first connection (the seeds, the slot map, every node),
+    /// with [`CLUSTER_CONNECT_TIMEOUT`] for a node that hangs.
+    pub(super) async fn connect(client: ClusterClient) -> Result<Arc<Self>, PoolError> {
+        let first = tokio::time::timeout(CLUSTER_CONNECT_TIMEOUT, client.get_async_connection())
+            .await
+            .map_err(|_| PoolError::Timeout(managed::TimeoutType::Create))?
+            .map_err(PoolError::Backend)?;
+        Ok(Arc::new(Self {
             client,
-            current: tokio::sync::Mutex::new(None),
+            current: tokio::sync::Mutex::new((0, first)),
             replacing: AtomicBool::new(false),
-        })
+        }))
     }
 
-    /// The current connection; the first is made here (calls wait for it,
-    /// up to [`CLUSTER_CONNECT_TIMEOUT`]).
-    pub(super) async fn get(self: &Arc<Self>) -> Result<Conn, PoolError> {
-        let mut current = self.current.lock().await;
-        let (generation, conn) = match &*current {
-            Some(made) => made.clone(),
-            None => {
-                let made = tokio::time::timeout(
-                    CLUSTER_CONNECT_TIMEOUT,
-                    self.client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| PoolError::Timeout(managed::TimeoutType::Create))?
-                .map_err(PoolError::Backend)?;
-                current.insert((0, made)).clone()
-            }
-        };
-        Ok(Conn::SharedCluster {
+    /// The current connection.
+    pub(super) async fn get(self: &Arc<Self>) -> Conn {
+        let (generation, conn) = self.current.lock().await.clone();
+        Conn::SharedCluster {
             conn,
             generation,
             from: self.clone(),
-        })
+        }
     }
 
     /// Makes a connection to replace generation `failed`, in the background,
@@ -344,7 +336,7 @@ impl SharedCluster {
             // Cleared however the task ends, so a replacement is never
             // refused for good.
             let _replacing = ClearOnDrop(&self.replacing);
-            let is_current = |current: &Option<(u64, ClusterConnection)>| matches!(current, Some((generation, _)) if *generation == failed);
+            let is_current = |current: &(u64, ClusterConnection)| current.0 == failed;
             if is_current(&*self.current.lock().await) {
                 let made = tokio::time::timeout(
                     CLUSTER_CONNECT_TIMEOUT,
@@ -355,7 +347,7 @@ impl SharedCluster {
                     Ok(Ok(conn)) => {
                         let mut current = self.current.lock().await;
                         if is_current(&current) {
-                            *current = Some((failed + 1, conn));
+                            *current = (failed + 1, conn);
                         }
                     }
                     Ok(Err(error)) => {
