@@ -1050,6 +1050,13 @@ fn a_client_the_steering_map_lacks_yet_never_leaves_directly() {
                 .is_some_and(|generation| Some(generation) != before)
         },
     );
+    let denied = || {
+        world
+            .node
+            .node
+            .metric("blipless_wg_plane_dropped_total{reason=\"denied\"}")
+    };
+    let denied_before = denied();
     // A ping every 10 ms for 2 s, while the first pass is held back.
     let ping = world.net.net.ping(200, "0.01");
     let output = ping.wait_with_output().expect("ping");
@@ -1068,6 +1075,12 @@ fn a_client_the_steering_map_lacks_yet_never_leaves_directly() {
         world.diagnostics()
     );
     assert_eq!(answered, 0, "answers came while the map lacked her");
+    // Dropped by the plane, and counted (its report comes every second).
+    wait_until(
+        Duration::from_secs(10),
+        "the plane to report every ping denied",
+        || denied() - denied_before >= sent as f64,
+    );
     wait_until(Duration::from_secs(30), "alice in the map", || {
         map().contains("10.64.0.2")
     });

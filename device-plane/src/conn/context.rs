@@ -68,6 +68,9 @@ pub struct Context {
     /// What the WireGuard DNS gateway counted, when there is one
     /// (`with_dns_counters`): reported with the refusals.
     pub dns_counters: Option<Arc<crate::wg::dns::DnsCounters>>,
+    /// The WireGuard packet path's counters (`with_packet_counters`):
+    /// reported with the refusals.
+    pub packet_counters: Arc<crate::wg::packets::PacketCounters>,
     /// `limits.connections` and `limits.tunnels_per_client` (`with_caps`).
     pub caps: super::caps::Caps,
     /// Connections taken since start (accepted and adopted).
@@ -121,6 +124,7 @@ impl Context {
             cut_all: Mutex::new(CancellationToken::new()),
             fds: Arc::new(super::fd_budget::FdBudget::from_rlimit()),
             dns_counters: None,
+            packet_counters: Arc::default(),
             caps: super::caps::Caps::default(),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
@@ -155,6 +159,15 @@ impl Context {
     }
 
     /// The same context reporting the DNS gateway's counters.
+    pub fn with_packet_counters(
+        mut self,
+        counters: Arc<crate::wg::packets::PacketCounters>,
+    ) -> Self {
+        self.packet_counters = counters;
+        self
+    }
+
+    /// The DNS gateway's counters, reported with the refusals.
     pub fn with_dns_counters(mut self, counters: Option<Arc<crate::wg::dns::DnsCounters>>) -> Self {
         self.dns_counters = counters;
         self

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use blipless_config::Config;
 use blipless_protocol::channel::{
-    DeviceReport, DrainOrder, MigrateKind, Synced, ToDevice, ToIngress, MAX_FRAME,
+    DeviceReport, DrainOrder, MigrateKind, Synced, ToDevice, ToIngress, WgPacketCounts, MAX_FRAME,
 };
 use tokio::time::Instant;
 use tokio_seqpacket::UnixSeqpacket;
@@ -430,6 +430,11 @@ fn refusals(context: &Context) -> DeviceReport {
         http_body_stalls: load(&http.body_stalls),
         http_userinfo_refused: load(&http.userinfo_refused),
         udp: context.udp_counters.counts(),
+        wg_packets: WgPacketCounts {
+            denied: load(&context.packet_counters.denied),
+            limited: load(&context.packet_counters.limited),
+            lost: load(&context.packet_counters.lost),
+        },
         channel_fds_dropped: blipless_link::fds_dropped(),
         cpu_micros: cpu_micros(),
         dns_answered: context
@@ -462,6 +467,7 @@ fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
         http_body_stalls: less(now.http_body_stalls, before.http_body_stalls),
         http_userinfo_refused: less(now.http_userinfo_refused, before.http_userinfo_refused),
         udp: now.udp.since(before.udp),
+        wg_packets: now.wg_packets.since(before.wg_packets),
         channel_fds_dropped: less(now.channel_fds_dropped, before.channel_fds_dropped),
         cpu_micros: less(now.cpu_micros, before.cpu_micros),
         dns_answered: less(now.dns_answered, before.dns_answered),

@@ -169,6 +169,7 @@ pub(super) async fn warm_up(
         .with_udp_public_address(config.proxy.udp_public_address)
         .with_fds(fds)
         .with_dns_counters(dns.as_ref().map(|gateway| gateway.counters.clone()))
+        .with_packet_counters(packets.counters.clone())
         .with_caps(crate::conn::caps::Caps::new(
             config.limits.connections,
             config.limits.tunnels_per_client,

@@ -105,6 +105,8 @@ impl Metrics {
         self.device_process
             .count_cpu(previous.cpu_micros, report.cpu_micros);
         self.socks5_udp.count(previous.udp, report.udp);
+        self.wg
+            .count_plane_drops(previous.wg_packets, report.wg_packets);
         self.dns.count(
             (previous.dns_answered, report.dns_answered),
             (previous.dns_dropped, report.dns_dropped),

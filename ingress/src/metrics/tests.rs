@@ -48,6 +48,37 @@ fn reported_auth_counts_are_summed_and_never_go_backwards() {
     }
 }
 
+#[test]
+fn reported_wireguard_plane_drops_are_summed_by_reason() {
+    use blipless_protocol::channel::WgPacketCounts;
+    let metrics = Metrics::new();
+    for reason in ["denied", "limited", "lost"] {
+        let line = format!("blipless_wg_plane_dropped_total{{reason=\"{reason}\"}} 0");
+        assert!(text(&metrics).contains(&line), "{line} from the start");
+    }
+    let report = |denied, limited, lost| DeviceReport {
+        wg_packets: WgPacketCounts {
+            denied,
+            limited,
+            lost,
+        },
+        ..DeviceReport::default()
+    };
+    let (zero, first, second) = (report(0, 0, 0), report(200, 1, 0), report(210, 1, 7));
+    metrics.count_reported(&zero, &first);
+    metrics.count_reported(&first, &second);
+    // Another plane's first report adds to them.
+    metrics.count_reported(&zero, &report(5, 0, 0));
+    let text = text(&metrics);
+    for line in [
+        "blipless_wg_plane_dropped_total{reason=\"denied\"} 215",
+        "blipless_wg_plane_dropped_total{reason=\"limited\"} 1",
+        "blipless_wg_plane_dropped_total{reason=\"lost\"} 7",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
+
 /// Scrapes at the same time each see the planes as they are: one active
 /// plane and its route, never two (the gauges zeroed by one render and
 /// refilled by both) nor none (the routes cleared and not yet refilled).

@@ -46,6 +46,10 @@ const DROP_REASONS: [&str; 16] = [
     "other",
 ];
 
+/// Every reason a device plane drops an inner packet for
+/// (`blipless_wg_plane_dropped_total`).
+const PLANE_DROP_REASONS: [&str; 3] = ["denied", "limited", "lost"];
+
 /// What one crypto worker round counted.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Round {
@@ -76,6 +80,8 @@ pub struct WgMetrics {
     inner_in: Counter,
     inner_out: Counter,
     dropped: Family<ReasonLabel, Counter>,
+    /// Inner packets the device planes dropped, from their reports.
+    plane_dropped: Family<ReasonLabel, Counter>,
     cookie_replies: Counter,
     handshakes: Counter,
     send_failures: Counter,
@@ -123,6 +129,17 @@ impl WgMetrics {
             "wg_dropped",
             "WireGuard datagrams or inner packets dropped, by reason",
             metrics.dropped.clone(),
+        );
+        for reason in PLANE_DROP_REASONS {
+            metrics
+                .plane_dropped
+                .get_or_create(&ReasonLabel { reason })
+                .inc_by(0);
+        }
+        registry.register(
+            "wg_plane_dropped",
+            "Inner packets the device planes dropped, by reason: refused by the egress policy or held back from leaving directly (denied), over their client's rate limit or quota (limited), no TUN queue, a full writer queue or a write error (lost)",
+            metrics.plane_dropped.clone(),
         );
         registry.register(
             "wg_cookie_replies",
@@ -190,6 +207,24 @@ impl WgMetrics {
         self.dropped
             .get_or_create(&ReasonLabel { reason })
             .inc_by(count as u64);
+    }
+
+    /// Adds what a device plane's report counted since its previous one.
+    pub(super) fn count_plane_drops(
+        &self,
+        previous: blipless_protocol::channel::WgPacketCounts,
+        report: blipless_protocol::channel::WgPacketCounts,
+    ) {
+        let added = report.since(previous);
+        for (reason, count) in [
+            ("denied", added.denied),
+            ("limited", added.limited),
+            ("lost", added.lost),
+        ] {
+            self.plane_dropped
+                .get_or_create(&ReasonLabel { reason })
+                .inc_by(count);
+        }
     }
 
     /// Drops so far for `reason`.

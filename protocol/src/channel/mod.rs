@@ -53,7 +53,7 @@ pub use packets::{PacketIter, Packets};
 pub use packets_frame::PacketsFrame;
 pub use payloads::{
     Accepted, DeviceReport, DrainOrder, Drained, Hello, ListenerKind, Refused, Rejoin, RouteReport,
-    UdpCounts, Welcome, MAX_ACCEPTED_MANY,
+    UdpCounts, Welcome, WgPacketCounts, MAX_ACCEPTED_MANY,
 };
 pub use peers::{PeerEntry, PeerUpdate};
 pub use progress::HandoffProgress;

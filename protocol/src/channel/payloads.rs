@@ -188,6 +188,10 @@ pub struct DeviceReport {
     /// by reason, on this attachment (like the refusal counts).
     #[serde(default)]
     pub udp: UdpCounts,
+    /// WireGuard inner packets the plane dropped, by reason, on this
+    /// attachment (like the refusal counts).
+    #[serde(default)]
+    pub wg_packets: WgPacketCounts,
     /// Channel frames whose fds the kernel dropped on receipt (the plane at
     /// its open-file limit), on this attachment.
     #[serde(default)]
@@ -247,6 +251,31 @@ impl UdpCounts {
             denied: self.denied.saturating_sub(before.denied),
             foreign: self.foreign.saturating_sub(before.foreign),
             rate_limited: self.rate_limited.saturating_sub(before.rate_limited),
+        }
+    }
+}
+
+/// WireGuard inner packets a device plane dropped (see
+/// [`DeviceReport::wg_packets`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WgPacketCounts {
+    /// Refused by the egress policy, or held back from leaving directly
+    /// while the steering map does not yet send their client to an exit.
+    pub denied: u64,
+    /// Over their client's rate limit or quota.
+    pub limited: u64,
+    /// Lost on the way to or from the TUN device or an exit: no queue, a
+    /// full writer queue, a write error.
+    pub lost: u64,
+}
+
+impl WgPacketCounts {
+    /// What was counted since `before`.
+    pub fn since(self, before: WgPacketCounts) -> WgPacketCounts {
+        WgPacketCounts {
+            denied: self.denied.saturating_sub(before.denied),
+            limited: self.limited.saturating_sub(before.limited),
+            lost: self.lost.saturating_sub(before.lost),
         }
     }
 }

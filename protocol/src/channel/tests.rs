@@ -259,6 +259,11 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
                 foreign: 34,
                 rate_limited: 35,
             },
+            wg_packets: WgPacketCounts {
+                denied: 36,
+                limited: 37,
+                lost: 38,
+            },
             channel_fds_dropped: 16,
             routes: vec![RouteReport {
                 name: "dc-1".into(),
