@@ -50,6 +50,14 @@ const DROP_REASONS: [&str; 16] = [
 /// (`blipless_wg_plane_dropped_total`).
 const PLANE_DROP_REASONS: [&str; 3] = ["denied", "limited", "lost"];
 
+/// Makes each reason's series, at 0, so an alert on `increase()` sees the
+/// first one counted.
+fn declare(family: &Family<ReasonLabel, Counter>, reasons: &[&'static str]) {
+    for &reason in reasons {
+        family.get_or_create(&ReasonLabel { reason }).inc_by(0);
+    }
+}
+
 /// What one crypto worker round counted.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Round {
@@ -99,12 +107,8 @@ impl WgMetrics {
             .inner
             .get_or_create(&DirectionLabel { direction: "out" })
             .clone();
-        for reason in DROP_REASONS {
-            metrics
-                .dropped
-                .get_or_create(&ReasonLabel { reason })
-                .inc_by(0);
-        }
+        declare(&metrics.dropped, &DROP_REASONS);
+        declare(&metrics.plane_dropped, &PLANE_DROP_REASONS);
         registry.register(
             "wg_peers",
             "WireGuard peers known to the ingress",
@@ -130,12 +134,6 @@ impl WgMetrics {
             "WireGuard datagrams or inner packets dropped, by reason",
             metrics.dropped.clone(),
         );
-        for reason in PLANE_DROP_REASONS {
-            metrics
-                .plane_dropped
-                .get_or_create(&ReasonLabel { reason })
-                .inc_by(0);
-        }
         registry.register(
             "wg_plane_dropped",
             "Inner packets the device planes dropped, by reason: refused by the egress policy or held back from leaving directly (denied), over their client's rate limit or quota (limited), no TUN queue, a full writer queue or a write error (lost)",
