@@ -26,7 +26,7 @@
 //!   the peer whose tunnel address is its inner destination, encrypted (by that
 //!   peer's worker) and sent to the peer's endpoint, grouped for GSO.
 //! - **Timers** ([`Wireguard::tick`]): boringtun's timers (rekey, keepalive,
-//!   expiry) every 250 ms, and the rate limiter's count reset every second.
+//!   expiry) every 250 ms, and the count of initiations set back every second.
 //! - **Peers** ([`Wireguard::on_peers`]): only the active plane's peer set counts;
 //!   a full set applies when its last part arrives. `/status` is 503 until the
 //!   first full set has been applied.
@@ -82,15 +82,20 @@ const MIN_BORINGTUN_ROOM: usize = 256;
 pub struct Wireguard {
     private: StaticSecret,
     public: PublicKey,
-    limiter: Arc<RateLimiter>,
-    /// Every peer's `Tunn` checks handshakes with this one: mac1 only, never
-    /// a cookie (the node-wide `limiter` decides when cookies are due).
+    /// Checks an initiation's cookie (mac2) while the node is under load,
+    /// and makes the cookie replies: a limit of 0, so it always asks.
+    cookies: Arc<RateLimiter>,
+    /// Checks mac1 only, never asks for a cookie: initiations while the node
+    /// is not under load, and every peer's `Tunn` (whose handshakes the
+    /// node-wide count has let through already).
     mac1_only: Arc<RateLimiter>,
     /// `wireguard.handshake_limit`: initiations a second before the node is
     /// under load.
     handshake_limit: u64,
-    /// Initiations with a valid mac1 this second, counted as `limiter`
-    /// counts them (it does not say whether it is under load).
+    /// Initiations with a valid mac1 this second: the node is under load
+    /// once they reach `handshake_limit`. Counted here, not by boringtun's
+    /// limiter, because the per-source limit must know it too, and
+    /// boringtun does not say.
     initiations: AtomicU64,
     /// When `initiations` was last set back to 0.
     initiations_since: Mutex<std::time::Instant>,
@@ -177,12 +182,13 @@ impl Wireguard {
     ) -> Self {
         let private = StaticSecret::from(private_key);
         let public = PublicKey::from(&private);
-        // Initiations from anyone, before they are routed to a peer. The
-        // peers' Tunns share one that never asks for a cookie: with a limiter
-        // of their own (boringtun's default), a peer named by forged
-        // initiations would be asked for a cookie of another secret than
-        // the node's, and could satisfy only one of the two at a time.
-        let limiter = Arc::new(RateLimiter::new(&public, handshake_limit as u64));
+        // Initiations from anyone, before they are routed to a peer, pass
+        // `mac1_only`, and under load `cookies` too. The peers' Tunns share
+        // `mac1_only`: with a limiter of their own (boringtun's default), a
+        // peer named by forged initiations would be asked for a cookie of
+        // another secret than the node's, and could satisfy only one of the
+        // two at a time.
+        let cookies = Arc::new(RateLimiter::new(&public, 0));
         let mac1_only = Arc::new(RateLimiter::new(&public, u64::MAX));
         let epoch_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -191,7 +197,7 @@ impl Wireguard {
         Self {
             private,
             public,
-            limiter,
+            cookies,
             mac1_only,
             handshake_limit: handshake_limit as u64,
             initiations: AtomicU64::new(0),
@@ -421,34 +427,42 @@ impl Wireguard {
             self.metrics.count_drop("stepped_aside");
             return;
         }
-        // Only initiations pass the shared limiter: under load they get cookie
+        // Only initiations are limited here: under load they get cookie
         // replies. Responses answer this ingress's own initiations (a
         // call-back may send a thousand at once), so they are not limited
         // here; the peer's Tunn still checks their mac1 (`mac1_only`).
         // Under load, a cookie proves only that its sender receives at its
         // address, so each source is limited too (`source_limit`).
         let packet = if matches!(parsed, Packet::HandshakeInit(_)) {
-            match self
-                .limiter
-                .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
-            {
-                Ok(packet) => {
-                    if self.count_initiation() && !self.source_admitted(from.ip()) {
+            let mac1 = self
+                .mac1_only
+                .verify_packet(Some(from.ip()), datagram, &mut work.buffer);
+            let Ok(packet) = mac1 else {
+                self.metrics.count_drop("invalid");
+                return;
+            };
+            if !self.count_initiation() {
+                packet
+            } else {
+                match self
+                    .cookies
+                    .verify_packet(Some(from.ip()), datagram, &mut work.buffer)
+                {
+                    Ok(packet) if self.source_admitted(from.ip()) => packet,
+                    Ok(_) => {
                         self.metrics.count_drop("source_limited");
                         return;
                     }
-                    packet
-                }
-                Err(TunnResult::WriteToNetwork(cookie)) => {
-                    self.count_initiation();
-                    self.metrics.count_cookie_reply();
-                    work.replies
-                        .push(from, cookie, self.socket.max_gso_segments());
-                    return;
-                }
-                Err(_) => {
-                    self.metrics.count_drop("invalid");
-                    return;
+                    Err(TunnResult::WriteToNetwork(cookie)) => {
+                        self.metrics.count_cookie_reply();
+                        work.replies
+                            .push(from, cookie, self.socket.max_gso_segments());
+                        return;
+                    }
+                    Err(_) => {
+                        self.metrics.count_drop("invalid");
+                        return;
+                    }
                 }
             }
         } else {
@@ -728,8 +742,8 @@ impl Wireguard {
         datagram.first() != Some(&1) || !self.stepped_aside.load(Ordering::Relaxed)
     }
 
-    /// Counts an initiation with a valid mac1, as `limiter` does; whether
-    /// the node was already under load (this second's count had reached
+    /// Counts an initiation with a valid mac1; whether the node was already
+    /// under load (this second's count had reached
     /// `wireguard.handshake_limit`).
     fn count_initiation(&self) -> bool {
         self.initiations.fetch_add(1, Ordering::Relaxed) >= self.handshake_limit
@@ -744,7 +758,9 @@ impl Wireguard {
     }
 
     /// Starts a new second of counted initiations once a whole one has
-    /// passed (as `limiter.reset_count` does), and forgets quiet sources.
+    /// passed (asked every tick: asking every fourth, about 1 s and
+    /// sometimes a hair under, would leave half the windows 2 s long), and
+    /// forgets quiet sources.
     fn reset_initiation_count(&self) {
         let now = std::time::Instant::now();
         let mut since = self
@@ -773,11 +789,6 @@ impl Wireguard {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
-            // Asked every tick: boringtun resets the count only once a whole
-            // second has passed since the last reset, so asking every fourth
-            // tick (about 1 s, sometimes a hair under) left half the windows
-            // 2 s long, and cookies went out below `handshake_limit`.
-            self.limiter.reset_count();
             self.reset_initiation_count();
             self.tick().await;
         }

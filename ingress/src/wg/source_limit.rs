@@ -25,7 +25,9 @@ pub const PER_SECOND: u64 = 20;
 pub const BURST: u64 = 5;
 /// Sources tracked at once; a new source beyond this many is refused until
 /// the next [`SourceLimiter::forget_idle`] (the kernel's largest table,
-/// 8 × 8,192 entries). About 48 bytes each: 3 MiB at most.
+/// 8 × 8,192 entries). A full table takes about 5 MiB (a hash table's
+/// slots, about 40 bytes each, at twice the entries), given back once its
+/// sources go quiet ([`SourceLimiter::forget_idle`]).
 pub const MAX_SOURCES: usize = 65_536;
 
 /// What one initiation costs, in nanoseconds of tokens.
@@ -116,6 +118,10 @@ impl SourceLimiter {
     pub fn forget_idle(&mut self, now: Instant) {
         self.buckets
             .retain(|_, bucket| now.saturating_duration_since(bucket.last) < IDLE);
+        // After a flood from many sources, the memory goes back too.
+        if self.buckets.capacity() > 1024 && self.buckets.capacity() > 4 * self.buckets.len() {
+            self.buckets.shrink_to(2 * self.buckets.len());
+        }
     }
 
     /// Sources tracked now.
@@ -204,6 +210,23 @@ mod tests {
         limiter.forget_idle(now + IDLE);
         assert!(limiter.is_empty());
         assert!(limiter.admit(ip("192.0.2.3"), now + IDLE));
+    }
+
+    #[test]
+    fn a_table_emptied_after_a_flood_gives_its_memory_back() {
+        let mut limiter = SourceLimiter::default();
+        let now = Instant::now();
+        for n in 0..20_000u32 {
+            limiter.admit(IpAddr::from(std::net::Ipv4Addr::from(n)), now);
+        }
+        assert!(limiter.buckets.capacity() >= 20_000);
+        limiter.forget_idle(now + IDLE);
+        assert!(limiter.is_empty());
+        assert!(
+            limiter.buckets.capacity() < 1024,
+            "{}",
+            limiter.buckets.capacity()
+        );
     }
 
     #[test]
