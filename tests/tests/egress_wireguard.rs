@@ -586,6 +586,99 @@ fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
     eprintln!("the exit sees the node at {endpoint:?}");
 }
 
+/// An exit whose endpoint name gives two addresses fails over: when the
+/// first stops answering (gone from the exit, the name unchanged), the
+/// exit goes down, the tunnel is reopened toward the second, and the exit
+/// is up again and carrying the client's traffic.
+#[test]
+fn an_exit_endpoint_name_with_two_addresses_fails_over_to_the_second() {
+    const NAME: &str = "exit.blipless.test";
+    let second = std::cell::RefCell::new(String::new());
+    let world = ExitWorld::with_exit_file(63, &[ALICE], |net, file| {
+        let other = net.exit_ip.replace(".3.2", ".3.3");
+        net.exit
+            .ip(&["addr", "add", &format!("{other}/32"), "dev", "lo"])
+            .expect("the exit's second address");
+        net.net
+            .node_ns
+            .write_hosts(&format!(
+                "127.0.0.1 localhost\n{} {NAME}\n{other} {NAME}\n",
+                net.exit_ip
+            ))
+            .expect("the node namespace's hosts file");
+        *second.borrow_mut() = other;
+        let named = file.replace(&format!("{}:", net.exit_ip), &format!("{NAME}:"));
+        assert_ne!(named, file, "the exit file names its endpoint by address");
+        named
+    });
+    let second = second.into_inner();
+    let resolved = world
+        .net
+        .net
+        .node_ns
+        .exec("getent", &["ahostsv4", NAME])
+        .expect("getent");
+    let listed: Vec<&str> = resolved
+        .lines()
+        .filter(|line| line.contains("DGRAM"))
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        listed,
+        [world.net.exit_ip.as_str(), second.as_str()],
+        "the name gives both addresses, the first first"
+    );
+    let node = &world.node.node;
+    assert_eq!(whoami(&world), world.net.exit_public, "through the exit");
+
+    // The first address goes away; the name still gives it first.
+    let exit_ns = &world.net.exit;
+    let old_link = exit_ns
+        .ip(&[
+            "-o",
+            "addr",
+            "show",
+            "to",
+            &format!("{}/32", world.net.exit_ip),
+        ])
+        .expect("the exit's link")
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_owned)
+        .expect("an interface holds the exit's address");
+    exit_ns
+        .ip(&[
+            "addr",
+            "del",
+            &format!("{}/24", world.net.exit_ip),
+            "dev",
+            &old_link,
+        ])
+        .expect("removing the exit's first address");
+    let gone = Instant::now();
+    assert!(
+        exit_route_is(node, false, Duration::from_secs(120)).is_some(),
+        "the exit stayed up after its first address went away\n{}",
+        world.diagnostics()
+    );
+    assert!(
+        exit_route_is(node, true, Duration::from_secs(60)).is_some(),
+        "the exit is still down {:?} after its first address went away: {:?}\n{}",
+        gone.elapsed(),
+        egress_route(node, EXIT_NAME),
+        world.diagnostics()
+    );
+    eprintln!(
+        "exit up again at its second address {:?} after the first went away",
+        gone.elapsed()
+    );
+    assert!(
+        back_through_the_exit(&world).is_some(),
+        "no traffic through the exit at its second address\n{}",
+        world.diagnostics()
+    );
+}
+
 /// `blipless-ctl egress --json` shows the exit (kind wireguard) up while it
 /// answers, down with a reason (and in `/status`) after its wireguard-go
 /// stops, and up again, carrying traffic, after it restarts. How long each

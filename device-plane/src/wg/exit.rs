@@ -24,7 +24,9 @@
 //! interval, and a dead one is down within about `failures × interval +
 //! timeout`. While it is down, each failed probe looks the endpoint's name
 //! up again: if it names another address now (the provider moved the
-//! exit), the tunnel is reopened toward that one.
+//! exit), the tunnel is reopened toward that one; if it names several, the
+//! tunnel is reopened toward the next after the one that failed (the last
+//! wraps to the first), so a name with two addresses is a failover pair.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -131,18 +133,45 @@ impl Session {
     }
 }
 
-/// Resolves the exit's endpoint.
-async fn endpoint(exit: &WireguardExit) -> Result<SocketAddr, ExitError> {
-    resolve(&exit.file.peer.endpoint).await
+/// Resolves the exit's endpoint: the address after `after` among those its
+/// name gives now, or the first (`after` is the address a failed session
+/// sent to; see [`next_address`]).
+async fn endpoint(
+    exit: &WireguardExit,
+    after: Option<SocketAddr>,
+) -> Result<SocketAddr, ExitError> {
+    let name = &exit.file.peer.endpoint;
+    next_address(&resolve(name).await, after).ok_or_else(|| ExitError::Unresolvable(name.clone()))
 }
 
-/// The first address `name` (`host:port`) resolves to now.
-async fn resolve(name: &str) -> Result<SocketAddr, ExitError> {
-    tokio::net::lookup_host(name)
-        .await
-        .ok()
-        .and_then(|mut found| found.next())
-        .ok_or_else(|| ExitError::Unresolvable(name.to_owned()))
+/// Every address `name` (`host:port`) resolves to now, in the resolver's
+/// order; none when it does not resolve.
+async fn resolve(name: &str) -> Vec<SocketAddr> {
+    match tokio::net::lookup_host(name).await {
+        Ok(found) => {
+            let mut addresses: Vec<SocketAddr> = Vec::new();
+            for address in found {
+                if !addresses.contains(&address) {
+                    addresses.push(address);
+                }
+            }
+            addresses
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The address to try after `failed` among `addresses`: the one that
+/// follows it (after the last, the first again), or the first when
+/// `failed` is not among them (the name points elsewhere now). A name with
+/// several addresses is an operator's failover list: a dead exit is tried
+/// at the next one.
+fn next_address(addresses: &[SocketAddr], failed: Option<SocketAddr>) -> Option<SocketAddr> {
+    let position = failed.and_then(|failed| addresses.iter().position(|a| *a == failed));
+    match position {
+        Some(at) => addresses.get((at + 1) % addresses.len()).copied(),
+        None => addresses.first().copied(),
+    }
 }
 
 /// The session on a predecessor's descriptors.
@@ -162,8 +191,10 @@ fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitErr
     })
 }
 
-async fn open(exit: &WireguardExit) -> Result<Session, ExitError> {
-    let endpoint = endpoint(exit).await?;
+/// A new session toward the exit: its address after `after` (the address
+/// the session that failed sent to, if any).
+async fn open(exit: &WireguardExit, after: Option<SocketAddr>) -> Result<Session, ExitError> {
+    let endpoint = endpoint(exit, after).await?;
     let bind: SocketAddr = if endpoint.is_ipv4() {
         "0.0.0.0:0"
             .parse()
@@ -219,14 +250,18 @@ pub async fn run(
     mut inherited: Option<Inherited>,
     live: Arc<Mutex<Option<Arc<Session>>>>,
 ) {
+    // The address the last session sent to: the next one starts after it.
+    let mut last: Option<SocketAddr> = None;
     loop {
         let opened = match inherited.take() {
             Some(fds) => reopen(&exit, fds),
-            None => open(&exit).await,
+            None => open(&exit, last).await,
         };
         match opened {
             Ok(session) => {
-                tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, "WireGuard exit tunnel up");
+                let address = session.udp.peer_addr().ok();
+                tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, address = ?address, "WireGuard exit tunnel up");
+                last = address;
                 let session = Arc::new(session);
                 *lock(&live) = Some(session.clone());
                 serve(&route, &exit, session, probe, &stop).await;
@@ -420,19 +455,61 @@ async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe, endp
     }
 }
 
-/// Whether `endpoint` resolves now to another address than the one
-/// `session`'s socket is connected to (a name the provider pointed
-/// elsewhere). Not when it does not resolve at all: the old address is
-/// then as good a guess as any.
+/// Whether the down exit is worth trying at another address: `endpoint`
+/// now resolves to another address than the one `session`'s socket is
+/// connected to (a name the provider pointed elsewhere), or to several
+/// (the next one is tried, [`next_address`]). Not when it does not resolve
+/// at all: the old address is then as good a guess as any.
 async fn moved(endpoint: &str, session: &Session) -> bool {
     let Ok(sending_to) = session.udp.peer_addr() else {
         return false;
     };
-    match resolve(endpoint).await {
-        Ok(now) if now != sending_to => {
-            tracing::info!(%endpoint, from = %sending_to, to = %now, "WireGuard exit endpoint moved: reopening the tunnel toward it");
+    let addresses = resolve(endpoint).await;
+    match next_address(&addresses, Some(sending_to)) {
+        Some(next) if next != sending_to => {
+            if addresses.contains(&sending_to) {
+                tracing::info!(%endpoint, from = %sending_to, to = %next, "WireGuard exit down at one of its addresses: reopening the tunnel toward the next");
+            } else {
+                tracing::info!(%endpoint, from = %sending_to, to = %next, "WireGuard exit endpoint moved: reopening the tunnel toward it");
+            }
             true
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_address;
+    use std::net::SocketAddr;
+
+    fn addresses(list: &[&str]) -> Vec<SocketAddr> {
+        list.iter()
+            .map(|a| a.parse().expect("an address"))
+            .collect()
+    }
+
+    #[test]
+    fn the_next_address_follows_the_failed_one_and_wraps() {
+        let all = addresses(&["192.0.2.1:51820", "192.0.2.2:51820", "[2001:db8::1]:51820"]);
+        assert_eq!(next_address(&all, None), Some(all[0]), "first open");
+        assert_eq!(next_address(&all, Some(all[0])), Some(all[1]));
+        assert_eq!(next_address(&all, Some(all[1])), Some(all[2]));
+        assert_eq!(next_address(&all, Some(all[2])), Some(all[0]), "wraps");
+    }
+
+    #[test]
+    fn a_name_pointed_elsewhere_starts_at_its_first_address() {
+        let all = addresses(&["192.0.2.7:51820", "192.0.2.8:51820"]);
+        let gone = "198.51.100.1:51820".parse().ok();
+        assert_eq!(next_address(&all, gone), Some(all[0]));
+    }
+
+    #[test]
+    fn one_address_stays_and_none_gives_none() {
+        let one = addresses(&["192.0.2.1:51820"]);
+        assert_eq!(next_address(&one, Some(one[0])), Some(one[0]));
+        assert_eq!(next_address(&[], Some(one[0])), None);
+        assert_eq!(next_address(&[], None), None);
     }
 }
