@@ -431,3 +431,44 @@ fn a_connection_that_never_authenticates_is_closed_at_the_handshake_timeout() {
         std::thread::sleep(Duration::from_millis(1200));
     }
 }
+
+/// What a plane counts just before it stops still reaches the ingress's
+/// counters: its last report goes before its `Drained`. The requests come
+/// right after a report, so the next once-a-second report would come only
+/// after the plane is gone.
+#[test]
+fn what_a_plane_counts_just_before_it_stops_is_reported() {
+    const SERIES: &str = "blipless_http_refused_total{reason=\"userinfo\"}";
+    let mut node = Node::new("");
+    let (_ingress, mut device, client) = node.start();
+    let refuse_one = || {
+        let mut stream = raw::connect(node.http);
+        write!(
+            stream,
+            "GET http://u:p@127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1\r\n{}Connection: close\r\n\r\n",
+            auth(&client)
+        )
+        .expect("request");
+        let (answer, _) = read_answer(&mut stream);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    };
+    refuse_one();
+    // Polled every few milliseconds: it shows 1 right after a report.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node.metric(SERIES) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first refusal was never reported"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for _ in 0..3 {
+        refuse_one();
+    }
+    device.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        device.wait_exit(Duration::from_secs(30)).is_some(),
+        "the plane stops"
+    );
+    assert_eq!(node.metric(SERIES), 4.0, "every refusal counted");
+}

@@ -71,6 +71,10 @@ pub struct Context {
     /// The WireGuard packet path's counters (`with_packet_counters`):
     /// reported with the refusals.
     pub packet_counters: Arc<crate::wg::packets::PacketCounters>,
+    /// The running counts the last report carried, by any attachment: the
+    /// next attachment reports from them, so what was counted after the
+    /// last report of a channel that ended is reported on the next one.
+    reported_counts: Mutex<blipless_protocol::channel::DeviceReport>,
     /// `limits.connections` and `limits.tunnels_per_client` (`with_caps`).
     pub caps: super::caps::Caps,
     /// Connections taken since start (accepted and adopted).
@@ -125,6 +129,7 @@ impl Context {
             fds: Arc::new(super::fd_budget::FdBudget::from_rlimit()),
             dns_counters: None,
             packet_counters: Arc::default(),
+            reported_counts: Mutex::default(),
             caps: super::caps::Caps::default(),
             taken: AtomicU64::new(0),
             migrated: AtomicU64::new(0),
@@ -158,7 +163,23 @@ impl Context {
         self
     }
 
-    /// The same context reporting the DNS gateway's counters.
+    /// The running counts the last report carried (see `reported_counts`).
+    pub fn reported_counts(&self) -> blipless_protocol::channel::DeviceReport {
+        self.reported_counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes that a report carried the running counts `counts`.
+    pub fn set_reported_counts(&self, counts: blipless_protocol::channel::DeviceReport) {
+        *self
+            .reported_counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = counts;
+    }
+
+    /// The same context reporting the WireGuard packet path's counters.
     pub fn with_packet_counters(
         mut self,
         counters: Arc<crate::wg::packets::PacketCounters>,
@@ -167,7 +188,7 @@ impl Context {
         self
     }
 
-    /// The DNS gateway's counters, reported with the refusals.
+    /// The same context reporting the DNS gateway's counters.
     pub fn with_dns_counters(mut self, counters: Option<Arc<crate::wg::dns::DnsCounters>>) -> Self {
         self.dns_counters = counters;
         self

@@ -65,8 +65,10 @@ pub(super) async fn serve(
     let mut report = tokio::time::interval(REPORT_EVERY);
     // Auth counts are reported from what earlier attachments already sent.
     let auth_before = context.auth.reported();
-    // The other counts a report carries, as they stood when it began.
-    let before = refusals(context);
+    // The other counts a report carries, from where the last report (of
+    // any attachment) left them: what was counted after a lost channel's
+    // last report is reported on this one.
+    let before = context.reported_counts();
     let mut peers = PeerSync::new();
     let mut client_changes = context.directory.subscribe();
     let mut endpoint_parts = Assembler::default();
@@ -263,6 +265,9 @@ pub(super) async fn serve(
                         // this channel (bounded): once the ingress has our
                         // Drained, the channel is gone.
                         packets.finish_dns().await;
+                        // What was counted since the last report, before
+                        // the channel goes.
+                        let _ = send_report(socket, context, &auth_before, &before).await;
                         let _ = link::send(socket, &ToIngress::Drained(summary)).await;
                         Ok(())
                     }
@@ -292,7 +297,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// Sends the plane's figures. They are advisory: never let a full channel
 /// hold up the loop that reads it (the ingress may be waiting on us).
 /// `auth_before`: the auth counts sent on earlier attachments; `before`:
-/// the other counts when this attachment began.
+/// the other running counts the last report before this attachment
+/// carried.
 async fn send_report(
     socket: &UnixSeqpacket,
     context: &Context,
@@ -301,6 +307,7 @@ async fn send_report(
 ) -> anyhow::Result<()> {
     let auth = context.auth.counts();
     let auth_here = auth.since(auth_before);
+    let counts = refusals(context);
     let process = blipless_supervise::process::ProcessSample::read_self();
     let mut figures = DeviceReport {
         connections: context.connections.len() as u64,
@@ -318,7 +325,7 @@ async fn send_report(
         open_fds: process.open_fds.unwrap_or(0),
         max_fds: process.max_fds.unwrap_or(0),
         resident_bytes: process.resident_bytes.unwrap_or(0),
-        ..refusals_since(refusals(context), before)
+        ..refusals_since(counts.clone(), before)
     };
     let frame = fit_routes(&mut figures);
     match tokio::time::timeout(
@@ -330,6 +337,7 @@ async fn send_report(
         Ok(sent) => {
             sent.context("reporting to the ingress")?;
             context.auth.set_reported(auth);
+            context.set_reported_counts(counts);
             Ok(())
         }
         Err(_) => {
@@ -454,7 +462,8 @@ fn cpu_micros() -> u64 {
     blipless_supervise::process::cpu_seconds_self().map_or(0, |seconds| (seconds * 1e6) as u64)
 }
 
-/// What [`refusals`] counted since `before` (this attachment's start).
+/// What [`refusals`] counted since `before` (what the last report before
+/// this attachment carried).
 fn refusals_since(now: DeviceReport, before: &DeviceReport) -> DeviceReport {
     let less = |now: u64, then: u64| now.saturating_sub(then);
     DeviceReport {
