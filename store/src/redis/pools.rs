@@ -237,7 +237,7 @@ impl Pools {
             Self::Single(pool) => Conn::Single(pool.get().await?),
             Self::Sentinel(pool) => Conn::Sentinel(pool.get().await?),
             Self::Cluster { blocking, .. } if blocks => Conn::Cluster(blocking.get().await?),
-            Self::Cluster { shared, .. } => shared.get().await,
+            Self::Cluster { shared, .. } => shared.get(),
         })
     }
 
@@ -296,7 +296,7 @@ const REPLACE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(
 pub(super) struct SharedCluster {
     client: ClusterClient,
     /// The connection and its generation.
-    current: tokio::sync::Mutex<(u64, ClusterConnection)>,
+    current: std::sync::Mutex<(u64, ClusterConnection)>,
     /// Whether a replacement is being made.
     replacing: AtomicBool,
 }
@@ -311,19 +311,27 @@ impl SharedCluster {
             .map_err(PoolError::Backend)?;
         Ok(Arc::new(Self {
             client,
-            current: tokio::sync::Mutex::new((0, first)),
+            current: std::sync::Mutex::new((0, first)),
             replacing: AtomicBool::new(false),
         }))
     }
 
     /// The current connection.
-    pub(super) async fn get(self: &Arc<Self>) -> Conn {
-        let (generation, conn) = self.current.lock().await.clone();
+    pub(super) fn get(self: &Arc<Self>) -> Conn {
+        let (generation, conn) = self.lock_current().clone();
         Conn::SharedCluster {
             conn,
             generation,
             from: self.clone(),
         }
+    }
+
+    /// The connection and its generation (held for a clone or a swap only,
+    /// never across an await).
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, (u64, ClusterConnection)> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Makes a connection to replace generation `failed`, in the background,
@@ -337,7 +345,7 @@ impl SharedCluster {
             // refused for good.
             let _replacing = ClearOnDrop(&self.replacing);
             let is_current = |current: &(u64, ClusterConnection)| current.0 == failed;
-            if is_current(&*self.current.lock().await) {
+            if is_current(&self.lock_current()) {
                 let made = tokio::time::timeout(
                     CLUSTER_CONNECT_TIMEOUT,
                     self.client.get_async_connection(),
@@ -345,7 +353,7 @@ impl SharedCluster {
                 .await;
                 match made {
                     Ok(Ok(conn)) => {
-                        let mut current = self.current.lock().await;
+                        let mut current = self.lock_current();
                         if is_current(&current) {
                             *current = (failed + 1, conn);
                         }
