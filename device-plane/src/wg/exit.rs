@@ -133,15 +133,32 @@ impl Session {
     }
 }
 
-/// Resolves the exit's endpoint: the address after `after` among those its
-/// name gives now, or the first (`after` is the address a failed session
-/// sent to; see [`next_address`]).
-async fn endpoint(
-    exit: &WireguardExit,
-    after: Option<SocketAddr>,
-) -> Result<SocketAddr, ExitError> {
+/// Where a new session toward the exit goes, given the last session's
+/// address.
+#[derive(Debug, Clone, Copy)]
+enum Toward {
+    /// The first address the name gives (no session yet).
+    First,
+    /// The same address while the name still gives it (the session ended
+    /// for another reason than its address: an exit is not moved while its
+    /// address answers), else the first.
+    Same(SocketAddr),
+    /// The address after this one ([`next_address`]): the exit was down
+    /// there.
+    After(SocketAddr),
+}
+
+/// Resolves the exit's endpoint (see [`Toward`]).
+async fn endpoint(exit: &WireguardExit, toward: Toward) -> Result<SocketAddr, ExitError> {
     let name = &exit.file.peer.endpoint;
-    next_address(&resolve(name).await, after).ok_or_else(|| ExitError::Unresolvable(name.clone()))
+    let addresses = resolve(name).await;
+    let chosen = match toward {
+        Toward::First => addresses.first().copied(),
+        Toward::Same(last) if addresses.contains(&last) => Some(last),
+        Toward::Same(_) => addresses.first().copied(),
+        Toward::After(failed) => next_address(&addresses, Some(failed)),
+    };
+    chosen.ok_or_else(|| ExitError::Unresolvable(name.clone()))
 }
 
 /// Every address `name` (`host:port`) resolves to now, in the resolver's
@@ -191,10 +208,9 @@ fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitErr
     })
 }
 
-/// A new session toward the exit: its address after `after` (the address
-/// the session that failed sent to, if any).
-async fn open(exit: &WireguardExit, after: Option<SocketAddr>) -> Result<Session, ExitError> {
-    let endpoint = endpoint(exit, after).await?;
+/// A new session toward the exit, at the address `toward` says.
+async fn open(exit: &WireguardExit, toward: Toward) -> Result<Session, ExitError> {
+    let endpoint = endpoint(exit, toward).await?;
     let bind: SocketAddr = if endpoint.is_ipv4() {
         "0.0.0.0:0"
             .parse()
@@ -250,21 +266,26 @@ pub async fn run(
     mut inherited: Option<Inherited>,
     live: Arc<Mutex<Option<Arc<Session>>>>,
 ) {
-    // The address the last session sent to: the next one starts after it.
-    let mut last: Option<SocketAddr> = None;
+    // Where the next session goes: after the address of a session whose
+    // exit was down there, else where the last one was.
+    let mut toward = Toward::First;
     loop {
         let opened = match inherited.take() {
             Some(fds) => reopen(&exit, fds),
-            None => open(&exit, last).await,
+            None => open(&exit, toward).await,
         };
         match opened {
             Ok(session) => {
                 let address = session.udp.peer_addr().ok();
                 tracing::info!(exit = %route.name, tun = %exit.tun, endpoint = %exit.file.peer.endpoint, address = ?address, "WireGuard exit tunnel up");
-                last = address;
                 let session = Arc::new(session);
                 *lock(&live) = Some(session.clone());
-                serve(&route, &exit, session, probe, &stop).await;
+                let ended = serve(&route, &exit, session, probe, &stop).await;
+                toward = match (address, ended) {
+                    (Some(address), Ended::DownHere) => Toward::After(address),
+                    (Some(address), Ended::Failed) => Toward::Same(address),
+                    (None, _) => Toward::First,
+                };
                 if stop.is_cancelled() {
                     tracing::info!(exit = %route.name, "WireGuard exit tunnel stopped");
                     return;
@@ -289,30 +310,57 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Moves packets both ways, runs the timers and probes, until `stop` or a
-/// socket fails.
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The exit was down at the session's address and the name gives
+    /// another one to try ([`moved`]).
+    DownHere,
+    /// A socket or the TUN queue failed, or `stop`.
+    Failed,
+}
+
+/// Moves packets both ways, runs the timers and probes, until `stop`, a
+/// socket fails, or the exit is down and worth trying elsewhere; says why
+/// it ended.
 async fn serve(
     route: &Arc<Route>,
     exit: &WireguardExit,
     session: Arc<Session>,
     probe: ExitProbe,
     stop: &CancellationToken,
-) {
+) -> Ended {
     // The health task's first check, at once, starts the handshake (and
     // times it); a second initiation here would race it.
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(outbound(session.clone()));
-    tasks.spawn(inbound(session.clone()));
-    tasks.spawn(timers(session.clone()));
+    let (out, into, timed) = (session.clone(), session.clone(), session.clone());
+    tasks.spawn(async move {
+        outbound(out).await;
+        Ended::Failed
+    });
+    tasks.spawn(async move {
+        inbound(into).await;
+        Ended::Failed
+    });
+    tasks.spawn(async move {
+        timers(timed).await;
+        Ended::Failed
+    });
     let endpoint = exit.file.peer.endpoint.clone();
-    tasks.spawn(health(route.clone(), session.clone(), probe, endpoint));
-    tokio::select! {
-        () = stop.cancelled() => {}
-        _ = tasks.join_next() => {
+    let health = health(route.clone(), session.clone(), probe, endpoint);
+    tasks.spawn(async move {
+        health.await;
+        Ended::DownHere
+    });
+    let ended = tokio::select! {
+        () = stop.cancelled() => Ended::Failed,
+        ended = tasks.join_next() => {
             tracing::warn!(exit = %route.name, "WireGuard exit tunnel ended; reopening");
+            ended.and_then(Result::ok).unwrap_or(Ended::Failed)
         }
-    }
+    };
     tasks.shutdown().await;
+    ended
 }
 
 /// From the exit's TUN device to the exit.
