@@ -61,6 +61,33 @@ fn exit_went_down(node: &Node, before: u64, limit: Duration) -> Option<Duration>
     within(limit, || exit_downs(node) > before)
 }
 
+/// Takes the exit's first address (`exit_ip`, on its link) away.
+fn remove_first_exit_address(world: &ExitWorld) {
+    let exit_ns = &world.net.exit;
+    let link = exit_ns
+        .ip(&[
+            "-o",
+            "addr",
+            "show",
+            "to",
+            &format!("{}/32", world.net.exit_ip),
+        ])
+        .expect("the exit's link")
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_owned)
+        .expect("an interface holds the exit's address");
+    exit_ns
+        .ip(&[
+            "addr",
+            "del",
+            &format!("{}/24", world.net.exit_ip),
+            "dev",
+            &link,
+        ])
+        .expect("removing the exit's first address");
+}
+
 /// How long until the WireGuard client's `/whoami` leaves through the
 /// exit again, if it does within a minute.
 fn back_through_the_exit(world: &ExitWorld) -> Option<Duration> {
@@ -549,28 +576,7 @@ fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
         .node_ns
         .write_hosts(&hosts(&moved_to))
         .expect("pointing the name at the new address");
-    let old_link = exit_ns
-        .ip(&[
-            "-o",
-            "addr",
-            "show",
-            "to",
-            &format!("{}/32", world.net.exit_ip),
-        ])
-        .expect("the exit's link")
-        .split_whitespace()
-        .nth(1)
-        .map(str::to_owned)
-        .expect("an interface holds the exit's address");
-    exit_ns
-        .ip(&[
-            "addr",
-            "del",
-            &format!("{}/24", world.net.exit_ip),
-            "dev",
-            &old_link,
-        ])
-        .expect("removing the exit's first address");
+    remove_first_exit_address(&world);
     let moved = Instant::now();
 
     let down = exit_went_down(node, downs, Duration::from_secs(120));
@@ -648,29 +654,7 @@ fn an_exit_endpoint_name_with_two_addresses_fails_over_to_the_second() {
 
     // The first address goes away; the name still gives it first.
     let downs = exit_downs(node);
-    let exit_ns = &world.net.exit;
-    let old_link = exit_ns
-        .ip(&[
-            "-o",
-            "addr",
-            "show",
-            "to",
-            &format!("{}/32", world.net.exit_ip),
-        ])
-        .expect("the exit's link")
-        .split_whitespace()
-        .nth(1)
-        .map(str::to_owned)
-        .expect("an interface holds the exit's address");
-    exit_ns
-        .ip(&[
-            "addr",
-            "del",
-            &format!("{}/24", world.net.exit_ip),
-            "dev",
-            &old_link,
-        ])
-        .expect("removing the exit's first address");
+    remove_first_exit_address(&world);
     let gone = Instant::now();
     assert!(
         exit_went_down(node, downs, Duration::from_secs(120)).is_some(),
