@@ -1,7 +1,7 @@
 //! Process set-up both daemons share: logging as configured and an
 //! open-file limit fit for a socket per customer.
 
-use crate::{Config, LogFormat};
+use crate::{Config, ConfigError, LogFormat};
 
 /// The variables that stand in for command-line flags (`--config`,
 /// `--supervise`).
@@ -17,6 +17,53 @@ pub fn forget_empty_flag_variables() {
             std::env::remove_var(name);
         }
     }
+    if let Some(problem) = std::env::var_os(SUPERVISE_VARIABLE)
+        .as_deref()
+        .and_then(bad_supervise_value)
+    {
+        std::env::remove_var(SUPERVISE_VARIABLE);
+        BAD_FLAG_VARIABLES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(problem);
+    }
+}
+
+/// The variable that stands in for `--supervise`.
+const SUPERVISE_VARIABLE: &str = "BLIPLESS_SUPERVISE";
+
+/// What [`forget_empty_flag_variables`] took out of the environment as
+/// neither a yes nor a no.
+static BAD_FLAG_VARIABLES: std::sync::Mutex<Vec<ConfigError>> = std::sync::Mutex::new(Vec::new());
+
+/// The flag variables [`forget_empty_flag_variables`] found unusable (once), as
+/// configuration problems: a daemon reports them with the others and exits
+/// 64. Left to clap, `BLIPLESS_SUPERVISE=ture` was a usage error (exit 2)
+/// that hid every other problem and that systemd restarted every second.
+pub fn take_bad_flag_variables() -> Vec<ConfigError> {
+    std::mem::take(
+        &mut BAD_FLAG_VARIABLES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+}
+
+/// A `BLIPLESS_SUPERVISE` value that clap's boolish parser (which reads the
+/// variable for `--supervise`) would refuse, as a problem.
+fn bad_supervise_value(value: &std::ffi::OsStr) -> Option<ConfigError> {
+    const YES_OR_NO: [&str; 12] = [
+        "y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0",
+    ];
+    let text = value.to_string_lossy();
+    if YES_OR_NO.iter().any(|word| text.eq_ignore_ascii_case(word)) {
+        return None;
+    }
+    Some(ConfigError::InvalidValue {
+        origin: format!("environment variable {SUPERVISE_VARIABLE}"),
+        key: "--supervise".to_owned(),
+        value: format!("{text:?}"),
+        expected: "true or false (also yes/no, on/off, 1/0)".to_owned(),
+    })
 }
 
 /// Installs the global `tracing` subscriber: `log.format` (human or JSON
@@ -115,5 +162,25 @@ mod tests {
         assert!(!journal_stream_matches("9:123456", 8, 123_456));
         assert!(!journal_stream_matches("8-123456", 8, 123_456));
         assert!(!journal_stream_matches("", 8, 123_456));
+    }
+
+    #[test]
+    fn supervise_takes_what_clap_takes_and_names_the_rest() {
+        for yes_or_no in [
+            "true", "TRUE", "yes", "On", "1", "false", "no", "off", "0", "f",
+        ] {
+            assert!(
+                bad_supervise_value(std::ffi::OsStr::new(yes_or_no)).is_none(),
+                "{yes_or_no}"
+            );
+        }
+        let problem = bad_supervise_value(std::ffi::OsStr::new("ture")).map(|p| p.to_string());
+        assert_eq!(
+            problem.as_deref(),
+            Some(
+                "--supervise = \"ture\" in environment variable BLIPLESS_SUPERVISE: \
+                 expected true or false (also yes/no, on/off, 1/0)"
+            )
+        );
     }
 }

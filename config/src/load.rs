@@ -403,6 +403,29 @@ impl Loader {
             );
             self.errors.push(ConfigError::Conflict { message });
         }
+        // The UAPI server removes whatever is at its path before it binds,
+        // and it starts after the ingress's own sockets: with the package's
+        // uapi_dir (its runtime_dir), interface = "control" replaced
+        // control.sock and blipless-ctl talked to the UAPI server.
+        let own = [
+            self.config.device_socket(),
+            self.config.control_socket(),
+            self.config.handoff_socket(),
+        ];
+        if let Some(taken) = own.iter().find(|path| path.as_path() == socket.as_path()) {
+            let message = format!(
+                "wireguard.uapi_dir = {:?} ({}) and wireguard.interface = {:?} ({}) make the UAPI socket {}, \
+                 which is the ingress's own socket under node.runtime_dir = {:?} ({}); choose another interface name or directory",
+                wg.uapi_dir.display().to_string(),
+                self.origin("wireguard.uapi_dir"),
+                wg.interface,
+                self.origin("wireguard.interface"),
+                taken.display(),
+                self.config.node.runtime_dir.display().to_string(),
+                self.origin("node.runtime_dir"),
+            );
+            self.errors.push(ConfigError::Conflict { message });
+        }
     }
 
     fn origin(&self, key: &str) -> String {

@@ -595,4 +595,35 @@ fn what_net_setup_and_the_uapi_socket_need_is_checked_at_load() {
         ]),
     )
     .expect("short enough");
+    // The package's uapi_dir is its runtime_dir: an interface named after
+    // one of the ingress's own sockets would replace it.
+    for own in ["device", "control", "handoff"] {
+        let errors = problems(Config::load(
+            None,
+            no_env(),
+            &sets(&[
+                "node.runtime_dir=/run/blipless",
+                "wireguard.uapi_dir=/run/blipless/",
+                &format!("wireguard.interface={own}"),
+            ]),
+        ));
+        assert_eq!(errors.len(), 1, "{own}: {errors:?}");
+        assert!(
+            errors[0]
+                .to_string()
+                .contains(&format!("/run/blipless/{own}.sock")),
+            "{errors:?}"
+        );
+        Config::load(
+            None,
+            no_env(),
+            &sets(&[
+                "node.runtime_dir=/run/blipless",
+                "wireguard.uapi_dir=/run/blipless",
+                &format!("wireguard.interface={own}"),
+                "wireguard.uapi=false",
+            ]),
+        )
+        .expect("no UAPI socket, no clash");
+    }
 }

@@ -54,8 +54,12 @@ impl WgNode {
     }
 
     /// Checks the WireGuard settings and loads (or creates) the node's key, from
-    /// the file the ingress uses.
+    /// the file the ingress uses: checked first, so that an add refused for
+    /// its settings creates no key (run as root, one the ingress's user
+    /// could not read) and says what is wrong with them, not with the key's
+    /// path.
     pub(crate) fn prepare(config: &Config) -> anyhow::Result<Self> {
+        Self::check(config)?;
         let key = WireguardKey::load_or_create(&config.wireguard_key_file())
             .context("loading the node's WireGuard key (wireguard.private_key_file)")?;
         Self::with_key(config, key)

@@ -294,13 +294,46 @@ pub(crate) struct Unconfirmed(String);
 #[error("{0}")]
 pub(crate) struct Answered(pub(crate) String);
 
+/// The command line, with every `--set` kept in the order given.
+///
+/// `--set` is global, so it may come before the subcommand or after it (or
+/// both), but clap keeps only the values of the deepest level that has any:
+/// `--set store.url=... client add bob --wg --set wireguard.endpoint=...`
+/// silently dropped the store. The values are therefore taken from the
+/// command line itself, as clap read it (a `--set` token is always the flag:
+/// no option here takes a value beginning with `--`, and nothing follows a
+/// `--`).
+fn parse_args() -> Args {
+    let mut args = Args::parse();
+    args.sets = sets_in_order(std::env::args_os().skip(1));
+    args
+}
+
+/// Every `--set` value on a command line, in order (clap has already
+/// refused one that is not UTF-8; any other argument may not be).
+fn sets_in_order(arguments: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<String> {
+    let mut sets = Vec::new();
+    let mut arguments = arguments.into_iter();
+    while let Some(argument) = arguments.next() {
+        if argument == "--" {
+            break;
+        }
+        if argument == "--set" {
+            sets.extend(arguments.next().and_then(|value| value.into_string().ok()));
+        } else if let Some(value) = argument.to_str().and_then(|a| a.strip_prefix("--set=")) {
+            sets.push(value.to_owned());
+        }
+    }
+    sets
+}
+
 /// Exit status when a change is stored but the node could not confirm it
 /// (EX_TEMPFAIL: the planes pick it up from the change feed later).
 pub(crate) const EXIT_UNCONFIRMED: u8 = 75;
 
 fn main() -> ExitCode {
     blipless_config::daemon::forget_empty_flag_variables();
-    let args = Args::parse();
+    let args = parse_args();
     if let Command::Config {
         command: ConfigCommand::Docs { dir },
     } = &args.command
@@ -520,5 +553,45 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
                 }
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sets_in_order;
+
+    fn line(words: &[&str]) -> Vec<std::ffi::OsString> {
+        words.iter().map(std::ffi::OsString::from).collect()
+    }
+
+    #[test]
+    fn sets_before_and_after_the_subcommand_are_all_kept_in_order() {
+        let sets = sets_in_order(line(&[
+            "--set",
+            "store.url=redis://127.0.0.1:1",
+            "client",
+            "add",
+            "bob",
+            "--set=wireguard.endpoint=192.0.2.1:51820",
+            "--wg",
+            "--set",
+            "log.level=debug",
+        ]));
+        assert_eq!(
+            sets,
+            [
+                "store.url=redis://127.0.0.1:1",
+                "wireguard.endpoint=192.0.2.1:51820",
+                "log.level=debug"
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_after_a_double_dash_is_a_set() {
+        assert_eq!(
+            sets_in_order(line(&["--set", "a=1", "--", "--set", "b=2"])),
+            ["a=1"]
+        );
     }
 }

@@ -18,7 +18,7 @@ use clap::{CommandFactory, Parser};
 #[derive(Debug, Parser)]
 #[command(
     version = blipless_config::build::VERSION,
-    after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_STORE_URL=sqlite:///tmp/state.db); precedence: defaults < file < environment < --set.",
+    after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_STORE_URL=sqlite:///tmp/state.db), except the [[egress.upstream]] tables, which only the file holds; precedence: defaults < file < environment < --set.",
     mut_arg("config", |a| a.help("The TOML configuration file shared with blipless-ingress"))
 )]
 struct Args {

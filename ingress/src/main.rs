@@ -18,7 +18,7 @@ use clap::{CommandFactory, Parser};
 #[derive(Debug, Parser)]
 #[command(
     version = blipless_config::build::VERSION,
-    after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_LISTEN_SOCKS=127.0.0.1:1081); precedence: defaults < file < environment < --set.",
+    after_help = "Every configuration key can also be set as BLIPLESS_<SECTION>_<KEY> (for example BLIPLESS_LISTEN_SOCKS=127.0.0.1:1081), except the [[egress.upstream]] tables, which only the file holds; precedence: defaults < file < environment < --set.",
     mut_arg("config", |a| a.help("The TOML configuration file shared with blipless-device")),
     mut_arg("sets", |a| a.help("Override one key, for example `--set listen.socks=127.0.0.1:1081` (repeatable)"))
 )]

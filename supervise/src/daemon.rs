@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use blipless_config::{Config, EXIT_CONFIG_ERROR};
+use blipless_config::{Config, ConfigErrors, EXIT_CONFIG_ERROR};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +32,7 @@ pub struct DaemonArgs {
     /// Override one key, for example `--set drain.grace=30s` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Log as JSON lines instead of human-readable text (same as --set log.format=json).
+    /// Log as JSON lines instead of human-readable text (as a last --set log.format=json).
     #[arg(long)]
     pub log_json: bool,
     /// Run under a stand-in main process for systemd (Type=notify,
@@ -91,10 +91,17 @@ where
     if args.log_json {
         sets.push("log.format=json".into());
     }
-    let config = match Config::load_os(args.config.as_deref(), std::env::vars_os(), &sets) {
-        Ok(config) => config,
-        Err(errors) => {
-            eprintln!("{name}: {errors}");
+    let bad_flags = blipless_config::daemon::take_bad_flag_variables();
+    let loaded = Config::load_os(args.config.as_deref(), std::env::vars_os(), &sets);
+    let config = match (loaded, bad_flags.is_empty()) {
+        (Ok(config), true) => config,
+        (Ok(_), false) => {
+            eprintln!("{name}: {}", ConfigErrors(bad_flags));
+            return ExitCode::from(EXIT_CONFIG_ERROR as u8);
+        }
+        (Err(ConfigErrors(mut errors)), _) => {
+            errors.extend(bad_flags);
+            eprintln!("{name}: {}", ConfigErrors(errors));
             return ExitCode::from(EXIT_CONFIG_ERROR as u8);
         }
     };

@@ -667,6 +667,117 @@ fn empty_variables_are_unset_and_a_failed_start_still_says_why() {
     );
 }
 
+/// A `BLIPLESS_SUPERVISE` that is neither a yes nor a no is a configuration
+/// problem listed with the others (exit 64, which the units do not
+/// restart), not a usage error that hid them (exit 2, restarted every
+/// second).
+#[test]
+fn a_bad_supervise_variable_is_listed_with_the_other_problems() {
+    for daemon in ["blipless-ingress", "blipless-device"] {
+        let output = std::process::Command::new(blipless_tests::binary(daemon))
+            .env("BLIPLESS_SUPERVISE", "ture")
+            .env("BLIPLESS_DRAIN_GRACE", "soon")
+            .args(["--set", "listen.socks=x"])
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{daemon}: {stderr}");
+        for needle in [
+            "3 problems",
+            "BLIPLESS_SUPERVISE",
+            "\"ture\"",
+            "drain.grace",
+            "listen.socks",
+        ] {
+            assert!(stderr.contains(needle), "{daemon}: no {needle} in {stderr}");
+        }
+    }
+}
+
+/// `--set` before the subcommand and after it both count: clap kept only
+/// the later ones, so `--set store.url=... client add ... --set ...` used
+/// the default store without a word.
+#[test]
+fn sets_on_both_sides_of_a_subcommand_all_count() {
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+            .env_remove("BLIPLESS_CONFIG")
+            .args(args)
+            .output()
+            .expect("run")
+    };
+    for args in [
+        &[
+            "--set",
+            "listen.socks=127.0.0.1:9",
+            "config",
+            "check",
+            "--set",
+            "listen.http=127.0.0.1:9",
+        ][..],
+        &[
+            "--set",
+            "listen.socks=127.0.0.1:9",
+            "config",
+            "--set=listen.http=127.0.0.1:9",
+            "check",
+        ][..],
+    ] {
+        let output = ctl(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--set listen.socks=127.0.0.1:9")
+                && stderr.contains("--set listen.http=127.0.0.1:9")
+                && stderr.contains("overlap"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // In the order given: the last value of a key wins.
+    let output = ctl(&[
+        "--set",
+        "listen.socks=127.0.0.1:9",
+        "config",
+        "check",
+        "--set",
+        "listen.socks=127.0.0.1:10",
+        "--set",
+        "listen.http=127.0.0.1:9",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A `client add --wg` refused for its settings creates no node key: run as
+/// root, it left one the ingress's user could not read.
+#[test]
+fn a_wireguard_add_refused_for_its_settings_makes_no_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let output = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+        .env_remove("BLIPLESS_CONFIG")
+        .arg("--set")
+        .arg(format!("node.state_dir={}", state.display()))
+        .arg("--set")
+        .arg(format!(
+            "store.url=sqlite://{}/store.db",
+            dir.path().display()
+        ))
+        .args(["client", "add", "alice", "--wg"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("wireguard.endpoint"), "{stderr}");
+    assert!(
+        !state.join("wireguard.key").exists(),
+        "a key was made for an add that was refused"
+    );
+}
+
 /// A request the origin answers with `hello`.
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: origin\r\n\r\n";
 
