@@ -456,7 +456,11 @@ fn a_tunnel_with_a_full_buffer_moves_with_every_pending_byte() {
         let (new, _) = node.deploy(&mut device);
         device = new;
         let log = std::fs::read_to_string(old_log).unwrap_or_default();
-        piped |= log.contains("pending bytes travel in pipes");
+        // Past 256 KiB the direction splices: its pending run travels in
+        // the pipe it spliced through, not a fresh one.
+        piped |= log.lines().any(|line| {
+            line.contains("pending bytes travel in pipes") && line.contains("own_pipes=1")
+        });
         stream
             .read_to_end(&mut response)
             .expect("read the whole answer");

@@ -18,7 +18,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio_seqpacket::UnixSeqpacket;
 
 use super::context::{Context, Mode};
-use super::tunnel::{self, Tunnel};
+use super::tunnel::{self, EmptiedPipes, Tunnel};
 use super::{http, piped, stream_from_fd, udp_associate};
 
 /// Longest wait for a successor's confirmation: longer than the ingress
@@ -150,8 +150,22 @@ impl Context {
     /// taken is whole here still.
     pub async fn hand_over(
         &self,
+        migrate: Migrate,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), NotHandedOver> {
+        self.hand_over_carrying(migrate, fds, EmptiedPipes::default())
+            .await
+    }
+
+    /// [`Context::hand_over`] for a tunnel whose directions spliced: a
+    /// direction's pending run too long for the frame travels in the pipe
+    /// it spliced through (`emptied`), so a handover asks the kernel for no
+    /// new pipe pages.
+    pub async fn hand_over_carrying(
+        &self,
         mut migrate: Migrate,
         fds: &[BorrowedFd<'_>],
+        emptied: EmptiedPipes,
     ) -> Result<(), NotHandedOver> {
         // Between an ingress's Goaway and the attachment to its successor
         // there is no channel for a moment: wait for it rather than keep the
@@ -183,14 +197,26 @@ impl Context {
         // carries only its length); the bytes stay here until the send succeeds.
         let mut pipes = Vec::new();
         let mut no_pipe = None;
-        for (pending, piped) in [
-            (&migrate.up.pending, &mut migrate.up_piped),
-            (&migrate.down.pending, &mut migrate.down_piped),
+        let mut own_pipes = 0;
+        for (pending, piped, own_pipe) in [
+            (&migrate.up.pending, &mut migrate.up_piped, emptied.up),
+            (&migrate.down.pending, &mut migrate.down_piped, emptied.down),
         ] {
             if pending.len() <= piped::INLINE_LIMIT {
                 continue;
             }
-            match piped::pipe_out(pending) {
+            let carried = match own_pipe.map(|pipe| pipe.carry(pending)) {
+                Some(Ok(pipe)) => {
+                    own_pipes += 1;
+                    Ok(pipe)
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(id, %error, "the direction's own pipe cannot carry its bytes; a fresh one");
+                    piped::pipe_out(pending)
+                }
+                None => piped::pipe_out(pending),
+            };
+            match carried {
                 Ok(pipe) => {
                     *piped = pending.len() as u32;
                     pipes.push(pipe);
@@ -207,6 +233,7 @@ impl Context {
                 id,
                 up = migrate.up_piped,
                 down = migrate.down_piped,
+                own_pipes,
                 "pending bytes travel in pipes"
             );
         }
@@ -385,6 +412,7 @@ pub async fn adopt(
                 up: migrate.up,
                 down: migrate.down,
                 up_billed: 0,
+                emptied_pipes: EmptiedPipes::default(),
             };
             tunnel::run(
                 context,

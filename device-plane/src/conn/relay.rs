@@ -35,7 +35,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::splice::Pipe;
+use super::splice::{EmptiedPipe, Pipe};
+use super::tunnel::EmptiedPipes;
 use super::tunnel::Tunnel;
 use crate::clients::limiter::{Bucket, Limiter};
 use crate::clients::Meter;
@@ -229,16 +230,22 @@ impl Pump {
     /// What this direction has read and not written, for a successor: the
     /// buffer's bytes, then the pipe's. Fails only if the pipe, which holds
     /// the bytes already, cannot be read.
-    fn into_direction(mut self) -> std::io::Result<Direction> {
+    /// The pipe, emptied, comes along to carry them ([`EmptiedPipe`]).
+    fn into_direction(mut self) -> std::io::Result<(Direction, Option<EmptiedPipe>)> {
         self.pending.drain(..self.start);
-        if let Some(pipe) = self.pipe.as_mut() {
-            let held = pipe.take()?;
+        let mut emptied = None;
+        if let Some(pipe) = self.pipe.take() {
+            let (held, pipe) = pipe.take_all()?;
             self.pending.extend_from_slice(&held);
+            emptied = Some(pipe);
         }
-        Ok(Direction {
-            pending: self.pending,
-            eof: self.eof,
-        })
+        Ok((
+            Direction {
+                pending: self.pending,
+                eof: self.eof,
+            },
+            emptied,
+        ))
     }
 }
 
@@ -342,6 +349,7 @@ pub async fn relay<H>(
         up,
         down,
         up_billed,
+        emptied_pipes: _,
     } = tunnel;
     let mut up = Pump::new(up, up_billed);
     let mut down = Pump::new(down, 0);
@@ -397,13 +405,17 @@ pub async fn relay<H>(
         Stop::Handover(slot) => {
             let up_billed = up.billed;
             match (up.into_direction(), down.into_direction()) {
-                (Ok(up), Ok(down)) => RelayEnd::Handover(
+                (Ok((up, up_pipe)), Ok((down, down_pipe))) => RelayEnd::Handover(
                     Tunnel {
                         client,
                         egress,
                         up,
                         down,
                         up_billed,
+                        emptied_pipes: EmptiedPipes {
+                            up: up_pipe,
+                            down: down_pipe,
+                        },
                     },
                     slot,
                 ),
@@ -465,6 +477,7 @@ pub(crate) mod tests {
             },
             down: Direction::default(),
             up_billed: 0,
+            emptied_pipes: EmptiedPipes::default(),
         };
         (tunnel, customer, destination)
     }

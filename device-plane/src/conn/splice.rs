@@ -102,6 +102,50 @@ impl Pipe {
         self.held = 0;
         Ok(bytes)
     }
+
+    /// [`Pipe::take`], and the pipe, empty, to carry them on.
+    pub fn take_all(mut self) -> std::io::Result<(Vec<u8>, EmptiedPipe)> {
+        let bytes = self.take()?;
+        Ok((bytes, EmptiedPipe(self)))
+    }
+}
+
+/// A spliced direction's pipe, emptied at a handover ([`Pipe::take`]), kept
+/// to carry that direction's pending bytes to the successor
+/// ([`EmptiedPipe::carry`]).
+#[derive(Debug)]
+pub struct EmptiedPipe(Pipe);
+
+impl EmptiedPipe {
+    /// `bytes` written into this pipe, whose read end is returned to travel
+    /// beside the `Migrate` frame (docs/ARCHITECTURE.md, "Pending bytes").
+    /// The pipe was sized when the direction began to splice and held these
+    /// very bytes, so no new pipe nor pipe pages are asked of the kernel: an
+    /// unprivileged plane past `fs.pipe-user-pages-soft` (its own bulk
+    /// tunnels' pipes count against it) was refused a fresh pipe that
+    /// large, and each such tunnel stayed behind until the drain grace cut
+    /// it. Fails if the pipe holds less than `bytes` (the caller then asks
+    /// for a fresh one).
+    pub fn carry(self, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+        let Pipe { read, write, held } = self.0;
+        debug_assert_eq!(held, 0, "an emptied pipe");
+        let capacity = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_GETPIPE_SZ)?;
+        if (capacity as usize) < bytes.len() {
+            return Err(std::io::Error::other(format!(
+                "the direction's pipe holds {capacity} bytes, {} are pending",
+                bytes.len()
+            )));
+        }
+        let mut written = 0;
+        while written < bytes.len() {
+            match nix::unistd::write(&write, &bytes[written..]) {
+                Ok(n) => written += n,
+                Err(Errno::EINTR) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(read)
+    }
 }
 
 /// One splice(2) from `from` to `to` of at most `len` bytes, retried on
@@ -173,6 +217,41 @@ mod tests {
         }
         assert!(!taken.is_empty() && rounds > 2, "both paths ran");
         assert_eq!(out, data);
+    }
+
+    /// A handover's pending run over the frame's limit travels in the very
+    /// pipe the direction spliced through, not a fresh one (which an
+    /// unprivileged plane past `fs.pipe-user-pages-soft` is refused), and
+    /// comes out exact; a run the pipe cannot hold is refused, not cut.
+    #[test]
+    fn an_emptied_pipe_carries_its_bytes_on_itself() {
+        let inode =
+            |fd: std::os::fd::BorrowedFd<'_>| nix::sys::stat::fstat(fd).expect("fstat").st_ino;
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let mut pipe = Pipe::new(256 * 1024).expect("pipe");
+        let own = inode(pipe.read.as_fd());
+        let mut written = 0;
+        while written < data.len() {
+            written += nix::unistd::write(&pipe.write, &data[written..]).expect("write");
+        }
+        pipe.held = written;
+        let (taken, emptied) = pipe.take_all().expect("take");
+        assert_eq!(taken, data);
+        let carrier = emptied.carry(&taken).expect("carried");
+        assert_eq!(inode(carrier.as_fd()), own, "the direction's own pipe");
+        assert_eq!(
+            crate::conn::piped::pipe_in(carrier, data.len()).expect("read back"),
+            data
+        );
+
+        let small = Pipe::new(4096).expect("pipe");
+        let capacity = nix::fcntl::fcntl(&small.write, nix::fcntl::FcntlArg::F_GETPIPE_SZ)
+            .expect("size") as usize;
+        let (_, emptied) = small.take_all().expect("take");
+        let error = emptied
+            .carry(&vec![7u8; capacity + 1])
+            .expect_err("more than it holds");
+        assert!(error.to_string().contains("pending"), "{error}");
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use super::context::Context;
 use super::relay::{relay, RelayEnd};
+use super::splice::EmptiedPipe;
 use crate::clients::Client;
 use crate::egress::watch::Via;
 
@@ -32,6 +33,19 @@ pub struct Tunnel {
     /// which the HTTP side billed as it read them. The relay does not
     /// count them again.
     pub up_billed: usize,
+    /// At a handover, the pipes the directions spliced through, emptied
+    /// into `up` and `down`: they carry those bytes on.
+    pub emptied_pipes: EmptiedPipes,
+}
+
+/// Each direction's pipe, emptied at a handover (none for a direction that
+/// never spliced).
+#[derive(Debug, Default)]
+pub struct EmptiedPipes {
+    /// Customer toward destination.
+    pub up: Option<EmptiedPipe>,
+    /// Destination toward customer.
+    pub down: Option<EmptiedPipe>,
 }
 
 impl Tunnel {
@@ -53,6 +67,7 @@ impl Tunnel {
             },
             down: Direction::default(),
             up_billed: billed,
+            emptied_pipes: EmptiedPipes::default(),
         }
     }
 }
@@ -136,6 +151,7 @@ pub async fn run(
             up,
             down,
             up_billed,
+            emptied_pipes,
         } = state;
         let migrate = Migrate {
             kind,
@@ -150,7 +166,11 @@ pub async fn run(
             udp: None,
         };
         match context
-            .hand_over(migrate, &[client_socket.as_fd(), egress.as_fd()])
+            .hand_over_carrying(
+                migrate,
+                &[client_socket.as_fd(), egress.as_fd()],
+                emptied_pipes,
+            )
             .await
         {
             // Our copies close here; the successor holds the sockets now.
@@ -164,6 +184,7 @@ pub async fn run(
                     up: migrate.up,
                     down: migrate.down,
                     up_billed,
+                    emptied_pipes: EmptiedPipes::default(),
                 };
             }
         }
