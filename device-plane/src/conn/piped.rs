@@ -23,15 +23,22 @@ pub fn pipe_out(bytes: &[u8]) -> std::io::Result<OwnedFd> {
             bytes.len()
         )));
     }
+    write_all(&write, bytes)?;
+    Ok(read)
+}
+
+/// Writes all of `bytes` into a pipe that has room for them (a
+/// non-blocking pipe without that room fails with `WouldBlock`).
+pub fn write_all(write: &OwnedFd, bytes: &[u8]) -> std::io::Result<()> {
     let mut written = 0;
     while written < bytes.len() {
-        match nix::unistd::write(&write, &bytes[written..]) {
+        match nix::unistd::write(write, &bytes[written..]) {
             Ok(n) => written += n,
             Err(nix::errno::Errno::EINTR) => {}
             Err(error) => return Err(error.into()),
         }
     }
-    Ok(read)
+    Ok(())
 }
 
 /// Reads exactly `len` bytes a predecessor left in a pipe. `len` comes from

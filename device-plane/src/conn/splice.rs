@@ -136,14 +136,7 @@ impl EmptiedPipe {
                 bytes.len()
             )));
         }
-        let mut written = 0;
-        while written < bytes.len() {
-            match nix::unistd::write(&write, &bytes[written..]) {
-                Ok(n) => written += n,
-                Err(Errno::EINTR) => {}
-                Err(error) => return Err(error.into()),
-            }
-        }
+        super::piped::write_all(&write, bytes)?;
         Ok(read)
     }
 }
