@@ -54,6 +54,10 @@ pub fn pipe_in(read: OwnedFd, len: usize) -> std::io::Result<Vec<u8>> {
             "{len} pending bytes announced in a pipe that holds at most {capacity}"
         )));
     }
+    // Never blocks this thread (a worker of the runtime): the other plane
+    // makes the pipe non-blocking and closes its write end, but a pipe that
+    // is neither, holding less than announced, would wait forever.
+    fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
     let mut bytes = vec![0u8; len];
     let mut filled = 0;
     while filled < len {
@@ -82,6 +86,23 @@ mod tests {
     fn a_short_pipe_is_an_error_not_a_hang() {
         let read = pipe_out(b"abc").expect("pipe");
         assert!(pipe_in(read, 10).is_err());
+    }
+
+    /// A blocking pipe whose writer stays open and that holds less than
+    /// announced is an error at once, not a runtime thread blocked forever.
+    #[test]
+    fn a_short_blocking_pipe_with_its_writer_open_does_not_block() {
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        nix::unistd::write(&write, b"abc").expect("write");
+        let (done, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(pipe_in(read, 10).is_err());
+        });
+        let refused = answer
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("pipe_in blocked");
+        assert!(refused);
+        drop(write);
     }
 
     #[test]

@@ -195,6 +195,15 @@ impl Pump {
         if let Some(pipe) = self.pipe.as_mut() {
             return splice_in(pipe, socket, bucket, &mut self.eof).await;
         }
+        if self.pending.capacity() < BUFFER && !bucket.is_limited() {
+            // A buffer sized to what it held (an adopted run, an HTTP
+            // CONNECT's prefix) is given back: streaming into it, each
+            // read filled it exactly, never looked short, and a busy
+            // tunnel moved a few bytes per read until it spliced. The read
+            // below reserves a whole one. (A limited read reserves what its
+            // tokens allow into the buffer as it is.)
+            self.pending = Vec::new();
+        }
         if self.pending.capacity() > 0 && !bucket.is_limited() {
             // Streaming: read into the buffer kept from the last write
             // without waiting, so a busy tunnel allocates it once. Nothing
@@ -522,6 +531,42 @@ pub(crate) mod tests {
         assert!(matches!(end, RelayEnd::Finished), "{}", end.as_str());
         assert_eq!(meter.up.load(Relaxed), 8 - billed as u64, "billed {billed}");
         assert_eq!(meter.down.load(Relaxed), 6);
+    }
+
+    /// After a small adopted run is written, the next read takes what the
+    /// socket holds, up to a whole buffer, not the run's length.
+    #[tokio::test]
+    async fn a_small_adopted_run_does_not_size_the_reads_after_it() {
+        let (mut reading, mut customer) = pair().await;
+        let (mut writing, mut destination) = pair().await;
+        let mut pump = Pump::new(
+            Direction {
+                pending: vec![b'x'],
+                eof: false,
+            },
+            0,
+        );
+        let data = vec![7u8; 100_000];
+        customer.write_all(&data).await.expect("write");
+        let limiter = Limiter::default();
+        let (read, _) = reading.split();
+        let (_, mut write) = writing.split();
+        let written = pump
+            .step(&read, &mut write, &limiter.up, &limiter, &|| false, false)
+            .await
+            .expect("write the run");
+        assert_eq!(written, 1);
+        // The next step reads (once the bytes are all there).
+        let mut first = [0u8; 1];
+        destination.read_exact(&mut first).await.expect("the run");
+        read.as_ref().readable().await.expect("readable");
+        while read.as_ref().peek(&mut vec![0u8; data.len()]).await.expect("peek") < data.len() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        pump.step(&read, &mut write, &limiter.up, &limiter, &|| false, false)
+            .await
+            .expect("read");
+        assert_eq!(pump.pending.len(), data.len(), "one read took it all");
     }
 
     #[tokio::test]
