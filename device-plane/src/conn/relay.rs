@@ -193,7 +193,7 @@ impl Pump {
             }
         }
         if let Some(pipe) = self.pipe.as_mut() {
-            return splice_in(pipe, socket, bucket, &mut self.eof).await;
+            return splice_in(pipe, socket, bucket, &mut self.eof, &mut self.pending).await;
         }
         if self.pending.capacity() < BUFFER && !bucket.is_limited() {
             // A buffer sized to what it held (an adopted run, an HTTP
@@ -260,28 +260,90 @@ impl Pump {
 
 /// A splicing direction's read: one splice from `socket` into the empty
 /// `pipe`, bounded by `bucket` as a copying read is; EOF sets `eof`.
+///
+/// A splice that moves nothing may be stuck at TCP urgent data (`MSG_OOB`):
+/// the kernel's splice never steps over the urgent mark, and there returns
+/// 0 once the FIN is in (a false EOF: the bytes after the mark would be
+/// lost) and EAGAIN otherwise, for good (the direction would stall). So
+/// before such a result is believed, [`past_urgent_mark`] looks: with bytes
+/// still to read, a copying read into `pending` (empty while the direction
+/// splices) steps over the mark, and those bytes are written before the
+/// pipe is filled again.
 async fn splice_in(
     pipe: &mut Pipe,
     socket: &TcpStream,
     bucket: &Bucket,
     eof: &mut bool,
+    pending: &mut Vec<u8>,
 ) -> std::io::Result<usize> {
+    // A buffer left from a step over an urgent mark, written out: given back.
+    if pending.capacity() > 0 {
+        *pending = Vec::new();
+    }
     if !bucket.is_limited() {
         // Streaming: splice without waiting first; nothing there, wait.
         match pipe.fill(socket, BUFFER) {
             Ok(0) => {
-                *eof = true;
+                if !past_urgent_mark(socket, pending)? {
+                    *eof = true;
+                }
                 return Ok(0);
             }
             Ok(_) => return Ok(0),
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                if past_urgent_mark(socket, pending)? {
+                    return Ok(0);
+                }
+            }
             Err(error) => return Err(error),
         }
     }
-    if read_when_ready(socket, bucket, |allowance| pipe.fill(socket, allowance)).await? == Some(0) {
-        *eof = true;
+    match read_when_ready(socket, bucket, |allowance| pipe.fill(socket, allowance)).await? {
+        Some(0) if !past_urgent_mark(socket, pending)? => *eof = true,
+        None => {
+            past_urgent_mark(socket, pending)?;
+        }
+        _ => {}
     }
     Ok(0)
+}
+
+/// Where a splice from `socket` moved nothing: whether in-band bytes are
+/// still there to read (a peek, which steps over an urgent byte as any
+/// `recv` does), and if so one copying read of them into `pending`, up to
+/// the next urgent mark or [`BUFFER`]. The urgent byte itself is out of
+/// band and not relayed, as with a copying direction. `Ok(false)`: nothing
+/// to read (truly EOF, or nothing yet).
+///
+/// This read is not bounded by the direction's bucket: it happens only at
+/// an urgent mark, and moves at most one buffer.
+fn past_urgent_mark(socket: &TcpStream, pending: &mut Vec<u8>) -> std::io::Result<bool> {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let mut byte = [0u8; 1];
+    match recv(fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+        Ok(0) | Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return Ok(false),
+        Ok(_) => {}
+        Err(error) => return Err(error.into()),
+    }
+    debug_assert!(pending.is_empty(), "a splicing direction holds no buffer");
+    pending.resize(BUFFER, 0);
+    let read = recv(fd, pending, MsgFlags::MSG_DONTWAIT);
+    let read = match read {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => 0,
+        Err(error) => {
+            *pending = Vec::new();
+            return Err(error.into());
+        }
+    };
+    if read == 0 {
+        *pending = Vec::new();
+        return Ok(false);
+    }
+    pending.truncate(read);
+    Ok(true)
 }
 
 /// Waits until `socket` is readable, takes `bucket`'s tokens if it is
@@ -560,13 +622,82 @@ pub(crate) mod tests {
         let mut first = [0u8; 1];
         destination.read_exact(&mut first).await.expect("the run");
         read.as_ref().readable().await.expect("readable");
-        while read.as_ref().peek(&mut vec![0u8; data.len()]).await.expect("peek") < data.len() {
+        while read
+            .as_ref()
+            .peek(&mut vec![0u8; data.len()])
+            .await
+            .expect("peek")
+            < data.len()
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         pump.step(&read, &mut write, &limiter.up, &limiter, &|| false, false)
             .await
             .expect("read");
         assert_eq!(pump.pending.len(), data.len(), "one read took it all");
+    }
+
+    /// Urgent data (`MSG_OOB`) in a spliced direction, then more bytes and
+    /// the FIN: every in-band byte arrives, in order, then the EOF. The
+    /// kernel's splice stops at the urgent mark and, with the FIN in,
+    /// returned 0 there: the rest was lost behind a false EOF.
+    #[tokio::test]
+    async fn urgent_data_in_a_spliced_direction_loses_nothing_after_it() {
+        urgent_data_loses_nothing_after_it(400_000).await;
+    }
+
+    /// As above, in a direction that copies.
+    #[tokio::test]
+    async fn urgent_data_in_a_copying_direction_loses_nothing_after_it() {
+        urgent_data_loses_nothing_after_it(1_000).await;
+    }
+
+    async fn urgent_data_loses_nothing_after_it(before: u32) {
+        use std::os::fd::AsRawFd;
+        let (tunnel, mut customer, mut destination) = tunnel(b"").await;
+        let meter = Meter::default();
+        let limiter = Limiter::default();
+        let cut = CancellationToken::new();
+        let relay = relay(
+            tunnel,
+            &meter,
+            &limiter,
+            Duration::from_secs(30),
+            &cut,
+            std::future::pending::<()>(),
+            &|| true,
+        );
+        let first: Vec<u8> = (0..before).map(|i| (i % 251) as u8).collect();
+        let rest: Vec<u8> = (0..100_000u32).map(|i| (i % 239) as u8).collect();
+        let peers = async {
+            customer.write_all(&first).await.expect("write");
+            // All through (past SPLICE_AFTER, the direction splices now).
+            let mut got = vec![0u8; first.len()];
+            destination
+                .read_exact(&mut got)
+                .await
+                .expect("the first part");
+            assert_eq!(got, first);
+            customer.writable().await.expect("writable");
+            nix::sys::socket::send(
+                customer.as_raw_fd(),
+                b"!",
+                nix::sys::socket::MsgFlags::MSG_OOB,
+            )
+            .expect("urgent byte");
+            customer.write_all(&rest).await.expect("write the rest");
+            customer.shutdown().await.expect("shutdown");
+            let mut after = Vec::new();
+            tokio::time::timeout(Duration::from_secs(20), destination.read_to_end(&mut after))
+                .await
+                .expect("the rest and the EOF, not a stall")
+                .expect("read");
+            assert_eq!(after.len(), rest.len(), "every byte after the mark");
+            assert_eq!(after, rest);
+            drop(destination);
+            drop(customer);
+        };
+        let (_end, ()) = tokio::join!(relay, peers);
     }
 
     #[tokio::test]
