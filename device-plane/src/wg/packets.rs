@@ -57,6 +57,17 @@ pub struct PacketCounters {
 /// Inner packets from the ingress held while this plane has no TUN queue yet
 /// (a successor between Activate and its predecessor's queues arriving).
 const PENDING_LIMIT: usize = 4096;
+/// And their bytes (the ingress caps its own held packets the same way): a
+/// packet may be 64 KiB, and 4,096 of them from one client would hold
+/// 256 MiB, for good if no queue ever came.
+const PENDING_BYTES: usize = PENDING_LIMIT * 2048;
+
+/// The packets parked while no queue is held, and their bytes.
+#[derive(Debug, Default)]
+struct Parked {
+    packets: Vec<Vec<u8>>,
+    bytes: usize,
+}
 /// How long an activated successor waits for its predecessor's queues before
 /// it attaches queues of its own.
 const INHERIT_WAIT: Duration = Duration::from_secs(2);
@@ -90,7 +101,7 @@ pub struct PacketPath {
     channel: Arc<Mutex<Option<Arc<UnixSeqpacket>>>>,
     /// Packets parked until the first queues come; the lock is held while
     /// they are written, so that no later packet overtakes them.
-    pending: Arc<tokio::sync::Mutex<Vec<Vec<u8>>>>,
+    pending: Arc<tokio::sync::Mutex<Parked>>,
     /// Whether `pending` may hold packets: each batch written checks it
     /// (one atomic load) and writes them first.
     parked: Arc<AtomicBool>,
@@ -310,13 +321,14 @@ impl PacketPath {
             }
         };
         // One batch is one peer's: the ingress checked every packet's source
-        // is that peer's tunnel address. The first that has one says whose
-        // (a packet without is denied below, and must not leave the rest of
-        // the batch unmetered).
+        // is that peer's tunnel address. The first whose source names a
+        // client says whose (a packet without a source, or with one this
+        // plane does not map, such as an IPv6 twin where this plane has no
+        // wireguard.pool6, must not leave the rest of the batch unmetered).
         let client = batch
             .iter()
-            .find_map(blipless_protocol::ip::source)
-            .and_then(|source| self.directory.by_address(source));
+            .filter_map(blipless_protocol::ip::source)
+            .find_map(|source| self.directory.by_address(source));
         // IPv6 is not steered into WireGuard exits (their steering map is
         // IPv4): a client that must not leave directly has its IPv6
         // refused rather than sent out of the node (docs/WIREGUARD.md, "IPv6").
@@ -325,8 +337,11 @@ impl PacketPath {
             .is_some_and(|client| self.egress.routes.leaves_directly(&client.record.egress));
         // IPv4 of a client that must leave through an exit goes only once the
         // steering map holds it: without its element the kernel would send
-        // it out of the node's own address (`Exits::admits`).
-        let ipv4_leaves = client.as_ref().is_none_or(|client| {
+        // it out of the node's own address (`Exits::admits`). A batch of no
+        // client this plane knows (one just removed here, its peer not yet
+        // gone from the ingress) does not leave at all: it would leave
+        // unmetered, and past an exits-only policy.
+        let ipv4_leaves = client.as_ref().is_some_and(|client| {
             self.exits()
                 .is_none_or(|exits| exits.admits(&client.record.egress, client.record.wg_address))
         });
@@ -399,8 +414,12 @@ impl PacketPath {
                 (None, _) => {
                     let mut pending = self.pending.lock().await;
                     let parks = self.inherit && !self.held_queues.load(Ordering::Relaxed);
-                    if parks && pending.len() < PENDING_LIMIT {
-                        pending.push(packet.to_vec());
+                    if parks
+                        && pending.packets.len() < PENDING_LIMIT
+                        && pending.bytes + packet.len() <= PENDING_BYTES
+                    {
+                        pending.bytes += packet.len();
+                        pending.packets.push(packet.to_vec());
                         self.parked.store(true, Ordering::Release);
                     } else {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
@@ -520,12 +539,13 @@ impl PacketPath {
 /// [`PacketPath::install`] started) waits, and writes after them.
 async fn write_parked(
     queue: &TunQueue,
-    pending: &tokio::sync::Mutex<Vec<Vec<u8>>>,
+    pending: &tokio::sync::Mutex<Parked>,
     parked: &AtomicBool,
     counters: &PacketCounters,
 ) {
     let mut pending = pending.lock().await;
-    for packet in pending.drain(..) {
+    pending.bytes = 0;
+    for packet in std::mem::take(&mut pending.packets) {
         write_packet(queue, &packet, counters).await;
     }
     parked.store(false, Ordering::Release);
@@ -554,5 +574,114 @@ fn count_written(sent: std::io::Result<()>, packets: u64, counters: &PacketCount
             counters.lost.fetch_add(packets, Ordering::Relaxed);
             tracing::debug!(%error, "writing to the TUN device failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// A directory of one client, alice, at 10.64.0.5 (and no IPv6 pool),
+    /// and the store it came from (kept alive with its folder).
+    async fn alice_at_10_64_0_5() -> (Arc<Directory>, tempfile::TempDir) {
+        let folder = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}/state.db", folder.path().display());
+        let store = blipless_store::open(&url).await.expect("store");
+        let mut alice = blipless_store::testing::client_record("alice");
+        alice.wg_address = Some(IpAddr::V4(Ipv4Addr::new(10, 64, 0, 5)));
+        store.add_client(alice).await.expect("add");
+        (Directory::load(store).await.expect("directory"), folder)
+    }
+
+    /// A successor's path before its queues come: what passes is parked.
+    fn path(directory: Arc<Directory>) -> PacketPath {
+        let egress = Egress::new(Vec::new(), std::time::Duration::from_secs(1));
+        PacketPath::new("blip-none", 1, false, egress, directory, true)
+    }
+
+    fn udp4(source: [u8; 4]) -> Vec<u8> {
+        let mut packet = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0];
+        packet.extend_from_slice(&source);
+        packet.extend_from_slice(&[1, 1, 1, 1]);
+        packet.extend_from_slice(&[0x30, 0x39, 0, 53, 0, 8, 0, 0]);
+        packet
+    }
+
+    /// An IPv6 packet with no payload, from `fd00:64::5` (a twin this plane
+    /// cannot map: it has no wireguard.pool6).
+    fn ipv6_from_an_unmapped_twin() -> Vec<u8> {
+        let mut packet = vec![0x60, 0, 0, 0, 0, 0, 59, 64];
+        packet.extend_from_slice(&[0xfd, 0, 0, 0x64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]);
+        packet.extend_from_slice(&[
+            0x26, 0x06, 0x47, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11, 0x11,
+        ]);
+        packet
+    }
+
+    /// A batch whose first packet's source names no client still belongs
+    /// to the client a later one names: before, the whole batch was
+    /// nobody's, and its IPv4 left unmetered (and past an exits-only
+    /// policy).
+    #[tokio::test]
+    async fn a_batch_is_charged_to_the_client_any_of_its_sources_names() {
+        let (directory, _folder) = alice_at_10_64_0_5().await;
+        let path = path(directory.clone());
+        let ipv4 = udp4([10, 64, 0, 5]);
+        let mut batch = Packets::new(0);
+        assert!(batch.try_push(&ipv6_from_an_unmapped_twin()));
+        assert!(batch.try_push(&ipv4));
+        path.to_tun(&batch).await;
+        let alice = directory.get("alice").expect("alice");
+        assert!(
+            alice.meter.up.load(Ordering::Relaxed) >= ipv4.len() as u64,
+            "the IPv4 packet was charged to alice"
+        );
+    }
+
+    /// What waits for a successor's first queues is bounded in bytes too,
+    /// not only in packets.
+    #[tokio::test]
+    async fn packets_parked_before_the_first_queues_are_bounded_in_bytes() {
+        let (directory, _folder) = alice_at_10_64_0_5().await;
+        let path = path(directory);
+        let mut big = udp4([10, 64, 0, 5]);
+        big.resize(60_000, 0);
+        big[2..4].copy_from_slice(&60_000u16.to_be_bytes());
+        let mut batch = Packets::new(0);
+        assert!(batch.try_push(&big));
+        for _ in 0..300 {
+            path.to_tun(&batch).await;
+        }
+        let parked = path.pending.lock().await;
+        assert!(
+            parked.bytes <= PENDING_BYTES,
+            "{} bytes parked",
+            parked.bytes
+        );
+        assert_eq!(
+            parked.bytes,
+            parked.packets.iter().map(Vec::len).sum::<usize>()
+        );
+        assert!(
+            path.counters.lost.load(Ordering::Relaxed) > 0,
+            "the rest counted lost"
+        );
+    }
+
+    /// A batch of a client this plane does not know (one removed here
+    /// whose peer the ingress still has) does not leave.
+    #[tokio::test]
+    async fn a_batch_of_no_known_client_is_denied() {
+        let (directory, _folder) = alice_at_10_64_0_5().await;
+        let path = path(directory);
+        let mut batch = Packets::new(0);
+        assert!(batch.try_push(&udp4([10, 64, 0, 9])));
+        path.to_tun(&batch).await;
+        assert_eq!(path.counters.denied.load(Ordering::Relaxed), 1);
+        assert!(
+            path.pending.lock().await.packets.is_empty(),
+            "nothing parked to leave"
+        );
     }
 }
