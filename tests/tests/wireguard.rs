@@ -604,3 +604,58 @@ fn inner_packets_to_a_denied_destination_go_nowhere() {
         "10.64.0.1 is denied by default"
     );
 }
+
+/// A host outside that routes the client pool through the node (a
+/// neighbour on its network, a VPC without source checks) reaches no
+/// client: only replies to what clients began are let into the tunnel
+/// device. Before, the node forwarded the pings into alice's tunnel and
+/// she answered them (and her download was charged for them).
+#[test]
+fn the_internet_cannot_reach_a_client_unasked() {
+    let world = WgWorld::new(97);
+    let (_, _, alice) = client_settings(&world.client_config);
+    let ping_from_outside = || {
+        world
+            .net
+            .internet
+            .command("ping")
+            .args(["-n", "-q", "-c", "3", "-i", "0.2", "-W", "1"])
+            .arg(alice.to_string())
+            .output()
+            .expect("ping")
+    };
+    // Alice reaches the internet, and its answers come back.
+    let from_alice = world
+        .net
+        .customer
+        .command("ping")
+        .args(["-n", "-q", "-c", "3", "-i", "0.2", "-W", "2"])
+        .arg(world.net.origin.ip().to_string())
+        .output()
+        .expect("ping");
+    assert_eq!(ping_counts(&from_alice), (3, 3), "alice's own pings");
+    world
+        .net
+        .internet
+        .ip(&[
+            "route",
+            "add",
+            "10.64.0.0/16",
+            "via",
+            &format!("10.{}.2.1", world.net.subnet),
+        ])
+        .expect("a route to the pool through the node");
+    let before = world
+        .net
+        .customer
+        .snmp_counter("Icmp", "InEchos")
+        .expect("counter");
+    let answered = ping_counts(&ping_from_outside());
+    let after = world
+        .net
+        .customer
+        .snmp_counter("Icmp", "InEchos")
+        .expect("counter");
+    assert_eq!(answered.1, 0, "pings from outside answered: {answered:?}");
+    assert_eq!(after, before, "pings from outside reached alice");
+}

@@ -64,7 +64,9 @@ impl Plan {
     /// - `forward`: invalid TCP gets a reset, other invalid packets are
     ///   dropped; from the TUN device into the client pool (client to
     ///   client) is dropped but for the parts of the pool `egress.allow`
-    ///   lists.
+    ///   lists; into the TUN device from anywhere else, only replies to
+    ///   what clients began (established, related) pass: a host that
+    ///   routes the pool through the node reaches no client unasked.
     /// - `postrouting`: the pool is masqueraded out of `out_interface`.
     /// - With `wireguard.pool6`: the same client-to-client drop and
     ///   masquerade for the IPv6 pool, and DNS over TCP at the node's IPv6
@@ -147,7 +149,9 @@ table {NFT_TABLE} {{
 		iifname \"{tun}\" ct state invalid meta l4proto tcp reject with tcp reset
 		iifname \"{tun}\" ct state invalid drop
 {pool_allowed}		iifname \"{tun}\" ip daddr {pool} drop
-{pool6_forward}{exit_forward}	}}
+{pool6_forward}		oifname \"{tun}\" ct state established,related accept
+		oifname \"{tun}\" drop
+{exit_forward}	}}
 {dns_prerouting}	chain postrouting {{
 		type nat hook postrouting priority srcnat; policy accept;
 		ip saddr {pool} oifname \"{out_interface}\" masquerade

@@ -242,6 +242,10 @@ fn nft_script_keeps_clients_off_the_host_and_each_other() {
     let to_pool = position("iifname \"wg-out\" ip daddr 10.99.0.0/20 drop");
     assert!(invalid < to_pool && to_pool < position("chain postrouting {"));
     assert!(!script.contains("daddr {"), "nothing allowed: {script}");
+    // Into the TUN device from elsewhere: replies only.
+    let answers = position("oifname \"wg-out\" ct state established,related accept");
+    let unasked = position("oifname \"wg-out\" drop");
+    assert!(to_pool < answers && answers < unasked && unasked < position("chain postrouting {"));
 }
 
 #[test]
