@@ -778,6 +778,39 @@ fn a_wireguard_add_refused_for_its_settings_makes_no_key() {
     );
 }
 
+/// A SOCKS5 refusal is not lost to a reset: a client that sends its
+/// greeting, login, request and first bytes in one write (optimistic data)
+/// gets the reply and a clean close. Closed with those bytes unread, Linux
+/// reset the connection, which discards any part of the reply not yet sent
+/// (and a Windows client, what it had received); here that showed as a
+/// write failing after the refusal.
+#[test]
+fn a_socks5_refusal_to_a_pipelining_client_ends_in_a_close_not_a_reset() {
+    use std::io::Read;
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.socks);
+    let mut all = vec![5, 1, 2];
+    all.extend_from_slice(&socks5_auth(&client.secret));
+    // CONNECT 127.0.0.1:9, where nothing listens: refused.
+    all.extend_from_slice(&[5, 1, 0, 1, 127, 0, 0, 1, 0, 9]);
+    all.extend_from_slice(&vec![0x16; 16 * 1024]);
+    stream.write_all(&all).expect("everything at once");
+    assert_eq!(raw::read_exact(&mut stream, 2), [5, 2]);
+    assert_eq!(raw::read_exact(&mut stream, 2), [1, 0]);
+    let reply = raw::read_exact(&mut stream, 10);
+    assert_eq!(reply[..2], [5, 5], "connection refused: {reply:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    stream
+        .write_all(&[0x17; 4096])
+        .expect("the proxy still reads for a moment: no reset");
+    let mut rest = Vec::new();
+    stream
+        .read_to_end(&mut rest)
+        .expect("a clean close, not a reset");
+    assert!(rest.is_empty(), "nothing after the reply");
+}
+
 /// A request the origin answers with `hello`.
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: origin\r\n\r\n";
 

@@ -13,6 +13,7 @@ pub mod context;
 pub mod fd_budget;
 pub mod handover;
 pub mod http;
+pub mod linger;
 pub mod piped;
 pub mod relay;
 pub mod socks;

@@ -207,13 +207,11 @@ pub async fn serve(
             // Not at info: any scanner or stray TLS or HTTP client on the
             // port would write a line per connection.
             tracing::debug!(id, "socks5 refused: {why}");
-            let _ = stream.write_all(&reply).await;
-            let _ = stream.shutdown().await;
+            refuse(stream, &reply).await;
             return;
         }
         Ok(Err(Stop::Refused(reply))) => {
-            let _ = stream.write_all(&reply).await;
-            let _ = stream.shutdown().await;
+            refuse(stream, &reply).await;
             return;
         }
         Ok(Ok(accepted)) => accepted,
@@ -230,10 +228,7 @@ pub async fn serve(
         Ok(counted) => counted,
         Err(refusal) => {
             tracing::debug!(id, client = %name, ?refusal, "socks5 connect refused: the client's limits");
-            let _ = stream
-                .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
-                .await;
-            let _ = stream.shutdown().await;
+            refuse(stream, &socks5::encode_reply(Reply::NotAllowed, None)).await;
             return;
         }
     };
@@ -241,10 +236,7 @@ pub async fn serve(
         result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => {
             // Removed (or its credentials changed) while its connect ran.
-            let _ = stream
-                .write_all(&socks5::encode_reply(Reply::NotAllowed, None))
-                .await;
-            let _ = stream.shutdown().await;
+            refuse(stream, &socks5::encode_reply(Reply::NotAllowed, None)).await;
             return;
         }
     };
@@ -252,10 +244,7 @@ pub async fn serve(
         Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "socks5 connect failed: {error}");
-            let _ = stream
-                .write_all(&socks5::encode_reply(reply_for(&error), None))
-                .await;
-            let _ = stream.shutdown().await;
+            refuse(stream, &socks5::encode_reply(reply_for(&error), None)).await;
             return;
         }
     };
@@ -279,4 +268,14 @@ pub async fn serve(
         Some(crate::conn::tunnel::Admitted { counted, via }),
     )
     .await;
+}
+
+/// Sends a refusal (a SOCKS5 reply, or an RFC 1929 status) and closes
+/// without a reset: what the client sent after the message refused (a
+/// pipelined request, its first bytes to the destination) is read and
+/// dropped for a moment first (`super::linger`).
+pub(super) async fn refuse(mut stream: TcpStream, reply: &[u8]) {
+    if stream.write_all(reply).await.is_ok() {
+        super::linger::linger_close(stream).await;
+    }
 }

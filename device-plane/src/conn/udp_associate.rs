@@ -125,18 +125,18 @@ pub async fn serve(
     requested: Destination,
 ) {
     let name = client.record.name.clone();
-    let refuse = |reply: Reply| socks5::encode_reply(reply, None);
+    let failure = |reply: Reply| socks5::encode_reply(reply, None);
     let policy = client.record.egress.clone();
     if !context.egress.routes.leaves_directly(&policy) {
         tracing::info!(id, client = %name, %policy, "udp associate refused: UDP leaves only directly");
-        let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
+        super::socks::refuse(control, &failure(Reply::NotAllowed)).await;
         return;
     }
     let counted = match context.caps.check_tunnel(&client) {
         Ok(counted) => counted,
         Err(refusal) => {
             tracing::debug!(id, client = %name, ?refusal, "udp associate refused: the client's limits");
-            let _ = control.write_all(&refuse(Reply::NotAllowed)).await;
+            super::socks::refuse(control, &failure(Reply::NotAllowed)).await;
             return;
         }
     };
@@ -145,7 +145,7 @@ pub async fn serve(
         Ok(sockets) => sockets,
         Err(error) => {
             tracing::warn!(id, client = %name, %error, "udp associate failed: no sockets");
-            let _ = control.write_all(&refuse(Reply::GeneralFailure)).await;
+            super::socks::refuse(control, &failure(Reply::GeneralFailure)).await;
             return;
         }
     };

@@ -26,8 +26,9 @@
 //! message first (`Incomplete` until then), so a reply sent on that error does
 //! not race bytes the client is still sending. Concretely, a bad version byte
 //! or an unknown address type (after which the length is unknowable) fail at
-//! once; an unknown command, a non-zero reserved byte and a malformed domain
-//! name are reported only once the full request is present.
+//! once; an unknown command, a non-zero reserved byte, a malformed domain
+//! name and an empty username are reported only once the whole message is
+//! present.
 //!
 //! Decoding never panics, and allocates no more than the bytes of the input
 //! that it copies out.
@@ -153,9 +154,6 @@ pub fn parse_user_pass(buf: &[u8]) -> Result<(UserPass, usize), Socks5Error> {
     let Some(&ulen) = buf.get(1) else {
         return Err(incomplete(2, buf));
     };
-    if ulen == 0 {
-        return Err(Socks5Error::EmptyUsername);
-    }
     let user_end = 2 + usize::from(ulen);
     // PLEN follows the username.
     let Some(&plen) = buf.get(user_end) else {
@@ -167,6 +165,11 @@ pub fn parse_user_pass(buf: &[u8]) -> Result<(UserPass, usize), Socks5Error> {
     let (Some(username), Some(password)) = (buf.get(2..user_end), buf.get(pass_start..end)) else {
         return Err(incomplete(end, buf));
     };
+    // Reported once the whole request is here (its length is known), so
+    // the refusal does not race the password the client is still sending.
+    if ulen == 0 {
+        return Err(Socks5Error::EmptyUsername);
+    }
     Ok((
         UserPass {
             username: username.to_vec(),

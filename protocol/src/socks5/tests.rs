@@ -258,11 +258,21 @@ fn user_pass_trailing_bytes_not_consumed() {
 #[test]
 fn user_pass_errors() {
     assert_eq!(parse_user_pass(&[5]), Err(Socks5Error::BadAuthVersion(5)));
-    assert_eq!(parse_user_pass(&[1, 0]), Err(Socks5Error::EmptyUsername));
+    // An empty username is reported once the whole request is here, not
+    // while the client is still sending its password.
+    assert_eq!(
+        parse_user_pass(&[1, 0]),
+        Err(Socks5Error::Incomplete { needed: 1 })
+    );
     assert_eq!(
         parse_user_pass(&[1, 0, 3, b'a']),
+        Err(Socks5Error::Incomplete { needed: 2 })
+    );
+    assert_eq!(
+        parse_user_pass(&[1, 0, 3, b'a', b'b', b'c']),
         Err(Socks5Error::EmptyUsername)
     );
+    assert_eq!(parse_user_pass(&[1, 0, 0]), Err(Socks5Error::EmptyUsername));
     assert_eq!(Socks5Error::BadAuthVersion(5).reply(), None);
     assert_eq!(Socks5Error::EmptyUsername.reply(), None);
 }

@@ -1,6 +1,5 @@
 //! The HTTP proxy's limits (`timeouts.response`, `timeouts.body_idle`,
-//! `limits.header_bytes`), the counters of what they refused, and closing a
-//! connection after a refusal without resetting it.
+//! `limits.header_bytes`) and the counters of what they refused.
 //!
 //! The head limit is hyper's own: `max_header_size` answers 431 and ends the
 //! connection, and `max_buf_size` (the same number) bounds what a connection
@@ -10,15 +9,6 @@
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// What a refused connection may still send (read and dropped) before it is
-/// closed, so that the refusal reaches the client instead of a reset.
-const LINGER_BYTES: usize = 1 << 20;
-/// How long a refused connection is read from before it is closed.
-const LINGER_TIME: Duration = Duration::from_secs(2);
 
 /// The limits of forwarded requests and request heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,24 +66,4 @@ pub struct Counters {
     pub body_stalls: AtomicU64,
     /// Request targets refused (400) for carrying userinfo.
     pub userinfo_refused: AtomicU64,
-}
-
-/// Closes a connection that was just refused: our side is shut down (the
-/// refusal and a FIN go out), then whatever the client still sends is read
-/// and dropped, up to [`LINGER_BYTES`] or [`LINGER_TIME`], so that closing
-/// with unread bytes does not reset the connection before the client has
-/// read the refusal.
-pub(super) async fn linger_close(mut stream: TcpStream) {
-    let _ = stream.shutdown().await;
-    let mut sink = vec![0u8; 16 * 1024];
-    let mut left = LINGER_BYTES;
-    let drain = async {
-        while left > 0 {
-            match stream.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left = left.saturating_sub(n),
-            }
-        }
-    };
-    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }

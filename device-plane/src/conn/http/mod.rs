@@ -340,7 +340,7 @@ async fn serve_until_handover(
             } else {
                 tracing::debug!(id, %error, "malformed request; 400");
             }
-            limits::linger_close(connection.into_parts().io.into_inner().inner.inner).await;
+            super::linger::linger_close(connection.into_parts().io.into_inner().inner.inner).await;
             return None;
         }
         tracing::debug!(id, %error, "http connection ended");
@@ -363,7 +363,7 @@ async fn serve_until_handover(
     let mut stream = inner.inner;
     if watch.closing() {
         // Our last answer said `Connection: close` (408, 504).
-        limits::linger_close(stream).await;
+        super::linger::linger_close(stream).await;
         return None;
     }
     let accepted = connect_slot
@@ -467,7 +467,7 @@ async fn serve_until_handover(
     // closing with the rest unread would reset the connection and could
     // lose the answer (RFC 9112 §9.6). A client that ended the connection
     // itself costs one read that finds the end.
-    limits::linger_close(stream).await;
+    super::linger::linger_close(stream).await;
     None
 }
 
