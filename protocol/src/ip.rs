@@ -2,7 +2,8 @@
 //! and destination. WireGuard carries whole IP packets; the ingress checks the
 //! source of what a peer sends (cryptokey routing) and routes what comes back by
 //! destination, and the device plane applies the egress policy to destinations
-//! (and lets TCP to the node's DNS port through: [`tcp_destination_port_v4`]).
+//! (and lets TCP to the node's DNS port through: [`tcp_destination_port_v4`];
+//! refuses ICMP errors about other clients' flows: [`icmp_error_about_another`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -75,9 +76,118 @@ pub fn tcp_destination_port(packet: &[u8]) -> Option<u16> {
     }
 }
 
+/// Whether `packet` is an ICMP error (ICMPv4 destination unreachable,
+/// source quench, redirect, time exceeded, parameter problem; ICMPv6
+/// destination unreachable, packet too big, time exceeded, parameter
+/// problem) that is not about a packet its sender received: the packet it
+/// quotes must be addressed to the error's source. A client may send errors
+/// about its own flows only; one quoting another client's flow would be
+/// taken by the node's connection tracking as related to that flow and
+/// passed on for it (a port unreachable or a small MTU against a
+/// neighbour's connection). An error whose quoted header is cut short, or
+/// an IPv4 error that is a fragment, counts as foreign too. ICMPv6 is read
+/// only where it directly follows the fixed header.
+pub fn icmp_error_about_another(packet: &[u8]) -> bool {
+    let Some(&first) = packet.first() else {
+        return false;
+    };
+    let Some((source, _)) = addresses(packet) else {
+        return false;
+    };
+    let (icmp, is_error) = match first >> 4 {
+        4 => {
+            if packet.get(9) != Some(&1) {
+                return false;
+            }
+            let header = usize::from(first & 0x0f) * 4;
+            let Some(&kind) = packet.get(header) else {
+                return false;
+            };
+            if !matches!(kind, 3 | 4 | 5 | 11 | 12) {
+                return false;
+            }
+            let fragment = packet
+                .get(6..8)
+                .map(|f| u16::from_be_bytes([f[0], f[1]]) & 0x3fff != 0);
+            if header < 20 || fragment != Some(false) {
+                return true;
+            }
+            (header, true)
+        }
+        6 => {
+            if packet.get(6) != Some(&58) {
+                return false;
+            }
+            let Some(&kind) = packet.get(40) else {
+                return false;
+            };
+            (40, (1..=4).contains(&kind))
+        }
+        _ => return false,
+    };
+    if !is_error {
+        return false;
+    }
+    // The quoted packet follows the 8-byte ICMP header.
+    let quoted = packet.get(icmp + 8..).unwrap_or_default();
+    destination(quoted) != Some(source)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ICMPv4 port unreachable from `from`, quoting a UDP packet from
+    /// 1.1.1.1 to `quoted_to`.
+    fn unreachable_v4(from: [u8; 4], quoted_to: [u8; 4]) -> Vec<u8> {
+        let mut packet = vec![0x45, 0, 0, 56, 0, 0, 0, 0, 64, 1, 0, 0];
+        packet.extend_from_slice(&from);
+        packet.extend_from_slice(&[1, 1, 1, 1]);
+        packet.extend_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+        packet.extend_from_slice(&[0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 1, 1, 1]);
+        packet.extend_from_slice(&quoted_to);
+        packet.extend_from_slice(&[0, 53, 0x30, 0x39, 0, 8, 0, 0]);
+        packet
+    }
+
+    #[test]
+    fn an_icmp_error_may_quote_only_its_senders_own_packets() {
+        let own = unreachable_v4([10, 64, 0, 5], [10, 64, 0, 5]);
+        assert!(!icmp_error_about_another(&own));
+        let other = unreachable_v4([10, 64, 0, 5], [10, 64, 0, 7]);
+        assert!(icmp_error_about_another(&other));
+        // Cut inside the quoted header: foreign.
+        assert!(icmp_error_about_another(&other[..40]));
+        assert!(icmp_error_about_another(&own[..40]));
+        // A fragment of an error: foreign.
+        let mut fragment = own.clone();
+        fragment[6] = 0x20;
+        assert!(icmp_error_about_another(&fragment));
+        // An echo request is no error.
+        let mut echo = other.clone();
+        echo[20] = 8;
+        assert!(!icmp_error_about_another(&echo));
+        // Nor is UDP.
+        let mut udp = other;
+        udp[9] = 17;
+        assert!(!icmp_error_about_another(&udp));
+
+        // ICMPv6 packet too big from fd00::5 quoting a packet to fd00::7.
+        let mut v6 = vec![0x60, 0, 0, 0, 0, 48, 58, 64];
+        v6.extend_from_slice(&Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 5).octets());
+        v6.extend_from_slice(&Ipv6Addr::new(0x2606, 0, 0, 0, 0, 0, 0, 1).octets());
+        v6.extend_from_slice(&[2, 0, 0, 0, 0, 0, 5, 0x28]);
+        v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 0, 17, 64]);
+        v6.extend_from_slice(&Ipv6Addr::new(0x2606, 0, 0, 0, 0, 0, 0, 1).octets());
+        v6.extend_from_slice(&Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7).octets());
+        assert!(icmp_error_about_another(&v6));
+        v6[87] = 5;
+        assert!(!icmp_error_about_another(&v6));
+        // An echo request (128) is no error.
+        v6[40] = 128;
+        v6[87] = 7;
+        assert!(!icmp_error_about_another(&v6));
+    }
 
     #[test]
     fn the_tcp_port_of_an_ipv6_segment() {

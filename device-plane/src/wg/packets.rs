@@ -389,6 +389,8 @@ impl PacketPath {
                 .dns
                 .as_ref()
                 .is_some_and(|dns| dns.carries_tcp_query(packet));
+            // An ICMP error about another client's flow would pass the
+            // node's connection tracking as related to that flow.
             let permitted = to_dns_over_tcp
                 || blipless_protocol::ip::destination(packet).is_some_and(|destination| {
                     let family_leaves = if destination.is_ipv4() {
@@ -396,7 +398,9 @@ impl PacketPath {
                     } else {
                         ipv6_leaves
                     };
-                    self.egress.permits(destination) && family_leaves
+                    self.egress.permits(destination)
+                        && family_leaves
+                        && !blipless_protocol::ip::icmp_error_about_another(packet)
                 });
             if !permitted {
                 self.counters.denied.fetch_add(1, Ordering::Relaxed);
@@ -667,6 +671,28 @@ mod tests {
             path.counters.lost.load(Ordering::Relaxed) > 0,
             "the rest counted lost"
         );
+    }
+
+    /// An ICMP error alice sends about a packet to another client is
+    /// denied; one about her own passes.
+    #[tokio::test]
+    async fn an_icmp_error_about_another_clients_flow_is_denied() {
+        let (directory, _folder) = alice_at_10_64_0_5().await;
+        let path = path(directory);
+        let unreachable = |quoted_to: [u8; 4]| {
+            let mut packet = vec![0x45, 0, 0, 56, 0, 0, 0, 0, 64, 1, 0, 0, 10, 64, 0, 5];
+            packet.extend_from_slice(&[1, 1, 1, 1, 3, 3, 0, 0, 0, 0, 0, 0]);
+            packet.extend_from_slice(&[0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 1, 1, 1]);
+            packet.extend_from_slice(&quoted_to);
+            packet.extend_from_slice(&[0, 53, 0x30, 0x39, 0, 8, 0, 0]);
+            packet
+        };
+        let mut batch = Packets::new(0);
+        assert!(batch.try_push(&unreachable([10, 64, 0, 7])));
+        assert!(batch.try_push(&unreachable([10, 64, 0, 5])));
+        path.to_tun(&batch).await;
+        assert_eq!(path.counters.denied.load(Ordering::Relaxed), 1);
+        assert_eq!(path.pending.lock().await.packets.len(), 1, "her own passes");
     }
 
     /// A batch of a client this plane does not know (one removed here
