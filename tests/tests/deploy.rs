@@ -741,3 +741,50 @@ fn a_deploy_during_a_deploy_passes_every_tunnel_on_to_the_newest_plane() {
         echoes(stream, n);
     }
 }
+
+/// A plane that stops reading its channel (stopped here; wedged or starved
+/// alike) fills it, and the ingress's accept loops waited in their send to
+/// it for good: a deploy brought a new plane to active, but no new
+/// connection reached it until the old one was killed. Now a send waiting
+/// on a plane gives up when the plane stops being active, and the
+/// connection goes to the new one.
+#[test]
+fn a_deploy_takes_new_connections_from_a_plane_that_stopped_reading() {
+    let origin = Origin::start();
+    let mut node = Node::new("");
+    let (_ingress, mut old, client) = node.start();
+    let old_generation = node.active_generation();
+    old.signal(nix::sys::signal::Signal::SIGSTOP);
+    // One at a time, so that most are frames of their own: the stopped
+    // plane's channel holds some, then the accept loops wait on it (2,000
+    // are enough on this machine; 100 were not).
+    let mut waiting = Vec::new();
+    for _ in 0..2000 {
+        waiting.push(blipless_tests::raw::connect(node.socks));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _new = node.start_device();
+    wait_until(
+        Duration::from_secs(30),
+        "the new plane to be active",
+        || {
+            node.active_generation()
+                .is_some_and(|g| Some(g) != old_generation)
+        },
+    );
+    let output = blipless_tests::curl::curl(&[
+        "--max-time",
+        "20",
+        "--proxy",
+        &client.socks,
+        &origin.url("/"),
+    ]);
+    old.kill();
+    assert!(
+        output.status.success(),
+        "a new connection with the old plane stopped: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(output.stdout, b"hello");
+    drop(waiting);
+}

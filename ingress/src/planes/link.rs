@@ -81,6 +81,9 @@ pub struct PlaneLink {
     /// was active is queued before the Drain that ends its activity.
     send_lock: tokio::sync::Mutex<()>,
     state: Mutex<PlaneState>,
+    /// Woken at each change of `state`: a send that waits on a full channel
+    /// gives up once the plane is no longer active ([`PlaneLink::send_if_active`]).
+    state_changed: tokio::sync::Notify,
     handed: AtomicU64,
     report: Mutex<DeviceReport>,
     leaving: std::sync::atomic::AtomicBool,
@@ -132,6 +135,7 @@ impl PlaneLink {
             socket,
             send_lock: tokio::sync::Mutex::new(()),
             state: Mutex::new(PlaneState::Standby),
+            state_changed: tokio::sync::Notify::new(),
             handed: AtomicU64::new(0),
             report: Mutex::new(DeviceReport::default()),
             leaving: std::sync::atomic::AtomicBool::new(false),
@@ -160,6 +164,7 @@ impl PlaneLink {
 
     pub(super) fn set_state(&self, state: PlaneState) {
         *lock(&self.state) = state;
+        self.state_changed.notify_waiters();
     }
 
     /// True once the plane asked to leave (or the node drains): it is never
@@ -222,19 +227,44 @@ impl PlaneLink {
 
     /// Sends one frame only if this plane is still the active one;
     /// Ok(false) when it is not (the caller re-routes to the new one).
+    ///
+    /// A send waiting on a full channel (a plane wedged, stopped or starved)
+    /// gives up as soon as the plane stops being active: every accept loop
+    /// waited in it, so a deploy could not take over from a plane that no
+    /// longer read. A SOCK_SEQPACKET send is whole or not at all, so one
+    /// given up sent nothing, and what was sent while the plane was active
+    /// is still queued before the Drain that ends its activity.
     pub async fn send_if_active(
         &self,
         frame: Frame<'_>,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> std::io::Result<bool> {
         let _turn = self.send_lock.lock().await;
+        let changed = self.state_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         if self.state() != PlaneState::Active {
             return Ok(false);
         }
-        blipless_link::send_encoded(&self.socket, frame.bytes, frame.name, fds)
-            .await
-            .map_err(std::io::Error::other)?;
-        Ok(true)
+        let send = blipless_link::send_encoded(&self.socket, frame.bytes, frame.name, fds);
+        tokio::pin!(send);
+        loop {
+            tokio::select! {
+                biased;
+                sent = &mut send => {
+                    sent.map_err(std::io::Error::other)?;
+                    return Ok(true);
+                }
+                () = &mut changed => {
+                    // Armed again before the look, so no change is missed.
+                    changed.set(self.state_changed.notified());
+                    changed.as_mut().enable();
+                    if self.state() != PlaneState::Active {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
     }
 
     /// The plane as `blipless-ctl status` shows it.
