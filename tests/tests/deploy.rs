@@ -166,14 +166,7 @@ fn a_new_plane_killed_after_activation_gives_the_node_back_to_the_old_one() {
     );
 
     let mut new = node.start_device();
-    wait_until(
-        Duration::from_secs(30),
-        "the new plane to be active",
-        || {
-            node.active_generation()
-                .is_some_and(|g| Some(g) != old_generation)
-        },
-    );
+    wait_for_another_active(&node, old_generation);
     new.kill();
     wait_until(
         Duration::from_secs(20),
@@ -764,14 +757,7 @@ fn a_deploy_takes_new_connections_from_a_plane_that_stopped_reading() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let _new = node.start_device();
-    wait_until(
-        Duration::from_secs(30),
-        "the new plane to be active",
-        || {
-            node.active_generation()
-                .is_some_and(|g| Some(g) != old_generation)
-        },
-    );
+    wait_for_another_active(&node, old_generation);
     let output = blipless_tests::curl::curl(&[
         "--max-time",
         "20",
@@ -787,4 +773,13 @@ fn a_deploy_takes_new_connections_from_a_plane_that_stopped_reading() {
     );
     assert_eq!(output.stdout, b"hello");
     drop(waiting);
+}
+
+/// Waits until a plane other than generation `old` is the active one.
+fn wait_for_another_active(node: &Node, old: Option<u64>) {
+    wait_until(
+        Duration::from_secs(30),
+        "the new plane to be active",
+        || node.active_generation().is_some_and(|g| Some(g) != old),
+    );
 }
