@@ -84,9 +84,13 @@ pub fn tcp_destination_port(packet: &[u8]) -> Option<u16> {
 /// about its own flows only; one quoting another client's flow would be
 /// taken by the node's connection tracking as related to that flow and
 /// passed on for it (a port unreachable or a small MTU against a
-/// neighbour's connection). An error whose quoted header is cut short, or
-/// an IPv4 error that is a fragment, counts as foreign too. ICMPv6 is read
-/// only where it directly follows the fixed header.
+/// neighbour's connection). An error whose quoted header is cut short
+/// counts as foreign too, and so does the first fragment of one (an error
+/// is never fragmented: conntrack would reassemble it and see the quote in
+/// a later fragment). A later fragment has no ICMP header to judge; without
+/// its first it is never reassembled. IPv6 extension headers (hop-by-hop,
+/// routing, destination options, fragment) are followed to the ICMPv6
+/// header, as conntrack follows them.
 pub fn icmp_error_about_another(packet: &[u8]) -> bool {
     let Some(&first) = packet.first() else {
         return false;
@@ -94,43 +98,86 @@ pub fn icmp_error_about_another(packet: &[u8]) -> bool {
     let Some((source, _)) = addresses(packet) else {
         return false;
     };
-    let (icmp, is_error) = match first >> 4 {
+    let (icmp, first_fragment) = match first >> 4 {
         4 => {
             if packet.get(9) != Some(&1) {
                 return false;
             }
+            let Some(flags) = packet.get(6..8) else {
+                return false;
+            };
+            let flags = u16::from_be_bytes([flags[0], flags[1]]);
+            if flags & 0x1fff != 0 {
+                // A later fragment: no ICMP header here.
+                return false;
+            }
             let header = usize::from(first & 0x0f) * 4;
-            let Some(&kind) = packet.get(header) else {
-                return false;
-            };
-            if !matches!(kind, 3 | 4 | 5 | 11 | 12) {
+            if header < 20 {
                 return false;
             }
-            let fragment = packet
-                .get(6..8)
-                .map(|f| u16::from_be_bytes([f[0], f[1]]) & 0x3fff != 0);
-            if header < 20 || fragment != Some(false) {
-                return true;
-            }
-            (header, true)
+            (header, flags & 0x2000 != 0)
         }
-        6 => {
-            if packet.get(6) != Some(&58) {
-                return false;
-            }
-            let Some(&kind) = packet.get(40) else {
-                return false;
-            };
-            (40, (1..=4).contains(&kind))
-        }
+        6 => match icmpv6_offset(packet) {
+            Some(found) => found,
+            None => return false,
+        },
         _ => return false,
+    };
+    let Some(&kind) = packet.get(icmp) else {
+        return false;
+    };
+    let is_error = if first >> 4 == 4 {
+        matches!(kind, 3 | 4 | 5 | 11 | 12)
+    } else {
+        (1..=4).contains(&kind)
     };
     if !is_error {
         return false;
     }
+    if first_fragment {
+        return true;
+    }
     // The quoted packet follows the 8-byte ICMP header.
     let quoted = packet.get(icmp + 8..).unwrap_or_default();
     destination(quoted) != Some(source)
+}
+
+/// Where an IPv6 packet's ICMPv6 header starts, past any hop-by-hop,
+/// routing, destination options and fragment headers, and whether the
+/// packet is the first of several fragments; `None` when it carries no
+/// ICMPv6 header (another protocol, a later fragment, a chain cut short).
+fn icmpv6_offset(packet: &[u8]) -> Option<(usize, bool)> {
+    const HOP_BY_HOP: u8 = 0;
+    const ROUTING: u8 = 43;
+    const FRAGMENT: u8 = 44;
+    const DESTINATION_OPTIONS: u8 = 60;
+    const ICMPV6: u8 = 58;
+    let mut next = *packet.get(6)?;
+    let mut at = 40;
+    let mut first_fragment = false;
+    // A bounded walk: a chain longer than this is not followed.
+    for _ in 0..8 {
+        match next {
+            ICMPV6 => return Some((at, first_fragment)),
+            HOP_BY_HOP | ROUTING | DESTINATION_OPTIONS => {
+                let length = (usize::from(*packet.get(at + 1)?) + 1) * 8;
+                next = *packet.get(at)?;
+                at += length;
+            }
+            FRAGMENT => {
+                let offset = packet.get(at + 2..at + 4)?;
+                let offset = u16::from_be_bytes([offset[0], offset[1]]);
+                if offset & 0xfff8 != 0 {
+                    return None;
+                }
+                first_fragment = offset & 1 != 0;
+                next = *packet.get(at)?;
+                at += 8;
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -159,10 +206,14 @@ mod tests {
         // Cut inside the quoted header: foreign.
         assert!(icmp_error_about_another(&other[..40]));
         assert!(icmp_error_about_another(&own[..40]));
-        // A fragment of an error: foreign.
+        // The first fragment of an error: foreign; a later fragment of
+        // anything carries no ICMP header to judge.
         let mut fragment = own.clone();
         fragment[6] = 0x20;
         assert!(icmp_error_about_another(&fragment));
+        let mut later = other.clone();
+        later[7] = 0x10;
+        assert!(!icmp_error_about_another(&later));
         // An echo request is no error.
         let mut echo = other.clone();
         echo[20] = 8;
@@ -183,9 +234,22 @@ mod tests {
         assert!(icmp_error_about_another(&v6));
         v6[87] = 5;
         assert!(!icmp_error_about_another(&v6));
+        // Behind a destination options header, still judged.
+        v6[87] = 7;
+        let mut behind = v6[..40].to_vec();
+        behind[6] = 60;
+        behind.extend_from_slice(&[58, 0, 1, 4, 0, 0, 0, 0]);
+        behind.extend_from_slice(&v6[40..]);
+        assert!(icmp_error_about_another(&behind));
+        // The first fragment of an ICMPv6 error: foreign.
+        let mut fragment = v6[..40].to_vec();
+        fragment[6] = 44;
+        fragment.extend_from_slice(&[58, 0, 0, 1, 0, 0, 0, 9]);
+        fragment.extend_from_slice(&v6[40..]);
+        fragment[87 + 8] = 5;
+        assert!(icmp_error_about_another(&fragment));
         // An echo request (128) is no error.
         v6[40] = 128;
-        v6[87] = 7;
         assert!(!icmp_error_about_another(&v6));
     }
 

@@ -280,55 +280,61 @@ async fn splice_in(
     if pending.capacity() > 0 {
         *pending = Vec::new();
     }
+    // One splice of at most `limit`, or where it moves nothing and the
+    // socket still has bytes (an urgent mark), one copying read of them:
+    // the bytes moved either way (0: EOF).
+    let mut fill = |limit: usize| match pipe.fill(socket, limit) {
+        Ok(0) => past_urgent_mark(socket, pending, limit),
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+            match past_urgent_mark(socket, pending, limit)? {
+                0 => Err(error),
+                read => Ok(read),
+            }
+        }
+        moved => moved,
+    };
     if !bucket.is_limited() {
         // Streaming: splice without waiting first; nothing there, wait.
-        match pipe.fill(socket, BUFFER) {
+        match fill(BUFFER) {
             Ok(0) => {
-                if !past_urgent_mark(socket, pending)? {
-                    *eof = true;
-                }
+                *eof = true;
                 return Ok(0);
             }
             Ok(_) => return Ok(0),
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                if past_urgent_mark(socket, pending)? {
-                    return Ok(0);
-                }
-            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(error) => return Err(error),
         }
     }
-    match read_when_ready(socket, bucket, |allowance| pipe.fill(socket, allowance)).await? {
-        Some(0) if !past_urgent_mark(socket, pending)? => *eof = true,
-        None => {
-            past_urgent_mark(socket, pending)?;
-        }
-        _ => {}
+    // Within the tokens taken, the step over a mark as much as a splice.
+    if read_when_ready(socket, bucket, fill).await? == Some(0) {
+        *eof = true;
     }
     Ok(0)
 }
 
 /// Where a splice from `socket` moved nothing: whether in-band bytes are
 /// still there to read (a peek, which steps over an urgent byte as any
-/// `recv` does), and if so one copying read of them into `pending`, up to
-/// the next urgent mark or [`BUFFER`]. The urgent byte itself is out of
-/// band and not relayed, as with a copying direction. `Ok(false)`: nothing
-/// to read (truly EOF, or nothing yet).
-///
-/// This read is not bounded by the direction's bucket: it happens only at
-/// an urgent mark, and moves at most one buffer.
-fn past_urgent_mark(socket: &TcpStream, pending: &mut Vec<u8>) -> std::io::Result<bool> {
+/// `recv` does), and if so one copying read of at most `limit` of them into
+/// `pending` (empty while the direction splices), up to the next urgent
+/// mark. The urgent byte itself is out of band and not relayed, as with a
+/// copying direction. Returns the bytes read; 0: nothing to read (truly
+/// EOF, or nothing yet).
+fn past_urgent_mark(
+    socket: &TcpStream,
+    pending: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<usize> {
     use nix::sys::socket::{recv, MsgFlags};
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();
     let mut byte = [0u8; 1];
     match recv(fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
-        Ok(0) | Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return Ok(false),
+        Ok(0) | Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return Ok(0),
         Ok(_) => {}
         Err(error) => return Err(error.into()),
     }
     debug_assert!(pending.is_empty(), "a splicing direction holds no buffer");
-    pending.resize(BUFFER, 0);
+    pending.resize(limit.clamp(1, BUFFER), 0);
     let read = recv(fd, pending, MsgFlags::MSG_DONTWAIT);
     let read = match read {
         Ok(n) => n,
@@ -340,10 +346,10 @@ fn past_urgent_mark(socket: &TcpStream, pending: &mut Vec<u8>) -> std::io::Resul
     };
     if read == 0 {
         *pending = Vec::new();
-        return Ok(false);
+        return Ok(0);
     }
     pending.truncate(read);
-    Ok(true)
+    Ok(read)
 }
 
 /// Waits until `socket` is readable, takes `bucket`'s tokens if it is

@@ -236,6 +236,7 @@ pub async fn serve(
         result = context.connect_for(&name, &target) => result,
         () = client.revoked.cancelled() => {
             // Removed (or its credentials changed) while its connect ran.
+            drop(counted);
             refuse(stream, &socks5::encode_reply(Reply::NotAllowed, None)).await;
             return;
         }
@@ -244,7 +245,16 @@ pub async fn serve(
         Ok(connected) => connected,
         Err(error) => {
             tracing::info!(id, client = %name, %target, "socks5 connect failed: {error}");
-            refuse(stream, &socks5::encode_reply(reply_for(&error), None)).await;
+            // The attempt no longer counts against the client's cap.
+            drop(counted);
+            let reply = reply_for(&error);
+            if reply == Reply::GeneralFailure {
+                // Out of descriptors, say: this one is not held on to.
+                let _ = stream.write_all(&socks5::encode_reply(reply, None)).await;
+                let _ = stream.shutdown().await;
+            } else {
+                refuse(stream, &socks5::encode_reply(reply, None)).await;
+            }
             return;
         }
     };
@@ -274,7 +284,15 @@ pub async fn serve(
 /// without a reset: what the client sent after the message refused (a
 /// pipelined request, its first bytes to the destination) is read and
 /// dropped for a moment first (`super::linger`).
+///
+/// A close with no reply (a greeting that is not SOCKS5: a scanner, a TLS or
+/// HTTP client on the port) is a plain close: nothing could be lost to a
+/// reset, and such a connection is not held.
 pub(super) async fn refuse(mut stream: TcpStream, reply: &[u8]) {
+    if reply.is_empty() {
+        let _ = stream.shutdown().await;
+        return;
+    }
     if stream.write_all(reply).await.is_ok() {
         super::linger::linger_close(stream).await;
     }

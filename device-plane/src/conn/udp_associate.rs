@@ -145,7 +145,10 @@ pub async fn serve(
         Ok(sockets) => sockets,
         Err(error) => {
             tracing::warn!(id, client = %name, %error, "udp associate failed: no sockets");
-            super::socks::refuse(control, &failure(Reply::GeneralFailure)).await;
+            // Out of sockets: this connection is not held on to.
+            drop(counted);
+            let _ = control.write_all(&failure(Reply::GeneralFailure)).await;
+            let _ = control.shutdown().await;
             return;
         }
     };
