@@ -661,18 +661,7 @@ pub(crate) mod tests {
     async fn urgent_data_loses_nothing_after_it(before: u32) {
         use std::os::fd::AsRawFd;
         let (tunnel, mut customer, mut destination) = tunnel(b"").await;
-        let meter = Meter::default();
-        let limiter = Limiter::default();
-        let cut = CancellationToken::new();
-        let relay = relay(
-            tunnel,
-            &meter,
-            &limiter,
-            Duration::from_secs(30),
-            &cut,
-            std::future::pending::<()>(),
-            &|| true,
-        );
+        let relay = relay_unlimited(tunnel, Duration::from_secs(30));
         let first: Vec<u8> = (0..before).map(|i| (i % 251) as u8).collect();
         let rest: Vec<u8> = (0..100_000u32).map(|i| (i % 239) as u8).collect();
         let peers = async {
@@ -706,20 +695,26 @@ pub(crate) mod tests {
         let (_end, ()) = tokio::join!(relay, peers);
     }
 
-    #[tokio::test]
-    async fn an_idle_tunnel_ends() {
-        let (tunnel, _customer, _destination) = tunnel(b"").await;
+    /// Relays `tunnel` with no limits, no cut and no handover, splicing
+    /// when it may, until it ends.
+    async fn relay_unlimited(tunnel: Tunnel, idle_timeout: Duration) -> RelayEnd {
         let cut = CancellationToken::new();
-        let end = relay(
+        relay(
             tunnel,
             &Meter::default(),
             &Limiter::default(),
-            Duration::from_millis(200),
+            idle_timeout,
             &cut,
             std::future::pending::<()>(),
             &|| true,
         )
-        .await;
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_idle_tunnel_ends() {
+        let (tunnel, _customer, _destination) = tunnel(b"").await;
+        let end = relay_unlimited(tunnel, Duration::from_millis(200)).await;
         assert!(matches!(end, RelayEnd::Idle));
     }
 
