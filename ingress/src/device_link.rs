@@ -156,7 +156,7 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
     tokio::spawn(async move {
         tokio::select! {
             () = tokio::time::sleep(ready_budget) => {
-                Planes::send_orders(budget_planes.on_ready_timeout(generation, ready_budget)).await;
+                drop(Planes::send_orders(budget_planes.on_ready_timeout(generation, ready_budget)));
             }
             () = budget_link.closed.cancelled() => {}
         }
@@ -172,7 +172,9 @@ async fn serve_plane(socket: UnixSeqpacket, context: DeviceContext) -> anyhow::R
         Ok(()) => tracing::info!(generation, "device plane detached"),
         Err(error) => tracing::warn!(generation, "device plane disconnected: {error:#}"),
     }
-    Planes::send_orders(detached.orders).await;
+    // Queued before the answers below, which each plane's queue keeps after
+    // them.
+    drop(Planes::send_orders(detached.orders));
     link.detach_orders_sent.cancel();
     answer_for_gone(&planes, &link, detached.unconfirmed).await;
     outcome
@@ -205,6 +207,8 @@ async fn answer_for_gone(
             "device plane gone with connections handed to it unconfirmed; they are lost with it"
         );
     }
+    // Awaited: until sent, they are in flight for an ingress deciding
+    // whether it may exit.
     Planes::send_orders(Planes::answers_for_gone(unconfirmed, never_taken)).await;
     planes.answered(count);
 }
@@ -233,7 +237,10 @@ async fn read_loop(
         match message {
             ToIngress::Ready => {
                 tracing::info!(generation = link.generation, "device plane ready");
-                Planes::send_orders(planes.on_ready(link.generation)).await;
+                // Queued, not awaited: the old plane's Drain must not keep
+                // this reader from its own plane's frames if the old one
+                // stopped reading.
+                drop(Planes::send_orders(planes.on_ready(link.generation)));
             }
             ToIngress::Report(report) => {
                 context.metrics.count_reported(&link.report(), &report);
@@ -250,7 +257,7 @@ async fn read_loop(
             ToIngress::Endpoints(part) => context.wireguard.on_endpoints(link, part),
             ToIngress::Drain(_) => {
                 tracing::info!(generation = link.generation, "device plane asked to drain");
-                Planes::send_orders(planes.on_leaving(link.generation)).await;
+                drop(Planes::send_orders(planes.on_leaving(link.generation)));
             }
             ToIngress::Drained(summary) => {
                 link.mark_drained();
@@ -302,17 +309,11 @@ async fn read_loop(
                 if !from.as_ref().is_some_and(|from| Arc::ptr_eq(from, link)) {
                     context.metrics.count_migrated();
                 }
-                // Sent off this reader (as migrations are passed on): the
+                // Queued (as orders are), not sent from this reader: the
                 // sender's channel may be full or busy, and this reader also
                 // carries the receiver's packets, reports and confirmations.
-                // Each confirmation names its connection, so their order
-                // does not matter.
                 if let Some(from) = from {
-                    tokio::spawn(async move {
-                        if let Err(error) = from.send(&ToDevice::MigrateDone(id), &[]).await {
-                            tracing::debug!(generation = from.generation, %error, "could not confirm a migration");
-                        }
-                    });
+                    drop(from.order(ToDevice::MigrateDone(id)));
                 }
             }
             ToIngress::Synced(synced) => {

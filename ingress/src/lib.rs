@@ -274,7 +274,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // The grace counts from here, and bounds telling the planes too: a
     // wedged plane that reads nothing must not hold the drain past it.
     let deadline = tokio::time::Instant::now() + config.drain.grace;
-    if tokio::time::timeout_at(deadline, Planes::send_orders_at_once(planes.drain_all()))
+    if tokio::time::timeout_at(deadline, Planes::send_orders(planes.drain_all()))
         .await
         .is_err()
     {

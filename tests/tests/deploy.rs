@@ -765,14 +765,45 @@ fn a_deploy_takes_new_connections_from_a_plane_that_stopped_reading() {
         &client.socks,
         &origin.url("/"),
     ]);
-    old.kill();
     assert!(
         output.status.success(),
         "a new connection with the old plane stopped: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(output.stdout, b"hello");
-    drop(waiting);
+    // The new plane's own frames are still read: its reports show a tunnel
+    // it holds (the reader of a plane that said Ready used to send the old
+    // plane's Drain itself, and wait there while the old one was stopped).
+    let mut held = blipless_tests::raw::connect(node.socks);
+    assert_eq!(
+        blipless_tests::raw::socks5_login(&mut held, "alice", &client.secret),
+        0
+    );
+    assert_eq!(
+        blipless_tests::raw::socks5_connect_v4(&mut held, origin.address),
+        0
+    );
+    let new_plane_reports_it = || {
+        node.status_json()["device_planes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| {
+                p["generation"].as_u64() != old_generation
+                    && p["connections_open"].as_u64().unwrap_or(0) >= 1
+            })
+    };
+    let reported = (0..60).any(|_| {
+        std::thread::sleep(Duration::from_millis(500));
+        new_plane_reports_it()
+    });
+    old.kill();
+    assert!(
+        reported,
+        "the new plane's reports are read: {}",
+        node.status_json()
+    );
+    drop((waiting, held));
 }
 
 /// Waits until a plane other than generation `old` is the active one.

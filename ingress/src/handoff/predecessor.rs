@@ -353,7 +353,7 @@ pub async fn step_aside(
     // keep the others from their Goaway, and so from activating on the
     // successor), and bounded by the grace: it must not keep this ingress
     // from its departure checks either.
-    let goaway = Planes::send_orders_at_once(
+    let goaway = Planes::send_orders(
         planes
             .all()
             .into_iter()

@@ -1,13 +1,15 @@
 //! One attached device plane as the ingress sees it: its half of the channel
 //! (sends serialised by a lock, so nothing is queued after the Drain that
-//! ends its activity), its state, and the figures it reports.
+//! ends its activity), its queue of orders, its state, and the figures it
+//! reports.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use blipless_protocol::channel::{DeviceReport, Hello, MigrateKind, Rejoin, ToDevice};
 use blipless_protocol::control::DevicePlaneInfo;
+use tokio::sync::{mpsc, oneshot};
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +82,11 @@ pub struct PlaneLink {
     /// Held across each send, so that a connection handed while this plane
     /// was active is queued before the Drain that ends its activity.
     send_lock: tokio::sync::Mutex<()>,
+    /// Orders ([`PlaneLink::order`]) waiting for their turn.
+    orders: mpsc::UnboundedSender<QueuedOrder>,
+    /// The other end of `orders`, until the first order starts the task
+    /// that sends them.
+    order_queue: Mutex<Option<mpsc::UnboundedReceiver<QueuedOrder>>>,
     state: Mutex<PlaneState>,
     /// Woken at each change of `state`: a send that waits on a full channel
     /// gives up once the plane is no longer active ([`PlaneLink::send_if_active`]).
@@ -105,9 +112,9 @@ pub struct PlaneLink {
     /// Cancelled when the channel to this plane is gone.
     pub closed: CancellationToken,
     /// Cancelled once the orders its detach gave (the Activate of the plane
-    /// given the node back) are sent: answers for its unconfirmed
-    /// connections wait for it, so that they reach a sender after its
-    /// Activate, never before.
+    /// given the node back) are queued: answers for its unconfirmed
+    /// connections wait for it, so that each plane's queue sends them after
+    /// its Activate, never before.
     pub detach_orders_sent: CancellationToken,
 }
 
@@ -119,6 +126,31 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// An order waiting for its turn, and who waits for it to be sent.
+#[derive(Debug)]
+struct QueuedOrder {
+    message: ToDevice<'static>,
+    sent: oneshot::Sender<()>,
+}
+
+/// Resolves once an order given with [`PlaneLink::order`] was sent, or
+/// given up because its plane is gone.
+#[derive(Debug)]
+pub struct OrderSent(oneshot::Receiver<()>);
+
+impl std::future::Future for OrderSent {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        // A dropped sender (the plane gone with the order unsent) ends the
+        // wait as a send does.
+        std::pin::Pin::new(&mut self.0).poll(context).map(|_| ())
+    }
+}
+
 impl PlaneLink {
     /// A link over an accepted channel socket whose Hello has been read,
     /// to the plane whose process is `process`.
@@ -128,12 +160,15 @@ impl PlaneLink {
         socket: UnixSeqpacket,
         process: super::process::PlaneProcess,
     ) -> Self {
+        let (orders, order_queue) = mpsc::unbounded_channel();
         Self {
             generation,
             pid: hello.pid,
             software: hello.software,
             socket,
             send_lock: tokio::sync::Mutex::new(()),
+            orders,
+            order_queue: Mutex::new(Some(order_queue)),
             state: Mutex::new(PlaneState::Standby),
             state_changed: tokio::sync::Notify::new(),
             handed: AtomicU64::new(0),
@@ -225,6 +260,25 @@ impl PlaneLink {
         send_frame(&self.socket, message, fds).await
     }
 
+    /// Gives this plane an order (Activate, Drain, Goaway, an answer about
+    /// a migration) without waiting for its channel: one task per plane
+    /// sends its orders in the order given. A caller never waits on a plane
+    /// that stopped reading (the reader of the plane that just said Ready
+    /// used to, sending the old plane's Drain, and so read nothing more
+    /// from its own plane), and two orders to one plane never cross (a
+    /// Drain from one task overtaking the Activate another gave).
+    /// Await the result to know it was sent (or that the plane is gone).
+    pub fn order(self: &Arc<Self>, message: ToDevice<'static>) -> OrderSent {
+        if let Some(queue) = lock(&self.order_queue).take() {
+            tokio::spawn(send_orders_in_turn(Arc::downgrade(self), queue));
+        }
+        let (sent, done) = oneshot::channel();
+        // The queue's task ends only once this link is dropped, so the send
+        // cannot fail while `self` is alive.
+        let _ = self.orders.send(QueuedOrder { message, sent });
+        OrderSent(done)
+    }
+
     /// Sends one frame only if this plane is still the active one;
     /// Ok(false) when it is not (the caller re-routes to the new one).
     ///
@@ -281,6 +335,39 @@ impl PlaneLink {
             migrated: report.migrated,
             routes: report.routes,
         }
+    }
+}
+
+/// Sends `link`'s orders one after the other as they come. It holds the link
+/// only while sending, so it ends when the link is dropped; an order for a
+/// plane whose channel is gone is given up.
+async fn send_orders_in_turn(
+    link: Weak<PlaneLink>,
+    mut queue: mpsc::UnboundedReceiver<QueuedOrder>,
+) {
+    while let Some(QueuedOrder { message, sent }) = queue.recv().await {
+        let Some(plane) = link.upgrade() else {
+            return;
+        };
+        tracing::info!(
+            generation = plane.generation,
+            message = message.name(),
+            "telling device plane"
+        );
+        // The send is tried first: a plane gone stops only a send that waits.
+        tokio::select! {
+            biased;
+            result = plane.send(&message, &[]) => {
+                if let Err(error) = result {
+                    tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
+                }
+            }
+            () = plane.closed.cancelled() => {
+                tracing::debug!(generation = plane.generation, message = message.name(), "device plane gone; order not sent");
+            }
+        }
+        drop(plane);
+        let _ = sent.send(());
     }
 }
 

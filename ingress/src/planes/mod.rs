@@ -19,7 +19,7 @@ mod link;
 pub mod process;
 
 use link::lock;
-pub use link::{send_frame, Frame, PlaneLink, PlaneState, SendFailure};
+pub use link::{send_frame, Frame, OrderSent, PlaneLink, PlaneState, SendFailure};
 
 /// How the latest deploy went.
 #[derive(Debug, Clone, PartialEq)]
@@ -496,36 +496,21 @@ impl Planes {
         lock(&self.attached).clone()
     }
 
-    /// Sends each order in turn, logging (not failing on) a plane that is
-    /// gone: its reader task notices and detaches it.
-    pub async fn send_orders(orders: Vec<Order>) {
-        for (plane, message) in orders {
-            send_order(&plane, &message).await;
+    /// Gives each plane its orders ([`PlaneLink::order`]): queued at once,
+    /// so the caller waits on no plane's channel; each plane's are sent in
+    /// turn, and a plane whose channel is full (wedged or starved) holds up
+    /// no other plane's. Await the result to know that every one was sent
+    /// or given up.
+    pub fn send_orders(orders: Vec<Order>) -> impl std::future::Future<Output = ()> {
+        let sent: Vec<_> = orders
+            .into_iter()
+            .map(|(plane, message)| plane.order(message))
+            .collect();
+        async move {
+            for order in sent {
+                order.await;
+            }
         }
-    }
-
-    /// Sends each order (one per plane, as [`Planes::drain_all`] and
-    /// Goaway make them) at once: a plane whose channel is full, because it
-    /// is wedged or starved, holds up no other plane's order. Returns when
-    /// every order is sent or given up.
-    pub async fn send_orders_at_once(orders: Vec<Order>) {
-        let mut sending = tokio::task::JoinSet::new();
-        for (plane, message) in orders {
-            sending.spawn(async move { send_order(&plane, &message).await });
-        }
-        while sending.join_next().await.is_some() {}
-    }
-}
-
-/// Sends one order, logging (not failing on) a plane that is gone.
-async fn send_order(plane: &PlaneLink, message: &ToDevice<'_>) {
-    tracing::info!(
-        generation = plane.generation,
-        message = message.name(),
-        "telling device plane"
-    );
-    if let Err(error) = plane.send(message, &[]).await {
-        tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
     }
 }
 
@@ -535,7 +520,15 @@ mod tests {
     use blipless_protocol::channel::Hello;
 
     fn plane(planes: &Planes, generation: u64) -> Arc<PlaneLink> {
-        let (socket, _peer) = tokio_seqpacket::UnixSeqpacket::pair().expect("socket pair");
+        plane_with_peer(planes, generation).0
+    }
+
+    /// A plane, and the device plane's end of its channel.
+    fn plane_with_peer(
+        planes: &Planes,
+        generation: u64,
+    ) -> (Arc<PlaneLink>, tokio_seqpacket::UnixSeqpacket) {
+        let (socket, peer) = tokio_seqpacket::UnixSeqpacket::pair().expect("socket pair");
         let hello = Hello {
             pid: 1,
             software: "test".into(),
@@ -551,7 +544,54 @@ mod tests {
             process::PlaneProcess::unknown(),
         ));
         planes.attach(link.clone());
-        link
+        (link, peer)
+    }
+
+    /// The next message the device plane's end `peer` reads, by name.
+    async fn next_order(peer: &tokio_seqpacket::UnixSeqpacket) -> &'static str {
+        let mut buffer = vec![0u8; blipless_protocol::channel::MAX_FRAME];
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            blipless_link::receive::<ToDevice>(peer, &mut buffer),
+        )
+        .await
+        .expect("an order within 10 s")
+        .expect("a frame")
+        .expect("not closed");
+        read.0.name()
+    }
+
+    /// A plane that stopped reading (its channel full) holds up neither
+    /// the caller nor another plane's orders, and one plane's orders arrive
+    /// in the order given even when given by different callers.
+    #[tokio::test]
+    async fn orders_wait_only_for_their_own_plane_and_keep_their_order() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let (stopped, _stopped_peer) = plane_with_peer(&planes, 1);
+        let (reading, reading_peer) = plane_with_peer(&planes, 2);
+        let filler = ToDevice::Drain(DrainOrder { handover: true });
+        while tokio::time::timeout(Duration::from_millis(100), stopped.send(&filler, &[]))
+            .await
+            .is_ok()
+        {}
+        let stuck = Planes::send_orders(vec![
+            (stopped.clone(), drain(true)),
+            (reading.clone(), ToDevice::Activate),
+        ]);
+        drop(Planes::send_orders(vec![(reading.clone(), drain(false))]));
+        assert_eq!(next_order(&reading_peer).await, "Activate");
+        assert_eq!(next_order(&reading_peer).await, "Drain");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), stuck)
+                .await
+                .is_err(),
+            "the stopped plane's order is still waiting"
+        );
+        stopped.closed.cancel();
+        let after_close = Planes::send_orders(vec![(stopped, drain(false))]);
+        tokio::time::timeout(Duration::from_secs(10), after_close)
+            .await
+            .expect("an order for a plane gone is given up");
     }
 
     /// A deploy during a deploy: A's connection reaches B, B confirms it and
