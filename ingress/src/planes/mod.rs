@@ -59,6 +59,8 @@ pub struct Planes {
     answers_pending: std::sync::atomic::AtomicUsize,
     /// Client syncs (read-your-writes) waiting for planes' answers.
     pub syncs: crate::client_sync::ClientSyncs,
+    /// The node drains ([`Planes::drain_all`]): no plane is activated again.
+    node_draining: std::sync::atomic::AtomicBool,
 }
 
 /// One connection between planes, until its successor confirms it.
@@ -98,6 +100,7 @@ impl Planes {
             migrations: Mutex::new(std::collections::HashMap::new()),
             answers_pending: std::sync::atomic::AtomicUsize::new(0),
             syncs: crate::client_sync::ClientSyncs::default(),
+            node_draining: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -238,6 +241,17 @@ impl Planes {
         };
         if new.state() != PlaneState::Standby {
             return Vec::new();
+        }
+        // A plane that attached while the node drains (a deploy racing the
+        // stop) is not given the node: it holds nothing, so it exits.
+        if self.node_draining.load(Ordering::SeqCst) {
+            new.mark_leaving();
+            new.set_state(PlaneState::Draining);
+            tracing::info!(
+                generation,
+                "a plane ready while the node drains is told to drain"
+            );
+            return vec![(new, drain(false))];
         }
         // A plane that was serving at this ingress's predecessor, arriving
         // after a newer plane took over here: the newer one keeps serving and
@@ -479,6 +493,7 @@ impl Planes {
     /// Every plane drains (the node is going down); none is active.
     pub fn drain_all(&self) -> Vec<Order> {
         let attached = lock(&self.attached);
+        self.node_draining.store(true, Ordering::SeqCst);
         let mut orders = Vec::new();
         for plane in attached.iter() {
             plane.mark_leaving();
@@ -631,6 +646,25 @@ mod tests {
         assert_eq!(planes.migrations_in_flight(), 1, "until it is answered");
         planes.answered(1);
         assert_eq!(planes.migrations_in_flight(), 0);
+    }
+
+    /// A plane that says Ready after the node began to drain (it attached
+    /// meanwhile) is told to drain too, and none is active.
+    #[tokio::test]
+    async fn a_plane_ready_while_the_node_drains_is_not_activated() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let first = plane(&planes, 1);
+        assert_eq!(planes.on_ready(first.generation).len(), 1);
+        assert_eq!(planes.drain_all().len(), 1);
+        let late = plane(&planes, 2);
+        let orders = planes.on_ready(late.generation);
+        assert!(
+            matches!(&orders[..], [(to, ToDevice::Drain(DrainOrder { handover: false }))] if Arc::ptr_eq(to, &late)),
+            "{orders:?}"
+        );
+        assert!(planes.active().is_none());
+        assert_eq!(late.state(), PlaneState::Draining);
+        assert!(late.leaving());
     }
 
     /// "Not taken" only with proof and only to a sender that reads it.
