@@ -22,7 +22,7 @@ use crate::dispatch::{self, Wait};
 use crate::metrics::Metrics;
 use crate::peercred;
 use crate::planes::process::PlaneProcess;
-use crate::planes::{send_frame, Frame, PlaneLink, Planes};
+use crate::planes::{send_frame, Confirmation, Frame, PlaneLink, Planes};
 use crate::wg::workers::Span;
 use crate::wg::Wireguard;
 
@@ -301,7 +301,16 @@ async fn read_loop(
                 });
             }
             ToIngress::MigrateDone(id) => {
-                let from = planes.migration_done(id);
+                let Confirmation::Confirmed(from) = planes.migration_done(id, link) else {
+                    // (Also a confirmation that crossed an ingress handoff:
+                    // the predecessor kept the record.)
+                    tracing::debug!(
+                        generation = link.generation,
+                        id,
+                        "device plane confirmed a connection not passed to it here; ignored"
+                    );
+                    continue;
+                };
                 // Counted when the receiver confirms, not when passed (a
                 // pass its receiver died before taking stays with its
                 // sender and may move later), and not when the sender

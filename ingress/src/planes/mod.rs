@@ -70,6 +70,15 @@ struct Migration {
     to: Option<u64>,
 }
 
+/// What a plane's confirmation of a migrated connection turned out to be.
+#[derive(Debug)]
+pub enum Confirmation {
+    /// It was this plane's to confirm: here is the sender, if still attached.
+    Confirmed(Option<Arc<PlaneLink>>),
+    /// No connection of that id was passed to this plane.
+    Unknown,
+}
+
 /// A message the caller must send to a plane after a state change.
 pub type Order = (Arc<PlaneLink>, ToDevice<'static>);
 
@@ -183,9 +192,23 @@ impl Planes {
             .collect()
     }
 
-    /// The plane connection `id` came from, if it is still attached.
-    pub fn migration_done(&self, id: u64) -> Option<Arc<PlaneLink>> {
-        lock(&self.migrations).remove(&id)?.from.upgrade()
+    /// Plane `by` confirms connection `id`. Only the plane it was passed to
+    /// may (or any plane while the pass is not yet recorded, as the receiver
+    /// can confirm before the passing task records it): a confirmation of
+    /// another plane's connection, or of none, is ignored, so that it
+    /// neither releases a sender's copy nor counts as migrated.
+    pub fn migration_done(&self, id: u64, by: &PlaneLink) -> Confirmation {
+        let mut migrations = lock(&self.migrations);
+        match migrations.get(&id) {
+            None => Confirmation::Unknown,
+            Some(migration) if migration.to.is_some_and(|to| to != by.generation) => {
+                Confirmation::Unknown
+            }
+            Some(_) => match migrations.remove(&id) {
+                Some(migration) => Confirmation::Confirmed(migration.from.upgrade()),
+                None => Confirmation::Unknown,
+            },
+        }
     }
 
     /// The latest deploy, if any.
@@ -618,7 +641,9 @@ mod tests {
         let planes = Planes::new(Arc::new(Metrics::default()));
         let (a, b, c) = (plane(&planes, 1), plane(&planes, 2), plane(&planes, 3));
         planes.migration_sent(7, &a);
-        assert!(Arc::ptr_eq(&planes.migration_done(7).expect("from a"), &a));
+        assert!(
+            matches!(planes.migration_done(7, &b), Confirmation::Confirmed(Some(from)) if Arc::ptr_eq(&from, &a))
+        );
         planes.migration_sent(7, &b);
         assert_eq!(planes.migration_passed(7, &b, &c), None);
         assert_eq!(planes.migration_passed(7, &a, &b), None);
@@ -645,6 +670,29 @@ mod tests {
         assert_eq!(planes.migration_passed(9, &a, &c), Some(9));
         assert_eq!(planes.migrations_in_flight(), 1, "until it is answered");
         planes.answered(1);
+        assert_eq!(planes.migrations_in_flight(), 0);
+    }
+
+    /// Only the plane a connection was passed to confirms it; another
+    /// plane's word, or a word about no connection, changes nothing.
+    #[tokio::test]
+    async fn only_the_receiver_confirms_a_migration() {
+        let planes = Planes::new(Arc::new(Metrics::default()));
+        let (a, b, c) = (plane(&planes, 1), plane(&planes, 2), plane(&planes, 3));
+        planes.migration_sent(5, &a);
+        assert_eq!(planes.migration_passed(5, &a, &b), None);
+        assert!(matches!(
+            planes.migration_done(5, &c),
+            Confirmation::Unknown
+        ));
+        assert!(matches!(
+            planes.migration_done(6, &b),
+            Confirmation::Unknown
+        ));
+        assert_eq!(planes.migrations_in_flight(), 1, "still waiting for B");
+        assert!(
+            matches!(planes.migration_done(5, &b), Confirmation::Confirmed(Some(from)) if Arc::ptr_eq(&from, &a))
+        );
         assert_eq!(planes.migrations_in_flight(), 0);
     }
 
