@@ -23,7 +23,13 @@ enum Answer {
     Silent,
     /// A head promising 1000 bytes, 10 of them, then silence.
     StallBody,
+    /// A head promising [`BIG_BODY`] bytes, then all of them as fast as the
+    /// proxy takes them.
+    Big,
 }
+
+/// The body of [`Answer::Big`]: far more than any socket buffers hold.
+const BIG_BODY: usize = 64 << 20;
 
 /// A raw origin on loopback that records request heads and counts the
 /// connections it holds open (one ends when the proxy closes its side).
@@ -99,6 +105,19 @@ fn serve_origin(mut stream: TcpStream, answer: Answer, heads: &Mutex<Vec<String>
         Answer::Silent => Ok(()),
         Answer::StallBody => {
             stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+        }
+        Answer::Big => {
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG_BODY}\r\n\r\n");
+            let chunk = vec![b'x'; 64 << 10];
+            let mut result = stream.write_all(head.as_bytes());
+            for _ in 0..BIG_BODY / chunk.len() {
+                if result.is_err() {
+                    break;
+                }
+                result = stream.write_all(&chunk);
+            }
+            // Cut by the proxy, or all written: either way, done.
+            return;
         }
     };
     if matches!(answer, Answer::Ok) {
@@ -288,6 +307,49 @@ fn a_response_body_that_stops_is_cut_at_the_body_timeout() {
     assert!(answer.ends_with("\r\n\r\n0123456789"), "{answer:?}");
     assert!(closed, "the connection is cut when the body stops");
     origin.wait_released();
+}
+
+/// A client reading a download slowly but steadily (about 80 KB/s, 8 KiB
+/// every 100 ms) is not cut by `body_idle` (3 s here). Before, the proxy
+/// saw progress only when hyper took the next frame of the origin's body,
+/// and hyper took one only once it had written the last (up to 400 KiB)
+/// into a client socket whose kernel buffer, autotuned to megabytes, woke
+/// it only after half of that drained: the connection was cut within 3 s
+/// (with neither fix) or 9 s (with the socket's unsent bytes bounded but
+/// whole frames). The origin's socket staying open is what shows the
+/// exchange alive (the client's own socket buffers would hide a cut for a
+/// while).
+#[test]
+fn a_slow_but_steady_reader_is_not_cut_at_the_body_timeout() {
+    let origin = RawOrigin::start(Answer::Big);
+    let mut node = Node::new("[timeouts]\nbody_idle = \"3s\"\n");
+    let (_ingress, _device, client) = node.start();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    let mut chunk = vec![0u8; 8 << 10];
+    let mut received = 0usize;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        match stream.read(&mut chunk) {
+            Ok(0) => panic!("closed after {received} bytes"),
+            Ok(n) => received += n,
+            Err(error) => panic!("{error} after {received} bytes"),
+        }
+        assert_eq!(
+            origin.open.load(Ordering::SeqCst),
+            1,
+            "the origin's socket was closed after {:?} ({received} bytes read)",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(received > 10_000, "only {received} bytes in 12 s");
 }
 
 #[test]

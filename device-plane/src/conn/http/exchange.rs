@@ -35,6 +35,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
+use super::sliced::Sliced;
 use super::turns::Received;
 use super::watched::{Polled, Watched, Watcher};
 use super::Limits;
@@ -274,7 +275,9 @@ impl Watcher for Arc<Exchange> {
 
 /// The origin's response body, reporting its progress to the exchange and
 /// holding the origin connection open until it is done or dropped.
-pub(super) type ResponseBody = Watched<Incoming, Origin>;
+/// It goes in [slices](super::sliced), so that progress is seen as the
+/// client reads, not once per frame of the origin's.
+pub(super) type ResponseBody = Watched<Sliced<Incoming>, Origin>;
 
 /// Watches the origin's `body` for `exchange`; the origin connection
 /// (`origin`) closes when the body is done with.
@@ -287,7 +290,7 @@ pub(super) fn response_body(
         exchange.response_done();
     }
     Watched::new(
-        body,
+        Sliced::new(body),
         Origin {
             exchange,
             _connection: origin,

@@ -48,6 +48,7 @@ mod exchange;
 mod forward;
 mod io;
 mod limits;
+mod sliced;
 mod target;
 mod throttled;
 mod turns;
@@ -203,6 +204,7 @@ async fn serve_until_handover(
     // carries no address), or when the customer is gone already.
     let source = source.or_else(|| stream.peer_addr().ok().map(|peer| peer.ip()));
     let moved = Arc::new(LastMoved::new());
+    io::wake_per_window_step(&stream);
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,
