@@ -154,6 +154,20 @@ fn read_answer(stream: &mut TcpStream) -> (String, bool) {
     (String::from_utf8_lossy(&answer).into_owned(), closed)
 }
 
+/// A connection to the node's HTTP proxy that has sent `client`'s
+/// absolute-form GET of `origin`'s `/`.
+fn get_from(node: &Node, client: &ClientUrls, origin: &RawOrigin) -> TcpStream {
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(client)
+    )
+    .expect("request");
+    stream
+}
+
 fn open_connections(node: &Node) -> u64 {
     node.status_json()["device_planes"][0]["connections_open"]
         .as_u64()
@@ -237,14 +251,7 @@ fn a_silent_origin_gets_504_and_both_sockets_are_released() {
     let origin = RawOrigin::start(Answer::Silent);
     let mut node = Node::new("[timeouts]\nresponse = \"1s\"\n");
     let (_ingress, _device, client) = node.start();
-    let mut stream = raw::connect(node.http);
-    write!(
-        stream,
-        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
-        origin.port(),
-        auth(&client)
-    )
-    .expect("request");
+    let mut stream = get_from(&node, &client, &origin);
     let (answer, closed) = read_answer(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer:?}");
     assert!(closed, "the client connection is closed after the 504");
@@ -294,14 +301,7 @@ fn a_response_body_that_stops_is_cut_at_the_body_timeout() {
     let origin = RawOrigin::start(Answer::StallBody);
     let mut node = Node::new("[timeouts]\nbody_idle = \"2s\"\n");
     let (_ingress, _device, client) = node.start();
-    let mut stream = raw::connect(node.http);
-    write!(
-        stream,
-        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
-        origin.port(),
-        auth(&client)
-    )
-    .expect("request");
+    let mut stream = get_from(&node, &client, &origin);
     let (answer, closed) = read_answer(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     assert!(answer.ends_with("\r\n\r\n0123456789"), "{answer:?}");
@@ -324,14 +324,7 @@ fn a_slow_but_steady_reader_is_not_cut_at_the_body_timeout() {
     let origin = RawOrigin::start(Answer::Big);
     let mut node = Node::new("[timeouts]\nbody_idle = \"3s\"\n");
     let (_ingress, _device, client) = node.start();
-    let mut stream = raw::connect(node.http);
-    write!(
-        stream,
-        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
-        origin.port(),
-        auth(&client)
-    )
-    .expect("request");
+    let mut stream = get_from(&node, &client, &origin);
     let mut chunk = vec![0u8; 8 << 10];
     let mut received = 0usize;
     let started = std::time::Instant::now();
@@ -391,14 +384,7 @@ fn a_drain_does_not_wait_the_grace_for_a_silent_origin() {
     let origin = RawOrigin::start(Answer::Silent);
     let mut node = Node::new("[timeouts]\nresponse = \"2s\"\n\n[drain]\ngrace = \"60s\"\n");
     let (_ingress, mut device, client) = node.start();
-    let mut stream = raw::connect(node.http);
-    write!(
-        stream,
-        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
-        origin.port(),
-        auth(&client)
-    )
-    .expect("request");
+    let mut stream = get_from(&node, &client, &origin);
     wait_until(
         Duration::from_secs(10),
         "the forward to reach the origin",
