@@ -23,6 +23,8 @@ enum Answer {
     Silent,
     /// A head promising 1000 bytes, 10 of them, then silence.
     StallBody,
+    /// `200 OK` with more header fields than hyper's parser takes (100).
+    ManyHeaders,
     /// A head promising [`BIG_BODY`] bytes, then all of them as fast as the
     /// proxy takes them.
     Big,
@@ -106,6 +108,15 @@ fn serve_origin(mut stream: TcpStream, answer: Answer, heads: &Mutex<Vec<String>
         Answer::StallBody => {
             stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
         }
+        Answer::ManyHeaders => {
+            let fields: String = (0..101).map(|i| format!("X-F{i}: v\r\n")).collect();
+            stream.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\n{fields}Content-Length: 2\r\nConnection: close\r\n\r\nok"
+                )
+                .as_bytes(),
+            )
+        }
         Answer::Big => {
             let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG_BODY}\r\n\r\n");
             let chunk = vec![b'x'; 64 << 10];
@@ -120,7 +131,7 @@ fn serve_origin(mut stream: TcpStream, answer: Answer, heads: &Mutex<Vec<String>
             return;
         }
     };
-    if matches!(answer, Answer::Ok) {
+    if matches!(answer, Answer::Ok | Answer::ManyHeaders) {
         return;
     }
     // Hold the connection until the proxy closes it.
@@ -343,6 +354,31 @@ fn a_slow_but_steady_reader_is_not_cut_at_the_body_timeout() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(received > 10_000, "only {received} bytes in 12 s");
+}
+
+/// hyper's parser takes at most 100 header fields (docs/CONFIG.md,
+/// `limits.header_bytes`): a request with more gets 431, an origin's answer
+/// with more gets the client a 502.
+#[test]
+fn more_than_100_header_fields_get_431_or_502() {
+    let origin = RawOrigin::start(Answer::ManyHeaders);
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    let fields: String = (0..101).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let mut stream = raw::connect(node.http);
+    write!(
+        stream,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}{fields}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    let (answer, closed) = read_answer(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    assert!(closed, "the connection is closed after the 431");
+    let mut stream = get_from(&node, &client, &origin);
+    let status = raw::read_exact(&mut stream, 12);
+    assert_eq!(status, b"HTTP/1.1 502", "{}", String::from_utf8_lossy(&status));
 }
 
 #[test]
