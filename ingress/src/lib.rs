@@ -274,10 +274,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // The grace counts from here, and bounds telling the planes too: a
     // wedged plane that reads nothing must not hold the drain past it.
     let deadline = tokio::time::Instant::now() + config.drain.grace;
-    if tokio::time::timeout_at(deadline, Planes::send_orders(planes.drain_all()))
+    let mut drains = Planes::send_orders(planes.drain_all());
+    if tokio::time::timeout_at(deadline, &mut drains)
         .await
         .is_err()
     {
+        drains.give_up();
         tracing::warn!("drain grace over while telling the device planes to drain");
     }
     while !planes.all().is_empty() && tokio::time::Instant::now() < deadline {

@@ -378,7 +378,12 @@ fn more_than_100_header_fields_get_431_or_502() {
     assert!(closed, "the connection is closed after the 431");
     let mut stream = get_from(&node, &client, &origin);
     let status = raw::read_exact(&mut stream, 12);
-    assert_eq!(status, b"HTTP/1.1 502", "{}", String::from_utf8_lossy(&status));
+    assert_eq!(
+        status,
+        b"HTTP/1.1 502",
+        "{}",
+        String::from_utf8_lossy(&status)
+    );
 }
 
 #[test]

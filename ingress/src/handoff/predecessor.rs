@@ -353,14 +353,17 @@ pub async fn step_aside(
     // keep the others from their Goaway, and so from activating on the
     // successor), and bounded by the grace: it must not keep this ingress
     // from its departure checks either.
-    let goaway = Planes::send_orders(
+    let mut goaway = Planes::send_orders(
         planes
             .all()
             .into_iter()
             .map(|p| (p, ToDevice::Goaway))
             .collect(),
     );
-    if tokio::time::timeout(grace, goaway).await.is_err() {
+    if tokio::time::timeout(grace, &mut goaway).await.is_err() {
+        // Withdrawn: a wedged plane that reads again after this ingress
+        // serves again (its successor died) must not find a stale Goaway.
+        goaway.give_up();
         tracing::warn!("drain grace over while telling the device planes Goaway");
     }
     let mut departure = Departure::new(grace);

@@ -131,12 +131,28 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct QueuedOrder {
     message: ToDevice<'static>,
     sent: oneshot::Sender<()>,
+    /// The giver gave up on it ([`OrderSent::give_up`]): not sent, or no
+    /// longer waited for.
+    given_up: CancellationToken,
 }
 
 /// Resolves once an order given with [`PlaneLink::order`] was sent, or
-/// given up because its plane is gone.
+/// given up because its plane is gone or its giver gave up on it.
 #[derive(Debug)]
-pub struct OrderSent(oneshot::Receiver<()>);
+pub struct OrderSent {
+    done: oneshot::Receiver<()>,
+    given_up: CancellationToken,
+}
+
+impl OrderSent {
+    /// The order is not to be sent if it has not been yet (a Goaway or a
+    /// Drain whose caller's grace ran out: a plane that reads again later
+    /// must not find it). A send under way is stopped; a SOCK_SEQPACKET
+    /// send is whole or not at all.
+    pub fn give_up(&self) {
+        self.given_up.cancel();
+    }
+}
 
 impl std::future::Future for OrderSent {
     type Output = ();
@@ -147,7 +163,7 @@ impl std::future::Future for OrderSent {
     ) -> std::task::Poll<()> {
         // A dropped sender (the plane gone with the order unsent) ends the
         // wait as a send does.
-        std::pin::Pin::new(&mut self.0).poll(context).map(|_| ())
+        std::pin::Pin::new(&mut self.done).poll(context).map(|_| ())
     }
 }
 
@@ -273,10 +289,15 @@ impl PlaneLink {
             tokio::spawn(send_orders_in_turn(Arc::downgrade(self), queue));
         }
         let (sent, done) = oneshot::channel();
+        let given_up = CancellationToken::new();
         // The queue's task ends only once this link is dropped, so the send
         // cannot fail while `self` is alive.
-        let _ = self.orders.send(QueuedOrder { message, sent });
-        OrderSent(done)
+        let _ = self.orders.send(QueuedOrder {
+            message,
+            sent,
+            given_up: given_up.clone(),
+        });
+        OrderSent { done, given_up }
     }
 
     /// Sends one frame only if this plane is still the active one;
@@ -345,25 +366,45 @@ async fn send_orders_in_turn(
     link: Weak<PlaneLink>,
     mut queue: mpsc::UnboundedReceiver<QueuedOrder>,
 ) {
-    while let Some(QueuedOrder { message, sent }) = queue.recv().await {
+    while let Some(QueuedOrder {
+        message,
+        sent,
+        given_up,
+    }) = queue.recv().await
+    {
         let Some(plane) = link.upgrade() else {
             return;
         };
-        tracing::info!(
-            generation = plane.generation,
-            message = message.name(),
-            "telling device plane"
-        );
-        // The send is tried first: a plane gone stops only a send that waits.
+        let (generation, name) = (plane.generation, message.name());
+        if given_up.is_cancelled() {
+            tracing::warn!(generation, message = name, "order given up unsent");
+            drop(plane);
+            let _ = sent.send(());
+            continue;
+        }
+        // One per migrated connection at a deploy: not worth a line each.
+        if matches!(
+            message,
+            ToDevice::MigrateDone(_) | ToDevice::MigrateNotTaken(_)
+        ) {
+            tracing::debug!(generation, message = name, "telling device plane");
+        } else {
+            tracing::info!(generation, message = name, "telling device plane");
+        }
+        // The send is tried first: a plane gone, or a giver that gave up,
+        // stops only a send that waits.
         tokio::select! {
             biased;
             result = plane.send(&message, &[]) => {
                 if let Err(error) = result {
-                    tracing::warn!(generation = plane.generation, %error, "device plane unreachable");
+                    tracing::warn!(generation, %error, "device plane unreachable");
                 }
             }
+            () = given_up.cancelled() => {
+                tracing::warn!(generation, message = name, "order given up unsent");
+            }
             () = plane.closed.cancelled() => {
-                tracing::debug!(generation = plane.generation, message = message.name(), "device plane gone; order not sent");
+                tracing::debug!(generation, message = name, "device plane gone; order not sent");
             }
         }
         drop(plane);

@@ -538,17 +538,47 @@ impl Planes {
     /// so the caller waits on no plane's channel; each plane's are sent in
     /// turn, and a plane whose channel is full (wedged or starved) holds up
     /// no other plane's. Await the result to know that every one was sent
-    /// or given up.
-    pub fn send_orders(orders: Vec<Order>) -> impl std::future::Future<Output = ()> {
-        let sent: Vec<_> = orders
-            .into_iter()
-            .map(|(plane, message)| plane.order(message))
-            .collect();
-        async move {
-            for order in sent {
-                order.await;
-            }
+    /// or given up; [`Orders::give_up`] withdraws those not sent yet.
+    pub fn send_orders(orders: Vec<Order>) -> Orders {
+        Orders {
+            pending: orders
+                .into_iter()
+                .map(|(plane, message)| plane.order(message))
+                .collect(),
         }
+    }
+}
+
+/// Orders given by [`Planes::send_orders`]: a future that completes once
+/// each was sent or given up.
+#[derive(Debug)]
+pub struct Orders {
+    pending: Vec<OrderSent>,
+}
+
+impl Orders {
+    /// Withdraws the orders not sent yet (a caller's grace is over: a
+    /// wedged plane that reads again later must not find a stale Goaway or
+    /// Drain).
+    pub fn give_up(&self) {
+        for order in &self.pending {
+            order.give_up();
+        }
+    }
+}
+
+impl std::future::Future for Orders {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        while let Some(last) = self.pending.last_mut() {
+            std::task::ready!(std::pin::Pin::new(last).poll(context));
+            self.pending.pop();
+        }
+        std::task::Poll::Ready(())
     }
 }
 
@@ -605,14 +635,14 @@ mod tests {
     #[tokio::test]
     async fn orders_wait_only_for_their_own_plane_and_keep_their_order() {
         let planes = Planes::new(Arc::new(Metrics::default()));
-        let (stopped, _stopped_peer) = plane_with_peer(&planes, 1);
+        let (stopped, stopped_peer) = plane_with_peer(&planes, 1);
         let (reading, reading_peer) = plane_with_peer(&planes, 2);
-        let filler = ToDevice::Drain(DrainOrder { handover: true });
+        let filler = ToDevice::Activate;
         while tokio::time::timeout(Duration::from_millis(100), stopped.send(&filler, &[]))
             .await
             .is_ok()
         {}
-        let stuck = Planes::send_orders(vec![
+        let mut stuck = Planes::send_orders(vec![
             (stopped.clone(), drain(true)),
             (reading.clone(), ToDevice::Activate),
         ]);
@@ -620,11 +650,26 @@ mod tests {
         assert_eq!(next_order(&reading_peer).await, "Activate");
         assert_eq!(next_order(&reading_peer).await, "Drain");
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), stuck)
+            tokio::time::timeout(Duration::from_millis(200), &mut stuck)
                 .await
                 .is_err(),
             "the stopped plane's order is still waiting"
         );
+        // Given up, it is never sent, though the plane reads again.
+        stuck.give_up();
+        tokio::time::timeout(Duration::from_secs(10), stuck)
+            .await
+            .expect("a given-up order stops waiting");
+        let mut buffer = vec![0u8; blipless_protocol::channel::MAX_FRAME];
+        while let Ok(read) = tokio::time::timeout(
+            Duration::from_millis(200),
+            blipless_link::receive::<ToDevice>(&stopped_peer, &mut buffer),
+        )
+        .await
+        {
+            let (message, _) = read.expect("a frame").expect("not closed");
+            assert_eq!(message.name(), "Activate", "only the fillers arrive");
+        }
         stopped.closed.cancel();
         let after_close = Planes::send_orders(vec![(stopped, drain(false))]);
         tokio::time::timeout(Duration::from_secs(10), after_close)
