@@ -49,6 +49,11 @@ pub const MAX_CREDENTIAL: usize = 255;
 pub struct Secret(String);
 
 impl Secret {
+    /// A password read from elsewhere than a `password_file` (tests).
+    pub fn new(password: String) -> Self {
+        Self(password)
+    }
+
     /// The password itself, for the one place that sends it.
     pub fn expose(&self) -> &str {
         &self.0

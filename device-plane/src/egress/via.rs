@@ -50,9 +50,9 @@ pub fn is_upstream_fault(error: &UpstreamError) -> bool {
 /// route's health: an upstream fault ([`is_upstream_fault`]), except a
 /// refused login whose username names the client (`{client}`,
 /// `{session}`). Then the provider refuses that one sub-user (its balance,
-/// its own concurrency cap, its name), not everyone: the probe, which logs
-/// in as [`PROBE_CLIENT`], judges the upstream's credentials instead, and
-/// one client's parallel refusals must not cut every tunnel through it.
+/// its own concurrency cap, its name), not everyone, and one client's
+/// parallel refusals must not cut every tunnel through it. (Nor does the
+/// probe's, which logs in as [`PROBE_CLIENT`]: `probe_forever`.)
 fn counts_against(route: &Route, error: &UpstreamError) -> bool {
     if matches!(error, UpstreamError::AuthRefused) && username_names_the_client(route) {
         return false;
@@ -190,7 +190,10 @@ impl Egress {
             Target::Address(address) if !self.permits(address.ip()) => {
                 return Err(EgressError::Denied(target.to_string()));
             }
-            Target::Address(address) => Destination::Ip(*address),
+            // As the policy judged it: `::ffff:a.b.c.d` goes to the upstream
+            // as the IPv4 address it is (an IPv4-only upstream refuses the
+            // IPv6 form).
+            Target::Address(address) => Destination::Ip(super::canonical_addr(*address)),
             // A name that is an address in disguise (`127.1`, `2130706433`)
             // is held to the same deny as one given literally.
             Target::Name { host, port } => match numeric_host::classify(host) {
@@ -208,7 +211,7 @@ impl Egress {
                     port: *port,
                 },
                 HostKind::Address(ip) if self.permits(ip) => {
-                    Destination::Ip(std::net::SocketAddr::new(ip, *port))
+                    Destination::Ip(super::canonical_addr(std::net::SocketAddr::new(ip, *port)))
                 }
                 HostKind::Address(_) | HostKind::NotAName => {
                     return Err(EgressError::Denied(target.to_string()));
@@ -241,13 +244,27 @@ impl Egress {
     }
 }
 
-/// Whether `host` is `localhost` or under `.localhost` (any case, with or
-/// without the root's trailing dot): names every resolver answers with
-/// loopback (RFC 6761, 6.3).
+/// Whether `host` names loopback to an upstream's resolver (any case, with
+/// or without the root's trailing dot): `localhost` and names under
+/// `.localhost` (RFC 6761, 6.3), and the loopback aliases of distributions'
+/// `/etc/hosts`, names whose first label is one of [`LOOPBACK_LABELS`]
+/// (`localhost.localdomain`, `ip6-loopback`). docs/EGRESS.md promises
+/// exactly this list.
 fn names_loopback(host: &str) -> bool {
     let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
-    host == "localhost" || host.ends_with(".localhost")
+    let first = host.split('.').next().unwrap_or_default();
+    host.ends_with(".localhost") || LOOPBACK_LABELS.contains(&first)
 }
+
+/// First labels that `/etc/hosts` on Debian, Ubuntu, Fedora and Alpine
+/// maps to loopback.
+const LOOPBACK_LABELS: [&str; 5] = [
+    "localhost",
+    "localhost4",
+    "localhost6",
+    "ip6-localhost",
+    "ip6-loopback",
+];
 
 fn elapsed_us(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
@@ -307,8 +324,18 @@ pub async fn probe_forever(
                     _ = tick.tick() => {}
                     () = shutdown.cancelled() => return,
                 }
+                let started = Instant::now();
                 match probe(&lookups, route, timeout).await {
                     Ok((latency_us, peer)) => route.succeeded(latency_us, peer),
+                    // A provider that takes only its registered sub-users
+                    // refuses `blipless-probe`: it answered, so it is up.
+                    // Counted as a failure, it took the upstream down
+                    // every two probes (cutting every tunnel through it),
+                    // and the next customer's login brought it back.
+                    Err(UpstreamError::AuthRefused) if username_names_the_client(route) => {
+                        tracing::debug!(route = %route.name, "egress probe's login refused (a per-client username): the upstream answered");
+                        route.succeeded(elapsed_us(started), None);
+                    }
                     // Says nothing of the upstream.
                     Err(error @ UpstreamError::LocalResources(_)) => {
                         tracing::debug!(route = %route.name, %error, "egress probe not made");
@@ -365,13 +392,25 @@ mod tests {
 
     #[test]
     fn localhost_names_are_told_from_other_names() {
-        for host in ["localhost", "LocalHost.", "a.localhost", "x.y.LOCALHOST."] {
+        for host in [
+            "localhost",
+            "LocalHost.",
+            "a.localhost",
+            "x.y.LOCALHOST.",
+            "localhost.localdomain",
+            "localhost4",
+            "localhost6.localdomain6",
+            "ip6-localhost",
+            "IP6-LOOPBACK.",
+            "localhost.example",
+        ] {
             assert!(names_loopback(host), "{host}");
         }
         for host in [
-            "localhost.example",
             "notlocalhost",
             "localhostx",
+            "a.localhost4",
+            "ip6-allnodes",
             "example.com",
             "",
         ] {
@@ -434,6 +473,136 @@ mod tests {
                 .unwrap_or_else(|error| panic!("{address}: {error}"));
             assert_eq!(stream.peer_addr().expect("peer").port(), port);
         }
+    }
+
+    /// An upstream that refuses every login, as a provider that takes only
+    /// its registered sub-users refuses `blipless-probe`; counts the
+    /// logins it refused.
+    async fn refuse_every_login(
+        listener: TcpListener,
+        refused: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = [0u8; 2];
+            let mut methods = vec![0u8; 255];
+            let mut field = vec![0u8; 255];
+            let exchange = async {
+                stream.read_exact(&mut head).await?;
+                stream
+                    .read_exact(&mut methods[..usize::from(head[1])])
+                    .await?;
+                stream.write_all(&[5, 2]).await?;
+                stream.read_exact(&mut head).await?;
+                stream
+                    .read_exact(&mut field[..usize::from(head[1])])
+                    .await?;
+                stream.read_exact(&mut head[..1]).await?;
+                stream
+                    .read_exact(&mut field[..usize::from(head[0])])
+                    .await?;
+                stream.write_all(&[1, 1]).await
+            };
+            if exchange.await.is_ok() {
+                refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A probe refused at login shows an upstream whose username names the
+    /// client alive (the provider refuses `blipless-probe`, not everyone);
+    /// with a fixed username it is the operator's credentials at fault and
+    /// takes the upstream down.
+    #[tokio::test]
+    async fn a_probe_refused_at_login_takes_down_only_a_fixed_username() {
+        for (username, stays_up) in [("user-{client}", true), ("operator", false)] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let address = listener.local_addr().expect("address").to_string();
+            let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            tokio::spawn(refuse_every_login(listener, refused.clone()));
+            let routes = Arc::new(Routes::new(
+                &[Upstream {
+                    name: "up".into(),
+                    tags: Vec::new(),
+                    kind: UpstreamKind::Socks5(Socks5Upstream {
+                        address,
+                        username: Some(username.into()),
+                        password: Some(blipless_config::upstreams::Secret::new("pw".into())),
+                    }),
+                }],
+                2,
+                2,
+            ));
+            let shutdown = CancellationToken::new();
+            let probing = tokio::spawn(probe_forever(
+                routes.clone(),
+                Lookups::default(),
+                Duration::from_millis(20),
+                Duration::from_secs(5),
+                shutdown.clone(),
+            ));
+            let started = Instant::now();
+            while refused.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "{username}: probes"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            shutdown.cancel();
+            probing.await.expect("probes end");
+            let route = &routes.upstreams()[0];
+            let downs = route.downs.load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(downs == 0, stays_up, "{username}: {downs} downs");
+            assert_eq!(route.is_up(), stays_up, "{username}");
+        }
+    }
+
+    /// An IPv4-mapped destination goes to the upstream as the IPv4 address
+    /// it is (address type 1), as the policy judged it: an IPv4-only
+    /// upstream refuses the IPv6 form. So does one given as a name that is
+    /// an address.
+    #[tokio::test]
+    async fn a_mapped_destination_goes_to_the_upstream_as_ipv4() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let route = route_at(listener.local_addr().expect("address").to_string());
+        let upstream = tokio::spawn(async move {
+            let mut types = Vec::new();
+            for _ in 0..2 {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut greeting = [0u8; 3];
+                stream.read_exact(&mut greeting).await.expect("greeting");
+                stream.write_all(&[5, 0]).await.expect("method");
+                let mut request = [0u8; 4];
+                stream.read_exact(&mut request).await.expect("request");
+                types.push(request[3]);
+                stream
+                    .write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+                    .await
+                    .expect("reply");
+            }
+            types
+        });
+        let egress = Egress::with_host_addresses(
+            vec!["203.0.113.0/24".parse().expect("cidr")],
+            Duration::from_secs(5),
+            crate::egress::HostAddresses::default(),
+        );
+        let mapped: std::net::SocketAddr = "[::ffff:203.0.113.5]:443".parse().expect("address");
+        for target in [
+            Target::Address(mapped),
+            Target::Name {
+                host: "::ffff:203.0.113.5".into(),
+                port: 443,
+            },
+        ] {
+            egress
+                .connect_via(&route, None, &target, "alice", "0000000000000000")
+                .await
+                .unwrap_or_else(|error| panic!("{target:?}: {error}"));
+        }
+        assert_eq!(upstream.await.expect("upstream"), [1, 1]);
     }
 
     /// A name waits for one of the pool's places, and fails as timed out
