@@ -563,6 +563,41 @@ fn a_deploy_to_a_plane_older_than_udp_handover_leaves_the_association_where_it_i
     );
 }
 
+/// A deploy that adds the node's first upstream makes an `any` client's
+/// egress no longer direct, and UDP leaves only directly: the association
+/// the new plane adopts is closed (its control connection ends), as a new
+/// one would be refused, rather than leaving from the node's own address.
+#[test]
+fn a_deploy_that_adds_an_upstream_ends_an_any_clients_association() {
+    use std::io::Write as _;
+    let mut at = Associated::start("");
+    let relay = at.relay;
+    assert!(at.echoed(relay, b"before", Duration::from_secs(5)));
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&at.node.config)
+        .expect("the node's config");
+    write!(
+        config,
+        "\n[[egress.upstream]]\nname = \"provider\"\nkind = \"socks5\"\naddress = \"127.0.0.1:9\"\n"
+    )
+    .expect("appending an upstream");
+    drop(config);
+    let _new = at.node.start_device();
+    wait_until(
+        Duration::from_secs(60),
+        "the new plane to be active",
+        || at.node.active_generation() == Some(2),
+    );
+    at.control
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    assert!(
+        blipless_tests::raw::closed(&mut at.control),
+        "the association outlived the deploy"
+    );
+}
+
 /// Behind a 1:1 NAT (`proxy.udp_public_address`) the reply names the public
 /// address with the relay's port, which the NAT maps to the address the
 /// customer reached: datagrams sent there (as the NAT would deliver them)

@@ -64,8 +64,8 @@ const NAME_ADDRESSES: usize = 8;
 const BATCH: usize = 32;
 /// Limit on resolving a destination name.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a name that does not resolve is remembered as such (a lookup
-/// that timed out is not remembered at all).
+/// How long a name that does not resolve, or whose lookup timed out, is
+/// remembered as such.
 const NO_SUCH_NAME_TTL: Duration = Duration::from_secs(5);
 /// How long the customer's port must be silent before its answers may move
 /// to another port of its address.
@@ -325,6 +325,15 @@ pub async fn run(
     counted: Option<TunnelCount>,
 ) {
     let name = client.record.name.clone();
+    // An adopted association is held to this plane's configuration, as a
+    // new one is at its request (`serve`): a deploy that adds the node's
+    // first upstream makes `any` no longer mean direct, and UDP leaves only
+    // directly. The customer sees its control connection close and may
+    // associate again (and be refused).
+    if counted.is_none() && !context.egress.routes.leaves_directly(&client.record.egress) {
+        tracing::info!(id, client = %name, policy = %client.record.egress, "adopted udp association closed: this client's UDP no longer leaves directly");
+        return;
+    }
     let _counted = counted.unwrap_or_else(|| TunnelCount::new(client.meter.clone()));
     let Ok(control_peer) = association.control.peer_addr() else {
         return;
@@ -519,10 +528,8 @@ impl Relay<'_> {
         }
         let (destination, payload_len) = (datagram.destination, datagram.payload.len());
         let payload_start = len - payload_len;
-        let Some(to) = self.destination(&association.egress, destination).await else {
-            counters.denied.fetch_add(1, Ordering::Relaxed);
-            return false;
-        };
+        // The rate first: a client over it must not start a name lookup per
+        // datagram (and fill its lookup places) for datagrams then dropped.
         if !self
             .client
             .limiter
@@ -532,6 +539,10 @@ impl Relay<'_> {
             counters.rate_limited.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        let Some(to) = self.destination(&association.egress, destination).await else {
+            counters.denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
         let payload = &self.buffer[payload_start..len];
         if association.egress.send_to(payload, to).await.is_err() {
             return false;
@@ -620,9 +631,9 @@ impl Relay<'_> {
 
     /// `host`'s addresses, from the association's cache while it holds
     /// them: [`NAME_TTL`] for an answer, [`NO_SUCH_NAME_TTL`] for a name
-    /// that does not resolve, not at all for a lookup that timed out (the
-    /// resolver, or this client's share of it, was busy: the next datagram
-    /// tries again).
+    /// that does not resolve or whose lookup timed out (the resolver, or
+    /// this client's share of it, was busy: a datagram after that tries
+    /// again).
     async fn resolve(&mut self, host: String, port: u16) -> Vec<SocketAddr> {
         if let Some((addresses, until)) = self.names.get(&host) {
             if Instant::now() < *until {
@@ -640,12 +651,17 @@ impl Relay<'_> {
             .lookups
             .resolve(&self.client.record.name, &host, port, deadline)
             .await;
+        // A name that timed out is held as one that failed: looked up again
+        // at each datagram, it started a lookup every 5 s while the last
+        // (glibc retries for up to 30 s) still held one of the client's
+        // lookup places.
         let (addresses, holds) = match looked_up {
             Ok(addresses) if !addresses.is_empty() => (addresses, NAME_TTL),
-            Ok(_) | Err(crate::egress::lookups::LookupError::Failed) => {
-                (Vec::new(), NO_SUCH_NAME_TTL)
-            }
-            Err(crate::egress::lookups::LookupError::TimedOut) => return Vec::new(),
+            Ok(_)
+            | Err(
+                crate::egress::lookups::LookupError::Failed
+                | crate::egress::lookups::LookupError::TimedOut,
+            ) => (Vec::new(), NO_SUCH_NAME_TTL),
         };
         if self.names.len() >= NAME_CACHE {
             self.names.clear();

@@ -80,8 +80,9 @@ pub struct UdpAssociation {
     /// Where the customer's datagrams come from, once one has arrived:
     /// answers go there.
     pub customer: Option<SocketAddr>,
-    /// The port the customer named in its UDP ASSOCIATE request (0: any
-    /// port of the control connection's address may send).
+    /// The port the customer named in its UDP ASSOCIATE request, carried
+    /// for the record: the relay does not judge senders by it (behind a NAT
+    /// the customer's datagrams come from a port of their own).
     pub announced_port: u16,
 }
 
