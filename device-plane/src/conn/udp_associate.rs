@@ -64,8 +64,8 @@ const NAME_ADDRESSES: usize = 8;
 const BATCH: usize = 32;
 /// Limit on resolving a destination name.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a name that does not resolve, or whose lookup timed out, is
-/// remembered as such.
+/// How long a name that does not resolve is remembered as such (a lookup
+/// that timed out is not remembered at all).
 const NO_SUCH_NAME_TTL: Duration = Duration::from_secs(5);
 /// How long the customer's port must be silent before its answers may move
 /// to another port of its address.
@@ -539,12 +539,16 @@ impl Relay<'_> {
             counters.rate_limited.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        // A datagram that goes nowhere gives its tokens back: the bucket is
+        // shared with the client's tunnels.
         let Some(to) = self.destination(&association.egress, destination).await else {
             counters.denied.fetch_add(1, Ordering::Relaxed);
+            self.client.limiter.up.refund(payload_len + UDP_OVERHEAD);
             return false;
         };
         let payload = &self.buffer[payload_start..len];
         if association.egress.send_to(payload, to).await.is_err() {
+            self.client.limiter.up.refund(payload_len + UDP_OVERHEAD);
             return false;
         }
         self.client
@@ -631,9 +635,9 @@ impl Relay<'_> {
 
     /// `host`'s addresses, from the association's cache while it holds
     /// them: [`NAME_TTL`] for an answer, [`NO_SUCH_NAME_TTL`] for a name
-    /// that does not resolve or whose lookup timed out (the resolver, or
-    /// this client's share of it, was busy: a datagram after that tries
-    /// again).
+    /// that does not resolve, not at all for a lookup that timed out (the
+    /// resolver, or this client's share of it, was busy: the next datagram
+    /// tries again).
     async fn resolve(&mut self, host: String, port: u16) -> Vec<SocketAddr> {
         if let Some((addresses, until)) = self.names.get(&host) {
             if Instant::now() < *until {
@@ -651,17 +655,12 @@ impl Relay<'_> {
             .lookups
             .resolve(&self.client.record.name, &host, port, deadline)
             .await;
-        // A name that timed out is held as one that failed: looked up again
-        // at each datagram, it started a lookup every 5 s while the last
-        // (glibc retries for up to 30 s) still held one of the client's
-        // lookup places.
         let (addresses, holds) = match looked_up {
             Ok(addresses) if !addresses.is_empty() => (addresses, NAME_TTL),
-            Ok(_)
-            | Err(
-                crate::egress::lookups::LookupError::Failed
-                | crate::egress::lookups::LookupError::TimedOut,
-            ) => (Vec::new(), NO_SUCH_NAME_TTL),
+            Ok(_) | Err(crate::egress::lookups::LookupError::Failed) => {
+                (Vec::new(), NO_SUCH_NAME_TTL)
+            }
+            Err(crate::egress::lookups::LookupError::TimedOut) => return Vec::new(),
         };
         if self.names.len() >= NAME_CACHE {
             self.names.clear();

@@ -68,14 +68,18 @@ pub enum UpstreamError {
     /// [`ClientError::CredentialsTooLong`]), a domain name SOCKS5 cannot
     /// carry ([`ClientError::UnencodableDomain`]). Never
     /// [`ClientError::AuthRefused`] or [`ClientError::NoAcceptableMethod`]:
-    /// those are [`UpstreamError::AuthRefused`].
+    /// those are [`UpstreamError::AuthRefused`] and
+    /// [`UpstreamError::MethodRefused`].
     #[error("upstream SOCKS5 protocol error: {0}")]
     Protocol(ClientError),
-    /// The upstream refused our credentials, or accepted none of the
-    /// methods we offered (it wants credentials we were not given, or a
-    /// method we do not speak).
+    /// The upstream refused our credentials.
     #[error("the upstream refused our authentication")]
     AuthRefused,
+    /// The upstream accepted none of the methods we offered (it wants
+    /// credentials we were not given, or a method we do not speak): our
+    /// configuration and the upstream's differ, whoever the client is.
+    #[error("the upstream accepted none of our authentication methods")]
+    MethodRefused,
     /// The upstream took our login and CONNECT request and then gave no
     /// reply by the deadline: it is still trying the destination (its own
     /// connect timeout is often longer than ours). The destination's
@@ -100,9 +104,8 @@ pub enum UpstreamError {
 impl From<ClientError> for UpstreamError {
     fn from(error: ClientError) -> Self {
         match error {
-            ClientError::AuthRefused | ClientError::NoAcceptableMethod => {
-                UpstreamError::AuthRefused
-            }
+            ClientError::AuthRefused => UpstreamError::AuthRefused,
+            ClientError::NoAcceptableMethod => UpstreamError::MethodRefused,
             other => UpstreamError::Protocol(other),
         }
     }
@@ -122,7 +125,7 @@ impl UpstreamError {
     ///   ([`UpstreamError::Protocol`]): `HostUnreachable`, the path through
     ///   the upstream is broken;
     /// - our own configuration or request at fault ([`UpstreamError::AuthRefused`],
-    ///   and a [`UpstreamError::Protocol`] for a message we could not
+    ///   [`UpstreamError::MethodRefused`], and a [`UpstreamError::Protocol`] for a message we could not
     ///   encode), or this node short of resources
     ///   ([`UpstreamError::LocalResources`]): `GeneralFailure`, which the
     ///   customer cannot fix.
@@ -140,6 +143,7 @@ impl UpstreamError {
                 | ClientError::UnencodableDomain { .. },
             )
             | UpstreamError::AuthRefused
+            | UpstreamError::MethodRefused
             | UpstreamError::LocalResources(_) => Reply::GeneralFailure,
             UpstreamError::Closed
             | UpstreamError::Io(_)
@@ -502,7 +506,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn no_acceptable_method_is_an_auth_refusal() {
+    async fn no_acceptable_method_is_a_method_refusal() {
         let (mut ours, peer) = upstream(|mut s| async move {
             expect_bytes(&mut s, &[5, 1, 0]).await;
             s.write_all(&[5, 0xFF]).await.expect("write");
@@ -510,7 +514,7 @@ mod tests {
         })
         .await;
         let got = handshake(&mut ours, None, &destination(), soon()).await;
-        assert!(matches!(got, Err(UpstreamError::AuthRefused)), "{got:?}");
+        assert!(matches!(got, Err(UpstreamError::MethodRefused)), "{got:?}");
         drop(ours);
         assert!(rest(&mut peer.await.expect("peer")).await.is_empty());
     }
@@ -775,6 +779,7 @@ mod tests {
                 502,
             ),
             (UpstreamError::AuthRefused, Reply::GeneralFailure, 502),
+            (UpstreamError::MethodRefused, Reply::GeneralFailure, 502),
             (
                 protocol(ClientError::CredentialsTooLong),
                 Reply::GeneralFailure,
@@ -797,7 +802,7 @@ mod tests {
         }
         assert!(matches!(
             UpstreamError::from(ClientError::NoAcceptableMethod),
-            UpstreamError::AuthRefused
+            UpstreamError::MethodRefused
         ));
     }
 

@@ -201,8 +201,7 @@ impl Egress {
                 // loopback is no more the customers' than ours is (unless
                 // `egress.allow` lets loopback through).
                 HostKind::Name
-                    if names_loopback(host)
-                        && !self.permits(std::net::Ipv4Addr::LOCALHOST.into()) =>
+                    if loopback_named(host).is_some_and(|loopback| !self.permits(loopback)) =>
                 {
                     return Err(EgressError::Denied(target.to_string()));
                 }
@@ -244,16 +243,26 @@ impl Egress {
     }
 }
 
-/// Whether `host` names loopback to an upstream's resolver (any case, with
-/// or without the root's trailing dot): `localhost` and names under
-/// `.localhost` (RFC 6761, 6.3), and the loopback aliases of distributions'
-/// `/etc/hosts`, names whose first label is one of [`LOOPBACK_LABELS`]
-/// (`localhost.localdomain`, `ip6-loopback`). docs/EGRESS.md promises
-/// exactly this list.
-fn names_loopback(host: &str) -> bool {
+/// The loopback address `host` names to an upstream's resolver (any case,
+/// with or without the root's trailing dot), None for other names:
+/// `localhost` and names under `.localhost` (RFC 6761, 6.3), and the
+/// loopback aliases of distributions' `/etc/hosts`, names whose first label
+/// is one of [`LOOPBACK_LABELS`] (`localhost.localdomain`, `ip6-loopback`).
+/// docs/EGRESS.md promises exactly this list. `::1` for the IPv6 aliases
+/// (`localhost6`, `ip6-localhost`, `ip6-loopback`), else 127.0.0.1.
+fn loopback_named(host: &str) -> Option<std::net::IpAddr> {
     let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     let first = host.split('.').next().unwrap_or_default();
-    host.ends_with(".localhost") || LOOPBACK_LABELS.contains(&first)
+    if !host.ends_with(".localhost") && !LOOPBACK_LABELS.contains(&first) {
+        return None;
+    }
+    Some(
+        if matches!(first, "localhost6" | "ip6-localhost" | "ip6-loopback") {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        },
+    )
 }
 
 /// First labels that `/etc/hosts` on Debian, Ubuntu, Fedora and Alpine
@@ -283,7 +292,17 @@ async fn probe(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut stream = reach(lookups, route, address, deadline).await?;
     let credentials = credentials(route, PROBE_CLIENT, PROBE_SESSION);
-    upstream_socks::probe(&mut stream, credentials.as_ref(), deadline).await?;
+    match upstream_socks::probe(&mut stream, credentials.as_ref(), deadline).await {
+        Ok(()) => {}
+        // A provider that takes only its registered sub-users refuses
+        // `blipless-probe`: it answered, so it is up. Counted as a failure,
+        // it took the upstream down every two probes (cutting every tunnel
+        // through it), and the next customer's login brought it back.
+        Err(UpstreamError::AuthRefused) if username_names_the_client(route) => {
+            tracing::debug!(route = %route.name, "egress probe's login refused (a per-client username): the upstream answered");
+        }
+        Err(error) => return Err(error),
+    }
     Ok((elapsed_us(started), stream.peer_addr().ok()))
 }
 
@@ -324,18 +343,8 @@ pub async fn probe_forever(
                     _ = tick.tick() => {}
                     () = shutdown.cancelled() => return,
                 }
-                let started = Instant::now();
                 match probe(&lookups, route, timeout).await {
                     Ok((latency_us, peer)) => route.succeeded(latency_us, peer),
-                    // A provider that takes only its registered sub-users
-                    // refuses `blipless-probe`: it answered, so it is up.
-                    // Counted as a failure, it took the upstream down
-                    // every two probes (cutting every tunnel through it),
-                    // and the next customer's login brought it back.
-                    Err(UpstreamError::AuthRefused) if username_names_the_client(route) => {
-                        tracing::debug!(route = %route.name, "egress probe's login refused (a per-client username): the upstream answered");
-                        route.succeeded(elapsed_us(started), None);
-                    }
                     // Says nothing of the upstream.
                     Err(error @ UpstreamError::LocalResources(_)) => {
                         tracing::debug!(route = %route.name, %error, "egress probe not made");
@@ -404,7 +413,7 @@ mod tests {
             "IP6-LOOPBACK.",
             "localhost.example",
         ] {
-            assert!(names_loopback(host), "{host}");
+            assert!(loopback_named(host).is_some(), "{host}");
         }
         for host in [
             "notlocalhost",
@@ -414,8 +423,18 @@ mod tests {
             "example.com",
             "",
         ] {
-            assert!(!names_loopback(host), "{host}");
+            assert!(loopback_named(host).is_none(), "{host}");
         }
+        // An IPv6 alias is judged by ::1: allowing 127.0.0.1 lets
+        // `localhost` through, not `ip6-loopback`.
+        let v6 = std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST);
+        for host in ["ip6-loopback", "localhost6.localdomain6", "IP6-LOCALHOST."] {
+            assert_eq!(loopback_named(host), Some(v6), "{host}");
+        }
+        assert_eq!(
+            loopback_named("localhost"),
+            Some(std::net::Ipv4Addr::LOCALHOST.into())
+        );
     }
 
     /// A provider that refuses one client's sub-user (`user-{client}`)
