@@ -11,6 +11,7 @@
 //!   the exit status (the stand-in, the configuration, logging, the runtime,
 //!   SIGTERM/SIGINT and SIGUSR2).
 //! - [`docs`]: man pages and shell completions from a binary's command line.
+//! - [`pace`]: how often a slow customer's writer is woken (`TCP_NOTSENT_LOWAT`).
 //!
 //! Linux only.
 
@@ -19,6 +20,7 @@ pub mod docs;
 mod fd;
 pub mod listen_fds;
 pub mod notify;
+pub mod pace;
 pub mod process;
 mod stand_in;
 

@@ -567,3 +567,58 @@ fn what_a_plane_counts_just_before_it_stops_is_reported() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(node.metric(SERIES), 4.0, "every refusal counted once");
 }
+
+/// The same slow but steady reader through the HTTPS proxy (`openssl
+/// s_client`, whose output is read 8 KiB every 100 ms): its socket belongs
+/// to the ingress's TLS relay, which must wake per window step too, and the
+/// Unix socket pair between the relay and the device plane must not hide
+/// the client's reading from the plane for longer than `body_idle`.
+#[test]
+fn a_slow_but_steady_reader_through_the_https_proxy_is_not_cut_at_the_body_timeout() {
+    let origin = RawOrigin::start(Answer::Big);
+    let mut node = Node::new("[timeouts]\nbody_idle = \"3s\"\n");
+    let ca = blipless_tests::tls::TestCa::new(&node.path().join("ca"));
+    let leaf = ca.leaf("proxy", 30);
+    let address = node.enable_https(&leaf.certificate, &leaf.key);
+    let (_ingress, _device, client) = node.start();
+    let mut s_client = std::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-CAfile"])
+        .arg(&ca.certificate)
+        .args(["-connect", &address.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_client");
+    let mut input = s_client.stdin.take().expect("stdin");
+    let mut output = s_client.stdout.take().expect("stdout");
+    write!(
+        input,
+        "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        origin.port(),
+        auth(&client)
+    )
+    .expect("request");
+    input.flush().expect("request");
+    let mut chunk = vec![0u8; 8 << 10];
+    let mut received = 0usize;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        match output.read(&mut chunk) {
+            Ok(0) => panic!("closed after {received} bytes"),
+            Ok(n) => received += n,
+            Err(error) => panic!("{error} after {received} bytes"),
+        }
+        assert_eq!(
+            origin.open.load(Ordering::SeqCst),
+            1,
+            "the origin's socket was closed after {:?} ({received} bytes read)",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(received > 10_000, "only {received} bytes in 12 s");
+    let _ = s_client.kill();
+    let _ = s_client.wait();
+    drop(input);
+}

@@ -59,6 +59,10 @@ async fn serve(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
+    // The device plane watches a forwarded response's progress by what it
+    // writes into the pair, which drains only as fast as this relay writes
+    // to the customer: wake it per window step (`timeouts.body_idle`).
+    blipless_supervise::pace::wake_per_window_step(&stream);
     let handshake = tokio::time::timeout(edge.handshake_timeout, edge.acceptor.accept(stream));
     let tls = tokio::select! {
         done = handshake => match done {
@@ -243,6 +247,9 @@ impl Activity {
 /// plane's as an fd.
 fn pair() -> std::io::Result<(UnixStream, OwnedFd)> {
     let (ours, theirs) = UnixStream::pair()?;
+    // What the plane writes ahead of the relay, bounded so that a slow
+    // customer's reading reaches the plane soon (`timeouts.body_idle`).
+    blipless_supervise::pace::bound_pair_buffer(&theirs);
     let theirs = OwnedFd::from(theirs.into_std()?);
     Ok((ours, theirs))
 }

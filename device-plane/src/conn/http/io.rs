@@ -44,30 +44,6 @@ impl LastMoved {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct NotSentLowat;
-nix::setsockopt_impl!(
-    NotSentLowat,
-    libc::IPPROTO_TCP,
-    libc::TCP_NOTSENT_LOWAT,
-    usize,
-    nix::sys::socket::sockopt::SetUsize
-);
-
-/// The most a client socket holds unsent ([`wake_per_window_step`]).
-const NOT_SENT_LOWAT: usize = 128 * 1024;
-
-/// Keeps at most [`NOT_SENT_LOWAT`] bytes unsent in the client socket, so
-/// that hyper writes (and takes the next slice of a forwarded body) each
-/// time the client's window opens, instead of once the kernel's autotuned
-/// send buffer (megabytes) half drained: a client reading slowly but
-/// steadily would otherwise show no progress for longer than
-/// `timeouts.body_idle` and be cut. Best effort: a socket that is not TCP
-/// (an HTTPS connection's Unix pair end) keeps the kernel's default.
-pub(super) fn wake_per_window_step(stream: &TcpStream) {
-    let _ = nix::sys::socket::setsockopt(stream, NotSentLowat, &NOT_SENT_LOWAT);
-}
-
 /// The client socket, counting bytes into the client's meter once known,
 /// and charging them against its quota at once (as a tunnel's relay does),
 /// so that a forwarded download is cut as soon as this plane sees the

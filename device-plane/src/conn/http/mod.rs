@@ -204,7 +204,9 @@ async fn serve_until_handover(
     // carries no address), or when the customer is gone already.
     let source = source.or_else(|| stream.peer_addr().ok().map(|peer| peer.ip()));
     let moved = Arc::new(LastMoved::new());
-    io::wake_per_window_step(&stream);
+    // A client that reads slowly but steadily shows progress per window
+    // step, not per megabytes drained (`timeouts.body_idle`).
+    blipless_supervise::pace::wake_per_window_step(&stream);
     let io = TokioIo::new(Prefixed {
         prefix,
         offset: 0,
