@@ -52,6 +52,17 @@ pub enum ConfigError {
         expected: String,
     },
 
+    /// A file a key names cannot serve: unreadable, not a regular file, or
+    /// not what it should hold (a certificate and key that do not load, a
+    /// malformed WireGuard key).
+    #[error("{key} = {problem}")]
+    File {
+        /// The key or keys that name the file.
+        key: String,
+        /// The file and what is wrong with it.
+        problem: String,
+    },
+
     /// Values that are fine alone but not together, e.g. two listeners on one
     /// address.
     #[error("{message}")]

@@ -26,7 +26,7 @@ impl Config {
     ) -> Result<Config, ConfigErrors> {
         let mut loader = Loader::new();
         if let Some(path) = file {
-            match std::fs::read_to_string(path) {
+            match crate::files::read_text(path) {
                 Ok(text) => loader.file(&text, &path.display().to_string()),
                 Err(source) => loader.errors.push(ConfigError::Read {
                     path: path.to_owned(),

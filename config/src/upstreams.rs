@@ -362,7 +362,7 @@ fn wireguard(
         }
     };
     let shown = format!("{:?}", path.display().to_string());
-    let text = match std::fs::read_to_string(&path) {
+    let text = match crate::files::read_text(&path) {
         Ok(text) => text,
         Err(err) => {
             problem(
@@ -572,7 +572,7 @@ fn check_template(template: &str) -> Result<(), String> {
 /// The first line of the password file.
 fn read_password(path: &std::path::Path) -> Result<Secret, String> {
     let text =
-        std::fs::read_to_string(path).map_err(|err| format!("a readable password file ({err})"))?;
+        crate::files::read_text(path).map_err(|err| format!("a readable password file ({err})"))?;
     let password = text.lines().next().unwrap_or("");
     if password.is_empty() || password.len() > MAX_CREDENTIAL {
         return Err(format!(

@@ -89,7 +89,7 @@ impl WireguardKey {
     /// Reads the key at `path`; `None` when there is no file (nothing is
     /// created: for a reader that must not leave a key of its own user's).
     pub fn load(path: &Path) -> Result<Option<Self>, KeyFileError> {
-        match std::fs::read_to_string(path) {
+        match crate::files::read_text(path) {
             Ok(text) => Self::parse(path, &text).map(Some),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(KeyFileError::Io {

@@ -235,34 +235,6 @@ impl std::fmt::Display for ConfigProblems {
 
 impl std::error::Error for ConfigProblems {}
 
-/// The files the daemons read at start that loading the configuration does
-/// not (the HTTPS listener's certificate and key when `listen.https` is on,
-/// the node's WireGuard key when it exists: the ingress makes it
-/// otherwise), each that cannot be read by this user, as a problem.
-fn files_the_daemons_read(config: &Config) -> Vec<String> {
-    let key_file = config.wireguard_key_file();
-    let mut files = Vec::new();
-    // Without the listener the ingress never opens them.
-    if config.listen.https.is_some() {
-        files.push(("tls.certificate", config.tls.certificate.clone()));
-        files.push(("tls.key", config.tls.key.clone()));
-    }
-    if key_file.exists() {
-        files.push(("the node's WireGuard key (node.state_dir)", Some(key_file)));
-    }
-    files
-        .into_iter()
-        .filter_map(|(what, path)| {
-            let path = path?;
-            let error = std::fs::File::open(&path).err()?;
-            Some(format!(
-                "{what} = {}: cannot be read: {error}",
-                path.display()
-            ))
-        })
-        .collect()
-}
-
 /// Both results, or every [`ConfigProblem`] among their errors (an error of
 /// another kind wins: the first one).
 fn both<A, B>(a: anyhow::Result<A>, b: anyhow::Result<B>) -> anyhow::Result<(A, B)> {
@@ -472,9 +444,18 @@ fn run(args: &Args, config: &Config) -> anyhow::Result<()> {
             // what the daemons read only when they start is read here too,
             // with this user's rights (the package's postinst runs the check
             // as the service user).
-            let unreadable = files_the_daemons_read(config);
-            if !unreadable.is_empty() {
-                return Err(ConfigProblems(unreadable).into());
+            let mut problems: Vec<String> = blipless_config::files::ingress_start_problems(config)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            // What makes the daemons exit 64 beside the configuration.
+            problems.extend(
+                blipless_config::daemon::take_bad_flag_variables()
+                    .iter()
+                    .map(ToString::to_string),
+            );
+            if !problems.is_empty() {
+                return Err(ConfigProblems(problems).into());
             }
             let source = args.config.as_ref().map_or_else(
                 || "no file: defaults".to_owned(),

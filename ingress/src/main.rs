@@ -33,5 +33,10 @@ fn main() -> ExitCode {
     if let Some(dir) = &args.daemon.write_docs {
         return daemon::write_docs(Args::command(), env!("CARGO_BIN_NAME"), dir);
     }
-    daemon::main(env!("CARGO_BIN_NAME"), args.daemon, blipless_ingress::run)
+    daemon::main(
+        env!("CARGO_BIN_NAME"),
+        args.daemon,
+        blipless_config::files::ingress_start_problems,
+        blipless_ingress::run,
+    )
 }

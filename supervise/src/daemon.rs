@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use blipless_config::{Config, ConfigErrors, EXIT_CONFIG_ERROR};
+use blipless_config::{Config, ConfigError, ConfigErrors, EXIT_CONFIG_ERROR};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -61,24 +61,47 @@ pub fn write_docs(command: clap::Command, name: &str, dir: &std::path::Path) -> 
 /// Runs the daemon `name` (its binary's name, for messages on stderr) from
 /// its parsed `args` to its exit status: under the stand-in if `--supervise`
 /// asks for it (before anything else is loaded); otherwise it loads the
-/// configuration (exit 64 when it is wrong), sets up logging and the
-/// open-file limit, and runs `serve(config, shutdown)` as a task on a
-/// multi-threaded runtime, `shutdown` being cancelled by SIGTERM, SIGINT,
-/// or a SIGUSR2 that no successor answered within `drain.grace`. An error
-/// from `serve` is logged, printed, and exits 1.
-pub fn main<F, Fut>(name: &str, args: DaemonArgs, serve: F) -> ExitCode
+/// configuration and checks the files it names that the daemon reads at
+/// start (`start_problems`; exit 64 listing every problem of both), sets up
+/// logging and the open-file limit, and runs `serve(config, shutdown)` as a
+/// task on a multi-threaded runtime, `shutdown` being cancelled by SIGTERM,
+/// SIGINT, or a SIGUSR2 that no successor answered within `drain.grace`. An
+/// error from `serve` is logged, printed, and exits 1.
+pub fn main<F, Fut>(
+    name: &str,
+    args: DaemonArgs,
+    start_problems: fn(&Config) -> Vec<ConfigError>,
+    serve: F,
+) -> ExitCode
 where
     F: FnOnce(Config, CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    main_with(name, args, |_| Ok(None), serve)
+    run_daemon(name, args, start_problems, |_| Ok(None), serve)
 }
 
-/// [`main`], with `before_threads(&config)` run once the configuration is
-/// loaded and before any thread is started (logging's included): the place
-/// for what is per thread, such as giving up a capability. What it returns
-/// is logged once logging is up: `Ok(Some)` at info, `Err` as a warning.
+/// [`main`] for a daemon that reads no file at start beyond what loading
+/// the configuration reads, with `before_threads(&config)` run once the
+/// configuration is loaded and before any thread is started (logging's
+/// included): the place for what is per thread, such as giving up a
+/// capability. What it returns is logged once logging is up: `Ok(Some)` at
+/// info, `Err` as a warning.
 pub fn main_with<B, F, Fut>(name: &str, args: DaemonArgs, before_threads: B, serve: F) -> ExitCode
+where
+    B: FnOnce(&Config) -> Result<Option<String>, String>,
+    F: FnOnce(Config, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    run_daemon(name, args, |_| Vec::new(), before_threads, serve)
+}
+
+fn run_daemon<B, F, Fut>(
+    name: &str,
+    args: DaemonArgs,
+    start_problems: fn(&Config) -> Vec<ConfigError>,
+    before_threads: B,
+    serve: F,
+) -> ExitCode
 where
     B: FnOnce(&Config) -> Result<Option<String>, String>,
     F: FnOnce(Config, CancellationToken) -> Fut,
@@ -93,15 +116,20 @@ where
     }
     let bad_flags = blipless_config::daemon::take_bad_flag_variables();
     let loaded = Config::load_os(args.config.as_deref(), std::env::vars_os(), &sets);
-    let config = match (loaded, bad_flags.is_empty()) {
-        (Ok(config), true) => config,
-        (Ok(_), false) => {
-            eprintln!("{name}: {}", ConfigErrors(bad_flags));
-            return ExitCode::from(EXIT_CONFIG_ERROR as u8);
+    // Every problem at once: the configuration's, the flag variables', and
+    // (once it loads) the files it names that this daemon reads at start.
+    let (config, mut problems) = match loaded {
+        Ok(config) => {
+            let problems = start_problems(&config);
+            (Some(config), problems)
         }
-        (Err(ConfigErrors(mut errors)), _) => {
-            errors.extend(bad_flags);
-            eprintln!("{name}: {}", ConfigErrors(errors));
+        Err(ConfigErrors(errors)) => (None, errors),
+    };
+    problems.extend(bad_flags);
+    let config = match config {
+        Some(config) if problems.is_empty() => config,
+        _ => {
+            eprintln!("{name}: {}", ConfigErrors(problems));
             return ExitCode::from(EXIT_CONFIG_ERROR as u8);
         }
     };

@@ -1,6 +1,6 @@
 //! The foundation end to end: real binaries, real sockets, curl as the client.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -631,6 +631,111 @@ fn config_check_says_sound_or_lists_every_problem() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+
+    // Files that can be read but hold the wrong thing are loaded as the
+    // ingress loads them (they passed, and the ingress then exited 1 at
+    // every restart): a certificate that is not PEM, a WireGuard key that
+    // is not one. Both listed at once.
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM\n").expect("write");
+    let wg_key = dir.path().join("wg.key");
+    std::fs::write(&wg_key, "notbase64\n").expect("write");
+    let wrong = dir.path().join("wrong.toml");
+    std::fs::write(
+        &wrong,
+        format!(
+            "[listen]\nhttps = \"127.0.0.1:8443\"\n\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n\n\
+             [wireguard]\nprivate_key_file = \"{}\"\n",
+            garbage.display(),
+            garbage.display(),
+            wg_key.display()
+        ),
+    )
+    .expect("write");
+    let output = check(&wrong, false);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    for needle in [
+        "2 problems",
+        "holds no PEM certificate",
+        "wireguard.private_key_file",
+        "not a base64 32-byte key",
+    ] {
+        assert!(stderr.contains(needle), "no {needle} in {stderr}");
+    }
+    // The ingress says the same, with exit 64 (which its unit does not
+    // restart).
+    let output = std::process::Command::new(blipless_tests::binary("blipless-ingress"))
+        .env_remove("BLIPLESS_CONFIG")
+        .arg("--config")
+        .arg(&wrong)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("holds no PEM certificate") && stderr.contains("not a base64"),
+        "{stderr}"
+    );
+
+    // A FIFO (or a directory) is no file to read: refused at once, where
+    // opening it hung the check, and would have hung a daemon's start.
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    let piped = dir.path().join("piped.toml");
+    std::fs::write(
+        &piped,
+        format!(
+            "[listen]\nhttps = \"127.0.0.1:8443\"\n\n[tls]\ncertificate = \"{}\"\nkey = \"{}\"\n",
+            dir.path().display(),
+            fifo.display()
+        ),
+    )
+    .expect("write");
+    let mut child = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+        .arg("--config")
+        .arg(&piped)
+        .args(["config", "check"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("config check hung on a FIFO");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    for needle in ["2 problems", "a directory", "not a regular file"] {
+        assert!(stderr.contains(needle), "no {needle} in {stderr}");
+    }
+
+    // A `BLIPLESS_SUPERVISE` the daemons would refuse is the check's
+    // problem too.
+    let output = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+        .env("BLIPLESS_SUPERVISE", "ture")
+        .arg("--config")
+        .arg(&sound)
+        .args(["config", "check"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("BLIPLESS_SUPERVISE"), "{stderr}");
 }
 
 /// Empty variables are unset, as an operator means them (a unit's

@@ -5,13 +5,13 @@
 //! plane serves the plaintext as it serves the HTTP listener, and migrates it
 //! across deploys like any other connection: the socket pair is its fd.
 //!
-//! The certificate ([`certificate`]) is loaded at start-up (a bad one stops
+//! The certificate ([`Certificate`], shared with `blipless-ctl config
+//! check`) is loaded at start-up (a bad one stops
 //! the ingress with the reason) and again on SIGHUP or `blipless-ctl tls
 //! reload`, where a file that does not load keeps the certificate in use.
 //! A handshake naming (SNI) a host the certificate is not valid for is
 //! refused; one with no SNI (a client dialling an IP address) is served.
 
-pub mod certificate;
 pub mod relay;
 
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::TlsMetrics;
-pub use certificate::{Certificate, CertificateError};
+pub use blipless_config::tls_certificate::{Certificate, CertificateError};
 
 /// What `/status` and `blipless-ctl status` show of the certificate.
 pub use blipless_protocol::control::TlsInfo;
