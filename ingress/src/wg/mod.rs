@@ -421,8 +421,15 @@ impl Wireguard {
         };
         // Answered, it would make this ingress, about to exit, the peer's
         // current session (`stepped_aside`); unanswered, the peer tries
-        // again, and its next initiation reaches the successor.
-        if matches!(parsed, Packet::HandshakeInit(_)) && self.stepped_aside.load(Ordering::Relaxed)
+        // again, and its next initiation reaches the successor. The same
+        // for a response to an initiation this ingress sent before it
+        // stepped aside: taken, its keepalive would confirm the session at
+        // the peer, which may then prefer it to the successor's (whose
+        // call-back then stops), and send into an ingress about to exit.
+        if matches!(
+            parsed,
+            Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
+        ) && self.stepped_aside.load(Ordering::Relaxed)
         {
             self.metrics.count_drop("stepped_aside");
             return;
@@ -511,6 +518,20 @@ impl Wireguard {
             self.metrics.count_drop("no_session");
             return;
         };
+        // A response costs two X25519 operations before boringtun can tell
+        // it is forged, and anyone with the node's public key can make its
+        // mac1 and guess a receiver index held by an initiation of ours (a
+        // call-back after a handoff holds one per peer for 30 s). One from
+        // the address the initiation went to (a call-back's answer) always
+        // goes on; one from elsewhere (a peer whose address changed) counts
+        // as handshake work, and under load is dropped before that work.
+        if matches!(packet, Packet::HandshakeResponse(_))
+            && peer.endpoint() != Some(from)
+            && self.count_initiation()
+        {
+            self.metrics.count_drop("under_load");
+            return;
+        }
         // Decrypted straight into the peer's frame to the device plane
         // (boringtun writes what it makes at the start of the room it is
         // given; the room holds any datagram of 65535 bytes or less).
