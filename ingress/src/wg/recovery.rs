@@ -23,6 +23,7 @@ use blipless_protocol::channel::{EndpointEntry, EndpointPart, PeerEntry, ToDevic
 use boringtun::noise::TunnResult;
 use tokio_util::sync::CancellationToken;
 
+use super::peers::Peer;
 use super::udp::Outgoing;
 use super::{Wireguard, WORK_BUFFER};
 use crate::planes::PlaneLink;
@@ -170,37 +171,51 @@ impl Wireguard {
                 entries = entries.len(),
                 "endpoint snapshot from the device plane"
             );
-            self.apply_endpoints(&entries);
+            // Off the device link's reader, which calls this and carries the
+            // plane's return packets: this ingress serves already, and the
+            // first calls cost four X25519 operations per peer called back
+            // (seconds for a large node). A return packet meanwhile makes
+            // its peer's state itself, as it would for any peer.
+            let this = self.clone();
+            drop(tokio::task::spawn_blocking(move || {
+                this.apply_endpoints(&entries);
+            }));
         }
     }
 
     /// Makes the session state of each of `keys` and its first handshake
     /// initiation, spread over the machine's cores: each costs four X25519
-    /// operations. It runs before this ingress serves, so that return traffic
-    /// from a device plane finds a handshake under way for every peer called
-    /// back and only queues behind it: were the device link's reader to make
-    /// a peer's state and initiate inline, a thousand peers would hold it for
-    /// a few hundred milliseconds, the plane's TUN reader would wait on the
-    /// full channel, and the kernel would drop what the TUN device holds
-    /// beyond its queue (docs/ARCHITECTURE.md, "Ingress restart-by-handoff").
+    /// operations. At a handoff it runs before this ingress serves, so that
+    /// return traffic from a device plane finds a handshake under way for
+    /// every peer called back and only queues behind it: were the device
+    /// link's reader to make a peer's state and initiate inline, a thousand
+    /// peers would hold it for a few hundred milliseconds, the plane's TUN
+    /// reader would wait on the full channel, and the kernel would drop what
+    /// the TUN device holds beyond its queue (docs/ARCHITECTURE.md, "Ingress
+    /// restart-by-handoff"). After a crash (the endpoints come from the
+    /// device plane once this ingress serves) it runs on the blocking pool,
+    /// never on that reader.
     fn first_calls(&self, keys: &[[u8; 32]]) -> Vec<(SocketAddr, Vec<u8>)> {
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .clamp(1, FIRST_CALL_THREADS);
-        let per_thread = keys.len().div_ceil(threads).max(1);
-        let table = self.read_peers();
-        let table = &*table;
+        // Taken out of the table first: its lock is not held for the X25519
+        // work, which would hold a peer-set update (the writer) as long.
+        let peers: Vec<Arc<Peer>> = {
+            let table = self.read_peers();
+            keys.iter()
+                .filter_map(|key| table.by_key(key).cloned())
+                .collect()
+        };
+        let per_thread = peers.len().div_ceil(threads).max(1);
         std::thread::scope(|scope| {
-            let workers: Vec<_> = keys
+            let workers: Vec<_> = peers
                 .chunks(per_thread)
                 .map(|chunk| {
                     scope.spawn(move || {
                         let mut buffer = vec![0u8; WORK_BUFFER];
                         let mut calls = Vec::with_capacity(chunk.len());
-                        for key in chunk {
-                            let Some(peer) = table.by_key(key) else {
-                                continue;
-                            };
+                        for peer in chunk {
                             let Some(endpoint) = peer.endpoint() else {
                                 continue;
                             };
