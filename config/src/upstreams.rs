@@ -347,7 +347,17 @@ fn wireguard(
         }
     };
     let path = match table.get("config").map(|v| v.as_str().ok_or(v)) {
-        Some(Ok(path)) => PathBuf::from(path),
+        // Absolute: a relative path would mean one file to the daemons
+        // (which run in `/`) and another to `blipless-ctl`.
+        Some(Ok(path)) if path.starts_with('/') => PathBuf::from(path),
+        Some(Ok(path)) => {
+            problem(
+                at("config"),
+                format!("{path:?}"),
+                "the absolute path of a wg-quick file",
+            );
+            return None;
+        }
         Some(Err(v)) => {
             problem(at("config"), v.to_string(), "the path of a wg-quick file");
             return None;
@@ -484,6 +494,15 @@ fn socks5(
             ok = false;
             None
         }
+        Some(Ok(path)) if !path.starts_with('/') => {
+            problem(
+                at("password_file"),
+                format!("{path:?}"),
+                "an absolute file path",
+            );
+            ok = false;
+            None
+        }
         Some(Ok(path)) => match read_password(&PathBuf::from(path)) {
             Ok(password) => Some(password),
             Err(why) => {
@@ -591,6 +610,26 @@ mod tests {
         let mut errors = Vec::new();
         let upstreams = parse(&value["upstream"], "test.toml", &mut errors);
         (upstreams, errors.iter().map(|e| e.to_string()).collect())
+    }
+
+    /// The files an upstream names are absolute paths, as every path key's.
+    #[test]
+    fn relative_upstream_files_are_refused() {
+        let (upstreams, errors) = parse_text(
+            "[[upstream]]\nname = \"a\"\nkind = \"socks5\"\naddress = \"127.0.0.1:1080\"\n\
+             username = \"u\"\npassword_file = \"pw\"\n\
+             [[upstream]]\nname = \"b\"\nkind = \"wireguard\"\nconfig = \"b.conf\"\n",
+        );
+        assert!(upstreams.is_empty(), "{upstreams:?}");
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(
+            errors[0].contains("password_file") && errors[0].contains("absolute"),
+            "{errors:#?}"
+        );
+        assert!(
+            errors[1].contains("config") && errors[1].contains("absolute"),
+            "{errors:#?}"
+        );
     }
 
     #[test]

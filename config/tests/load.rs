@@ -627,3 +627,41 @@ fn what_net_setup_and_the_uapi_socket_need_is_checked_at_load() {
         .expect("no UAPI socket, no clash");
     }
 }
+
+/// Paths are absolute: the daemons run in `/` under their units and
+/// `blipless-ctl` wherever it is started, so a relative path named one
+/// place to the daemons and another to the tool (a second WireGuard key,
+/// a control socket it could not find).
+#[test]
+fn relative_paths_are_refused_each_by_name() {
+    let found = problems(Config::load(
+        None,
+        no_env(),
+        &sets(&[
+            "node.runtime_dir=run",
+            "node.state_dir=state",
+            "wireguard.private_key_file=wg.key",
+            "tls.certificate=proxy.pem",
+        ]),
+    ));
+    let mut keys: Vec<&str> = found
+        .iter()
+        .filter_map(|problem| match problem {
+            ConfigError::InvalidValue { key, expected, .. } if expected.contains("absolute") => {
+                Some(key.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "node.runtime_dir",
+            "node.state_dir",
+            "tls.certificate",
+            "wireguard.private_key_file"
+        ],
+        "{found:#?}"
+    );
+}

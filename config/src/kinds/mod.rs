@@ -133,29 +133,31 @@ impl Kind for Name {
     }
 }
 
-/// A directory that holds Unix sockets: short enough that
+/// A directory that holds Unix sockets, absolute (the daemons run in `/`
+/// under their units, `blipless-ctl` wherever it is started: a relative
+/// path would name a different place to each) and short enough that
 /// `<dir>/handoff.sock` fits in `sun_path` (107 bytes and a NUL).
 pub(crate) struct SocketDir;
 impl Kind for SocketDir {
     type Out = PathBuf;
     const SHAPE: Shape = Shape::Text;
     const EXPECTED: &'static str =
-        "a directory path of at most 94 bytes (Unix socket paths are limited to 107)";
+        "an absolute directory path of at most 94 bytes (Unix socket paths are limited to 107)";
     fn parse(input: &Input<'_>) -> Option<PathBuf> {
         let s = input.text()?;
-        (!s.is_empty() && s.len() <= 94).then(|| PathBuf::from(s))
+        (s.starts_with('/') && s.len() <= 94).then(|| PathBuf::from(s))
     }
 }
 
-/// A directory path.
+/// An absolute directory path (see [`SocketDir`]).
 pub(crate) struct Dir;
 impl Kind for Dir {
     type Out = PathBuf;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str = "a non-empty directory path";
+    const EXPECTED: &'static str = "an absolute directory path";
     fn parse(input: &Input<'_>) -> Option<PathBuf> {
         let s = input.text()?;
-        (!s.is_empty()).then(|| PathBuf::from(s))
+        s.starts_with('/').then(|| PathBuf::from(s))
     }
 }
 
@@ -409,15 +411,19 @@ impl Kind for OptionalHostPort {
     }
 }
 
-/// An optional file path; the empty string means unset.
+/// An optional absolute file path (see [`SocketDir`]); the empty string
+/// means unset.
 pub(crate) struct OptionalPath;
 impl Kind for OptionalPath {
     type Out = Option<PathBuf>;
     const SHAPE: Shape = Shape::Text;
-    const EXPECTED: &'static str = "a file path (empty: unset)";
+    const EXPECTED: &'static str = "an absolute file path (empty: unset)";
     fn parse(input: &Input<'_>) -> Option<Option<PathBuf>> {
         let s = input.text()?;
-        Some((!s.is_empty()).then(|| PathBuf::from(s)))
+        if s.is_empty() {
+            return Some(None);
+        }
+        s.starts_with('/').then(|| Some(PathBuf::from(s)))
     }
 }
 
