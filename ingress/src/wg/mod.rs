@@ -565,15 +565,13 @@ impl Wireguard {
                 }
                 work.replies.push(from, reply, segments);
                 // Packets queued while the session was being made go now.
-                while let TunnResult::WriteToNetwork(queued) =
-                    tunnel.decapsulate(None, &[], &mut work.buffer)
-                {
-                    if self.may_send(queued) {
-                        work.replies.push(from, queued, segments);
-                    } else {
-                        self.metrics.count_drop("stepped_aside");
-                    }
-                }
+                self.send_queued(
+                    &mut tunnel,
+                    from,
+                    &mut work.buffer,
+                    &mut work.replies,
+                    &mut work.round,
+                );
                 None
             }
             // boringtun's source is read from the whole plaintext, but it
@@ -582,7 +580,20 @@ impl Wireguard {
             TunnResult::WriteToTunnelV4(inner, _) | TunnResult::WriteToTunnelV6(inner, _) => {
                 peer.heard_from(from, self.now_ms());
                 peer.sent_data(self.now_ms());
-                self.kept_inner_allowed(&peer, inner).then_some(inner.len())
+                let kept = self.kept_inner_allowed(&peer, inner).then_some(inner.len());
+                // Data on a session the peer made (it initiated while ours
+                // was under way, as during a call-back) makes that session
+                // current, but boringtun sends what it queued meanwhile only
+                // when asked: asked here, so those packets do not trail the
+                // ones sent from now on.
+                self.send_queued(
+                    &mut tunnel,
+                    from,
+                    &mut work.buffer,
+                    &mut work.replies,
+                    &mut work.round,
+                );
+                kept
             }
             TunnResult::Done => {
                 if data {
@@ -604,6 +615,30 @@ impl Wireguard {
             if work.inner.commit(peer.index, len) {
                 work.round.inner_in += 1;
             }
+        }
+    }
+
+    /// Sends what boringtun queued for a peer while it had no session (up
+    /// to 256 packets), once one is made, to `to`; counted as inner
+    /// packets out. Nothing when the queue is empty (one look).
+    fn send_queued(
+        &self,
+        tunnel: &mut peers::TunnelGuard<'_>,
+        to: SocketAddr,
+        buffer: &mut [u8],
+        out: &mut Outgoing,
+        round: &mut Round,
+    ) {
+        let segments = self.socket.max_gso_segments();
+        while let TunnResult::WriteToNetwork(queued) = tunnel.decapsulate(None, &[], buffer) {
+            if !self.may_send(queued) {
+                self.metrics.count_drop("stepped_aside");
+                continue;
+            }
+            if queued.first() == Some(&4) {
+                round.inner_out += 1;
+            }
+            out.push(to, queued, segments);
         }
     }
 
