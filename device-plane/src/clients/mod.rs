@@ -42,6 +42,13 @@ pub struct Meter {
     /// sent again, alone and unchanged, until the store takes it (a repeat of an
     /// add that did land counts nothing, see `Store::add_usage`).
     unflushed: std::sync::Mutex<Option<(u64, Usage)>>,
+    /// Held by the flush of this client's usage: two flushes at once (the
+    /// last one at exit beside a periodic one a slow store held up) would
+    /// defeat the batch numbers' repeat check (the store remembers one
+    /// batch per writer and client: a newer batch landing between a held
+    /// batch's two sends made its repeat count again) or put a batch back
+    /// after the other flush passed the client (lost at exit).
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl Meter {

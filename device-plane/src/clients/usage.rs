@@ -144,6 +144,7 @@ impl Directory {
     /// Flushes one client's held batch, if any, then its new usage: the bytes
     /// (both ways) it added, or None when it had no usage.
     async fn flush_client(&self, client: &Client) -> Option<u64> {
+        let _turn = client.meter.flushing.lock().await;
         let name = &client.record.name;
         let held = || {
             client

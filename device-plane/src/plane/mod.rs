@@ -284,8 +284,8 @@ async fn finish(warm: Warm, offline_drain: Option<Instant>, config: &Config) {
     packets.finish_dns().await;
     background.cancel();
     // A flush or tunnel count under way when the stop came ends first: run
-    // beside the last flush, it could put a batch back after that flush
-    // passed its client (lost), or record tunnels after they were cleared.
+    // beside the last flush, it could record tunnels after they were
+    // cleared (a client's usage flushes take turns: `Meter::flushing`).
     if tokio::time::timeout(MAINTENANCE_STOP, maintaining)
         .await
         .is_err()
