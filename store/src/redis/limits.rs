@@ -110,13 +110,15 @@ impl RedisStore {
             return Ok(());
         }
         let ttl_ms = crate::ttl_millis(ttl).max(1);
-        let expires_at = crate::unix_now_ms().saturating_add(ttl_ms);
+        let now = crate::unix_now_ms();
+        let expires_at = now.saturating_add(ttl_ms);
         let mut script = scripts::PUT_LIVE_TUNNELS.prepare_invoke();
         script
             .key(&key)
             .arg(&field)
             .arg(format!("{count}:{expires_at}"))
-            .arg(ttl_ms);
+            .arg(ttl_ms)
+            .arg(now);
         let _: i64 = self
             .run(
                 "recording live tunnels",

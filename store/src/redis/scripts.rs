@@ -188,11 +188,24 @@ return reply
 
 /// Records one node's open tunnels of a client and keeps the hash alive as
 /// long as its longest-lived entry (raising its expiry, never lowering it;
-/// Redis 6 has no `PEXPIRE GT`). KEYS: the client's live hash. ARGV: the
-/// node's field, `<count>:<expires unix ms>`, the ttl in ms.
+/// Redis 6 has no `PEXPIRE GT`), and drops the entries expired at the
+/// writer's now (a plane that died without clearing its own, under a name
+/// no process uses again, would stay while any other kept the hash
+/// alive). KEYS: the client's live hash. ARGV: the node's field,
+/// `<count>:<expires unix ms>`, the ttl in ms, now in unix ms.
 pub(super) static PUT_LIVE_TUNNELS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local now = tonumber(ARGV[4])
+if now then
+  local entries = redis.call('HGETALL', KEYS[1])
+  for i = 1, #entries, 2 do
+    local expires = tonumber(string.match(entries[i + 1], ':(%d+)$'))
+    if expires and expires <= now and entries[i] ~= ARGV[1] then
+      redis.call('HDEL', KEYS[1], entries[i])
+    end
+  end
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -40,6 +40,44 @@ fn urls_are_shown_without_passwords() {
     }
 }
 
+/// A live-tunnel entry of a plane that died without clearing it goes at
+/// the client's next put once expired, though another plane keeps the
+/// hash alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let plane = |pid: u32| NodeId {
+        host: "h".into(),
+        block: format!("0.p{pid}"),
+    };
+    let long = Duration::from_secs(60);
+    store
+        .put_live_tunnels(&plane(1), "u", 1, long)
+        .await
+        .expect("put");
+    store
+        .put_live_tunnels(&plane(2), "u", 3, Duration::from_millis(1))
+        .await
+        .expect("put");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .put_live_tunnels(&plane(3), "u", 2, long)
+        .await
+        .expect("put");
+    let mut conn = raw(&server).await;
+    let mut keys: Vec<String> = conn.keys("*live*").await.expect("keys");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let mut fields: Vec<String> = conn.hkeys(keys.remove(0)).await.expect("fields");
+    fields.sort_unstable();
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert!(
+        fields[0].contains("0.p1") && fields[1].contains("0.p3"),
+        "{fields:?}"
+    );
+    assert_eq!(store.live_tunnels("u", &plane(9)).await.expect("sum"), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_shapes() {
     let server = RedisServer::start();

@@ -114,14 +114,22 @@ pub(super) fn reset_quota_usage(conn: &Connection, name: &str) -> Result<(), Sto
 }
 
 /// Records `client`'s tunnels on `node` until `expires_at` (unix ms); 0
-/// deletes the entry.
+/// deletes the entry. The client's entries expired at `now` go too: a plane
+/// that died without clearing its own (each process writes under a name of
+/// its own) left them for ever.
 pub(super) fn put_live_tunnels(
     conn: &Connection,
     node: &NodeId,
     client: &str,
     count: u64,
     expires_at: i64,
+    now: i64,
 ) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM live_tunnels WHERE client = ?1 AND expires_at <= ?2",
+        params![client, now],
+    )
+    .map_err(db("forgetting expired live tunnels"))?;
     if count == 0 {
         conn.execute(
             "DELETE FROM live_tunnels WHERE client = ?1 AND host = ?2 AND block = ?3",

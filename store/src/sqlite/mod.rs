@@ -456,9 +456,10 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (node, client) = (node.clone(), client.to_owned());
-        let expires_at = super::unix_now_ms().saturating_add(super::ttl_millis(ttl));
+        let now = super::unix_now_ms();
+        let expires_at = now.saturating_add(super::ttl_millis(ttl));
         self.with_conn(move |conn| {
-            limits::put_live_tunnels(conn, &node, &client, count, expires_at)
+            limits::put_live_tunnels(conn, &node, &client, count, expires_at, now)
         })
         .await
     }

@@ -334,6 +334,58 @@ async fn endpoint_snapshots_expire_after_a_day() {
     assert_eq!(rows, 1, "the expired row was deleted");
 }
 
+/// A live-tunnel entry of a plane that died without clearing it (each
+/// process writes under a name of its own) goes at the client's next put
+/// once expired.
+#[tokio::test]
+async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("state.db"))
+        .await
+        .expect("open");
+    let plane = |pid: u32| NodeId {
+        host: "h".into(),
+        block: format!("0.p{pid}"),
+    };
+    let short = Duration::from_millis(1);
+    let long = Duration::from_secs(60);
+    store
+        .put_live_tunnels(&plane(1), "u", 3, short)
+        .await
+        .expect("put");
+    store
+        .put_live_tunnels(&plane(2), "v", 3, short)
+        .await
+        .expect("put");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store
+        .put_live_tunnels(&plane(3), "u", 2, long)
+        .await
+        .expect("put");
+    let rows: Vec<(String, String)> = store
+        .with_conn(|conn| {
+            let mut query = conn
+                .prepare("SELECT client, block FROM live_tunnels ORDER BY client")
+                .map_err(db("prepare"))?;
+            let rows = query
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .map_err(db("query"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db("rows"));
+            rows
+        })
+        .await
+        .expect("rows");
+    // Another client's entry waits for that client's next put.
+    assert_eq!(
+        rows,
+        [
+            ("u".to_owned(), "0.p3".to_owned()),
+            ("v".to_owned(), "0.p2".to_owned())
+        ]
+    );
+}
+
 /// A deploy that upgrades the schema keeps every client's identity: the
 /// snapshot the old plane wrote (one per client, before schema 5) is taken
 /// once by the new plane, for whichever node asks, since a SQLite file
