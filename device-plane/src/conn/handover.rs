@@ -51,20 +51,38 @@ pub enum NotHandedOver {
     /// It was sent and the successor died before taking it: serve it on;
     /// it may go again at once (the plane normally serves again by now).
     NotTaken(Migrate),
+    /// Its pending bytes need a pipe and none could be had (the user's
+    /// pipe pages are spent, as a busy plane's spliced tunnels spend them:
+    /// a fresh pipe cannot grow past one page): relay on a moment, so
+    /// that what is pending is written and less is, and try again in this
+    /// handover ([`RETRY_WITHOUT_PIPE`]).
+    NoPipe(Migrate),
 }
+
+/// How long a connection whose pending bytes found no pipe relays before
+/// it is offered again ([`NotHandedOver::NoPipe`]).
+pub const RETRY_WITHOUT_PIPE: Duration = Duration::from_millis(100);
 
 impl NotHandedOver {
     /// The state the handover carried.
     pub fn into_migrate(self) -> Migrate {
         match self {
-            NotHandedOver::Kept(migrate) | NotHandedOver::NotTaken(migrate) => migrate,
+            NotHandedOver::Kept(migrate)
+            | NotHandedOver::NotTaken(migrate)
+            | NotHandedOver::NoPipe(migrate) => migrate,
         }
     }
 
     /// Whether the connection may go again in the current handover
     /// ([`Context::handover_slot_when`]).
     pub fn may_hand_over_again(&self) -> bool {
-        matches!(self, NotHandedOver::NotTaken(_))
+        matches!(self, NotHandedOver::NotTaken(_) | NotHandedOver::NoPipe(_))
+    }
+
+    /// How long to relay before offering it again, when it may go again
+    /// but not at once.
+    pub fn relay_first(&self) -> Option<Duration> {
+        matches!(self, NotHandedOver::NoPipe(_)).then_some(RETRY_WITHOUT_PIPE)
     }
 }
 
@@ -170,9 +188,12 @@ impl Context {
         // Between an ingress's Goaway and the attachment to its successor
         // there is no channel for a moment: wait for it rather than keep the
         // connection here.
+        // Not past the drain grace, though: the connection is cut then, as
+        // the others waiting here for a confirmation are.
         let mut channel = self.channel();
         let waiting_since = tokio::time::Instant::now();
-        while channel.is_none() && waiting_since.elapsed() < CHANNEL_WAIT {
+        let cut = self.cut_token();
+        while channel.is_none() && waiting_since.elapsed() < CHANNEL_WAIT && !cut.is_cancelled() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             channel = self.channel();
         }
@@ -225,8 +246,8 @@ impl Context {
             }
         }
         if let Some(error) = no_pipe {
-            tracing::warn!(id, %error, "no pipe for the pending bytes; keeping the connection here");
-            return Err(NotHandedOver::Kept(unpiped(migrate)));
+            tracing::debug!(id, %error, "no pipe for the pending bytes; relaying a moment before trying again");
+            return Err(NotHandedOver::NoPipe(unpiped(migrate)));
         }
         if !pipes.is_empty() {
             tracing::debug!(
@@ -256,7 +277,6 @@ impl Context {
         // relaying, so migrations queue here, live, not in socket buffers,
         // frozen. The wait ends early only at the drain grace or when the
         // channel is lost (which drops every waiting confirmation).
-        let cut = self.cut_token();
         let answer = tokio::select! {
             // A dropped sender (the channel was lost) is no answer: going on.
             answer = confirmed => answer.unwrap_or(Answer::Taken),

@@ -106,8 +106,17 @@ pub async fn run(
             Via::Unknown,
         ),
     };
+    // Relay this long before the next offer (its pending bytes found no
+    // pipe: `NotHandedOver::NoPipe`).
+    let mut relay_first: Option<std::time::Duration> = None;
     loop {
-        let handover = context.handover_slot_when(may_hand_over);
+        let slot = context.handover_slot_when(may_hand_over);
+        let handover = async move {
+            if let Some(wait) = relay_first {
+                tokio::time::sleep(wait).await;
+            }
+            slot.await
+        };
         let cut = context.cut_token();
         // Orphans fail fast: a tunnel through an upstream closes when that
         // upstream goes down (docs/EGRESS.md, "Failover").
@@ -177,6 +186,7 @@ pub async fn run(
             Ok(()) => return,
             Err(not_handed) => {
                 may_hand_over = not_handed.may_hand_over_again();
+                relay_first = not_handed.relay_first();
                 let migrate = not_handed.into_migrate();
                 tunnel = Tunnel {
                     client: client_socket,

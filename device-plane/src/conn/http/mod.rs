@@ -456,7 +456,7 @@ async fn serve_until_handover(
                 };
                 return Some((stream, adopted));
             }
-            Err(NotHandedOver::Kept(_)) => {}
+            Err(NotHandedOver::Kept(_) | NotHandedOver::NoPipe(_)) => {}
         }
     }
     if stopped_between {
