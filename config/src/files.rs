@@ -91,6 +91,12 @@ fn wireguard_key_problem(config: &Config) -> Option<ConfigError> {
     match std::fs::metadata(&path) {
         // Made by the ingress at its first start.
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        // The check may run as another user than the ingress: say so.
+        Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => Some(file_problem(
+            name,
+            &path,
+            &format!("cannot be seen by this user ({error}): check as the ingress's user"),
+        )),
         Err(error) => Some(file_problem(
             name,
             &path,

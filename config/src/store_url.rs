@@ -27,7 +27,7 @@ pub const REDIS_PORT: u16 = 6379;
 /// A parsed store URL.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    /// `sqlite://<path>`: the embedded store, at an absolute or relative path.
+    /// `sqlite://<path>`: the embedded store, at an absolute path.
     Sqlite(String),
     /// One Redis: the whole URL, for the `redis` crate to read.
     Redis(String),
@@ -139,8 +139,9 @@ pub enum StoreUrlError {
     /// Not `scheme://...`, or a scheme that names no store.
     #[error("unknown scheme (expected sqlite://, redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://)")]
     Scheme,
-    /// `sqlite://` without a file path.
-    #[error("sqlite:// needs a file path, like sqlite:///var/lib/blipless/state.db")]
+    /// `sqlite://` without an absolute file path (the daemons run in `/`,
+    /// `blipless-ctl` anywhere: a relative one names two files).
+    #[error("sqlite:// needs an absolute file path, like sqlite:///var/lib/blipless/state.db")]
     SqlitePath,
     /// Nothing after `redis://`.
     #[error("no host")]
@@ -171,7 +172,7 @@ pub enum StoreUrlError {
 pub fn parse(url: &str) -> Result<StoreUrl, StoreUrlError> {
     let (scheme, rest) = url.split_once("://").ok_or(StoreUrlError::Scheme)?;
     match scheme.to_ascii_lowercase().as_str() {
-        "sqlite" if rest.is_empty() || rest.ends_with('/') => Err(StoreUrlError::SqlitePath),
+        "sqlite" if !rest.starts_with('/') || rest.ends_with('/') => Err(StoreUrlError::SqlitePath),
         "sqlite" => Ok(StoreUrl::Sqlite(rest.to_owned())),
         "redis" | "rediss" if rest.is_empty() || rest.starts_with('/') => {
             Err(StoreUrlError::NoHost)
@@ -343,6 +344,7 @@ mod tests {
         );
         assert_eq!(parse("sqlite://"), Err(StoreUrlError::SqlitePath));
         assert_eq!(parse("sqlite:///var/"), Err(StoreUrlError::SqlitePath));
+        assert_eq!(parse("sqlite://state.db"), Err(StoreUrlError::SqlitePath));
         let url = "rediss://u:pw@r.example:6380/2?x=1";
         assert_eq!(parse(url), Ok(StoreUrl::Redis(url.into())));
         assert_eq!(parse("redis://"), Err(StoreUrlError::NoHost));

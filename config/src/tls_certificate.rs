@@ -82,6 +82,14 @@ impl Certificate {
                 source,
             }
         }
+        // Regular files only: opening a FIFO would block the caller (a
+        // reload runs on the ingress's runtime) until something wrote to it.
+        for path in [chain, key] {
+            crate::files::must_be_regular(path).map_err(|error| CertificateError::Read {
+                path: path.to_owned(),
+                source: rustls::pki_types::pem::Error::Io(error),
+            })?;
+        }
         let certificates = CertificateDer::pem_file_iter(chain)
             .map_err(read(chain))?
             .collect::<Result<Vec<_>, _>>()

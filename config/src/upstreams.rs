@@ -359,14 +359,18 @@ fn wireguard(
             return None;
         }
         Some(Err(v)) => {
-            problem(at("config"), v.to_string(), "the path of a wg-quick file");
+            problem(
+                at("config"),
+                v.to_string(),
+                "the absolute path of a wg-quick file",
+            );
             return None;
         }
         None => {
             problem(
                 at("config"),
                 "(missing)".into(),
-                "the path of the exit's wg-quick file",
+                "the absolute path of the exit's wg-quick file",
             );
             return None;
         }
@@ -490,7 +494,7 @@ fn socks5(
     let password = match table.get("password_file").map(|v| v.as_str().ok_or(v)) {
         None => None,
         Some(Err(v)) => {
-            problem(at("password_file"), v.to_string(), "a file path");
+            problem(at("password_file"), v.to_string(), "an absolute file path");
             ok = false;
             None
         }

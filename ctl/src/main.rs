@@ -328,7 +328,19 @@ fn main() -> ExitCode {
     }
     let config = match Config::load_os(args.config.as_deref(), std::env::vars_os(), &args.sets) {
         Ok(config) => config,
-        Err(errors) => {
+        Err(mut errors) => {
+            // The check lists what makes the daemons exit 64 beside the
+            // configuration, as they do.
+            if matches!(
+                args.command,
+                Command::Config {
+                    command: ConfigCommand::Check
+                }
+            ) {
+                errors
+                    .0
+                    .extend(blipless_config::daemon::take_bad_flag_variables());
+            }
             // Removing the host setup must not hang on a configuration that
             // may be broken because the node is going away (an exit's file
             // deleted before `apt remove`): what setup made is found by its

@@ -489,6 +489,12 @@ pub(crate) fn unix_now() -> i64 {
 }
 
 /// The current time in unix milliseconds (0 if the clock is before 1970).
+/// How long past its expiry a live-tunnel entry is kept before a write of
+/// the same client's deletes it (both backends): far beyond any clock skew
+/// between a fleet's nodes that would matter elsewhere, so that a node whose
+/// clock runs ahead does not delete entries the others still count.
+pub(crate) const LIVE_TUNNELS_PRUNE_AFTER_MS: i64 = 10 * 60 * 1000;
+
 pub(crate) fn unix_now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

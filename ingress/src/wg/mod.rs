@@ -434,10 +434,11 @@ impl Wireguard {
             self.metrics.count_drop("stepped_aside");
             return;
         }
-        // Only initiations are limited here: under load they get cookie
+        // Initiations are limited here: under load they get cookie
         // replies. Responses answer this ingress's own initiations (a
-        // call-back may send a thousand at once), so they are not limited
-        // here; the peer's Tunn still checks their mac1 (`mac1_only`).
+        // call-back may send a thousand at once): not here, but once their
+        // peer is known (below, by the address they come from); the peer's
+        // Tunn still checks their mac1 (`mac1_only`).
         // Under load, a cookie proves only that its sender receives at its
         // address, so each source is limited too (`source_limit`).
         let packet = if matches!(parsed, Packet::HandshakeInit(_)) {

@@ -91,7 +91,10 @@ impl RedisStore {
         Ok(())
     }
 
-    /// [`crate::Store::put_live_tunnels`].
+    /// [`crate::Store::put_live_tunnels`]. The client's entries that expired
+    /// more than [`crate::LIVE_TUNNELS_PRUNE_AFTER_MS`] ago go too (dead planes' entries), judged
+    /// by this node's clock: the margin keeps a node whose clock runs ahead
+    /// from deleting entries the others still count.
     pub(super) async fn put_live_count(
         &self,
         node: &NodeId,
@@ -118,7 +121,7 @@ impl RedisStore {
             .arg(&field)
             .arg(format!("{count}:{expires_at}"))
             .arg(ttl_ms)
-            .arg(now);
+            .arg(now.saturating_sub(crate::LIVE_TUNNELS_PRUNE_AFTER_MS));
         let _: i64 = self
             .run(
                 "recording live tunnels",

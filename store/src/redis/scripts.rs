@@ -188,20 +188,21 @@ return reply
 
 /// Records one node's open tunnels of a client and keeps the hash alive as
 /// long as its longest-lived entry (raising its expiry, never lowering it;
-/// Redis 6 has no `PEXPIRE GT`), and drops the entries expired at the
-/// writer's now (a plane that died without clearing its own, under a name
-/// no process uses again, would stay while any other kept the hash
-/// alive). KEYS: the client's live hash. ARGV: the node's field,
-/// `<count>:<expires unix ms>`, the ttl in ms, now in unix ms.
+/// Redis 6 has no `PEXPIRE GT`), and drops the entries that expired
+/// before a time the writer gives (a plane that died without clearing its
+/// own, under a name no process uses again, would stay while any other
+/// kept the hash alive). KEYS: the client's live hash. ARGV: the node's
+/// field, `<count>:<expires unix ms>`, the ttl in ms, the cut-off in unix
+/// ms (entries that expired before it go).
 pub(super) static PUT_LIVE_TUNNELS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local now = tonumber(ARGV[4])
-if now then
+local before = tonumber(ARGV[4])
+if before then
   local entries = redis.call('HGETALL', KEYS[1])
   for i = 1, #entries, 2 do
     local expires = tonumber(string.match(entries[i + 1], ':(%d+)$'))
-    if expires and expires <= now and entries[i] ~= ARGV[1] then
+    if expires and expires < before and entries[i] ~= ARGV[1] then
       redis.call('HDEL', KEYS[1], entries[i])
     end
   end

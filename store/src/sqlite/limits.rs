@@ -114,20 +114,21 @@ pub(super) fn reset_quota_usage(conn: &Connection, name: &str) -> Result<(), Sto
 }
 
 /// Records `client`'s tunnels on `node` until `expires_at` (unix ms); 0
-/// deletes the entry. The client's entries expired at `now` go too: a plane
-/// that died without clearing its own (each process writes under a name of
-/// its own) left them for ever.
+/// deletes the entry. The client's entries that expired before `prune_before`
+/// go too: a plane that died without clearing its own (each process writes
+/// under a name of its own) left them for ever. (The caller keeps a margin,
+/// as the Redis store must for clock skew between nodes.)
 pub(super) fn put_live_tunnels(
     conn: &Connection,
     node: &NodeId,
     client: &str,
     count: u64,
     expires_at: i64,
-    now: i64,
+    prune_before: i64,
 ) -> Result<(), StoreError> {
     conn.execute(
-        "DELETE FROM live_tunnels WHERE client = ?1 AND expires_at <= ?2",
-        params![client, now],
+        "DELETE FROM live_tunnels WHERE client = ?1 AND expires_at < ?2",
+        params![client, prune_before],
     )
     .map_err(db("forgetting expired live tunnels"))?;
     if count == 0 {

@@ -459,7 +459,8 @@ impl Store for SqliteStore {
         let now = super::unix_now_ms();
         let expires_at = now.saturating_add(super::ttl_millis(ttl));
         self.with_conn(move |conn| {
-            limits::put_live_tunnels(conn, &node, &client, count, expires_at, now)
+            let prune_before = now.saturating_sub(crate::LIVE_TUNNELS_PRUNE_AFTER_MS);
+            limits::put_live_tunnels(conn, &node, &client, count, expires_at, prune_before)
         })
         .await
     }

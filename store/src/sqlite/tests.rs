@@ -336,7 +336,7 @@ async fn endpoint_snapshots_expire_after_a_day() {
 
 /// A live-tunnel entry of a plane that died without clearing it (each
 /// process writes under a name of its own) goes at the client's next put
-/// once expired.
+/// once expired for ten minutes; one expired a minute ago stays.
 #[tokio::test]
 async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -347,17 +347,26 @@ async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
         host: "h".into(),
         block: format!("0.p{pid}"),
     };
-    let short = Duration::from_millis(1);
     let long = Duration::from_secs(60);
+    for (pid, client) in [(1, "u"), (2, "u"), (4, "u"), (5, "v")] {
+        store
+            .put_live_tunnels(&plane(pid), client, 3, long)
+            .await
+            .expect("put");
+    }
+    // Planes 2 and 5 died an hour ago, plane 4 a minute ago.
     store
-        .put_live_tunnels(&plane(1), "u", 3, short)
+        .with_conn(|conn| {
+            let now = crate::unix_now_ms();
+            conn.execute(
+                "UPDATE live_tunnels SET expires_at = CASE block \
+                 WHEN '0.p4' THEN ?1 ELSE ?2 END WHERE block IN ('0.p2', '0.p4', '0.p5')",
+                params![now - 60_000, now - 3_600_000],
+            )
+            .map_err(db("ageing"))
+        })
         .await
-        .expect("put");
-    store
-        .put_live_tunnels(&plane(2), "v", 3, short)
-        .await
-        .expect("put");
-    tokio::time::sleep(Duration::from_millis(20)).await;
+        .expect("aged");
     store
         .put_live_tunnels(&plane(3), "u", 2, long)
         .await
@@ -365,7 +374,7 @@ async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
     let rows: Vec<(String, String)> = store
         .with_conn(|conn| {
             let mut query = conn
-                .prepare("SELECT client, block FROM live_tunnels ORDER BY client")
+                .prepare("SELECT client, block FROM live_tunnels ORDER BY client, block")
                 .map_err(db("prepare"))?;
             let rows = query
                 .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -377,13 +386,12 @@ async fn expired_live_tunnel_entries_are_deleted_by_the_next_put() {
         .await
         .expect("rows");
     // Another client's entry waits for that client's next put.
-    assert_eq!(
-        rows,
-        [
-            ("u".to_owned(), "0.p3".to_owned()),
-            ("v".to_owned(), "0.p2".to_owned())
-        ]
-    );
+    let expected: Vec<(String, String)> =
+        [("u", "0.p1"), ("u", "0.p3"), ("u", "0.p4"), ("v", "0.p5")]
+            .into_iter()
+            .map(|(client, block)| (client.to_owned(), block.to_owned()))
+            .collect();
+    assert_eq!(rows, expected);
 }
 
 /// A deploy that upgrades the schema keeps every client's identity: the
