@@ -17,6 +17,7 @@
 //! | `{blipless}:feed:seq` | string | the last seq handed out (`INCR`) |
 //! | `{pca_<host>_<block>}` | sorted set | a node's activity: client to unix seconds |
 //! | `{pwi_<client>}_<host>_<block>` | string | a client's egress identity on one node, as JSON, with a TTL |
+//! | `{pwi_<client>}_<host>_<block>:taken:<writer>_<n>` | string | the identity one take call got, kept [`TAKE_RECEIPT_MEMORY`] so that a repeat of the call gets it again |
 //! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
 //! | `{pwh_<host>_<block>}` | string | a node's WireGuard endpoint snapshot, as JSON, expiring a day after its last write |
 //!
@@ -32,7 +33,9 @@
 //!   increasing and never reused, and the index and the feed always agree;
 //! - an activity touch raises the entries (`ZADD GT`), trims those older than 1 h and
 //!   resets the set's 2 h expiry in one `MULTI`;
-//! - an identity is taken with `GETDEL`: only one taker gets it;
+//! - an identity is taken with `GETDEL`: only one taker gets it; the script
+//!   keeps what it took under the call's receipt key, so a repeated call
+//!   (ours, or the Cluster client's after a broken connection) gets it again;
 //! - an endpoint snapshot is replaced whole, with its expiry, by one `SET ... EX`;
 //! - a WireGuard address is claimed with `SET NX` of its key to the client's name
 //!   (which decides who wins a contested address) and freed by deleting the key only
@@ -69,8 +72,8 @@
 //! (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`), each with a
 //! `rediss` twin for TLS (the `pools` module holds the three connection pools). Every
 //! operation above stays within one slot, so it runs unchanged on a Cluster; the
-//! one multi-key read, [`list_clients`](super::Store::list_clients)'s `MGET`, is
-//! split by slot by the Cluster client. `<host>_<block>` is unambiguous because
+//! one multi-key read, the `MGET`s of [`read_clients`](super::Store::read_clients)
+//! ([`READ_CHUNK`] records each), is split by slot by the Cluster client. `<host>_<block>` is unambiguous because
 //! node names may not contain `_` (the configuration refuses it).
 //!
 //! # Replication
@@ -99,10 +102,15 @@
 //! loading its data or failing over) are retried after each of [`RETRY_BACKOFF`] when
 //! that is safe: always if the request was surely not applied (no connection could be
 //! had, or Redis refused to run it), and otherwise only if repeating it is harmless:
-//! not for `take_identity` (it would find nothing). A repeated `add_client` finds its
-//! own record and goes on; a repeated feed append adds a second entry for the same
-//! change, which followers apply harmlessly; a repeated usage add counts nothing
-//! (its batch number). Timeouts are not
+//! not for an address claim (a repeat reports the name's own claim as an
+//! earlier one) nor a quota add (it would count twice). A repeated
+//! `take_identity` finds its receipt; a repeated `add_client` finds its own
+//! record and goes on; a repeated feed append adds a second entry for the
+//! same change, which followers apply harmlessly; a repeated usage add counts
+//! nothing (its batch number). The Cluster client also re-sends by itself a
+//! call whose node connection broke or timed out, which the calls retried
+//! here take as well; the two others are `blipless-ctl`'s (a quota add there
+//! adds 0 bytes). Timeouts are not
 //! retried: a Redis that did not answer in 2 s is not likely to in the next 50 ms.
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
@@ -155,6 +163,18 @@ pub const CONFIRM_WAIT: Duration = Duration::from_millis(250);
 /// (so that repeating it counts nothing): a repeat later than this counts again.
 pub const USAGE_BATCH_MEMORY: Duration = Duration::from_secs(3600);
 
+/// How many names one `SSCAN` step of the client index asks for, and how
+/// many records one `MGET` reads, when every client is read: each call stays
+/// short. One `SMEMBERS` and one `MGET` over 100,000 clients held up every
+/// other caller of that Redis while it ran (every node at once reloads after
+/// a failover), and over enough clients would outlast [`ATTEMPT_TIMEOUT`], so
+/// the list could never be read.
+pub const READ_CHUNK: usize = 1000;
+
+/// How long the identity a take call got is kept under its receipt key, for
+/// a repeat of that call (a retry comes within an attempt's seconds).
+pub const TAKE_RECEIPT_MEMORY: Duration = Duration::from_secs(60);
+
 /// The set of all client names.
 const INDEX_KEY: &str = "{blipless}:clients";
 /// The change feed stream.
@@ -194,6 +214,12 @@ fn identity_key(node: &NodeId, client: &str) -> String {
     format!("{{pwi_{client}}}_{}_{}", node.host, node.block)
 }
 
+/// Where one take call (`call`: the handle's writer id and a number) keeps
+/// the identity it took: [`scripts::TAKE_IDENTITY`].
+fn take_receipt_key(node: &NodeId, client: &str, call: &str) -> String {
+    format!("{}:taken:{call}", identity_key(node, client))
+}
+
 fn endpoints_key(node: &NodeId) -> String {
     format!("{{pwh_{}_{}}}", node.host, node.block)
 }
@@ -214,6 +240,8 @@ pub struct RedisStore {
     /// This handle's own name among the writers of usage (16 hex digits, random):
     /// with a batch number, it makes a repeated usage add count once.
     writer: String,
+    /// The take calls this handle made: with `writer`, each one's receipt.
+    takes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -480,6 +508,7 @@ impl RedisStore {
             pools,
             replicas_seen: std::sync::atomic::AtomicBool::new(true),
             writer: writer_id()?,
+            takes: std::sync::atomic::AtomicU64::new(0),
         };
         let pong: String = store
             .run(

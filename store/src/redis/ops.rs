@@ -10,8 +10,8 @@ use deadpool_redis::redis;
 
 use super::{
     activity_key, address_key, batch_key, client_key, endpoints_key, has_replicas, identity_key,
-    scripts, usage_key, Confirm, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY,
-    INDEX_KEY, USAGE_BATCH_MEMORY,
+    scripts, take_receipt_key, usage_key, Confirm, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY,
+    FEED_SEQ_KEY, INDEX_KEY, READ_CHUNK, TAKE_RECEIPT_MEMORY, USAGE_BATCH_MEMORY,
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
@@ -236,6 +236,57 @@ impl RedisStore {
             });
         Some(Change { seq, name, kind })
     }
+
+    /// Every client name in the index, sorted, read with `SSCAN` a chunk at
+    /// a time (a name added or removed meanwhile may or may not be in it:
+    /// the caller reads the feed head first and follows the feed from there).
+    async fn client_names(&self) -> Result<Vec<String>, StoreError> {
+        let mut names = Vec::new();
+        let mut cursor = 0_u64;
+        loop {
+            let mut cmd = redis::cmd("SSCAN");
+            cmd.arg(INDEX_KEY).arg(cursor).arg("COUNT").arg(READ_CHUNK);
+            let (next, members): (u64, Vec<Vec<u8>>) = self
+                .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
+                .await?;
+            // A member that is not a client name (a hand's) names no record.
+            names.extend(
+                members
+                    .into_iter()
+                    .filter_map(|member| match String::from_utf8(member) {
+                        Ok(name) if is_valid_name(&name) => Some(name),
+                        _ => {
+                            tracing::warn!(store = %self.shown_url, key = INDEX_KEY, "a client index member that is not a client name: skipped");
+                            None
+                        }
+                    }),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // SSCAN may return a name twice (the set was rehashed meanwhile).
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// One take call of `client`'s identity on `node`, with a receipt of its
+    /// own: sent again, it answers what it took the first time.
+    pub(super) fn identity_take(&self, node: &NodeId, client: &str) -> Req<'static> {
+        let call = self.takes.fetch_add(1, Ordering::Relaxed);
+        let mut script = scripts::TAKE_IDENTITY.prepare_invoke();
+        script
+            .key(identity_key(node, client))
+            .key(take_receipt_key(
+                node,
+                client,
+                &format!("{}_{call}", self.writer),
+            ))
+            .arg(u64::try_from(TAKE_RECEIPT_MEMORY.as_millis()).unwrap_or(u64::MAX));
+        Req::Script(script)
+    }
 }
 
 /// The ID of the first entry in an `XREAD` reply (`[[stream, [[id,
@@ -318,35 +369,20 @@ impl Store for RedisStore {
     }
 
     async fn read_clients(&self) -> Result<ClientList, StoreError> {
-        let mut cmd = redis::cmd("SMEMBERS");
-        cmd.arg(INDEX_KEY);
-        let members: Vec<Vec<u8>> = self
-            .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
-        // A member that is not a client name (a hand's) names no record.
-        let mut names: Vec<String> = members
-            .into_iter()
-            .filter_map(|member| match String::from_utf8(member) {
-                Ok(name) if is_valid_name(&name) => Some(name),
-                _ => {
-                    tracing::warn!(store = %self.shown_url, key = INDEX_KEY, "a client index member that is not a client name: skipped");
-                    None
-                }
-            })
-            .collect();
-        if names.is_empty() {
-            return Ok(ClientList::default());
+        let names = self.client_names().await?;
+        // MGET in chunks: on a Cluster the client splits each by slot (the
+        // records are in different slots) and puts the replies back in order.
+        let mut records = Vec::with_capacity(names.len());
+        for chunk in names.chunks(READ_CHUNK) {
+            let mut cmd = redis::cmd("MGET");
+            for name in chunk {
+                cmd.arg(client_key(name));
+            }
+            let read: Vec<Option<Vec<u8>>> = self
+                .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
+                .await?;
+            records.extend(read);
         }
-        names.sort_unstable();
-        // One MGET: on a Cluster the client splits it by slot (the records are in
-        // different slots) and puts the replies back in order.
-        let mut cmd = redis::cmd("MGET");
-        for name in &names {
-            cmd.arg(client_key(name));
-        }
-        let records: Vec<Option<Vec<u8>>> = self
-            .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
         Ok(ClientList::from_results(
             names
                 .iter()
@@ -591,10 +627,13 @@ impl Store for RedisStore {
         if !is_valid_name(client) {
             return Ok(None);
         }
-        let mut cmd = redis::cmd("GETDEL");
-        cmd.arg(identity_key(node, client));
+        // A repeat finds the call's receipt: retried like any idempotent call.
         let json: Option<String> = self
-            .run("taking an identity", Retry::Once, &Req::Cmd(cmd))
+            .run(
+                "taking an identity",
+                Retry::Idempotent,
+                &self.identity_take(node, client),
+            )
             .await?;
         json.map(|json| decode_identity(client, &json)).transpose()
     }

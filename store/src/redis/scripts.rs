@@ -109,6 +109,30 @@ return seq
     )
 });
 
+/// Takes a client's egress identity on one node (only one taker gets it),
+/// so that repeating the call gets the same answer: the identity taken is
+/// kept under the call's own receipt key for a while, and a call that finds
+/// its receipt answers with it. (The Cluster client re-sends a call whose
+/// connection broke or timed out, and a `GETDEL` repeated after it applied
+/// would find nothing: the client's sticky source would be lost.)
+/// KEYS: the identity key, the call's receipt key (same slot). ARGV: how long
+/// to keep the receipt (ms). Returns the identity's JSON, or nil.
+pub(super) static TAKE_IDENTITY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local kept = redis.call('GET', KEYS[2])
+if kept then
+  return kept
+end
+local taken = redis.call('GETDEL', KEYS[1])
+if taken then
+  redis.call('SET', KEYS[2], taken, 'PX', ARGV[1])
+end
+return taken
+",
+    )
+});
+
 /// Claims a WireGuard address for a client (`SET NX` of the address key to the name).
 /// KEYS: the address key. ARGV: the client's name.
 /// Returns 1 if claimed now, 2 if that name held it already (an earlier or concurrent
@@ -217,11 +241,12 @@ return 1
 });
 
 /// Every script, for loading them all when the store opens.
-pub(super) fn all() -> [&'static Script; 8] {
+pub(super) fn all() -> [&'static Script; 9] {
     [
         &ADD_CLIENT,
         &ADD_USAGE,
         &FEED_APPEND,
+        &TAKE_IDENTITY,
         &CLAIM_ADDRESS,
         &RELEASE_ADDRESS,
         &REPLACE_CLIENT,

@@ -158,6 +158,54 @@ async fn key_shapes() {
 
 /// The half-done states the module doc describes, as a crash between the two slots of
 /// an add or a remove would leave them.
+/// A take call sent twice (the Cluster client re-sends one whose node
+/// connection broke or timed out, after it may have applied) gets the
+/// identity both times; another call finds none, and the receipt expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_take_gets_its_identity_again() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let id = EgressIdentity {
+        source: Some("127.0.0.9".parse().expect("ip")),
+        ..EgressIdentity::default()
+    };
+    store
+        .put_identity(&node(), "alice", &id, Duration::from_secs(600))
+        .await
+        .expect("put");
+    let take = store.identity_take(&node(), "alice");
+    let first: Option<String> = store
+        .run("taking", Retry::Idempotent, &take)
+        .await
+        .expect("the take");
+    let again: Option<String> = store
+        .run("taking again", Retry::Idempotent, &take)
+        .await
+        .expect("the repeat");
+    let first = first.expect("the first send takes the identity");
+    assert_eq!(
+        again.as_deref(),
+        Some(first.as_str()),
+        "the repeat gets it too"
+    );
+    assert_eq!(
+        crate::decode_identity("alice", &first)
+            .expect("decodes")
+            .source,
+        id.source
+    );
+    assert_eq!(
+        store.take_identity(&node(), "alice").await.expect("take"),
+        None,
+        "only one call takes it"
+    );
+    let mut conn = raw(&server).await;
+    let receipts: Vec<String> = conn.keys("{pwi_alice}_h1_b0:taken:*").await.expect("KEYS");
+    assert_eq!(receipts.len(), 1, "{receipts:?}");
+    let ttl: i64 = conn.pttl(&receipts[0]).await.expect("PTTL");
+    assert!((50_000..=60_000).contains(&ttl), "{ttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_done_adds_and_removes_are_repaired() {
     let server = RedisServer::start();
@@ -310,6 +358,60 @@ async fn a_foreign_entry_is_no_change_to_wait_for() {
         .wait_for_change(head, Duration::from_millis(300))
         .await
         .expect("the wait"));
+}
+
+/// Every client is read in calls of [`READ_CHUNK`] names or records at
+/// most: 2,500 clients (written by hand, as a fleet's store holds them) all
+/// read back, with `SSCAN` steps and three `MGET`s, never `SMEMBERS`. Before,
+/// one `SMEMBERS` and one `MGET` of every client held Redis up for as long
+/// as they ran, and over enough clients outlasted a call's 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_is_read_in_chunks() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let count = READ_CHUNK * 2 + READ_CHUNK / 2;
+    let mut conn = raw(&server).await;
+    let mut pipe = redis::pipe();
+    for n in 0..count {
+        let name = format!("c{n:05}");
+        let json = serde_json::to_string(&client(&name)).expect("json");
+        pipe.cmd("SET")
+            .arg(client_key(&name))
+            .arg(json)
+            .ignore()
+            .cmd("SADD")
+            .arg(INDEX_KEY)
+            .arg(&name)
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut conn).await.expect("the clients");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+
+    let list = store.read_clients().await.expect("the list reads");
+    let names: Vec<String> = list.records.iter().map(|r| r.name.clone()).collect();
+    let expected: Vec<String> = (0..count).map(|n| format!("c{n:05}")).collect();
+    assert_eq!(names, expected);
+    assert!(list.unreadable.is_empty());
+
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().expect("a count"))
+    };
+    assert_eq!(calls("smembers"), 0, "{stats}");
+    assert!(calls("sscan") >= 3, "{stats}");
+    assert_eq!(calls("mget"), 3, "{stats}");
 }
 
 /// Records a hand (or damage, or another version) wrote under client keys
