@@ -95,6 +95,13 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Connections sent to a successor whose confirmation has not come:
+    /// still open here, but counted as handed over (the cut at the grace
+    /// ends the wait, not the connection, which the successor holds).
+    pub fn handovers_in_flight(&self) -> u64 {
+        self.awaiting_map().len() as u64
+    }
+
     /// The ingress answered for connection `id`: the successor confirmed it
     /// (MigrateDone), or died without taking it (MigrateNotTaken).
     pub fn handover_answered(&self, id: u64, answer: Answer) {

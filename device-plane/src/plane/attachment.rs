@@ -179,8 +179,11 @@ pub(super) async fn serve(
                 }
             }
             () = terminate.cancelled(), if session.listens_for_terminate() => Event::Terminate,
+            // Those awaiting the successor's confirmation count as migrated,
+            // not as cut (the drain summary's three add up).
             () = sleep_until(grace_deadline), if grace_deadline.is_some() => Event::GraceOver {
-                left: context.connections.len() as u64,
+                left: (context.connections.len() as u64)
+                    .saturating_sub(context.handovers_in_flight()),
             },
             Some(done) = synced.recv() => Event::ClientsSynced(done),
             () = context.connections.wait(), if session.draining() => Event::AllClosed {
