@@ -42,14 +42,34 @@ impl Config {
     /// [`Config::load`] with the environment as the process has it
     /// (`std::env::vars_os()`): a variable whose name or value is not UTF-8
     /// is skipped, unless it is a `BLIPLESS_<KEY>` of a known key, whose
-    /// value is then reported as a problem like any other bad value.
+    /// value is then reported as a problem like any other bad value; and the
+    /// `--set` flags as the command line had them, one that is not UTF-8
+    /// being a problem too.
     pub fn load_os(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-        sets: &[String],
+        sets: &[std::ffi::OsString],
     ) -> Result<Config, ConfigErrors> {
         let mut readable = Vec::new();
         let mut unreadable = Vec::new();
+        let mut readable_sets = Vec::new();
+        for entry in sets {
+            match entry.to_str() {
+                Some(entry) => readable_sets.push(entry.to_owned()),
+                // Not shown: it may hold a password, and the replacement
+                // characters could make it read as a value it is not.
+                None => {
+                    let lossy = entry.to_string_lossy();
+                    let name = lossy.split_once('=').map_or(&*lossy, |(name, _)| name);
+                    unreadable.push(ConfigError::InvalidValue {
+                        origin: "--set".to_owned(),
+                        key: redact_urls(name.trim()),
+                        value: "(not shown)".to_owned(),
+                        expected: "UTF-8 text".to_owned(),
+                    });
+                }
+            }
+        }
         for (name, value) in env {
             let Ok(name) = name.into_string() else {
                 continue;
@@ -68,7 +88,7 @@ impl Config {
                 }
             }
         }
-        match Config::load(file, readable, sets) {
+        match Config::load(file, readable, &readable_sets) {
             Ok(config) if unreadable.is_empty() => Ok(config),
             Ok(_) => Err(ConfigErrors(unreadable)),
             Err(ConfigErrors(mut errors)) => {

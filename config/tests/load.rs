@@ -302,6 +302,39 @@ fn problems_name_their_origin() {
     );
 }
 
+/// A `--set` that is not UTF-8 is a problem listed with the others, its
+/// value not shown (it may hold a password); the UTF-8 ones still apply.
+#[test]
+fn a_set_that_is_not_utf8_is_reported_with_the_others() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let errors = problems(Config::load_os(
+        None,
+        std::iter::empty(),
+        &[
+            OsString::from_vec(b"store.url=redis://:s3cr\xe9t@r:6379".to_vec()),
+            OsString::from("drain.grace=soon"),
+            OsString::from_vec(b"\xff".to_vec()),
+        ],
+    ));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 3, "{text:?}");
+    assert!(text.iter().any(|t| t.contains("drain.grace")), "{text:?}");
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("store.url") && t.contains("expected UTF-8 text")),
+        "{text:?}"
+    );
+    assert!(text.iter().all(|t| !t.contains("s3cr")), "{text:?}");
+    let config = Config::load_os(
+        None,
+        std::iter::empty(),
+        &[OsString::from("drain.grace=7s")],
+    )
+    .expect("loads");
+    assert_eq!(config.drain.grace, Duration::from_secs(7));
+}
+
 #[test]
 fn an_environment_that_is_not_utf8_is_skipped_or_reported_not_a_panic() {
     use std::ffi::OsString;

@@ -53,7 +53,7 @@ struct Args {
     config: Option<PathBuf>,
     /// Override one key, for example `--set node.runtime_dir=/tmp/blip` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", global = true)]
-    sets: Vec<String>,
+    sets: Vec<std::ffi::OsString>,
     /// Print JSON for machines instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -281,9 +281,12 @@ fn parse_args() -> Args {
     args
 }
 
-/// Every `--set` value on a command line, in order (clap has already
-/// refused one that is not UTF-8; any other argument may not be).
-fn sets_in_order(arguments: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<String> {
+/// Every `--set` value on a command line, in order, UTF-8 or not (one that
+/// is not is reported with the configuration's other problems).
+fn sets_in_order(
+    arguments: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let mut sets = Vec::new();
     let mut arguments = arguments.into_iter();
     while let Some(argument) = arguments.next() {
@@ -291,9 +294,9 @@ fn sets_in_order(arguments: impl IntoIterator<Item = std::ffi::OsString>) -> Vec
             break;
         }
         if argument == "--set" {
-            sets.extend(arguments.next().and_then(|value| value.into_string().ok()));
-        } else if let Some(value) = argument.to_str().and_then(|a| a.strip_prefix("--set=")) {
-            sets.push(value.to_owned());
+            sets.extend(arguments.next());
+        } else if let Some(value) = argument.as_bytes().strip_prefix(b"--set=") {
+            sets.push(std::ffi::OsString::from_vec(value.to_vec()));
         }
     }
     sets

@@ -31,7 +31,7 @@ pub struct DaemonArgs {
     pub config: Option<PathBuf>,
     /// Override one key, for example `--set drain.grace=30s` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
+    pub sets: Vec<std::ffi::OsString>,
     /// Log as JSON lines instead of human-readable text (as a last --set log.format=json).
     #[arg(long)]
     pub log_json: bool,

@@ -772,6 +772,43 @@ fn empty_variables_are_unset_and_a_failed_start_still_says_why() {
     );
 }
 
+/// A `--set` that is not UTF-8 (a password pasted from a Latin-1 file) is a
+/// configuration problem listed with the others, exit 64, in all three
+/// binaries and both spellings, its value not shown. Before, clap refused it
+/// as a usage error (exit 2, which the units restart) and hid the others.
+#[test]
+fn a_set_that_is_not_utf8_is_listed_with_the_other_problems() {
+    use std::os::unix::ffi::OsStringExt;
+    let secret = b"store.url=redis://:s3cr\xe9t@127.0.0.1:1".to_vec();
+    let mut spelled = b"--set=".to_vec();
+    spelled.extend_from_slice(&secret);
+    for binary in ["blipless-ingress", "blipless-device", "blipless-ctl"] {
+        for arguments in [
+            vec![
+                std::ffi::OsString::from("--set"),
+                std::ffi::OsString::from_vec(secret.clone()),
+            ],
+            vec![std::ffi::OsString::from_vec(spelled.clone())],
+        ] {
+            let mut command = std::process::Command::new(blipless_tests::binary(binary));
+            command.env("BLIPLESS_DRAIN_GRACE", "soon").args(&arguments);
+            if binary == "blipless-ctl" {
+                command.args(["config", "check"]);
+            }
+            let output = command.output().expect("run");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(64), "{binary}: {stderr}");
+            for needle in ["2 problems", "store.url", "UTF-8", "drain.grace"] {
+                assert!(stderr.contains(needle), "{binary}: no {needle} in {stderr}");
+            }
+            assert!(
+                !stderr.contains("s3cr"),
+                "{binary} shows the secret: {stderr}"
+            );
+        }
+    }
+}
+
 /// A `BLIPLESS_SUPERVISE` that is neither a yes nor a no is a configuration
 /// problem listed with the others (exit 64, which the units do not
 /// restart), not a usage error that hid them (exit 2, restarted every
