@@ -37,7 +37,7 @@ pub fn must_be_regular(path: &Path) -> std::io::Result<()> {
 /// [`Config::load`] does not: the HTTPS listener's certificate and key when
 /// `listen.https` is set (loaded, parsed and matched as the ingress does),
 /// and the node's WireGuard key when it exists (the ingress makes one
-/// otherwise). Read with the caller's rights: the package's `postinst` runs
+/// otherwise: then that it could). Read with the caller's rights: the package's `postinst` runs
 /// `blipless-ctl config check` as the service user.
 pub fn ingress_start_problems(config: &Config) -> Vec<ConfigError> {
     let mut problems = Vec::new();
@@ -89,8 +89,10 @@ fn wireguard_key_problem(config: &Config) -> Option<ConfigError> {
         "the node's WireGuard key (node.state_dir)"
     };
     match std::fs::metadata(&path) {
-        // Made by the ingress at its first start.
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        // Made by the ingress at its first start, if it can.
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            uncreatable(&path).map(|problem| file_problem(name, &path, &problem))
+        }
         // The check may run as another user than the ingress: say so.
         Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => Some(file_problem(
             name,
@@ -113,6 +115,35 @@ fn wireguard_key_problem(config: &Config) -> Option<ConfigError> {
             let error = WireguardKey::load(&path).err()?;
             Some(file_problem(name, &path, &error.to_string()))
         }
+    }
+}
+
+/// Why this user could not create the missing file `path` (and the
+/// directories it needs, as [`WireguardKey::load_or_create`] does), if it
+/// could not: the nearest directory that exists must be one this user may
+/// write in.
+fn uncreatable(path: &Path) -> Option<String> {
+    use nix::unistd::{access, AccessFlags};
+    let existing = path
+        .ancestors()
+        .skip(1)
+        .find(|dir| dir.symlink_metadata().is_ok())?;
+    let shown = existing.display();
+    match std::fs::metadata(existing) {
+        Ok(meta) if !meta.is_dir() => Some(format!(
+            "does not exist, and cannot be created: {shown} is not a directory"
+        )),
+        Err(error) => Some(format!(
+            "does not exist, and cannot be created: {shown}: {error}"
+        )),
+        Ok(_) => access(existing, AccessFlags::W_OK | AccessFlags::X_OK)
+            .err()
+            .map(|error| {
+                format!(
+                    "does not exist, and this user cannot create it in {shown} ({error}): \
+                     check as the ingress's user, which makes it at its first start"
+                )
+            }),
     }
 }
 
@@ -188,6 +219,12 @@ mod tests {
         let config = config_with(&[format!(
             "wireguard.private_key_file={}",
             dir.path().join("absent.key").display()
+        )]);
+        assert!(ingress_start_problems(&config).is_empty());
+        // Nor when the directories it needs are missing: it makes them too.
+        let config = config_with(&[format!(
+            "wireguard.private_key_file={}",
+            dir.path().join("new/sub/absent.key").display()
         )]);
         assert!(ingress_start_problems(&config).is_empty());
     }

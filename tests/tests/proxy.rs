@@ -772,6 +772,60 @@ fn empty_variables_are_unset_and_a_failed_start_still_says_why() {
     );
 }
 
+/// A WireGuard key the ingress would have to create where its user cannot
+/// is a problem `config check` (run as that user, as postinst does) and the
+/// ingress list, exit 64. Before, both passed it and the ingress exited 1
+/// at every start. The user here is `nobody`, in a directory of root's.
+#[test]
+fn a_wireguard_key_that_cannot_be_created_is_a_configuration_problem() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).expect("mkdir");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let as_nobody = |binary: &str, key: &std::path::Path, check: bool| {
+        let mut command = std::process::Command::new("setpriv");
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(blipless_tests::binary(binary))
+            .env_remove("BLIPLESS_CONFIG")
+            .arg("--set")
+            .arg(format!("wireguard.private_key_file={}", key.display()))
+            .arg("--set")
+            .arg(format!("node.state_dir={}", dir.path().display()))
+            .arg("--set")
+            .arg(format!("node.runtime_dir={}", dir.path().display()));
+        if check {
+            command.args(["config", "check"]);
+        }
+        command.output().expect("setpriv")
+    };
+    let key = locked.join("sub/wireguard.key");
+    for (binary, check) in [("blipless-ctl", true), ("blipless-ingress", false)] {
+        let output = as_nobody(binary, &key, check);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{binary}: {stderr}");
+        for needle in [
+            "wireguard.private_key_file",
+            "this user cannot create it in",
+            &locked.display().to_string(),
+        ] {
+            assert!(stderr.contains(needle), "{binary}: no {needle} in {stderr}");
+        }
+    }
+    // Where it may create it, the check is sound.
+    let writable = dir.path().join("open");
+    std::fs::create_dir(&writable).expect("mkdir");
+    std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let output = as_nobody("blipless-ctl", &writable.join("sub/wireguard.key"), true);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// A `--set` that is not UTF-8 (a password pasted from a Latin-1 file) is a
 /// configuration problem listed with the others, exit 64, in all three
 /// binaries and both spellings, its value not shown. Before, clap refused it
