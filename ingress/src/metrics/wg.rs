@@ -146,7 +146,7 @@ impl WgMetrics {
         );
         registry.register(
             "wg_handshakes",
-            "Handshake responses sent (sessions made)",
+            "Handshake responses sent to peers' initiations (a replay to a fresh session state gets one too)",
             metrics.handshakes.clone(),
         );
         registry.register(
