@@ -190,9 +190,24 @@ pub async fn handshake(
     .await?;
     // From here on the upstream has shown it works (it took our login and
     // request): silence or a close is about the destination.
-    let reply = by_deadline(deadline, read_message(stream, client::parse_connect_reply))
+    let mut received = Vec::new();
+    let read = read_message_into(stream, &mut received, client::parse_connect_reply);
+    let reply = by_deadline(deadline, read)
         .await
         .map_err(|error| match error {
+            // A failure code, then a close, silence or garble instead of
+            // the rest of the reply (some upstreams send only `VER REP`):
+            // the upstream's own word on the destination, passed on.
+            // (What a read cut short left in `received` past the bytes
+            // received is zeros, never a failure code.)
+            UpstreamError::TimedOut
+            | UpstreamError::Closed
+            | UpstreamError::Io(_)
+            | UpstreamError::Protocol(_)
+                if matches!(received.get(..2), Some(&[5, code]) if code != 0) =>
+            {
+                UpstreamError::Refused { code: received[1] }
+            }
             UpstreamError::TimedOut => UpstreamError::DestinationTimedOut,
             UpstreamError::Closed => UpstreamError::ClosedAtConnect,
             // A reset is how some upstreams say it too.
@@ -272,10 +287,19 @@ async fn read_message<T>(
     stream: &mut TcpStream,
     parse: impl Fn(&[u8]) -> Result<(T, usize), ClientError>,
 ) -> Result<T, UpstreamError> {
+    read_message_into(stream, &mut Vec::with_capacity(32), parse).await
+}
+
+/// [`read_message`] into `buffer` (empty), which keeps what was received
+/// when the answer does not come whole.
+async fn read_message_into<T>(
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    parse: impl Fn(&[u8]) -> Result<(T, usize), ClientError>,
+) -> Result<T, UpstreamError> {
     // The longest answer is a reply with a 255-byte bound name: 262 bytes.
-    let mut buffer = Vec::with_capacity(32);
     loop {
-        let needed = match parse(&buffer) {
+        let needed = match parse(buffer) {
             Ok((value, used)) => {
                 debug_assert_eq!(used, buffer.len(), "read past the answer");
                 return Ok(value);
@@ -576,6 +600,38 @@ mod tests {
         assert_eq!(error.socks_reply(), Reply::HostUnreachable);
         assert!(!crate::egress::via::is_upstream_fault(&error));
         peer.await.expect("peer");
+    }
+
+    /// A failure reply cut short (`VER REP` and a close, or silence, or
+    /// garble after it) is the upstream's own code: a customer told 5
+    /// (refused) by the upstream hears 5, not 4 (host unreachable) or 6
+    /// (TTL expired). A success cut short is still a close at CONNECT.
+    #[tokio::test]
+    async fn a_short_failure_reply_gives_the_upstreams_own_code() {
+        for (sent, stay_silent, reply) in [
+            (&[5_u8, 5][..], false, Reply::ConnectionRefused),
+            (&[5, 2, 0][..], true, Reply::NotAllowed),
+            (&[5, 3, 0, 9][..], false, Reply::NetworkUnreachable),
+            (&[5, 0, 0][..], false, Reply::HostUnreachable),
+        ] {
+            let sent = sent.to_vec();
+            let (mut ours, peer) = upstream(move |mut s| async move {
+                expect_bytes(&mut s, &[5, 1, 0]).await;
+                s.write_all(&[5, 0]).await.expect("write");
+                expect_bytes(&mut s, &CONNECT).await;
+                s.write_all(&sent).await.expect("write");
+                if stay_silent {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+            })
+            .await;
+            let deadline = Instant::now() + Duration::from_millis(500);
+            let error = handshake(&mut ours, None, &destination(), deadline)
+                .await
+                .expect_err("no connection");
+            assert_eq!(error.socks_reply(), reply, "{error:?}");
+            peer.abort();
+        }
     }
 
     /// A reset instead of a CONNECT reply is the destination's failure too,
