@@ -409,9 +409,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// period rolled over. Every node adds to the one count, so a quota is
     /// fleet-wide. `StoreError::NotFound` if there is no such client.
     ///
-    /// Not deduplicated like [`Store::add_usage`]: a caller repeating an add
-    /// whose reply it lost may count those bytes twice (docs/LIMITS.md,
-    /// "Overshoot").
+    /// Not deduplicated across calls like [`Store::add_usage`]: a caller
+    /// repeating an add whose reply it lost may count those bytes twice
+    /// (docs/LIMITS.md, "Overshoot"). Within one call, the Redis store's own
+    /// repeats (its retries, the Cluster client's re-sends) count once.
     async fn add_quota_usage(
         &self,
         name: &str,

@@ -8,7 +8,10 @@
 
 use deadpool_redis::redis;
 
-use super::{client_key, live_key, quota_key, scripts, RedisStore, Req, Retry};
+use super::{
+    client_key, live_key, quota_key, receipt_key, scripts, RedisStore, Req, Retry,
+    CALL_RECEIPT_MEMORY,
+};
 use crate::{ClientLimits, NodeId, StoreError};
 
 fn node_field(node: &NodeId) -> String {
@@ -69,16 +72,30 @@ impl RedisStore {
         window: &str,
         bytes: u64,
     ) -> Result<u64, StoreError> {
+        let count: i64 = self
+            .run(
+                "adding quota usage",
+                Retry::Idempotent,
+                &self.quota_add(name, window, bytes),
+            )
+            .await?;
+        u64::try_from(count).map_err(|_| StoreError::NotFound(name.to_owned()))
+    }
+
+    /// One quota add call, with a receipt of its own: sent again, it
+    /// answers the count the first got and adds nothing.
+    pub(super) fn quota_add(&self, name: &str, window: &str, bytes: u64) -> Req<'static> {
+        let quota = quota_key(name);
+        let receipt = receipt_key(&quota, &self.next_call());
         let mut script = scripts::ADD_QUOTA_USAGE.prepare_invoke();
         script
             .key(client_key(name))
-            .key(quota_key(name))
+            .key(quota)
+            .key(receipt)
             .arg(window)
-            .arg(i64::try_from(bytes).unwrap_or(i64::MAX));
-        let count: i64 = self
-            .run("adding quota usage", Retry::Once, &Req::Script(script))
-            .await?;
-        u64::try_from(count).map_err(|_| StoreError::NotFound(name.to_owned()))
+            .arg(i64::try_from(bytes).unwrap_or(i64::MAX))
+            .arg(u64::try_from(CALL_RECEIPT_MEMORY.as_millis()).unwrap_or(u64::MAX));
+        Req::Script(script)
     }
 
     /// [`crate::Store::reset_quota_usage`].

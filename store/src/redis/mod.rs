@@ -17,7 +17,8 @@
 //! | `{blipless}:feed:seq` | string | the last seq handed out (`INCR`) |
 //! | `{pca_<host>_<block>}` | sorted set | a node's activity: client to unix seconds |
 //! | `{pwi_<client>}_<host>_<block>` | string | a client's egress identity on one node, as JSON, with a TTL |
-//! | `{pwi_<client>}_<host>_<block>:taken:<writer>_<n>` | string | the identity one take call got, kept [`TAKE_RECEIPT_MEMORY`] so that a repeat of the call gets it again |
+//! | `{pwi_<client>}_<host>_<block>:receipt:<writer>_<n>` | string | the identity one take call got, kept [`CALL_RECEIPT_MEMORY`] so that a repeat of the call gets it again |
+//! | `{pc_<name>}:quota:receipt:<writer>_<n>` | string | the count one quota add of bytes returned, kept [`CALL_RECEIPT_MEMORY`] so that a repeat of the call counts nothing |
 //! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
 //! | `{pwh_<host>_<block>}` | string | a node's WireGuard endpoint snapshot, as JSON, expiring a day after its last write |
 //!
@@ -35,7 +36,8 @@
 //!   resets the set's 2 h expiry in one `MULTI`;
 //! - an identity is taken with `GETDEL`: only one taker gets it; the script
 //!   keeps what it took under the call's receipt key, so a repeated call
-//!   (ours, or the Cluster client's after a broken connection) gets it again;
+//!   (ours, or the Cluster client's after a broken connection) gets it again
+//!   (a quota add of bytes keeps its count the same way);
 //! - an endpoint snapshot is replaced whole, with its expiry, by one `SET ... EX`;
 //! - a WireGuard address is claimed with `SET NX` of its key to the client's name
 //!   (which decides who wins a contested address) and freed by deleting the key only
@@ -103,14 +105,15 @@
 //! that is safe: always if the request was surely not applied (no connection could be
 //! had, or Redis refused to run it), and otherwise only if repeating it is harmless:
 //! not for an address claim (a repeat reports the name's own claim as an
-//! earlier one) nor a quota add (it would count twice). A repeated
-//! `take_identity` finds its receipt; a repeated `add_client` finds its own
-//! record and goes on; a repeated feed append adds a second entry for the
+//! earlier one). A repeated `take_identity` or quota add finds its call's
+//! receipt and answers what the first got; a repeated `add_client` finds its
+//! own record and goes on; a repeated feed append adds a second entry for the
 //! same change, which followers apply harmlessly; a repeated usage add counts
 //! nothing (its batch number). The Cluster client also re-sends by itself a
-//! call whose node connection broke or timed out, which the calls retried
-//! here take as well; the two others are `blipless-ctl`'s (a quota add there
-//! adds 0 bytes). Timeouts are not
+//! call whose node connection broke or timed out, which all of these take
+//! as well; an address claim is `blipless-ctl client add`'s, and a repeat
+//! costs at most an address left claimed when that add then loses its name
+//! to another. Timeouts are not
 //! retried: a Redis that did not answer in 2 s is not likely to in the next 50 ms.
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
@@ -163,17 +166,17 @@ pub const CONFIRM_WAIT: Duration = Duration::from_millis(250);
 /// (so that repeating it counts nothing): a repeat later than this counts again.
 pub const USAGE_BATCH_MEMORY: Duration = Duration::from_secs(3600);
 
-/// How many names one `SSCAN` step of the client index asks for, and how
-/// many records one `MGET` reads, when every client is read: each call stays
-/// short. One `SMEMBERS` and one `MGET` over 100,000 clients held up every
+/// How many records one `MGET` reads when every client is read: each call
+/// stays short. One `MGET` of 100,000 records (some 30 MB) held up every
 /// other caller of that Redis while it ran (every node at once reloads after
 /// a failover), and over enough clients would outlast [`ATTEMPT_TIMEOUT`], so
 /// the list could never be read.
 pub const READ_CHUNK: usize = 1000;
 
-/// How long the identity a take call got is kept under its receipt key, for
-/// a repeat of that call (a retry comes within an attempt's seconds).
-pub const TAKE_RECEIPT_MEMORY: Duration = Duration::from_secs(60);
+/// How long what a call that must not apply twice (an identity take, a
+/// quota add) got is kept under its receipt key, for a repeat of that call:
+/// longer than a call with its retries may take ([`ATTEMPT_TIMEOUT`] each).
+pub const CALL_RECEIPT_MEMORY: Duration = Duration::from_secs(30);
 
 /// The set of all client names.
 const INDEX_KEY: &str = "{blipless}:clients";
@@ -214,10 +217,11 @@ fn identity_key(node: &NodeId, client: &str) -> String {
     format!("{{pwi_{client}}}_{}_{}", node.host, node.block)
 }
 
-/// Where one take call (`call`: the handle's writer id and a number) keeps
-/// the identity it took: [`scripts::TAKE_IDENTITY`].
-fn take_receipt_key(node: &NodeId, client: &str, call: &str) -> String {
-    format!("{}:taken:{call}", identity_key(node, client))
+/// Where one call (`call`: [`RedisStore::next_call`]) on `key` keeps what
+/// it got, in `key`'s slot: [`scripts::TAKE_IDENTITY`],
+/// [`scripts::ADD_QUOTA_USAGE`].
+fn receipt_key(key: &str, call: &str) -> String {
+    format!("{key}:receipt:{call}")
 }
 
 fn endpoints_key(node: &NodeId) -> String {
@@ -240,8 +244,9 @@ pub struct RedisStore {
     /// This handle's own name among the writers of usage (16 hex digits, random):
     /// with a batch number, it makes a repeated usage add count once.
     writer: String,
-    /// The take calls this handle made: with `writer`, each one's receipt.
-    takes: std::sync::atomic::AtomicU64,
+    /// The calls with a receipt this handle made: with `writer`, each one's
+    /// name ([`RedisStore::next_call`]).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -508,7 +513,7 @@ impl RedisStore {
             pools,
             replicas_seen: std::sync::atomic::AtomicBool::new(true),
             writer: writer_id()?,
-            takes: std::sync::atomic::AtomicU64::new(0),
+            calls: std::sync::atomic::AtomicU64::new(0),
         };
         let pong: String = store
             .run(

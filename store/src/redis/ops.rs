@@ -10,8 +10,8 @@ use deadpool_redis::redis;
 
 use super::{
     activity_key, address_key, batch_key, client_key, endpoints_key, has_replicas, identity_key,
-    scripts, take_receipt_key, usage_key, Confirm, RedisStore, Req, Retry, CONFIRM_WAIT, FEED_KEY,
-    FEED_SEQ_KEY, INDEX_KEY, READ_CHUNK, TAKE_RECEIPT_MEMORY, USAGE_BATCH_MEMORY,
+    receipt_key, scripts, usage_key, Confirm, RedisStore, Req, Retry, CALL_RECEIPT_MEMORY,
+    CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY, READ_CHUNK, USAGE_BATCH_MEMORY,
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
@@ -237,54 +237,49 @@ impl RedisStore {
         Some(Change { seq, name, kind })
     }
 
-    /// Every client name in the index, sorted, read with `SSCAN` a chunk at
-    /// a time (a name added or removed meanwhile may or may not be in it:
-    /// the caller reads the feed head first and follows the feed from there).
+    /// Every client name in the index, sorted: one `SMEMBERS`, which reads
+    /// the set at one moment (an `SSCAN` cursor means nothing on another
+    /// server: continued on a master a failover promoted, it would skip
+    /// names and say nothing). A name is some 20 bytes: 100,000 of them
+    /// are a reply of 2 MB.
     async fn client_names(&self) -> Result<Vec<String>, StoreError> {
-        let mut names = Vec::new();
-        let mut cursor = 0_u64;
-        loop {
-            let mut cmd = redis::cmd("SSCAN");
-            cmd.arg(INDEX_KEY).arg(cursor).arg("COUNT").arg(READ_CHUNK);
-            let (next, members): (u64, Vec<Vec<u8>>) = self
-                .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
-                .await?;
-            // A member that is not a client name (a hand's) names no record.
-            names.extend(
-                members
-                    .into_iter()
-                    .filter_map(|member| match String::from_utf8(member) {
-                        Ok(name) if is_valid_name(&name) => Some(name),
-                        _ => {
-                            tracing::warn!(store = %self.shown_url, key = INDEX_KEY, "a client index member that is not a client name: skipped");
-                            None
-                        }
-                    }),
-            );
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        // SSCAN may return a name twice (the set was rehashed meanwhile).
+        let mut cmd = redis::cmd("SMEMBERS");
+        cmd.arg(INDEX_KEY);
+        let members: Vec<Vec<u8>> = self
+            .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
+            .await?;
+        // A member that is not a client name (a hand's) names no record.
+        let mut names: Vec<String> = members
+            .into_iter()
+            .filter_map(|member| match String::from_utf8(member) {
+                Ok(name) if is_valid_name(&name) => Some(name),
+                _ => {
+                    tracing::warn!(store = %self.shown_url, key = INDEX_KEY, "a client index member that is not a client name: skipped");
+                    None
+                }
+            })
+            .collect();
         names.sort_unstable();
-        names.dedup();
         Ok(names)
+    }
+
+    /// A name for one call with a receipt ([`super::receipt_key`]): this
+    /// handle's writer id and a number, unique to the call.
+    pub(super) fn next_call(&self) -> String {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        format!("{}_{call}", self.writer)
     }
 
     /// One take call of `client`'s identity on `node`, with a receipt of its
     /// own: sent again, it answers what it took the first time.
     pub(super) fn identity_take(&self, node: &NodeId, client: &str) -> Req<'static> {
-        let call = self.takes.fetch_add(1, Ordering::Relaxed);
+        let key = identity_key(node, client);
+        let receipt = receipt_key(&key, &self.next_call());
         let mut script = scripts::TAKE_IDENTITY.prepare_invoke();
         script
-            .key(identity_key(node, client))
-            .key(take_receipt_key(
-                node,
-                client,
-                &format!("{}_{call}", self.writer),
-            ))
-            .arg(u64::try_from(TAKE_RECEIPT_MEMORY.as_millis()).unwrap_or(u64::MAX));
+            .key(key)
+            .key(receipt)
+            .arg(u64::try_from(CALL_RECEIPT_MEMORY.as_millis()).unwrap_or(u64::MAX));
         Req::Script(script)
     }
 }

@@ -111,11 +111,11 @@ return seq
 
 /// Takes a client's egress identity on one node (only one taker gets it),
 /// so that repeating the call gets the same answer: the identity taken is
-/// kept under the call's own receipt key for a while, and a call that finds
+/// kept under the call's receipt key for a while, and a call that finds
 /// its receipt answers with it. (The Cluster client re-sends a call whose
 /// connection broke or timed out, and a `GETDEL` repeated after it applied
 /// would find nothing: the client's sticky source would be lost.)
-/// KEYS: the identity key, the call's receipt key (same slot). ARGV: how long
+/// KEYS: the identity key, the call's receipt (same slot). ARGV: how long
 /// to keep the receipt (ms). Returns the identity's JSON, or nil.
 pub(super) static TAKE_IDENTITY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -184,28 +184,40 @@ return 1
 });
 
 /// Adds bytes to a client's quota count in one window, starting the count at
-/// zero when the one kept is another window's, saturating at `i64::MAX`.
-/// KEYS: record, quota count. ARGV: the window's key, the bytes (decimal,
-/// 0..=i64::MAX). Returns the count, or -1 if there is no such client.
+/// zero when the one kept is another window's, saturating at `i64::MAX`,
+/// so that repeating the call counts once: the count an add of bytes
+/// returned is kept under the call's receipt key for a while, and a call
+/// that finds its receipt answers with it (the Cluster client re-sends a
+/// call whose connection broke or timed out, after it may have applied).
+/// KEYS: record, quota count, the call's receipt. ARGV: the window's key,
+/// the bytes (decimal, 0..=i64::MAX), how long to keep the receipt (ms).
+/// Returns the count, or -1 if there is no such client.
 pub(super) static ADD_QUOTA_USAGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local kept = redis.call('GET', KEYS[3])
+if kept then
+  return kept
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return -1
 end
 if redis.call('HGET', KEYS[2], 'window') ~= ARGV[1] then
   redis.call('HSET', KEYS[2], 'window', ARGV[1], 'bytes', 0)
 end
-local reply = redis.pcall('HINCRBY', KEYS[2], 'bytes', ARGV[2])
-if type(reply) == 'table' and reply.err then
-  if string.find(reply.err, 'overflow', 1, true) then
-    redis.call('HSET', KEYS[2], 'bytes', '9223372036854775807')
-    -- As text: a Lua number cannot hold it exactly.
-    return '9223372036854775807'
+local count = redis.pcall('HINCRBY', KEYS[2], 'bytes', ARGV[2])
+if type(count) == 'table' and count.err then
+  if not string.find(count.err, 'overflow', 1, true) then
+    return count
   end
-  return reply
+  redis.call('HSET', KEYS[2], 'bytes', '9223372036854775807')
+  -- As text: a Lua number cannot hold it exactly.
+  count = '9223372036854775807'
 end
-return reply
+if ARGV[2] ~= '0' then
+  redis.call('SET', KEYS[3], count, 'PX', ARGV[3])
+end
+return count
 ",
     )
 });

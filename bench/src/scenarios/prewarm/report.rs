@@ -18,7 +18,7 @@ pub fn render(out: &mut String, section: &Section) {
         "## 5. Pre-warm: the first request after a deploy\n\n\
          A device is a client's egress state on a device plane. It opens on the client's first connection: the plane \
          takes the client's egress identity from the store, allocates a source address if there was none, and writes \
-         the snapshot back, two store round trips (Redis `GETDEL` then `SET`; SQLite a delete and an insert) before \
+         the snapshot back, two store round trips (Redis a script around `GETDEL`, then `SET`; SQLite a delete and an insert) before \
          the egress connect. A new plane pre-warms, before it says Ready, the devices of the clients active on the node \
          within `prewarm.window`. For each store (a `redis-server` of the run's own on loopback, the fleet backend; then \
          the embedded SQLite file), {} round(s), each on a fresh node (and `redis-server`) with four loopback addresses in \
