@@ -91,6 +91,14 @@ fn wireguard_key_problem(config: &Config) -> Option<ConfigError> {
     match std::fs::metadata(&path) {
         // Made by the ingress at its first start, if it can.
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if path.symlink_metadata().is_ok() {
+                // The link would be kept, and the file never found.
+                return Some(file_problem(
+                    name,
+                    &path,
+                    "is a link to nothing: remove it, or make what it names",
+                ));
+            }
             uncreatable(&path).map(|problem| file_problem(name, &path, &problem))
         }
         // The check may run as another user than the ingress: say so.
@@ -221,6 +229,16 @@ mod tests {
             dir.path().join("absent.key").display()
         )]);
         assert!(ingress_start_problems(&config).is_empty());
+        // A link to nothing is no key the ingress could make.
+        let dangling = dir.path().join("dangling.key");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).expect("symlink");
+        let config = config_with(&[format!("wireguard.private_key_file={}", dangling.display())]);
+        let problems = ingress_start_problems(&config);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].to_string().contains("a link to nothing"),
+            "{problems:#?}"
+        );
         // Nor when the directories it needs are missing: it makes them too.
         let config = config_with(&[format!(
             "wireguard.private_key_file={}",

@@ -24,6 +24,16 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         sets: &[String],
     ) -> Result<Config, ConfigErrors> {
+        let sets: Vec<std::ffi::OsString> = sets.iter().map(Into::into).collect();
+        Self::load_sets(file, env, &sets)
+    }
+
+    /// [`Config::load`] with `--set` entries as the command line had them.
+    fn load_sets(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        sets: &[std::ffi::OsString],
+    ) -> Result<Config, ConfigErrors> {
         let mut loader = Loader::new();
         if let Some(path) = file {
             match crate::files::read_text(path) {
@@ -52,24 +62,6 @@ impl Config {
     ) -> Result<Config, ConfigErrors> {
         let mut readable = Vec::new();
         let mut unreadable = Vec::new();
-        let mut readable_sets = Vec::new();
-        for entry in sets {
-            match entry.to_str() {
-                Some(entry) => readable_sets.push(entry.to_owned()),
-                // Not shown: it may hold a password, and the replacement
-                // characters could make it read as a value it is not.
-                None => {
-                    let lossy = entry.to_string_lossy();
-                    let name = lossy.split_once('=').map_or(&*lossy, |(name, _)| name);
-                    unreadable.push(ConfigError::InvalidValue {
-                        origin: "--set".to_owned(),
-                        key: redact_urls(name.trim()),
-                        value: "(not shown)".to_owned(),
-                        expected: "UTF-8 text".to_owned(),
-                    });
-                }
-            }
-        }
         for (name, value) in env {
             let Ok(name) = name.into_string() else {
                 continue;
@@ -88,7 +80,7 @@ impl Config {
                 }
             }
         }
-        match Config::load(file, readable, &readable_sets) {
+        match Config::load_sets(file, readable, sets) {
             Ok(config) if unreadable.is_empty() => Ok(config),
             Ok(_) => Err(ConfigErrors(unreadable)),
             Err(ConfigErrors(mut errors)) => {
@@ -106,10 +98,11 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         sets: &[String],
     ) -> Result<Config, ConfigErrors> {
+        let sets: Vec<std::ffi::OsString> = sets.iter().map(Into::into).collect();
         let mut loader = Loader::new();
         loader.file(text, origin);
         loader.env(env);
-        loader.sets(sets);
+        loader.sets(&sets);
         loader.finish()
     }
 }
@@ -146,6 +139,43 @@ impl Loader {
         }
         loader.origins.clear();
         loader
+    }
+
+    /// A `--set` entry that is not UTF-8: a problem of its key (left out of
+    /// the checks across keys, as a bad value is), or an unknown key. Its
+    /// value is not shown: it may hold a password, and the replacement
+    /// characters could make it read as a value it is not.
+    fn unreadable_set(&mut self, entry: &std::ffi::OsStr) {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = entry.as_bytes();
+        let Some(at) = bytes.iter().position(|&byte| byte == b'=') else {
+            self.errors.push(ConfigError::InvalidValue {
+                origin: "--set".to_owned(),
+                key: "(not shown)".to_owned(),
+                value: "(not UTF-8, no `=`)".to_owned(),
+                expected: "key=value, like --set listen.socks=127.0.0.1:1080".to_owned(),
+            });
+            return;
+        };
+        let name = String::from_utf8_lossy(&bytes[..at]);
+        let name = name.trim();
+        let origin = format!("--set {name}=…");
+        match keys::find(name) {
+            Some(key) => {
+                self.invalid.insert(key.path);
+                self.errors.push(ConfigError::InvalidValue {
+                    origin,
+                    key: key.path.to_owned(),
+                    value: "(not shown)".to_owned(),
+                    expected: "UTF-8 text".to_owned(),
+                });
+            }
+            None => self.errors.push(ConfigError::UnknownKey {
+                origin,
+                key: name.to_owned(),
+                suggestion: keys::suggest(name),
+            }),
+        }
     }
 
     /// Sets `key` from `raw`, or records why it cannot.
@@ -231,8 +261,12 @@ impl Loader {
     }
 
     /// Overlays `dotted.key=value` entries, in order.
-    fn sets(&mut self, sets: &[String]) {
+    fn sets(&mut self, sets: &[std::ffi::OsString]) {
         for entry in sets {
+            let Some(entry) = entry.to_str() else {
+                self.unreadable_set(entry);
+                continue;
+            };
             let origin = match entry.split_once('=') {
                 Some((name, value)) if name.trim() == SECRET_KEY => {
                     format!("--set {name}={}", redact_store_url(value))

@@ -314,11 +314,17 @@ fn a_set_that_is_not_utf8_is_reported_with_the_others() {
         &[
             OsString::from_vec(b"store.url=redis://:s3cr\xe9t@r:6379".to_vec()),
             OsString::from("drain.grace=soon"),
-            OsString::from_vec(b"\xff".to_vec()),
+            OsString::from_vec(b"s3cr\xe9t".to_vec()),
+            OsString::from_vec(b"stroe.url=\xe9".to_vec()),
         ],
     ));
     let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    assert_eq!(text.len(), 3, "{text:?}");
+    assert_eq!(text.len(), 4, "{text:?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("stroe.url") && t.contains("store.url")),
+        "an unknown key, with a suggestion: {text:?}"
+    );
     assert!(text.iter().any(|t| t.contains("drain.grace")), "{text:?}");
     assert!(
         text.iter()
@@ -326,6 +332,24 @@ fn a_set_that_is_not_utf8_is_reported_with_the_others() {
         "{text:?}"
     );
     assert!(text.iter().all(|t| !t.contains("s3cr")), "{text:?}");
+    // A value that is not UTF-8 is that key's problem alone: the value it
+    // would have replaced is not judged against the others (here the file's
+    // listen.http, on listen.socks's address).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "[listen]\nsocks = \"127.0.0.1:1080\"\nhttp = \"127.0.0.1:1080\"\n",
+    )
+    .expect("write");
+    let errors = problems(Config::load_os(
+        Some(&file),
+        std::iter::empty(),
+        &[OsString::from_vec(b"listen.http=127.0.0.1:\xe9".to_vec())],
+    ));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(text[0].starts_with("listen.http"), "{text:?}");
     let config = Config::load_os(
         None,
         std::iter::empty(),

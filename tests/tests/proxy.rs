@@ -554,9 +554,16 @@ fn a_slow_loris_is_closed_at_the_handshake_timeout() {
 #[test]
 fn config_check_says_sound_or_lists_every_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // Its own state directory: the default's parent need not be writable
+    // by whoever runs the tests (a WireGuard key the ingress could not
+    // make is a problem).
+    let state = tempfile::tempdir().expect("tempdir");
     let check = |config: &std::path::Path, json: bool| {
         let mut command = std::process::Command::new(blipless_tests::binary("blipless-ctl"));
-        command.arg("--config").arg(config);
+        command
+            .env("BLIPLESS_NODE_STATE_DIR", state.path())
+            .arg("--config")
+            .arg(config);
         if json {
             command.arg("--json");
         }
@@ -779,6 +786,10 @@ fn empty_variables_are_unset_and_a_failed_start_still_says_why() {
 #[test]
 fn a_wireguard_key_that_cannot_be_created_is_a_configuration_problem() {
     use std::os::unix::fs::PermissionsExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root, to run the check and the ingress as another user (setpriv)"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let locked = dir.path().join("locked");
@@ -895,9 +906,11 @@ fn a_bad_supervise_variable_is_listed_with_the_other_problems() {
 /// the default store without a word.
 #[test]
 fn sets_on_both_sides_of_a_subcommand_all_count() {
+    let state = tempfile::tempdir().expect("tempdir");
     let ctl = |args: &[&str]| {
         std::process::Command::new(blipless_tests::binary("blipless-ctl"))
             .env_remove("BLIPLESS_CONFIG")
+            .env("BLIPLESS_NODE_STATE_DIR", state.path())
             .args(args)
             .output()
             .expect("run")

@@ -88,6 +88,9 @@ pub struct Context {
     pub(super) handover_slots: Arc<Semaphore>,
     /// Handovers sent and not yet answered (MigrateDone, MigrateNotTaken).
     pub(super) awaiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    /// Of those, the ones whose Migrate went out (counted in `migrated`)
+    /// and whose sender still waits: open here, but handed over.
+    pub(super) sent_awaiting: AtomicU64,
     /// A SOCKS5 UDP association with no datagram for this long is closed
     /// (`with_udp_idle_timeout`; 2 minutes by default).
     pub udp_idle_timeout: Duration,
@@ -136,6 +139,7 @@ impl Context {
             channel: Mutex::new(None),
             handover_slots: Arc::new(Semaphore::new(super::handover::HANDOVER_SLOTS)),
             awaiting: Mutex::new(HashMap::new()),
+            sent_awaiting: AtomicU64::new(0),
             udp_idle_timeout: Duration::from_secs(120),
             udp_public_address: None,
             channel_passes_udp: AtomicBool::new(false),

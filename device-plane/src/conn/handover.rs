@@ -99,7 +99,7 @@ impl Context {
     /// still open here, but counted as handed over (the cut at the grace
     /// ends the wait, not the connection, which the successor holds).
     pub fn handovers_in_flight(&self) -> u64 {
-        self.awaiting_map().len() as u64
+        self.sent_awaiting.load(Ordering::Relaxed)
     }
 
     /// The ingress answered for connection `id`: the successor confirmed it
@@ -280,6 +280,7 @@ impl Context {
             return Err(NotHandedOver::Kept(unpiped(migrate)));
         }
         self.migrated.fetch_add(1, Ordering::Relaxed);
+        let in_flight = InFlight::count(&self.sent_awaiting);
         // Hold the caller's slot until the successor has the connection
         // relaying, so migrations queue here, live, not in socket buffers,
         // frozen. The wait ends early only at the drain grace or when the
@@ -294,6 +295,7 @@ impl Context {
             }
         };
         self.awaiting_map().remove(&id);
+        drop(in_flight);
         if answer == Answer::NotTaken {
             self.migrated.fetch_sub(1, Ordering::Relaxed);
             tracing::info!(
@@ -304,6 +306,24 @@ impl Context {
         }
         tracing::debug!(id, "connection handed over");
         Ok(())
+    }
+}
+
+/// One handover sent and awaiting its answer, in
+/// [`Context::handovers_in_flight`] for as long as it lives (however the
+/// wait ends).
+struct InFlight<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn count(counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
