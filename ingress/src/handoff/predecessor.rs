@@ -209,6 +209,14 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
     let Offered { offer, fds } = &*offered;
     let mut offer = offer.clone();
     offer.counters = handoffs.node.metrics.handoff_counters();
+    // No session is made from before the snapshot on: one made after it
+    // would be unknown to the successor, which calls back only the peers
+    // it was given, and one made once the successor calls back would be
+    // the peer's newest, on an ingress about to exit. An initiation that
+    // arrives meanwhile goes unanswered (the peer tries again in 5 s and
+    // reaches the successor, whose steering takes initiations from before
+    // it serves); a successor that does not serve gives it back.
+    handoffs.node.wireguard.set_stepped_aside(true);
     let (peers, endpoints) = handoffs.node.wireguard.snapshot();
     let offering = Offering {
         offer,
@@ -226,6 +234,7 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         }
     };
     if !serves {
+        handoffs.node.wireguard.set_stepped_aside(false);
         handoffs.steer_back();
         tracing::warn!(
             pid = hello.pid,
@@ -233,9 +242,8 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         );
         return Ok(());
     }
-    // At once, not when the run loop steps aside: no session is started
-    // meanwhile (`Wireguard::set_stepped_aside`).
-    handoffs.node.wireguard.set_stepped_aside(true);
+    // Stepped aside since the snapshot (`Wireguard::set_stepped_aside`);
+    // the run loop steps aside for the rest.
     if handoffs.takeovers.send(socket).await.is_ok() {
         // The run loop steps aside; it ends the handoff if it serves again.
         std::mem::forget(handing_off);

@@ -261,7 +261,8 @@ impl Wireguard {
         let mut buffer = vec![0u8; WORK_BUFFER];
         while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
             tokio::time::sleep(CALL_BACK_CHECK).await;
-            // A successor serves now: it calls the peers, not this ingress.
+            // A successor takes over (from its offer on): it calls the
+            // peers, not this ingress.
             if self
                 .stepped_aside
                 .load(std::sync::atomic::Ordering::Relaxed)
