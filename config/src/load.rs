@@ -25,13 +25,16 @@ impl Config {
         sets: &[String],
     ) -> Result<Config, ConfigErrors> {
         let sets: Vec<std::ffi::OsString> = sets.iter().map(Into::into).collect();
-        Self::load_sets(file, env, &sets)
+        Self::load_sets(file, env, &[], &sets)
     }
 
-    /// [`Config::load`] with `--set` entries as the command line had them.
+    /// [`Config::load`] with our variables whose value is not UTF-8
+    /// (`unreadable_env`: each one's key, name and value as shown) and the
+    /// `--set` entries as the command line had them.
     fn load_sets(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
+        unreadable_env: &[(&'static Key, String, String)],
         sets: &[std::ffi::OsString],
     ) -> Result<Config, ConfigErrors> {
         let mut loader = Loader::new();
@@ -45,6 +48,9 @@ impl Config {
             }
         }
         loader.env(env);
+        for (key, name, value) in unreadable_env {
+            loader.unreadable(key, &format!("environment variable {name}"), value.clone());
+        }
         loader.sets(sets);
         loader.finish()
     }
@@ -70,24 +76,13 @@ impl Config {
                 Ok(value) => readable.push((name, value)),
                 Err(value) => {
                     if let Some(key) = keys::find_env(&name) {
-                        unreadable.push(ConfigError::InvalidValue {
-                            origin: format!("environment variable {name}"),
-                            key: key.path.to_owned(),
-                            value: shown(key, Raw::Text(&value.to_string_lossy())),
-                            expected: "UTF-8 text".to_owned(),
-                        });
+                        let shown = shown(key, Raw::Text(&value.to_string_lossy()));
+                        unreadable.push((key, name, shown));
                     }
                 }
             }
         }
-        match Config::load_sets(file, readable, sets) {
-            Ok(config) if unreadable.is_empty() => Ok(config),
-            Ok(_) => Err(ConfigErrors(unreadable)),
-            Err(ConfigErrors(mut errors)) => {
-                errors.extend(unreadable);
-                Err(ConfigErrors(errors))
-            }
-        }
+        Config::load_sets(file, readable, &unreadable, sets)
     }
 
     /// Like [`Config::load`] with the file's text given directly; `origin` names
@@ -141,10 +136,22 @@ impl Loader {
         loader
     }
 
-    /// A `--set` entry that is not UTF-8: a problem of its key (left out of
-    /// the checks across keys, as a bad value is), or an unknown key. Its
-    /// value is not shown: it may hold a password, and the replacement
-    /// characters could make it read as a value it is not.
+    /// A value for `key` that is not UTF-8 (`shown` as it may be shown): a
+    /// problem of that key, which is left out of the checks across keys, as
+    /// a bad value is (the value it would have replaced is not judged).
+    fn unreadable(&mut self, key: &'static Key, origin: &str, shown: String) {
+        self.invalid.insert(key.path);
+        self.errors.push(ConfigError::InvalidValue {
+            origin: origin.to_owned(),
+            key: key.path.to_owned(),
+            value: shown,
+            expected: "UTF-8 text".to_owned(),
+        });
+    }
+
+    /// A `--set` entry that is not UTF-8: a problem of its key, or an
+    /// unknown key. Its value is not shown: it may hold a password, and the
+    /// replacement characters could make it read as a value it is not.
     fn unreadable_set(&mut self, entry: &std::ffi::OsStr) {
         use std::os::unix::ffi::OsStrExt;
         let bytes = entry.as_bytes();
@@ -159,20 +166,14 @@ impl Loader {
         };
         let name = String::from_utf8_lossy(&bytes[..at]);
         let name = name.trim();
-        let origin = format!("--set {name}=…");
+        // Not a key's name: perhaps a URL whose key was forgotten.
+        let shown = redact_urls(name);
+        let origin = format!("--set {shown}=…");
         match keys::find(name) {
-            Some(key) => {
-                self.invalid.insert(key.path);
-                self.errors.push(ConfigError::InvalidValue {
-                    origin,
-                    key: key.path.to_owned(),
-                    value: "(not shown)".to_owned(),
-                    expected: "UTF-8 text".to_owned(),
-                });
-            }
+            Some(key) => self.unreadable(key, &origin, "(not shown)".to_owned()),
             None => self.errors.push(ConfigError::UnknownKey {
                 origin,
-                key: name.to_owned(),
+                key: shown,
                 suggestion: keys::suggest(name),
             }),
         }
@@ -287,7 +288,7 @@ impl Loader {
                 Some(key) => self.set(key, Raw::Text(value), &origin),
                 None => self.errors.push(ConfigError::UnknownKey {
                     origin,
-                    key: name.to_owned(),
+                    key: redact_urls(name),
                     suggestion: keys::suggest(name),
                 }),
             }

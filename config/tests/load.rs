@@ -316,10 +316,12 @@ fn a_set_that_is_not_utf8_is_reported_with_the_others() {
             OsString::from("drain.grace=soon"),
             OsString::from_vec(b"s3cr\xe9t".to_vec()),
             OsString::from_vec(b"stroe.url=\xe9".to_vec()),
+            // A URL whose key was forgotten: its `=` is the query's.
+            OsString::from_vec(b"redis://:s3cr\xe9t@h/0?x=1".to_vec()),
         ],
     ));
     let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    assert_eq!(text.len(), 4, "{text:?}");
+    assert_eq!(text.len(), 5, "{text:?}");
     assert!(
         text.iter()
             .any(|t| t.contains("stroe.url") && t.contains("store.url")),
@@ -346,6 +348,18 @@ fn a_set_that_is_not_utf8_is_reported_with_the_others() {
         Some(&file),
         std::iter::empty(),
         &[OsString::from_vec(b"listen.http=127.0.0.1:\xe9".to_vec())],
+    ));
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(text[0].starts_with("listen.http"), "{text:?}");
+    // The same for a variable that is not UTF-8.
+    let errors = problems(Config::load_os(
+        Some(&file),
+        [(
+            OsString::from("BLIPLESS_LISTEN_HTTP"),
+            OsString::from_vec(b"127.0.0.1:\xe9".to_vec()),
+        )],
+        &[],
     ));
     let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
     assert_eq!(text.len(), 1, "{text:?}");

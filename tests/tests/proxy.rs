@@ -557,11 +557,11 @@ fn config_check_says_sound_or_lists_every_problem() {
     // Its own state directory: the default's parent need not be writable
     // by whoever runs the tests (a WireGuard key the ingress could not
     // make is a problem).
-    let state = tempfile::tempdir().expect("tempdir");
+    let state_dir = tempfile::tempdir().expect("tempdir");
     let check = |config: &std::path::Path, json: bool| {
         let mut command = std::process::Command::new(blipless_tests::binary("blipless-ctl"));
         command
-            .env("BLIPLESS_NODE_STATE_DIR", state.path())
+            .env("BLIPLESS_NODE_STATE_DIR", state_dir.path())
             .arg("--config")
             .arg(config);
         if json {
@@ -700,6 +700,7 @@ fn config_check_says_sound_or_lists_every_problem() {
     )
     .expect("write");
     let mut child = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
+        .env("BLIPLESS_NODE_STATE_DIR", state_dir.path())
         .arg("--config")
         .arg(&piped)
         .args(["config", "check"])
@@ -735,6 +736,7 @@ fn config_check_says_sound_or_lists_every_problem() {
     // problem too.
     let output = std::process::Command::new(blipless_tests::binary("blipless-ctl"))
         .env("BLIPLESS_SUPERVISE", "ture")
+        .env("BLIPLESS_NODE_STATE_DIR", state_dir.path())
         .arg("--config")
         .arg(&sound)
         .args(["config", "check"])

@@ -136,7 +136,7 @@ impl Directory {
             }
             Err(StoreError::NotFound(_)) => {}
             Err(error) => {
-                tracing::warn!(client = %name, %error, "quota count failed; these bytes are not counted")
+                tracing::warn!(client = %name, %error, "quota count failed; these bytes may not be counted")
             }
         }
     }

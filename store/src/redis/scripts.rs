@@ -213,6 +213,9 @@ if type(count) == 'table' and count.err then
   redis.call('HSET', KEYS[2], 'bytes', '9223372036854775807')
   -- As text: a Lua number cannot hold it exactly.
   count = '9223372036854775807'
+else
+  -- As Redis holds it: a Lua number would be stored as 1e+17 from there on.
+  count = redis.call('HGET', KEYS[2], 'bytes')
 end
 if ARGV[2] ~= '0' then
   redis.call('SET', KEYS[3], count, 'PX', ARGV[3])
