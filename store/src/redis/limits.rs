@@ -9,8 +9,7 @@
 use deadpool_redis::redis;
 
 use super::{
-    client_key, live_key, quota_key, receipt_key, scripts, RedisStore, Req, Retry,
-    CALL_RECEIPT_MEMORY,
+    client_key, live_key, quota_key, receipt_key, scripts, RedisStore, Req, CALL_RECEIPT_MEMORY,
 };
 use crate::{ClientLimits, NodeId, StoreError};
 
@@ -51,9 +50,7 @@ impl RedisStore {
             let mut script = scripts::REPLACE_CLIENT.prepare_invoke();
             script.key(&key).arg(&json).arg(&new);
             // A repeat after a lost reply finds `new` stored and stops above.
-            let replaced: i64 = self
-                .run("setting limits", Retry::Idempotent, &Req::Script(script))
-                .await?;
+            let replaced: i64 = self.run("setting limits", &Req::Script(script)).await?;
             match replaced {
                 1 => return Ok(limits),
                 -1 => return Err(StoreError::NotFound(name.to_owned())),
@@ -73,11 +70,7 @@ impl RedisStore {
         bytes: u64,
     ) -> Result<u64, StoreError> {
         let count: i64 = self
-            .run(
-                "adding quota usage",
-                Retry::Idempotent,
-                &self.quota_add(name, window, bytes),
-            )
+            .run("adding quota usage", &self.quota_add(name, window, bytes))
             .await?;
         u64::try_from(count).map_err(|_| StoreError::NotFound(name.to_owned()))
     }
@@ -102,9 +95,7 @@ impl RedisStore {
     pub(super) async fn reset_quota_count(&self, name: &str) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(quota_key(name));
-        let _: i64 = self
-            .run("resetting quota usage", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let _: i64 = self.run("resetting quota usage", &Req::Cmd(cmd)).await?;
         Ok(())
     }
 
@@ -124,9 +115,7 @@ impl RedisStore {
         if count == 0 {
             let mut cmd = redis::cmd("HDEL");
             cmd.arg(&key).arg(&field);
-            let _: i64 = self
-                .run("forgetting live tunnels", Retry::Idempotent, &Req::Cmd(cmd))
-                .await?;
+            let _: i64 = self.run("forgetting live tunnels", &Req::Cmd(cmd)).await?;
             return Ok(());
         }
         let ttl_ms = crate::ttl_millis(ttl).max(1);
@@ -140,11 +129,7 @@ impl RedisStore {
             .arg(ttl_ms)
             .arg(now.saturating_sub(crate::LIVE_TUNNELS_PRUNE_AFTER_MS));
         let _: i64 = self
-            .run(
-                "recording live tunnels",
-                Retry::Idempotent,
-                &Req::Script(script),
-            )
+            .run("recording live tunnels", &Req::Script(script))
             .await?;
         Ok(())
     }
@@ -157,9 +142,8 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(live_key(client));
-        let entries: std::collections::HashMap<String, String> = self
-            .run("reading live tunnels", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let entries: std::collections::HashMap<String, String> =
+            self.run("reading live tunnels", &Req::Cmd(cmd)).await?;
         let now = crate::unix_now_ms();
         let skip = node_field(except);
         let skip_processes = format!("{skip}.p");

@@ -40,8 +40,9 @@
 //!   (a quota add of bytes keeps its count the same way);
 //! - an endpoint snapshot is replaced whole, with its expiry, by one `SET ... EX`;
 //! - a WireGuard address is claimed with `SET NX` of its key to the client's name
-//!   (which decides who wins a contested address) and freed by deleting the key only
-//!   if that client still holds it.
+//!   (which decides who wins a contested address; a claim made now is noted under
+//!   the call's receipt) and freed by deleting the key only if that client still
+//!   holds it.
 //!
 //! Not atomic: `add_client` and `remove_client` each touch two slots (the client's, then
 //! `{blipless}`), which no Redis Cluster operation spans. The client's slot is written
@@ -101,19 +102,15 @@
 //! and a whole attempt (getting a connection and sending) after [`ATTEMPT_TIMEOUT`], so
 //! a dead or hung Redis gives [`StoreError::Unavailable`] within seconds, naming the URL
 //! without its password. Failures that come fast (refused or broken connections, Redis
-//! loading its data or failing over) are retried after each of [`RETRY_BACKOFF`] when
-//! that is safe: always if the request was surely not applied (no connection could be
-//! had, or Redis refused to run it), and otherwise only if repeating it is harmless:
-//! not for an address claim (a repeat reports the name's own claim as an
-//! earlier one). A repeated `take_identity` or quota add finds its call's
-//! receipt and answers what the first got; a repeated `add_client` finds its
-//! own record and goes on; a repeated feed append adds a second entry for the
-//! same change, which followers apply harmlessly; a repeated usage add counts
-//! nothing (its batch number). The Cluster client also re-sends by itself a
-//! call whose node connection broke or timed out, which all of these take
-//! as well; an address claim is `blipless-ctl client add`'s, and a repeat
-//! costs at most an address left claimed when that add then loses its name
-//! to another. Timeouts are not
+//! loading its data or failing over) are retried after each of [`RETRY_BACKOFF`]:
+//! every call repeats harmlessly, whether or not it was applied, since the
+//! Cluster client re-sends by itself a call whose node connection broke or
+//! timed out, whatever we do. A repeated `take_identity`, quota add or address
+//! claim finds its call's receipt ([`CALL_RECEIPT_MEMORY`]) and answers what the
+//! first got; a repeated `add_client` finds its own record and goes on; a
+//! repeated feed append adds a second entry for the same change, which
+//! followers apply harmlessly; a repeated usage add counts nothing (its batch
+//! number). A call added here must be made so too. Timeouts are not
 //! retried: a Redis that did not answer in 2 s is not likely to in the next 50 ms.
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
@@ -257,15 +254,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Whether a call may be repeated after its connection broke mid-request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Retry {
-    /// Repeating it is harmless: retry on any connection failure.
-    Idempotent,
-    /// It may have been applied: retry only when it surely was not.
-    Once,
-}
-
 /// One request to Redis, repeatable for retries.
 enum Req<'a> {
     Cmd(redis::Cmd),
@@ -401,16 +389,14 @@ fn connection_failed(err: &RedisError) -> bool {
 
 impl Failure {
     /// Whether another attempt may soon succeed and is safe under `retry`.
-    fn retryable(&self, retry: Retry) -> bool {
+    fn retryable(&self) -> bool {
         match self {
             Failure::Connect(PoolError::Backend(err)) => {
                 !err.is_timeout() && (connection_failed(err) || rejected_for_now(err))
             }
             Failure::Connect(_) | Failure::TimedOut => false,
             Failure::Request(err) if err.is_timeout() => false,
-            Failure::Request(err) => {
-                rejected_for_now(err) || (retry == Retry::Idempotent && connection_failed(err))
-            }
+            Failure::Request(err) => rejected_for_now(err) || connection_failed(err),
         }
     }
 }
@@ -516,11 +502,7 @@ impl RedisStore {
             calls: std::sync::atomic::AtomicU64::new(0),
         };
         let pong: String = store
-            .run(
-                "checking that Redis answers",
-                Retry::Idempotent,
-                &Req::Cmd(redis::cmd("PING")),
-            )
+            .run("checking that Redis answers", &Req::Cmd(redis::cmd("PING")))
             .await?;
         if pong != "PONG" {
             return Err(store.backend("checking that Redis answers", &format!("got {pong:?}")));
@@ -569,13 +551,9 @@ impl RedisStore {
         &self.shown_url
     }
 
-    /// Sends `req`, retrying as `retry` allows; `what` names the call in errors.
-    async fn run<T: FromRedisValue>(
-        &self,
-        what: &str,
-        retry: Retry,
-        req: &Req<'_>,
-    ) -> Result<T, StoreError> {
+    /// Sends `req`, retrying a failure that came fast (every call repeats
+    /// harmlessly: see "Failures" above); `what` names the call in errors.
+    async fn run<T: FromRedisValue>(&self, what: &str, req: &Req<'_>) -> Result<T, StoreError> {
         let mut backoff = RETRY_BACKOFF.iter();
         let mut attempts = 1;
         loop {
@@ -610,29 +588,26 @@ impl RedisStore {
                 Err(_) => Failure::TimedOut,
             };
             match backoff.next() {
-                Some(wait) if failure.retryable(retry) => {
+                Some(wait) if failure.retryable() => {
                     tracing::debug!(url = %self.shown_url, what, attempts, "retrying Redis call");
                     tokio::time::sleep(*wait).await;
                     attempts += 1;
                 }
-                _ => return Err(self.failed(what, failure, attempts, retry)),
+                _ => return Err(self.failed(what, failure, attempts)),
             }
         }
     }
 
     /// The error for a call that failed for good.
-    fn failed(&self, what: &str, failure: Failure, attempts: usize, retry: Retry) -> StoreError {
+    fn failed(&self, what: &str, failure: Failure, attempts: usize) -> StoreError {
         let url = &self.shown_url;
         let tries = if attempts == 1 {
             String::new()
         } else {
             format!(" ({attempts} attempts)")
         };
-        let unknown = if retry == Retry::Once {
-            ", so whether it was applied is unknown"
-        } else {
-            ""
-        };
+        // Sent and not answered: a write may have been applied.
+        let unknown = ", so whether it was applied is unknown";
         match failure {
             Failure::Connect(PoolError::Timeout(_)) => StoreError::Unavailable(format!(
                 "Redis at {url}: {what}: no connection in time{tries}"

@@ -10,8 +10,8 @@ use deadpool_redis::redis;
 
 use super::{
     activity_key, address_key, batch_key, client_key, endpoints_key, has_replicas, identity_key,
-    receipt_key, scripts, usage_key, Confirm, RedisStore, Req, Retry, CALL_RECEIPT_MEMORY,
-    CONFIRM_WAIT, FEED_KEY, FEED_SEQ_KEY, INDEX_KEY, READ_CHUNK, USAGE_BATCH_MEMORY,
+    receipt_key, scripts, usage_key, Confirm, RedisStore, Req, CALL_RECEIPT_MEMORY, CONFIRM_WAIT,
+    FEED_KEY, FEED_SEQ_KEY, INDEX_KEY, READ_CHUNK, USAGE_BATCH_MEMORY,
 };
 use crate::{
     decode_endpoints, decode_identity, encode_endpoints, encode_identity, is_valid_name,
@@ -55,13 +55,8 @@ impl RedisStore {
             .arg(name)
             .arg(kind)
             .arg(if force { "1" } else { "0" });
-        self.run_confirmed(
-            "appending to the change feed",
-            Retry::Idempotent,
-            script,
-            FEED_KEY,
-        )
-        .await
+        self.run_confirmed("appending to the change feed", script, FEED_KEY)
+            .await
     }
 
     /// Runs a script and, on Sentinel or Cluster, waits up to [`CONFIRM_WAIT`] for
@@ -73,12 +68,11 @@ impl RedisStore {
     async fn run_confirmed<T: redis::FromRedisValue>(
         &self,
         what: &str,
-        retry: Retry,
         script: redis::ScriptInvocation<'_>,
         key: &str,
     ) -> Result<T, StoreError> {
         if !self.replicated() {
-            return self.run(what, retry, &Req::Script(script)).await;
+            return self.run(what, &Req::Script(script)).await;
         }
         let confirm = Confirm {
             script,
@@ -88,7 +82,7 @@ impl RedisStore {
         };
         let wait_ms = confirm.wait_ms;
         let (value, confirmed, role): (T, i64, redis::Value) =
-            self.run(what, retry, &Req::Confirmed(confirm)).await?;
+            self.run(what, &Req::Confirmed(confirm)).await?;
         self.replicas_seen
             .store(has_replicas(&role), Ordering::Relaxed);
         if confirmed == 0 && has_replicas(&role) {
@@ -103,14 +97,15 @@ impl RedisStore {
 
     /// Claims `address` for client `name`: `Ok(true)` if claimed now, `Ok(false)` if
     /// that name held it already, `StoreError::AddressTaken` if another client does.
-    async fn claim_address(&self, address: IpAddr, name: &str) -> Result<bool, StoreError> {
-        let mut script = scripts::CLAIM_ADDRESS.prepare_invoke();
-        script.key(address_key(address)).arg(name);
+    pub(super) async fn claim_address(
+        &self,
+        address: IpAddr,
+        name: &str,
+    ) -> Result<bool, StoreError> {
         let claimed: i64 = self
             .run(
                 "claiming a WireGuard address",
-                Retry::Once,
-                &Req::Script(script),
+                &self.address_claim(address, name),
             )
             .await?;
         match claimed {
@@ -125,11 +120,7 @@ impl RedisStore {
         let mut script = scripts::RELEASE_ADDRESS.prepare_invoke();
         script.key(address_key(address)).arg(name);
         let _: i64 = self
-            .run(
-                "freeing a WireGuard address",
-                Retry::Idempotent,
-                &Req::Script(script),
-            )
+            .run("freeing a WireGuard address", &Req::Script(script))
             .await?;
         Ok(())
     }
@@ -145,8 +136,7 @@ impl RedisStore {
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let mut cmd = redis::cmd("MGET");
         cmd.arg(client_key(name));
-        let mut values: Vec<Option<Vec<u8>>> =
-            self.run(what, Retry::Idempotent, &Req::Cmd(cmd)).await?;
+        let mut values: Vec<Option<Vec<u8>>> = self.run(what, &Req::Cmd(cmd)).await?;
         Ok(values.pop().flatten())
     }
 
@@ -245,9 +235,7 @@ impl RedisStore {
     async fn client_names(&self) -> Result<Vec<String>, StoreError> {
         let mut cmd = redis::cmd("SMEMBERS");
         cmd.arg(INDEX_KEY);
-        let members: Vec<Vec<u8>> = self
-            .run("listing clients", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let members: Vec<Vec<u8>> = self.run("listing clients", &Req::Cmd(cmd)).await?;
         // A member that is not a client name (a hand's) names no record.
         let mut names: Vec<String> = members
             .into_iter()
@@ -268,6 +256,20 @@ impl RedisStore {
     pub(super) fn next_call(&self) -> String {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
         format!("{}_{call}", self.writer)
+    }
+
+    /// One claim call of `address` for client `name`, with a receipt of its
+    /// own: sent again, it answers what it did the first time.
+    pub(super) fn address_claim(&self, address: IpAddr, name: &str) -> Req<'static> {
+        let key = address_key(address);
+        let receipt = receipt_key(&key, &self.next_call());
+        let mut script = scripts::CLAIM_ADDRESS.prepare_invoke();
+        script
+            .key(key)
+            .key(receipt)
+            .arg(name)
+            .arg(u64::try_from(CALL_RECEIPT_MEMORY.as_millis()).unwrap_or(u64::MAX));
+        Req::Script(script)
     }
 
     /// One take call of `client`'s identity on `node`, with a receipt of its
@@ -337,9 +339,7 @@ impl Store for RedisStore {
             .key(usage_key(&record.name))
             .arg(json);
         // Idempotent: a repeat finds this very record and goes on.
-        let created: i64 = self
-            .run("adding a client", Retry::Idempotent, &Req::Script(script))
-            .await?;
+        let created: i64 = self.run("adding a client", &Req::Script(script)).await?;
         // 2: this very record is there (an earlier attempt landed); finish it.
         if created == 0 {
             if let Some((address, true)) = claimed_now {
@@ -373,9 +373,7 @@ impl Store for RedisStore {
             for name in chunk {
                 cmd.arg(client_key(name));
             }
-            let read: Vec<Option<Vec<u8>>> = self
-                .run("reading clients", Retry::Idempotent, &Req::Cmd(cmd))
-                .await?;
+            let read: Vec<Option<Vec<u8>>> = self.run("reading clients", &Req::Cmd(cmd)).await?;
             records.extend(read);
         }
         Ok(ClientList::from_results(
@@ -404,9 +402,8 @@ impl Store for RedisStore {
             .arg(super::quota_key(name))
             .cmd("DEL")
             .arg(super::live_key(name));
-        let (records, _usage, _quota, _live): (i64, i64, i64, i64) = self
-            .run("removing a client", Retry::Idempotent, &Req::Pipe(pipe))
-            .await?;
+        let (records, _usage, _quota, _live): (i64, i64, i64, i64) =
+            self.run("removing a client", &Req::Pipe(pipe)).await?;
         // The record is gone: its address may go to another client now.
         if let Some(address) = address {
             self.release_address(address, name).await?;
@@ -420,9 +417,7 @@ impl Store for RedisStore {
     async fn feed_head(&self) -> Result<u64, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(FEED_SEQ_KEY);
-        let head: Option<u64> = self
-            .run("reading the feed head", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let head: Option<u64> = self.run("reading the feed head", &Req::Cmd(cmd)).await?;
         Ok(head.unwrap_or(0))
     }
 
@@ -448,11 +443,7 @@ impl Store for RedisStore {
                 .arg(FEED_KEY)
                 .arg(&from);
             let reply: redis::Value = self
-                .run(
-                    "waiting on the change feed",
-                    Retry::Idempotent,
-                    &Req::Blocking(cmd),
-                )
+                .run("waiting on the change feed", &Req::Blocking(cmd))
                 .await?;
             if matches!(reply, redis::Value::Nil) {
                 return Ok(false);
@@ -483,9 +474,7 @@ impl Store for RedisStore {
             .arg("+")
             .arg("COUNT")
             .arg(i64::try_from(limit).unwrap_or(i64::MAX));
-        let entries: Vec<FeedEntry> = self
-            .run("reading the change feed", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let entries: Vec<FeedEntry> = self.run("reading the change feed", &Req::Cmd(cmd)).await?;
         Ok(entries
             .into_iter()
             .filter_map(|entry| self.decode_change(entry))
@@ -508,7 +497,7 @@ impl Store for RedisStore {
             .arg(USAGE_BATCH_MEMORY.as_secs());
         // The batch makes a repeat harmless: retried like any idempotent call.
         let found: i64 = self
-            .run_confirmed("adding usage", Retry::Idempotent, script, &usage_key(name))
+            .run_confirmed("adding usage", script, &usage_key(name))
             .await?;
         if found == 0 {
             return Err(StoreError::NotFound(name.to_owned()));
@@ -526,9 +515,7 @@ impl Store for RedisStore {
         for field in USAGE_FIELDS {
             cmd.arg(field);
         }
-        let values: Vec<Option<i64>> = self
-            .run("reading usage", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let values: Vec<Option<i64>> = self.run("reading usage", &Req::Cmd(cmd)).await?;
         if values.iter().all(Option::is_none) {
             return Err(StoreError::NotFound(name.to_owned()));
         }
@@ -574,16 +561,14 @@ impl Store for RedisStore {
             .arg(&key)
             .arg(ACTIVITY_EXPIRY_SECS)
             .ignore();
-        self.run("recording activity", Retry::Idempotent, &Req::Pipe(pipe))
-            .await
+        self.run("recording activity", &Req::Pipe(pipe)).await
     }
 
     async fn active_clients(&self, node: &NodeId, since: i64) -> Result<Vec<String>, StoreError> {
         let since = since.max(unix_now().saturating_sub(ACTIVITY_RETENTION_SECS));
         let mut cmd = redis::cmd("ZREVRANGEBYSCORE");
         cmd.arg(activity_key(node)).arg("+inf").arg(since);
-        self.run("reading activity", Retry::Idempotent, &Req::Cmd(cmd))
-            .await
+        self.run("reading activity", &Req::Cmd(cmd)).await
     }
 
     async fn put_identity(
@@ -608,9 +593,7 @@ impl Store for RedisStore {
                 .arg("PX")
                 .arg(ttl_ms);
         }
-        let _: redis::Value = self
-            .run("saving an identity", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let _: redis::Value = self.run("saving an identity", &Req::Cmd(cmd)).await?;
         Ok(())
     }
 
@@ -624,11 +607,7 @@ impl Store for RedisStore {
         }
         // A repeat finds the call's receipt: retried like any idempotent call.
         let json: Option<String> = self
-            .run(
-                "taking an identity",
-                Retry::Idempotent,
-                &self.identity_take(node, client),
-            )
+            .run("taking an identity", &self.identity_take(node, client))
             .await?;
         json.map(|json| decode_identity(client, &json)).transpose()
     }
@@ -639,9 +618,7 @@ impl Store for RedisStore {
         }
         let mut cmd = redis::cmd("DEL");
         cmd.arg(identity_key(node, client));
-        let _: i64 = self
-            .run("dropping an identity", Retry::Idempotent, &Req::Cmd(cmd))
-            .await?;
+        let _: i64 = self.run("dropping an identity", &Req::Cmd(cmd)).await?;
         Ok(())
     }
 
@@ -658,11 +635,7 @@ impl Store for RedisStore {
             .arg("EX")
             .arg(ENDPOINTS_EXPIRY_SECS);
         let _: redis::Value = self
-            .run(
-                "saving the endpoint snapshot",
-                Retry::Idempotent,
-                &Req::Cmd(cmd),
-            )
+            .run("saving the endpoint snapshot", &Req::Cmd(cmd))
             .await?;
         Ok(())
     }
@@ -671,11 +644,7 @@ impl Store for RedisStore {
         let mut cmd = redis::cmd("GET");
         cmd.arg(endpoints_key(node));
         let json: Option<String> = self
-            .run(
-                "reading the endpoint snapshot",
-                Retry::Idempotent,
-                &Req::Cmd(cmd),
-            )
+            .run("reading the endpoint snapshot", &Req::Cmd(cmd))
             .await?;
         json.map(|json| decode_endpoints(node, &json)).transpose()
     }

@@ -133,14 +133,24 @@ return taken
     )
 });
 
-/// Claims a WireGuard address for a client (`SET NX` of the address key to the name).
-/// KEYS: the address key. ARGV: the client's name.
+/// Claims a WireGuard address for a client (`SET NX` of the address key to the name),
+/// so that repeating the call gets the same answer: a claim made now is noted
+/// under the call's receipt key for a while, and a call that finds its
+/// receipt answers with it (a repeat would otherwise find the name's own
+/// claim and call it an earlier one, and the add would not free it if it
+/// then lost its name to another).
+/// KEYS: the address key, the call's receipt. ARGV: the client's name, how
+/// long to keep the receipt (ms).
 /// Returns 1 if claimed now, 2 if that name held it already (an earlier or concurrent
 /// add of the same name), 0 if another client holds it.
 pub(super) static CLAIM_ADDRESS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 1
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SET', KEYS[2], 1, 'PX', ARGV[2])
   return 1
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then

@@ -113,6 +113,8 @@ async fn key_shapes() {
     keys.sort();
     let address_claim = format!("{{pwg_{}}}", address_of("alice"));
     let batch = format!("{{pc_alice}}:batch:{}", store.writer);
+    // The add's claim call, the handle's first with a receipt.
+    let claim_receipt = format!("{address_claim}:receipt:{}_0", store.writer);
     let mut expected = vec![
         "{blipless}:clients",
         "{blipless}:feed",
@@ -123,10 +125,13 @@ async fn key_shapes() {
         "{pwi_alice}_h1_b0",
         "{pwh_h1_b0}",
         address_claim.as_str(),
+        claim_receipt.as_str(),
         batch.as_str(),
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);
+    let receipt_ttl: i64 = conn.ttl(&claim_receipt).await.expect("TTL");
+    assert!((20..=30).contains(&receipt_ttl), "{receipt_ttl}");
     let batch_ttl: i64 = conn.ttl(&batch).await.expect("TTL");
     assert!((3590..=3600).contains(&batch_ttl), "{batch_ttl}");
     let holder: String = conn.get(&address_claim).await.expect("GET");
@@ -172,14 +177,8 @@ async fn a_repeated_take_gets_its_identity_again() {
         .await
         .expect("put");
     let take = store.identity_take(&node(), "alice");
-    let first: Option<String> = store
-        .run("taking", Retry::Idempotent, &take)
-        .await
-        .expect("the take");
-    let again: Option<String> = store
-        .run("taking again", Retry::Idempotent, &take)
-        .await
-        .expect("the repeat");
+    let first: Option<String> = store.run("taking", &take).await.expect("the take");
+    let again: Option<String> = store.run("taking again", &take).await.expect("the repeat");
     let first = first.expect("the first send takes the identity");
     assert_eq!(
         again.as_deref(),
@@ -216,14 +215,8 @@ async fn a_repeated_quota_add_counts_once() {
     let store = RedisStore::open(&server.url()).await.expect("open");
     store.add_client(client("alice")).await.expect("add");
     let add = store.quota_add("alice", "day:1", 1000);
-    let first: i64 = store
-        .run("adding", Retry::Idempotent, &add)
-        .await
-        .expect("the add");
-    let again: i64 = store
-        .run("adding again", Retry::Idempotent, &add)
-        .await
-        .expect("the repeat");
+    let first: i64 = store.run("adding", &add).await.expect("the add");
+    let again: i64 = store.run("adding again", &add).await.expect("the repeat");
     assert_eq!((first, again), (1000, 1000));
     assert_eq!(
         store
@@ -243,6 +236,32 @@ async fn a_repeated_quota_add_counts_once() {
     let mut conn = raw(&server).await;
     let receipts: Vec<String> = conn.keys("{pc_alice}:quota:receipt:*").await.expect("KEYS");
     assert_eq!(receipts.len(), 2, "{receipts:?}");
+}
+
+/// An address claim sent twice says both times that it claimed the address
+/// now (before, the repeat called the claim an earlier one, and an add that
+/// then lost its name to another left the address claimed); another claim
+/// of the same name says it held it already, and another name's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_address_claim_says_claimed_again() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url()).await.expect("open");
+    let address: std::net::IpAddr = "10.9.0.7".parse().expect("ip");
+    let claim = store.address_claim(address, "alice");
+    let first: i64 = store.run("claiming", &claim).await.expect("the claim");
+    let again: i64 = store
+        .run("claiming again", &claim)
+        .await
+        .expect("the repeat");
+    assert_eq!((first, again), (1, 1));
+    assert!(!store
+        .claim_address(address, "alice")
+        .await
+        .expect("held already"));
+    assert!(matches!(
+        store.claim_address(address, "bob").await,
+        Err(StoreError::AddressTaken(taken)) if taken == address
+    ));
 }
 
 /// The half-done states the module doc describes, as a crash between the two slots of
