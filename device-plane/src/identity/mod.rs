@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{OnceCell, Semaphore};
 
-use blipless_store::{EgressIdentity, NodeId, Store};
+use blipless_store::{EgressIdentity, NodeId, Store, StoreError};
 
 /// How long an identity snapshot lives in the store without a refresh.
 pub const IDENTITY_TTL: Duration = Duration::from_secs(600);
@@ -205,11 +205,15 @@ impl Identities {
     }
 
     async fn open_identity(&self, client: &str) -> Arc<ClientIdentity> {
-        let restored = match self.store.take_identity(&self.node, client).await {
-            Ok(identity) => identity,
+        // A store that did not answer the take would not answer the save
+        // either: the connection waiting for this open does not wait for it
+        // twice (up to 8 s on a hung Redis). The flush saves the identity
+        // while the client has traffic, and the exit saves every one.
+        let (restored, save_now) = match self.store.take_identity(&self.node, client).await {
+            Ok(identity) => (identity, true),
             Err(error) => {
                 tracing::warn!(client, %error, "restoring the egress identity failed; allocating one");
-                None
+                (None, !matches!(error, StoreError::Unavailable(_)))
             }
         };
         let mut identity = match restored {
@@ -237,7 +241,12 @@ impl Identities {
             identity.session = Some(new_session());
         }
         lock(&self.windows).insert(client.to_owned(), identity.window.clone());
-        if let Err(error) = self
+        if !save_now {
+            tracing::debug!(
+                client,
+                "egress identity not saved now (the store is unavailable); the next flush saves it"
+            );
+        } else if let Err(error) = self
             .store
             .put_identity(&self.node, client, &identity, IDENTITY_TTL)
             .await

@@ -22,6 +22,10 @@ struct Instrumented {
     most_in_flight: AtomicUsize,
     /// Milliseconds each identity save waits before it is made.
     put_delay_ms: std::sync::atomic::AtomicU64,
+    /// Identity takes fail as a hung store's do.
+    takes_unavailable: std::sync::atomic::AtomicBool,
+    /// Identity saves made.
+    puts: AtomicUsize,
     restored: std::sync::Mutex<Vec<String>>,
 }
 
@@ -70,6 +74,7 @@ impl Store for Instrumented {
     ) -> Result<(), StoreError> {
         let delay = self.put_delay_ms.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
+        self.puts.fetch_add(1, Ordering::SeqCst);
         self.inner.put_identity(node, client, identity, ttl).await
     }
     async fn take_identity(
@@ -77,6 +82,9 @@ impl Store for Instrumented {
         node: &NodeId,
         client: &str,
     ) -> Result<Option<EgressIdentity>, StoreError> {
+        if self.takes_unavailable.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("no answer within 4 s".into()));
+        }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         let delay = if client == self.slow_client {
@@ -159,9 +167,32 @@ async fn fixture(slow_delay: Duration) -> (tempfile::TempDir, Arc<Instrumented>)
         in_flight: AtomicUsize::new(0),
         most_in_flight: AtomicUsize::new(0),
         put_delay_ms: std::sync::atomic::AtomicU64::new(0),
+        takes_unavailable: std::sync::atomic::AtomicBool::new(false),
+        puts: AtomicUsize::new(0),
         restored: std::sync::Mutex::new(Vec::new()),
     });
     (dir, store)
+}
+
+/// A store that did not answer the take is not asked to save on the
+/// opening connection's path (a hung Redis made that connection wait for
+/// both, up to 8 s); the flush saves the identity once the client has
+/// traffic. A take that answers is followed by the save at once.
+#[tokio::test]
+async fn an_unavailable_store_is_not_waited_on_twice_by_an_open() {
+    let (_dir, store) = fixture(Duration::from_millis(0)).await;
+    let sources: Vec<std::net::IpAddr> = vec!["127.0.0.2".parse().expect("ip")];
+    let identities = Arc::new(Identities::new(store.clone(), node(), sources));
+    store.takes_unavailable.store(true, Ordering::SeqCst);
+    let opened = identities.open("a").await;
+    assert!(opened.identity.source.is_some(), "allocated all the same");
+    assert_eq!(store.puts.load(Ordering::SeqCst), 0, "no save on the path");
+    identities.touch("a");
+    identities.flush().await;
+    assert_eq!(store.puts.load(Ordering::SeqCst), 1, "the flush saves it");
+    store.takes_unavailable.store(false, Ordering::SeqCst);
+    identities.open("b").await;
+    assert_eq!(store.puts.load(Ordering::SeqCst), 2, "saved at once");
 }
 
 #[tokio::test]
