@@ -464,3 +464,55 @@ fn trailer_fields_cross_the_proxy_both_ways() {
     assert!(lower.contains("\r\ntrailer: x-down\r\n"), "{answer}");
     assert!(lower.ends_with("0\r\nx-down: 2\r\n\r\n"), "{answer:?}");
 }
+
+/// An origin whose close-delimited answer (HTTP/1.0, no length) is cut by a
+/// reset: the client must learn it got less than the whole, not take the
+/// proxy's close for the answer's end. curl as an HTTP/1.0 client (its
+/// answer is close-delimited too) and as an HTTP/1.1 one (chunked: the last
+/// chunk never comes) both fail the transfer.
+#[test]
+fn an_answer_the_origin_cut_short_is_not_passed_on_as_whole() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("origin listener");
+    let target = listener.local_addr().expect("origin address");
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                if read_head(&mut stream).is_none() {
+                    return;
+                }
+                let mut answer = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
+                answer.extend(std::iter::repeat_n(b'x', 5000));
+                let _ = stream.write_all(&answer);
+                std::thread::sleep(Duration::from_millis(200));
+                // A zero linger makes the close a reset.
+                let _ = nix::sys::socket::setsockopt(
+                    &stream,
+                    nix::sys::socket::sockopt::Linger,
+                    &nix::libc::linger {
+                        l_onoff: 1,
+                        l_linger: 0,
+                    },
+                );
+            });
+        }
+    });
+    let mut node = Node::new("");
+    let (_ingress, _device, client) = node.start();
+    for version in ["--http1.0", "--http1.1"] {
+        let output = curl(&[
+            "--max-time",
+            "30",
+            version,
+            "--proxy",
+            &client.http,
+            "-o",
+            "/dev/null",
+            &format!("http://{target}/"),
+        ]);
+        assert!(
+            !output.status.success(),
+            "{version}: curl took the cut answer for a whole one: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! Closing a connection after a refusal without resetting it. Linux answers
+//! Closing a connection after a refusal without resetting it, and resetting
+//! one whose answer broke off ([`reset`]). Linux answers
 //! a close with unread bytes with a reset, which discards whatever of the
 //! refusal is not yet sent, and a client on Windows discards what it had
 //! received; a client that pipelines (HTTP, or SOCKS5 with its request and
@@ -34,4 +35,15 @@ pub async fn linger_close(mut stream: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+}
+
+/// Closes `stream` with a reset (a zero linger), so that a client whose
+/// answer ends at the connection's end (HTTP/1.0 without a length) learns
+/// that it was cut rather than complete.
+pub fn reset(stream: TcpStream) {
+    // Deprecated for the blocking close a non-zero linger makes; a zero
+    // one does not block.
+    #[allow(deprecated)]
+    let _ = stream.set_linger(Some(Duration::ZERO));
+    drop(stream);
 }

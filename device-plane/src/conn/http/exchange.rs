@@ -83,6 +83,9 @@ struct State {
     /// The last response-body frame (or the head).
     response_last: Instant,
     response_done: bool,
+    /// The origin's response body broke off (a reset, a malformed chunk, a
+    /// close before its length).
+    response_broken: bool,
     /// Reading the client's request body failed (malformed chunks, or the
     /// client ended it short): the request's failure is the client's.
     request_failed: bool,
@@ -111,6 +114,7 @@ impl Exchange {
                 answered: false,
                 response_last: now,
                 response_done: false,
+                response_broken: false,
                 request_failed: false,
             }),
             changed: Notify::new(),
@@ -163,6 +167,17 @@ impl Exchange {
 
     fn response_moved(&self) {
         self.lock().response_last = Instant::now();
+    }
+
+    /// The origin's response body broke off.
+    fn response_broke(&self) {
+        self.lock().response_broken = true;
+        self.response_done();
+    }
+
+    /// Whether the origin's response body broke off.
+    pub(super) fn response_broken(&self) -> bool {
+        self.lock().response_broken
     }
 
     fn response_done(&self) {
@@ -316,7 +331,8 @@ impl Watcher for Origin {
                     self.exchange.response_done();
                 }
             }
-            Polled::End | Polled::Failed => self.exchange.response_done(),
+            Polled::End => self.exchange.response_done(),
+            Polled::Failed => self.exchange.response_broke(),
         }
     }
 }
@@ -351,6 +367,16 @@ impl Watch {
     /// is closed after it, never handed over.
     pub(super) fn close_after_answer(&self) {
         self.closing.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the followed exchange's answer broke off at the origin: the
+    /// client must not take the connection's end for the answer's.
+    pub(super) fn answer_broken(&self) -> bool {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|exchange| exchange.response_broken())
     }
 
     /// Whether an answer said the connection ends.

@@ -325,6 +325,13 @@ async fn serve_until_handover(
         }
     };
     let stopped_between = between_at_stop == Some(turns.begun()) && turns.between();
+    if watch.answer_broken() {
+        // An answer whose end is the connection's (HTTP/1.0) would read as
+        // whole after a plain close: a reset says it was cut.
+        tracing::debug!(id, "the origin's answer broke off; connection reset");
+        super::linger::reset(connection.into_parts().io.into_inner().inner.inner);
+        return None;
+    }
     if let Err(error) = result {
         if error.is_parse() {
             // hyper has answered (431 for a head too large, 400 for one it
