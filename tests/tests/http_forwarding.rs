@@ -226,7 +226,8 @@ fn an_answer_with_both_framings_reaches_the_client() {
 /// survive the hop-by-hop stripping and cut the body to its 5 bytes), and a
 /// 101 to a request whose Upgrade the proxy stripped (passed on, it ended
 /// the client's connection as a switch it never asked for): the first
-/// reaches the client whole, the second is a 502.
+/// reaches the client whole, the second is a 502. A WebSocket upgrade in
+/// absolute form is not forwarded at all: 501, saying to use CONNECT.
 #[test]
 fn stale_framing_named_in_connection_and_an_unasked_101_are_handled() {
     let both = origin(
@@ -243,15 +244,42 @@ fn stale_framing_named_in_connection_and_an_unasked_101_are_handled() {
     let (_ingress, _device, client) = node.start();
     let body = blipless_tests::curl::fetch(&client.http, &format!("http://{both}/"), &[]);
     assert_eq!(body, b"hello world");
+    // An upgrade the client may do without (h2c): stripped, and the
+    // origin's 101 all the same is its mistake.
     let answer = ask(
         &node,
         &format!(
-            "GET http://{switching}/chat HTTP/1.1\r\nHost: {switching}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n{}\r\n",
+            "GET http://{switching}/chat HTTP/1.1\r\nHost: {switching}\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n{}\r\n",
             auth(&client)
         ),
         false,
     );
     assert!(answer.starts_with("HTTP/1.1 502"), "{answer:?}");
+    // A WebSocket in absolute form is refused clearly, not passed on as a
+    // plain GET whose answer says nothing of the proxy: curl's own request.
+    let output = curl(&[
+        "--max-time",
+        "30",
+        "--proxy",
+        &client.http,
+        "-H",
+        "Connection: Upgrade",
+        "-H",
+        "Upgrade: websocket",
+        "-H",
+        "Sec-WebSocket-Version: 13",
+        "-H",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "-w",
+        "%{http_code}",
+        &format!("http://{switching}/chat"),
+    ]);
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.contains("use CONNECT") && said.ends_with("501"),
+        "{said}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// An HTTP/1.0 origin's answer goes to an HTTP/1.1 client as an HTTP/1.1

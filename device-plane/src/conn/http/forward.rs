@@ -37,6 +37,15 @@ pub(super) async fn forward(
     let Ok(host) = HeaderValue::from_str(&parsed.host_header) else {
         return plain(StatusCode::BAD_REQUEST, "bad request target\n");
     };
+    if asks_for_websocket(request.headers()) {
+        // Forwarded, its Upgrade stripped, it reached the origin as a plain
+        // GET, whose 400 or 426 said nothing of the proxy.
+        tracing::debug!(id, client = %name, "websocket upgrade in absolute form; 501");
+        return plain(
+            StatusCode::NOT_IMPLEMENTED,
+            "WebSocket through this proxy: use CONNECT (for ws:// too)\n",
+        );
+    }
     let target = target::egress_target(&parsed.destination);
     // A forwarded request holds an egress connection while it runs: it
     // counts against the client's connection cap as a tunnel does
@@ -251,6 +260,24 @@ fn asks_for_trailers(headers: &HeaderMap) -> bool {
         .iter()
         .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
         .any(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+}
+
+/// Whether the request asks to switch to WebSocket (`Upgrade: websocket`),
+/// which is not forwarded; other upgrades (h2c) are optional for the
+/// client, which goes on in HTTP/1.1 when the Upgrade is dropped.
+fn asks_for_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(hyper::header::UPGRADE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+        .any(|protocol| {
+            let protocol = protocol.trim_ascii();
+            let name = protocol
+                .split(|byte| *byte == b'/')
+                .next()
+                .unwrap_or(protocol);
+            name.eq_ignore_ascii_case(b"websocket")
+        })
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
