@@ -31,6 +31,12 @@ use crate::wg::{steer, Wireguard};
 /// How long a predecessor waits for its successor to take the offer and
 /// start serving.
 const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a predecessor makes no WireGuard session while its successor
+/// has not served yet (normally tens of milliseconds): past it, sessions
+/// are made again until the successor serves, so that peers are not kept
+/// waiting on a successor that is slow or stuck.
+const STEPPED_ASIDE_BEFORE_SERVING: Duration = Duration::from_secs(5);
 /// How often a predecessor that stepped aside checks whether it may leave.
 const CHECK_EVERY: Duration = Duration::from_millis(10);
 
@@ -226,7 +232,24 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         taken_at_ms: handoffs.node.wireguard.now_ms(),
     };
     // Bounded as a whole: a drain asked for meanwhile waits for this.
-    let serves = match tokio::time::timeout(SERVING_TIMEOUT, send_offer(&socket, offering)).await {
+    let answer = {
+        let offered = tokio::time::timeout(SERVING_TIMEOUT, send_offer(&socket, offering));
+        tokio::pin!(offered);
+        tokio::select! {
+            answer = &mut offered => answer,
+            () = tokio::time::sleep(STEPPED_ASIDE_BEFORE_SERVING) => {
+                // Its peers are not kept waiting on a successor that is
+                // slow to serve: sessions are made here again meanwhile.
+                tracing::warn!(
+                    "the successor has not served within {STEPPED_ASIDE_BEFORE_SERVING:?}; \
+                     answering handshakes again until it does"
+                );
+                handoffs.node.wireguard.set_stepped_aside(false);
+                offered.await
+            }
+        }
+    };
+    let serves = match answer {
         Ok(serves) => serves.unwrap_or(false),
         Err(_) => {
             tracing::warn!("the successor did not serve within {SERVING_TIMEOUT:?}");
@@ -242,8 +265,10 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         );
         return Ok(());
     }
-    // Stepped aside since the snapshot (`Wireguard::set_stepped_aside`);
-    // the run loop steps aside for the rest.
+    // At once, not when the run loop steps aside: no session is started
+    // meanwhile (`Wireguard::set_stepped_aside`; since the snapshot,
+    // unless the successor was slow to serve).
+    handoffs.node.wireguard.set_stepped_aside(true);
     if handoffs.takeovers.send(socket).await.is_ok() {
         // The run loop steps aside; it ends the handoff if it serves again.
         std::mem::forget(handing_off);

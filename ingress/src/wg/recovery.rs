@@ -262,13 +262,14 @@ impl Wireguard {
         while !waiting.is_empty() && started.elapsed() < CALL_BACK_BUDGET {
             tokio::time::sleep(CALL_BACK_CHECK).await;
             // A successor takes over (from its offer on): it calls the
-            // peers, not this ingress.
+            // peers, not this ingress, which sends no initiation meanwhile.
+            // Paused, not ended: a successor that goes away before it
+            // serves hands the call-back back.
             if self
                 .stepped_aside
                 .load(std::sync::atomic::Ordering::Relaxed)
             {
-                tracing::info!("a successor serves: the call-back stops here");
-                break;
+                continue;
             }
             // The peers due a retry are picked under the table's lock and
             // called outside it: an initiation costs two X25519 operations,
