@@ -71,7 +71,16 @@ pub struct Identities {
     /// a herd of new clients) spreads over the pool instead of each taking
     /// the address that was least used before any of them finished.
     opening: Mutex<HashMap<String, IpAddr>>,
+    /// When a call on a connection's path last found the store unavailable:
+    /// for [`UNAVAILABLE_QUIET`] after it, saves on that path (an open's, a
+    /// new window's) are left to the flush, so a connection does not wait
+    /// for a hung store twice.
+    store_unavailable: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long after the store was found unavailable a connection's path does
+/// not wait on it for a save.
+const UNAVAILABLE_QUIET: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a pool address that could not be bound is passed over.
 const UNUSABLE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
@@ -114,7 +123,19 @@ impl Identities {
             next_rotation: std::sync::atomic::AtomicUsize::new(0),
             unusable: Mutex::new(HashMap::new()),
             opening: Mutex::new(HashMap::new()),
+            store_unavailable: Mutex::new(None),
         }
+    }
+
+    /// Notes what a call on a connection's path found of the store.
+    fn note_store(&self, answered: bool) {
+        *lock(&self.store_unavailable) = (!answered).then(std::time::Instant::now);
+    }
+
+    /// Whether a save on a connection's path is left to the flush: the
+    /// store was found unavailable lately.
+    fn store_lately_unavailable(&self) -> bool {
+        lock(&self.store_unavailable).is_some_and(|at| at.elapsed() < UNAVAILABLE_QUIET)
     }
 
     /// The source for one connection of a rotating client (docs/LIMITS.md,
@@ -207,13 +228,18 @@ impl Identities {
     async fn open_identity(&self, client: &str) -> Arc<ClientIdentity> {
         // A store that did not answer the take would not answer the save
         // either: the connection waiting for this open does not wait for it
-        // twice (up to 8 s on a hung Redis). The flush saves the identity
-        // while the client has traffic, and the exit saves every one.
-        let (restored, save_now) = match self.store.take_identity(&self.node, client).await {
-            Ok(identity) => (identity, true),
+        // twice (up to 8 s on a hung Redis), nor for a new window's save
+        // (`store_lately_unavailable`). The flush saves the identity while
+        // the client has traffic, and the exit saves every one.
+        let restored = match self.store.take_identity(&self.node, client).await {
+            Ok(identity) => {
+                self.note_store(true);
+                identity
+            }
             Err(error) => {
                 tracing::warn!(client, %error, "restoring the egress identity failed; allocating one");
-                (None, !matches!(error, StoreError::Unavailable(_)))
+                self.note_store(!matches!(error, StoreError::Unavailable(_)));
+                None
             }
         };
         let mut identity = match restored {
@@ -241,7 +267,7 @@ impl Identities {
             identity.session = Some(new_session());
         }
         lock(&self.windows).insert(client.to_owned(), identity.window.clone());
-        if !save_now {
+        if self.store_lately_unavailable() {
             tracing::debug!(
                 client,
                 "egress identity not saved now (the store is unavailable); the next flush saves it"
@@ -252,6 +278,7 @@ impl Identities {
             .await
         {
             tracing::warn!(client, %error, "saving the egress identity failed; retrying at the next flush");
+            self.note_store(!matches!(error, StoreError::Unavailable(_)));
         }
         Arc::new(ClientIdentity {
             client: client.to_string(),
@@ -337,12 +364,15 @@ impl Identities {
             return;
         }
         tracing::debug!(client = %held.client, ?window, "egress window chosen");
-        if let Err(error) = self
+        if self.store_lately_unavailable() {
+            tracing::debug!(client = %held.client, "egress window not saved now (the store is unavailable); the next flush saves it");
+        } else if let Err(error) = self
             .store
             .put_identity(&self.node, &held.client, &self.snapshot(held), IDENTITY_TTL)
             .await
         {
             tracing::warn!(client = %held.client, %error, "saving an egress window failed; retrying at the next flush");
+            self.note_store(!matches!(error, StoreError::Unavailable(_)));
         }
     }
 

@@ -190,6 +190,12 @@ async fn an_unavailable_store_is_not_waited_on_twice_by_an_open() {
     identities.touch("a");
     identities.flush().await;
     assert_eq!(store.puts.load(Ordering::SeqCst), 1, "the flush saves it");
+    // Nor is its first window saved on the path (a connection through an
+    // upstream waits for that).
+    identities
+        .set_window(&opened, vec!["direct".to_owned()])
+        .await;
+    assert_eq!(store.puts.load(Ordering::SeqCst), 1, "no save on the path");
     store.takes_unavailable.store(false, Ordering::SeqCst);
     identities.open("b").await;
     assert_eq!(store.puts.load(Ordering::SeqCst), 2, "saved at once");
