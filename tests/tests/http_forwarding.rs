@@ -493,13 +493,9 @@ fn trailer_fields_cross_the_proxy_both_ways() {
     assert!(lower.ends_with("0\r\nx-down: 2\r\n\r\n"), "{answer:?}");
 }
 
-/// An origin whose close-delimited answer (HTTP/1.0, no length) is cut by a
-/// reset: the client must learn it got less than the whole, not take the
-/// proxy's close for the answer's end. curl as an HTTP/1.0 client (its
-/// answer is close-delimited too) and as an HTTP/1.1 one (chunked: the last
-/// chunk never comes) both fail the transfer.
-#[test]
-fn an_answer_the_origin_cut_short_is_not_passed_on_as_whole() {
+/// An origin that sends a close-delimited answer (HTTP/1.0, no length) in
+/// part, then resets (`reset`) or goes silent past `timeouts.body_idle`.
+fn origin_cutting_its_answer(reset: bool) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("origin listener");
     let target = listener.local_addr().expect("origin address");
     std::thread::spawn(move || {
@@ -511,6 +507,10 @@ fn an_answer_the_origin_cut_short_is_not_passed_on_as_whole() {
                 let mut answer = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
                 answer.extend(std::iter::repeat_n(b'x', 5000));
                 let _ = stream.write_all(&answer);
+                if !reset {
+                    std::thread::sleep(Duration::from_secs(10));
+                    return;
+                }
                 std::thread::sleep(Duration::from_millis(200));
                 // A zero linger makes the close a reset.
                 let _ = nix::sys::socket::setsockopt(
@@ -524,23 +524,37 @@ fn an_answer_the_origin_cut_short_is_not_passed_on_as_whole() {
             });
         }
     });
-    let mut node = Node::new("");
+    target
+}
+
+/// An answer cut short, by its origin's reset or by the proxy when the
+/// origin goes silent (`timeouts.body_idle`): the client must learn it got
+/// less than the whole, not take the end of the connection for the
+/// answer's. curl as an HTTP/1.0 client (its answer is close-delimited
+/// too: before, it exited 0 with a truncated file) and as an HTTP/1.1 one
+/// (chunked: the last chunk never comes) both fail the transfer.
+#[test]
+fn an_answer_cut_short_is_not_passed_on_as_whole() {
+    let mut node = Node::new("[timeouts]\nbody_idle = \"1s\"\n");
     let (_ingress, _device, client) = node.start();
-    for version in ["--http1.0", "--http1.1"] {
-        let output = curl(&[
-            "--max-time",
-            "30",
-            version,
-            "--proxy",
-            &client.http,
-            "-o",
-            "/dev/null",
-            &format!("http://{target}/"),
-        ]);
-        assert!(
-            !output.status.success(),
-            "{version}: curl took the cut answer for a whole one: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    for (reset, how) in [(true, "the origin's reset"), (false, "a silent origin")] {
+        let target = origin_cutting_its_answer(reset);
+        for version in ["--http1.0", "--http1.1"] {
+            let output = curl(&[
+                "--max-time",
+                "30",
+                version,
+                "--proxy",
+                &client.http,
+                "-o",
+                "/dev/null",
+                &format!("http://{target}/"),
+            ]);
+            assert!(
+                !output.status.success(),
+                "{how}, {version}: curl took the cut answer for a whole one: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
     }
 }

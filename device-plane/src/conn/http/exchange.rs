@@ -175,6 +175,13 @@ impl Exchange {
         self.response_done();
     }
 
+    /// Whether the response head went to the client and its body has not
+    /// ended.
+    fn answer_unfinished(&self) -> bool {
+        let state = self.lock();
+        state.answered && !state.response_done
+    }
+
     /// Whether the origin's response body broke off.
     pub(super) fn response_broken(&self) -> bool {
         self.lock().response_broken
@@ -377,6 +384,16 @@ impl Watch {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .is_some_and(|exchange| exchange.response_broken())
+    }
+
+    /// Whether the followed exchange's answer has started and not ended:
+    /// cut now, the client must learn that it is cut.
+    pub(super) fn answer_unfinished(&self) -> bool {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|exchange| exchange.answer_unfinished())
     }
 
     /// Whether an answer said the connection ends.

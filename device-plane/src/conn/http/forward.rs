@@ -37,7 +37,7 @@ pub(super) async fn forward(
     let Ok(host) = HeaderValue::from_str(&parsed.host_header) else {
         return plain(StatusCode::BAD_REQUEST, "bad request target\n");
     };
-    if asks_for_websocket(request.headers()) {
+    if asks_for_websocket(request.version(), request.headers()) {
         // Forwarded, its Upgrade stripped, it reached the origin as a plain
         // GET, whose 400 or 426 said nothing of the proxy.
         tracing::debug!(id, client = %name, "websocket upgrade in absolute form; 501");
@@ -262,22 +262,31 @@ fn asks_for_trailers(headers: &HeaderMap) -> bool {
         .any(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"trailers"))
 }
 
-/// Whether the request asks to switch to WebSocket (`Upgrade: websocket`),
-/// which is not forwarded; other upgrades (h2c) are optional for the
-/// client, which goes on in HTTP/1.1 when the Upgrade is dropped.
-fn asks_for_websocket(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(hyper::header::UPGRADE)
+/// Whether the request asks to switch to WebSocket (`Upgrade: websocket`,
+/// named in `Connection`, over HTTP/1.1: RFC 9110 §7.8 has an upgrade
+/// ignored otherwise), which is not forwarded; other upgrades (h2c) are
+/// optional for the client, which goes on in HTTP/1.1 when the Upgrade is
+/// dropped.
+fn asks_for_websocket(version: hyper::Version, headers: &HeaderMap) -> bool {
+    let upgrade_named = headers
+        .get_all(hyper::header::CONNECTION)
         .iter()
         .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
-        .any(|protocol| {
-            let protocol = protocol.trim_ascii();
-            let name = protocol
-                .split(|byte| *byte == b'/')
-                .next()
-                .unwrap_or(protocol);
-            name.eq_ignore_ascii_case(b"websocket")
-        })
+        .any(|name| name.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
+    version >= hyper::Version::HTTP_11
+        && upgrade_named
+        && headers
+            .get_all(hyper::header::UPGRADE)
+            .iter()
+            .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+            .any(|protocol| {
+                let protocol = protocol.trim_ascii();
+                let name = protocol
+                    .split(|byte| *byte == b'/')
+                    .next()
+                    .unwrap_or(protocol);
+                name.eq_ignore_ascii_case(b"websocket")
+            })
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -306,6 +315,35 @@ mod tests {
             headers.append(*name, HeaderValue::from_static(value));
         }
         headers
+    }
+
+    #[test]
+    fn a_websocket_upgrade_is_told_from_what_only_looks_like_one() {
+        use hyper::Version;
+        let asks = |version, fields: &[(&'static str, &'static str)]| {
+            asks_for_websocket(version, &headers(fields))
+        };
+        let upgrade = [
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "WebSocket"),
+        ];
+        assert!(asks(Version::HTTP_11, &upgrade));
+        assert!(asks(
+            Version::HTTP_11,
+            &[("connection", "upgrade"), ("upgrade", "h2c, websocket/13")]
+        ));
+        // Not named in Connection, or over HTTP/1.0: no upgrade at all.
+        assert!(!asks(Version::HTTP_11, &[("upgrade", "websocket")]));
+        assert!(!asks(Version::HTTP_10, &upgrade));
+        // Another protocol, or one that only begins like it.
+        assert!(!asks(
+            Version::HTTP_11,
+            &[("connection", "upgrade"), ("upgrade", "h2c")]
+        ));
+        assert!(!asks(
+            Version::HTTP_11,
+            &[("connection", "upgrade"), ("upgrade", "websockets")]
+        ));
     }
 
     #[test]

@@ -270,6 +270,16 @@ async fn serve_until_handover(
     // descriptor until the idle timeout, without any account.
     let unauthenticated_until = tokio::time::Instant::now() + context.handshake_timeout;
     let mut authenticated = identity.current().is_some();
+    // A connection the plane cuts ends with a reset when an answer is under
+    // way (its end must not read as the answer's: an HTTP/1.0 client's has
+    // no length), else with a plain close.
+    macro_rules! end_cut {
+        () => {
+            if watch.answer_unfinished() {
+                super::linger::reset(connection.into_parts().io.into_inner().inner.inner);
+            }
+        };
+    }
     let result = loop {
         tokio::select! {
             () = tokio::time::sleep_until(unauthenticated_until), if !authenticated => {
@@ -311,15 +321,20 @@ async fn serve_until_handover(
                     Pin::new(&mut connection).graceful_shutdown();
                 }
             }
-            () = cut.cancelled() => return None,
+            () = cut.cancelled() => {
+                end_cut!();
+                return None;
+            }
             () = moved.idle_for(context.idle_timeout) => {
                 tracing::debug!(id, idle = ?context.idle_timeout, "http connection cut: no byte either way");
+                end_cut!();
                 return None;
             }
             stall = watch.stalled() => {
                 // The answer has started: all we can do is end it.
                 context.http_counters.body_stalls.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(id, ?stall, "response stalled; connection cut");
+                end_cut!();
                 return None;
             }
         }
