@@ -20,6 +20,7 @@
 //! | `{pwi_<client>}_<host>_<block>:receipt:<writer>_<n>` | string | the identity one take call got, kept [`CALL_RECEIPT_MEMORY`] so that a repeat of the call gets it again |
 //! | `{pc_<name>}:quota:receipt:<writer>_<n>` | string | the count one quota add of bytes returned, kept [`CALL_RECEIPT_MEMORY`] so that a repeat of the call counts nothing |
 //! | `{pwg_<address>}` | string | the name of the client holding a WireGuard address |
+//! | `{pwg_<address>}:receipt:<writer>_<n>` | string | that one claim call claimed the address, kept [`CALL_RECEIPT_MEMORY`] so that a repeat of the call says so again |
 //! | `{pwh_<host>_<block>}` | string | a node's WireGuard endpoint snapshot, as JSON, expiring a day after its last write |
 //!
 //! # What is atomic
@@ -109,8 +110,10 @@
 //! claim finds its call's receipt ([`CALL_RECEIPT_MEMORY`]) and answers what the
 //! first got; a repeated `add_client` finds its own record and goes on; a
 //! repeated feed append adds a second entry for the same change, which
-//! followers apply harmlessly; a repeated usage add counts nothing (its batch
-//! number). A call added here must be made so too. Timeouts are not
+//! followers apply harmlessly, though a remove's repeat whose first try
+//! appended may find nothing left to do and report the client absent; a
+//! repeated usage add counts nothing (its batch number). A call added here
+//! must be made so too. Timeouts are not
 //! retried: a Redis that did not answer in 2 s is not likely to in the next 50 ms.
 //! A write refused with `READONLY` (a master demoted by a failover, still
 //! reachable) was not applied: its connection is dropped and the call retried,
@@ -171,7 +174,8 @@ pub const USAGE_BATCH_MEMORY: Duration = Duration::from_secs(3600);
 pub const READ_CHUNK: usize = 1000;
 
 /// How long what a call that must not apply twice (an identity take, a
-/// quota add) got is kept under its receipt key, for a repeat of that call:
+/// quota add, an address claim) got is kept under its receipt key, for a
+/// repeat of that call:
 /// longer than a call with its retries may take ([`ATTEMPT_TIMEOUT`] each).
 pub const CALL_RECEIPT_MEMORY: Duration = Duration::from_secs(30);
 
@@ -216,7 +220,7 @@ fn identity_key(node: &NodeId, client: &str) -> String {
 
 /// Where one call (`call`: [`RedisStore::next_call`]) on `key` keeps what
 /// it got, in `key`'s slot: [`scripts::TAKE_IDENTITY`],
-/// [`scripts::ADD_QUOTA_USAGE`].
+/// [`scripts::ADD_QUOTA_USAGE`], [`scripts::CLAIM_ADDRESS`].
 fn receipt_key(key: &str, call: &str) -> String {
     format!("{key}:receipt:{call}")
 }
@@ -388,7 +392,8 @@ fn connection_failed(err: &RedisError) -> bool {
 }
 
 impl Failure {
-    /// Whether another attempt may soon succeed and is safe under `retry`.
+    /// Whether another attempt may soon succeed (every call is safe to
+    /// repeat: see "Failures" above).
     fn retryable(&self) -> bool {
         match self {
             Failure::Connect(PoolError::Backend(err)) => {
@@ -606,14 +611,12 @@ impl RedisStore {
         } else {
             format!(" ({attempts} attempts)")
         };
-        // Sent and not answered: a write may have been applied.
-        let unknown = ", so whether it was applied is unknown";
         match failure {
             Failure::Connect(PoolError::Timeout(_)) => StoreError::Unavailable(format!(
                 "Redis at {url}: {what}: no connection in time{tries}"
             )),
             Failure::TimedOut => StoreError::Unavailable(format!(
-                "Redis at {url}: {what}: no answer within {} s{unknown}{tries}",
+                "Redis at {url}: {what}: no answer within {} s{tries}",
                 ATTEMPT_TIMEOUT.as_secs()
             )),
             Failure::Connect(PoolError::Backend(err)) if connection_failed(&err) => {
@@ -623,7 +626,7 @@ impl RedisStore {
             }
             Failure::Connect(err) => self.backend(what, &err.to_string()),
             Failure::Request(err) if connection_failed(&err) => StoreError::Unavailable(format!(
-                "Redis at {url}: {what}: connection failed{unknown}: {err}{tries}"
+                "Redis at {url}: {what}: connection failed: {err}{tries}"
             )),
             Failure::Request(err) if rejected_for_now(&err) => {
                 StoreError::Unavailable(format!("Redis at {url}: {what}: {err}{tries}"))

@@ -146,7 +146,7 @@ return taken
 pub(super) static CLAIM_ADDRESS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
