@@ -379,21 +379,22 @@ impl Watch {
     /// Whether the followed exchange's answer broke off at the origin: the
     /// client must not take the connection's end for the answer's.
     pub(super) fn answer_broken(&self) -> bool {
-        self.current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|exchange| exchange.response_broken())
+        self.followed_is(Exchange::response_broken)
     }
 
     /// Whether the followed exchange's answer has started and not ended:
     /// cut now, the client must learn that it is cut.
     pub(super) fn answer_unfinished(&self) -> bool {
+        self.followed_is(Exchange::answer_unfinished)
+    }
+
+    /// Whether there is a followed exchange and `test` holds for it.
+    fn followed_is(&self, test: impl FnOnce(&Exchange) -> bool) -> bool {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|exchange| exchange.answer_unfinished())
+            .as_deref()
+            .is_some_and(test)
     }
 
     /// Whether an answer said the connection ends.
