@@ -278,7 +278,9 @@ impl Identities {
             .await
         {
             tracing::warn!(client, %error, "saving the egress identity failed; retrying at the next flush");
-            self.note_store(!matches!(error, StoreError::Unavailable(_)));
+            if matches!(error, StoreError::Unavailable(_)) {
+                self.note_store(false);
+            }
         }
         Arc::new(ClientIdentity {
             client: client.to_string(),
@@ -372,7 +374,9 @@ impl Identities {
             .await
         {
             tracing::warn!(client = %held.client, %error, "saving an egress window failed; retrying at the next flush");
-            self.note_store(!matches!(error, StoreError::Unavailable(_)));
+            if matches!(error, StoreError::Unavailable(_)) {
+                self.note_store(false);
+            }
         }
     }
 
@@ -472,6 +476,9 @@ impl Identities {
                 .await
             {
                 tracing::warn!(client = %held.client, %error, "refreshing an identity failed");
+                if matches!(error, StoreError::Unavailable(_)) {
+                    self.note_store(false);
+                }
             }
         }
     }

@@ -34,8 +34,10 @@ const SERVING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a predecessor makes no WireGuard session while its successor
 /// has not served yet (normally tens of milliseconds): past it, sessions
-/// are made again until the successor serves, so that peers are not kept
-/// waiting on a successor that is slow or stuck.
+/// are made again until the successor serves, as before the offer, so that
+/// peers are not kept waiting on a successor that is slow or stuck (the
+/// price: a session made then may be one the successor does not call back,
+/// as it was before this bound existed).
 const STEPPED_ASIDE_BEFORE_SERVING: Duration = Duration::from_secs(5);
 /// How often a predecessor that stepped aside checks whether it may leave.
 const CHECK_EVERY: Duration = Duration::from_millis(10);
@@ -236,6 +238,9 @@ async fn hand_off(socket: UnixSeqpacket, handoffs: &Handoffs) -> anyhow::Result<
         let offered = tokio::time::timeout(SERVING_TIMEOUT, send_offer(&socket, offering));
         tokio::pin!(offered);
         tokio::select! {
+            // The answer first: a successor that serves as the bound ends
+            // has served.
+            biased;
             answer = &mut offered => answer,
             () = tokio::time::sleep(STEPPED_ASIDE_BEFORE_SERVING) => {
                 // Its peers are not kept waiting on a successor that is

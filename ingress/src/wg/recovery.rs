@@ -264,7 +264,8 @@ impl Wireguard {
             // A successor takes over (from its offer on): it calls the
             // peers, not this ingress, which sends no initiation meanwhile.
             // Paused, not ended: a successor that goes away before it
-            // serves hands the call-back back.
+            // serves, or is slow to (`set_stepped_aside(false)`), hands the
+            // call-back back.
             if self
                 .stepped_aside
                 .load(std::sync::atomic::Ordering::Relaxed)

@@ -272,10 +272,12 @@ async fn serve_until_handover(
     let mut authenticated = identity.current().is_some();
     // A connection the plane cuts ends with a reset when an answer is under
     // way (its end must not read as the answer's: an HTTP/1.0 client's has
-    // no length), else with a plain close.
+    // no length), or when one went out whose end is the connection's (its
+    // last bytes may be given to hyper and not yet written), else with a
+    // plain close.
     macro_rules! end_cut {
         () => {
-            if watch.answer_unfinished() {
+            if watch.answer_unfinished() || turns.answer_close_delimited() {
                 super::linger::reset(connection.into_parts().io.into_inner().inner.inner);
             }
         };

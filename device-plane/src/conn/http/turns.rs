@@ -42,6 +42,10 @@ pub(super) struct Turns {
     ended: Notify,
     /// Exchanges begun so far.
     begun: AtomicU64,
+    /// An answer went out whose end is the connection's (an HTTP/1.0
+    /// client's of unknown length): until hyper closes the connection
+    /// after it, the client cannot have it whole.
+    close_delimited: AtomicBool,
 }
 
 impl Default for Turns {
@@ -52,11 +56,19 @@ impl Default for Turns {
             request_read: AtomicBool::new(true),
             ended: Notify::new(),
             begun: AtomicU64::new(0),
+            close_delimited: AtomicBool::new(false),
         }
     }
 }
 
 impl Turns {
+    /// Whether an answer went out whose end is the connection's: a cut
+    /// before hyper closes the connection leaves it short at the client,
+    /// even with its last bytes given to hyper.
+    pub(super) fn answer_close_delimited(&self) -> bool {
+        self.close_delimited.load(Ordering::Acquire)
+    }
+
     /// Notes that hyper handed the service `request`; gives back the
     /// request with its body wrapped to note its end, and the [`Turn`] the
     /// answer's body carries to note the exchange's.
@@ -115,10 +127,14 @@ impl Turn {
     /// body; notes whether the answer ends the connection.
     pub(super) fn answer(mut self, response: Response<Body>) -> Response<Answer> {
         let headers = response.headers();
-        self.answer_closes = has_token(headers, "close")
-            // An HTTP/1.0 client's answer of unknown length is delimited by
-            // the close.
-            || (self.request_version == Version::HTTP_10 && !headers.contains_key(CONTENT_LENGTH));
+        // An HTTP/1.0 client's answer of unknown length is delimited by the
+        // close.
+        let close_delimited =
+            self.request_version == Version::HTTP_10 && !headers.contains_key(CONTENT_LENGTH);
+        if close_delimited {
+            self.turns.close_delimited.store(true, Ordering::Release);
+        }
+        self.answer_closes = has_token(headers, "close") || close_delimited;
         response.map(|inner| Watched::new(inner, self))
     }
 }
