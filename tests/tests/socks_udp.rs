@@ -515,6 +515,32 @@ fn bytes_on_the_control_connection_end_the_association() {
     );
 }
 
+/// A datagram the kernel will not send (to port 0: EINVAL) is dropped and
+/// counted as `send_failed`, not lost from every count; the association
+/// relays on.
+#[test]
+fn a_datagram_the_kernel_will_not_send_is_counted_and_the_association_goes_on() {
+    let at = Associated::start("");
+    let nowhere = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0);
+    for _ in 0..3 {
+        at.customer
+            .send_to(&udp_datagram(nowhere, b"to-port-0"), at.relay)
+            .expect("send");
+    }
+    assert!(
+        at.echoed(at.relay, b"after", Duration::from_secs(5)),
+        "the association stopped relaying"
+    );
+    let series = "blipless_socks5_udp_dropped_total{reason=\"send_failed\"}";
+    wait_until(Duration::from_secs(10), series, || {
+        at.node.metric(series) >= 3.0
+    });
+    for other in ["denied", "bad_header", "foreign", "rate_limited"] {
+        let series = format!("blipless_socks5_udp_dropped_total{{reason=\"{other}\"}}");
+        assert_eq!(at.node.metric(&series), 0.0, "{series}");
+    }
+}
+
 /// A rollback to a plane built before associations moved at a deploy
 /// (one that would take a UDP association's Migrate for garbage and lose its
 /// channel): the ingress passes it none, and the draining plane serves its

@@ -97,6 +97,9 @@ pub struct Counters {
     pub foreign: AtomicU64,
     /// Over the client's rate limit.
     pub rate_limited: AtomicU64,
+    /// Refused by the kernel's send, either way (a destination port 0, an
+    /// unreachable network, a firewall's reject).
+    pub send_failed: AtomicU64,
 }
 
 impl Counters {
@@ -110,6 +113,7 @@ impl Counters {
             denied: load(&self.denied),
             foreign: load(&self.foreign),
             rate_limited: load(&self.rate_limited),
+            send_failed: load(&self.send_failed),
         }
     }
 }
@@ -547,7 +551,9 @@ impl Relay<'_> {
             return false;
         };
         let payload = &self.buffer[payload_start..len];
-        if association.egress.send_to(payload, to).await.is_err() {
+        if let Err(error) = association.egress.send_to(payload, to).await {
+            tracing::debug!(%to, %error, "a customer's datagram could not be sent");
+            counters.send_failed.fetch_add(1, Ordering::Relaxed);
             self.client.limiter.up.refund(payload_len + UDP_OVERHEAD);
             return false;
         }
@@ -593,7 +599,10 @@ impl Relay<'_> {
         let start = HEADER_ROOM - header.len();
         self.buffer[start..HEADER_ROOM].copy_from_slice(&header);
         let datagram = &self.buffer[start..HEADER_ROOM + len];
-        if association.relay.send_to(datagram, customer).await.is_err() {
+        if let Err(error) = association.relay.send_to(datagram, customer).await {
+            tracing::debug!(%customer, %error, "a datagram could not be returned to the customer");
+            counters.send_failed.fetch_add(1, Ordering::Relaxed);
+            self.client.limiter.down.refund(len + UDP_OVERHEAD);
             return false;
         }
         self.client

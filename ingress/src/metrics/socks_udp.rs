@@ -10,7 +10,8 @@ use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
-    /// `fragment`, `bad_header`, `denied`, `foreign` or `rate_limited`.
+    /// `fragment`, `bad_header`, `denied`, `foreign`, `rate_limited` or
+    /// `send_failed`.
     reason: &'static str,
 }
 
@@ -21,12 +22,13 @@ pub struct UdpMetrics {
     dropped: Family<ReasonLabel, Counter>,
 }
 
-const REASONS: [&str; 5] = [
+const REASONS: [&str; 6] = [
     "fragment",
     "bad_header",
     "denied",
     "foreign",
     "rate_limited",
+    "send_failed",
 ];
 
 impl UdpMetrics {
@@ -45,7 +47,7 @@ impl UdpMetrics {
         );
         registry.register(
             "socks5_udp_dropped",
-            "Datagrams the SOCKS5 UDP relays dropped, by reason: a fragment (FRAG not 0), a bad header, a destination or sender the egress policy refuses, a sender not the customer, over the client's rate limit",
+            "Datagrams the SOCKS5 UDP relays dropped, by reason: a fragment (FRAG not 0), a bad header, a destination or sender the egress policy refuses, a sender not the customer, over the client's rate limit, refused by the kernel's send",
             metrics.dropped.clone(),
         );
         metrics
@@ -61,6 +63,7 @@ impl UdpMetrics {
             ("denied", added.denied),
             ("foreign", added.foreign),
             ("rate_limited", added.rate_limited),
+            ("send_failed", added.send_failed),
         ] {
             self.dropped
                 .get_or_create(&ReasonLabel { reason })

@@ -239,6 +239,11 @@ pub struct UdpCounts {
     pub foreign: u64,
     /// Datagrams over their client's rate limit.
     pub rate_limited: u64,
+    /// Datagrams the kernel refused to send, either way (a destination
+    /// port 0, an unreachable network, a firewall's reject). Absent (an
+    /// older plane): 0.
+    #[serde(default)]
+    pub send_failed: u64,
 }
 
 impl UdpCounts {
@@ -251,6 +256,7 @@ impl UdpCounts {
             denied: self.denied.saturating_sub(before.denied),
             foreign: self.foreign.saturating_sub(before.foreign),
             rate_limited: self.rate_limited.saturating_sub(before.rate_limited),
+            send_failed: self.send_failed.saturating_sub(before.send_failed),
         }
     }
 }

@@ -258,6 +258,7 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
                 denied: 33,
                 foreign: 34,
                 rate_limited: 35,
+                send_failed: 39,
             },
             wg_packets: WgPacketCounts {
                 denied: 36,
