@@ -17,6 +17,20 @@ fn metric(node: &Node, reason: &str) -> f64 {
     ))
 }
 
+/// Writes to a refused connection a few times, a little apart: each write
+/// must succeed (the plane reads and drops what a refused client still
+/// sends, for a while, rather than resetting the connection).
+fn still_written_to(stream: &mut TcpStream) {
+    for round in 0..4 {
+        std::thread::sleep(Duration::from_millis(50));
+        let written = stream.write_all(&[b'y'; 4096]);
+        assert!(
+            written.is_ok(),
+            "write {round} after the refusal: {written:?}"
+        );
+    }
+}
+
 #[test]
 fn over_the_connection_cap_socks5_and_http_get_their_refusals() {
     let origin = Origin::start();
@@ -35,6 +49,36 @@ fn over_the_connection_cap_socks5_and_http_get_their_refusals() {
     fifth.write_all(&[5, 1, 2]).expect("greeting");
     assert_eq!(raw::read_exact(&mut fifth, 2), [5, 0xFF]);
     assert!(raw::closed(&mut fifth));
+    // One that sends more than its greeting in its first write (a client
+    // that pipelines), and goes on writing: the refusal and a clean close,
+    // and its writes are not answered with a reset for the bytes the plane
+    // did not read (which would lose the refusal on Windows, and make a
+    // client still sending report "connection reset" instead).
+    let mut pipelining = raw::connect(node.socks);
+    let mut greeting_and_more = vec![5, 1, 2];
+    greeting_and_more.extend_from_slice(&[0u8; 4096]);
+    pipelining.write_all(&greeting_and_more).expect("greeting");
+    assert_eq!(raw::read_exact(&mut pipelining, 2), [5, 0xFF]);
+    let mut rest = Vec::new();
+    let end = pipelining.read_to_end(&mut rest);
+    assert!(end.is_ok(), "the refusal ended in {end:?}");
+    still_written_to(&mut pipelining);
+    // An HTTP customer sending a body the plane does not read: the 503, a
+    // clean close, and no reset for the body's bytes.
+    let mut posting = raw::connect(node.http);
+    write!(
+        posting,
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+        origin.url("/")
+    )
+    .expect("request");
+    posting.write_all(&[b'x'; 8192]).expect("the body's start");
+    let mut answer = Vec::new();
+    let end = posting.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(end.is_ok(), "the refusal ended in {end:?}");
+    still_written_to(&mut posting);
     // An HTTP customer: 503 with Retry-After.
     let mut http = raw::connect(node.http);
     write!(
@@ -48,7 +92,7 @@ fn over_the_connection_cap_socks5_and_http_get_their_refusals() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("Retry-After: 1"), "{answer}");
     wait_until(Duration::from_secs(10), "the refusals in /metrics", || {
-        metric(&node, "connection_cap") >= 2.0
+        metric(&node, "connection_cap") >= 4.0
     });
     // One closes: a new customer is served again, once the plane has seen
     // the close (until then a try is refused with 0xFF, which is fine).

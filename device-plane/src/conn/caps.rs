@@ -35,7 +35,8 @@ pub enum Refusal {
     OverQuota,
 }
 
-/// Longest a refused customer is given to send its greeting or request head.
+/// Longest a refused customer is given to send its greeting or request head,
+/// read its refusal and close (the linger included).
 pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
 
 /// The caps and what they refused.
@@ -167,7 +168,8 @@ impl Drop for TunnelCount {
 }
 
 /// Answers a SOCKS5 customer over the connection cap: reads its greeting,
-/// says no acceptable method, closes.
+/// says no acceptable method, closes with a linger (all within
+/// [`REFUSAL_TIME`]).
 pub async fn refuse_socks(mut stream: TcpStream) {
     let _ = tokio::time::timeout(REFUSAL_TIME, async {
         let mut greeting = [0u8; 257];
@@ -177,7 +179,9 @@ pub async fn refuse_socks(mut stream: TcpStream) {
                 blipless_protocol::socks5::METHOD_NONE_ACCEPTABLE,
             ))
             .await;
-        let _ = stream.shutdown().await;
+        // Not a plain close: bytes sent after the greeting (a client that
+        // pipelines) would make it a reset.
+        crate::conn::linger::linger_close(stream).await;
     })
     .await;
 }
@@ -201,7 +205,8 @@ pub async fn refuse_http(mut stream: TcpStream) {
             body.len()
         );
         let _ = stream.write_all(answer.as_bytes()).await;
-        let _ = stream.shutdown().await;
+        // Not a plain close: a body behind the head would make it a reset.
+        crate::conn::linger::linger_close(stream).await;
     })
     .await;
 }
