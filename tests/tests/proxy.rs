@@ -201,6 +201,16 @@ fn malformed_requests_get_the_protocols_error_and_a_close() {
     assert_eq!(raw::read_exact(&mut stream, 10)[1], 8);
     assert!(raw::closed(&mut stream));
 
+    // A request whose version byte is not 5, after a SOCKS5 greeting and
+    // login: reply 1 (general failure), then close.
+    let mut stream = raw::connect(node.socks);
+    assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);
+    stream
+        .write_all(&[4, 1, 0, 1, 127, 0, 0, 1, 0, 80])
+        .expect("write");
+    assert_eq!(raw::read_exact(&mut stream, 10)[..2], [5, 1]);
+    assert!(raw::closed(&mut stream));
+
     // BIND is parsed but not offered: reply 7.
     let mut stream = raw::connect(node.socks);
     assert_eq!(raw::socks5_login(&mut stream, "alice", &client.secret), 0);

@@ -128,10 +128,11 @@ async fn handshake(
     write(stream, &socks5::auth_status(true)).await?;
     let request = read_message(stream, &mut buffer, socks5::parse_request)
         .await?
-        .map_err(|e| match e.reply() {
-            Some(reply) => Stop::Answer(socks5::encode_reply(reply, None), e.to_string()),
-            // Not SOCKS5 (a bad version byte): no SOCKS5 answer makes sense.
-            None => Stop::Answer(Vec::new(), e.to_string()),
+        .map_err(|e| {
+            // A peer that greeted and logged in as SOCKS5 gets a SOCKS5
+            // answer even for a request whose version byte is wrong.
+            let reply = e.reply().unwrap_or(Reply::GeneralFailure);
+            Stop::Answer(socks5::encode_reply(reply, None), e.to_string())
         })?;
     match request.command {
         Command::Connect => {}

@@ -488,8 +488,9 @@ impl Socks5Error {
     /// For greeting- and authentication-stage errors, None: the caller sends
     /// `method_selection(METHOD_NONE_ACCEPTABLE)` (greeting),
     /// `auth_status(false)` (authentication) or just closes. `BadVersion`
-    /// is also None at the request stage: a peer that does not speak
-    /// SOCKS5 gets no SOCKS5 reply.
+    /// is also None at the request stage, where the caller decides: the
+    /// device plane answers a peer that greeted and logged in as SOCKS5
+    /// with `GeneralFailure`.
     ///
     /// For `Incomplete`, None: it is never answered, the caller reads more.
     pub fn reply(&self) -> Option<Reply> {
