@@ -541,6 +541,24 @@ fn a_datagram_the_kernel_will_not_send_is_counted_and_the_association_goes_on() 
     }
 }
 
+/// A client with a rate: its first datagram on a plane passes (its bucket
+/// starts with one burst), and so do its answers. A fresh bucket used to be
+/// empty, and the first datagram (a DNS query, say) was always dropped.
+#[test]
+fn a_rate_limited_clients_first_datagram_passes() {
+    let at =
+        Associated::start("[limits]\nclient_rate_up = \"1Mbit\"\nclient_rate_down = \"1Mbit\"\n");
+    assert!(
+        at.echoed(at.relay, b"first", Duration::from_secs(5)),
+        "the first datagram was dropped"
+    );
+    assert_eq!(
+        at.node
+            .metric("blipless_socks5_udp_dropped_total{reason=\"rate_limited\"}"),
+        0.0
+    );
+}
+
 /// A rollback to a plane built before associations moved at a deploy
 /// (one that would take a UDP association's Migrate for garbage and lose its
 /// channel): the ingress passes it none, and the draining plane serves its
