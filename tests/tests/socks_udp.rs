@@ -731,6 +731,38 @@ fn another_port_of_the_customers_address_cannot_take_its_answers() {
     );
 }
 
+/// The customer's port is in use while it sends, even when what it sends
+/// is dropped (here: datagrams whose header does not parse, for longer
+/// than the 5 s a port must be silent before another may take over): a
+/// neighbour behind the same address cannot take its answers meanwhile.
+#[test]
+fn a_customer_sending_only_dropped_datagrams_keeps_its_port() {
+    let at = Associated::start("");
+    let relay = at.relay;
+    assert!(at.echoed(relay, b"first", Duration::from_secs(5)));
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        at.customer.send_to(b"junk", relay).expect("send");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let neighbour = UdpSocket::bind("127.0.0.1:0").expect("the neighbour's port");
+    neighbour
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    neighbour
+        .send_to(&udp_datagram(at.echo_at, b"neighbour"), relay)
+        .expect("send");
+    let mut buffer = [0u8; 2048];
+    assert!(
+        neighbour.recv_from(&mut buffer).is_err(),
+        "the neighbour took the customer's port"
+    );
+    assert!(
+        at.echoed(relay, b"still-mine", Duration::from_secs(5)),
+        "the customer lost its answers"
+    );
+}
+
 #[test]
 fn removing_the_client_ends_its_association() {
     let mut node = Node::new("");

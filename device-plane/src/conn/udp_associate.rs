@@ -232,7 +232,17 @@ async fn open_sockets(
                 Some(source) => context.identities.source_unusable(client, source).await,
                 None => context.identities.evict(client).await,
             }
-            let held = context.identities.open(client).await;
+            // open_known, as above: a client removed meanwhile must not get
+            // a new identity saved for it.
+            let Some((held, _)) = context
+                .identities
+                .open_known(&context.directory, client)
+                .await
+            else {
+                return Err(std::io::Error::other(format!(
+                    "client {client} was removed"
+                )));
+            };
             egress_socket(held.identity.source).await?
         }
         other => other?,
@@ -354,6 +364,7 @@ pub async fn run(
         // NAT'd customer that had sent nothing before the deploy then waits
         // 5 s, once.)
         customer_heard: Instant::now(),
+        last_relayed: Instant::now(),
         looked_up: false,
         buffer: vec![0u8; HEADER_ROOM + MAX_DATAGRAM],
     };
@@ -405,8 +416,12 @@ struct Relay<'a> {
     customer_ip: IpAddr,
     /// Destination names resolved lately, with until when they hold.
     names: HashMap<String, (Vec<SocketAddr>, Instant)>,
-    /// When the customer's current port last sent a datagram that passed.
+    /// When the customer's current port last sent a datagram (one that
+    /// passed, or any from that port once one has).
     customer_heard: Instant,
+    /// When a datagram was last relayed either way: the idle timeout counts
+    /// from it, across handovers that did not happen.
+    last_relayed: Instant,
     /// Whether the datagram just judged needed a lookup (then the batch
     /// ends, so that a run of slow names does not keep the association
     /// from its tokens and its other socket).
@@ -423,8 +438,7 @@ impl Relay<'_> {
         let cut = context.cut_token();
         let over_quota = self.client.limiter.over_quota_token();
         let timeout = context.udp_idle_timeout;
-        let mut last = Instant::now();
-        let idle = tokio::time::sleep(timeout);
+        let idle = tokio::time::sleep_until(self.last_relayed + timeout);
         tokio::pin!(idle);
         // Made once, so each token's waiter is registered once per
         // association, not at every datagram batch.
@@ -435,7 +449,7 @@ impl Relay<'_> {
         loop {
             // Also here: a flood of dropped datagrams keeps the data arms
             // busy and would starve the idle arm.
-            if last.elapsed() >= timeout {
+            if self.last_relayed.elapsed() >= timeout {
                 return End::Closed("idle");
             }
             tokio::select! {
@@ -456,21 +470,21 @@ impl Relay<'_> {
                     if ready.is_err() {
                         return End::Closed("relay socket failed");
                     }
-                    self.up_batch(association, &mut last).await;
-                    self.down_batch(association, &mut last).await;
+                    self.up_batch(association).await;
+                    self.down_batch(association).await;
                 }
                 ready = association.egress.readable() => {
                     if ready.is_err() {
                         return End::Closed("egress socket failed");
                     }
-                    self.down_batch(association, &mut last).await;
-                    self.up_batch(association, &mut last).await;
+                    self.down_batch(association).await;
+                    self.up_batch(association).await;
                 }
                 () = &mut idle => {
-                    if last.elapsed() >= timeout {
+                    if self.last_relayed.elapsed() >= timeout {
                         return End::Closed("idle");
                     }
-                    idle.as_mut().reset(last + timeout);
+                    idle.as_mut().reset(self.last_relayed + timeout);
                 }
             }
         }
@@ -478,7 +492,7 @@ impl Relay<'_> {
 
     /// Up to [`BATCH`] datagrams the customer sent to the relay, passed on
     /// as they may be (fewer after one that needed a lookup).
-    async fn up_batch(&mut self, association: &mut Association, last: &mut Instant) {
+    async fn up_batch(&mut self, association: &mut Association) {
         for _ in 0..BATCH {
             // A client over its quota mid-batch: not one datagram more (the
             // relay loop then ends the association).
@@ -489,7 +503,7 @@ impl Relay<'_> {
                 break;
             };
             if self.up(association, len, from).await {
-                *last = Instant::now();
+                self.last_relayed = Instant::now();
             }
             if std::mem::take(&mut self.looked_up) {
                 break;
@@ -499,7 +513,7 @@ impl Relay<'_> {
 
     /// Up to [`BATCH`] datagrams back at the egress socket, returned to
     /// the customer as they may be.
-    async fn down_batch(&mut self, association: &mut Association, last: &mut Instant) {
+    async fn down_batch(&mut self, association: &mut Association) {
         for _ in 0..BATCH {
             if self.client.limiter.is_over_quota() {
                 break;
@@ -509,7 +523,7 @@ impl Relay<'_> {
                 .try_recv_from(&mut self.buffer[HEADER_ROOM..]);
             let Ok((len, from)) = received else { break };
             if self.down(association, len, from).await {
-                *last = Instant::now();
+                self.last_relayed = Instant::now();
             }
         }
     }
@@ -521,6 +535,12 @@ impl Relay<'_> {
         if canonical(from.ip()) != self.customer_ip || !self.may_move_to(association, from) {
             counters.foreign.fetch_add(1, Ordering::Relaxed);
             return false;
+        }
+        // The customer's port is in use while it sends, whether or not what
+        // it sends passes (over its rate, to a denied destination): a
+        // neighbour behind its address must not take its answers then.
+        if association.state.customer == Some(from) {
+            self.customer_heard = Instant::now();
         }
         let Ok(datagram) = parse_udp_datagram(&self.buffer[..len]) else {
             counters.bad_header.fetch_add(1, Ordering::Relaxed);
