@@ -104,7 +104,6 @@ impl Route {
 
     /// A success (probe or connect) after `latency_us`, reaching `peer`.
     pub fn succeeded(&self, latency_us: u64, peer: Option<SocketAddr>) {
-        self.failures.store(0, Ordering::Relaxed);
         // A smoothed latency: one slow answer does not reorder anything
         // anyway (windows do not re-rank healthy members), but the figure
         // shown is steadier.
@@ -115,6 +114,15 @@ impl Route {
             ((old * 7 + latency_us) / 8).max(1)
         };
         self.latency_us.store(new, Ordering::Relaxed);
+        self.reached(peer);
+    }
+
+    /// A success that measured no latency (traffic seen, a connection
+    /// made): the route is up, and its latency stays what it was, unknown
+    /// included. (A made-up figure for an unmeasured route ranked it ahead
+    /// of every measured one.)
+    pub fn reached(&self, peer: Option<SocketAddr>) {
+        self.failures.store(0, Ordering::Relaxed);
         if let Some(peer) = peer {
             let mut addresses = lock(&self.addresses);
             if !addresses.contains(&peer) {
@@ -446,6 +454,23 @@ mod tests {
         assert!(!with.leaves_directly(&EgressPolicy::Any));
         assert!(!with.leaves_directly(&EgressPolicy::Upstream("a".into())));
         assert!(!with.leaves_directly(&EgressPolicy::Tags(vec!["eu".into()])));
+    }
+
+    /// A route brought up by traffic or a connection, before any probe
+    /// measured it, stays unmeasured (ranked after measured routes), not
+    /// 1 µs (ranked ahead of all of them, for good, since a busy exit is
+    /// not probed again).
+    #[test]
+    fn a_success_that_measured_nothing_leaves_the_latency_unknown() {
+        let routes = Routes::new(&[upstream("a", &[])], 2, 2);
+        let route = &routes.upstreams()[0];
+        assert!(route.failed(1, "no answer"));
+        route.reached(None);
+        assert!(route.is_up());
+        assert_eq!(route.latency_us(), None);
+        route.succeeded(2000, None);
+        route.reached(None);
+        assert_eq!(route.latency_us(), Some(2000), "a measured one is kept");
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Egress {
                 // what it carries is not cut the moment it opens because
                 // the route still says down.
                 if !route.is_up() {
-                    route.succeeded(route.latency_us().unwrap_or(1), None);
+                    route.reached(None);
                 }
                 return Ok(stream);
             }

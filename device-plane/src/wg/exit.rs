@@ -461,14 +461,20 @@ async fn timers(session: Arc<Session>) {
 async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe, endpoint: String) {
     use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(probe.interval);
+    // A probe that takes longer than the interval delays the next one
+    // rather than making up for it with probes back to back.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first check (at once) probes: it measures the latency.
     let mut seen = u64::MAX;
     loop {
         tick.tick().await;
         let received = session.received.load(Relaxed);
-        if seen != u64::MAX && received > seen {
+        // Traffic stands for a probe only once a probe has measured the
+        // latency: until then the exit is probed, so that it is not ranked
+        // on a latency it never showed.
+        if seen != u64::MAX && received > seen && route.latency_us().is_some() {
             seen = received;
-            route.succeeded(route.latency_us().unwrap_or(1), None);
+            route.reached(None);
             continue;
         }
         let started = Instant::now();
