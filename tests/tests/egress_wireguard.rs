@@ -607,6 +607,63 @@ fn an_exit_endpoint_name_is_looked_up_again_when_the_exit_moves() {
     eprintln!("the exit sees the node at {endpoint:?}");
 }
 
+/// A deploy that changes an exit's `Endpoint` (the operator moved it) takes
+/// the new one at once: the successor does not keep the predecessor's UDP
+/// socket, which sends to the old address, but opens the exit afresh. The
+/// old address then goes away without the exit ever going down.
+#[test]
+fn a_deploy_that_changes_an_exits_endpoint_opens_it_toward_the_new_one() {
+    let mut world = ExitWorld::new(92, &[ALICE]);
+    assert_eq!(whoami(&world), world.net.exit_public, "through the exit");
+    let moved_to = world.net.exit_ip.replace(".3.2", ".3.3");
+    world
+        .net
+        .exit
+        .ip(&["addr", "add", &format!("{moved_to}/32"), "dev", "lo"])
+        .expect("the exit's second address");
+    let file = world.files().join("exit.conf");
+    let text = std::fs::read_to_string(&file).expect("the exit file");
+    let moved = text.replace(&format!("{}:", world.net.exit_ip), &format!("{moved_to}:"));
+    assert_ne!(moved, text, "the exit file names its endpoint by address");
+    std::fs::write(&file, moved).expect("the exit file, moved");
+    let downs = exit_downs(&world.node.node);
+    let (device, _) = world.node.node.deploy(&mut world.node.device);
+    world.node.device = device;
+    // The exit's descriptors come after the activation.
+    let up = within(Duration::from_secs(30), || {
+        world
+            .node
+            .device
+            .log_text()
+            .contains("WireGuard exit tunnel up")
+    });
+    assert!(up.is_some(), "no exit tunnel\n{}", world.diagnostics());
+    remove_first_exit_address(&world);
+    // At once, not after the exit has gone down and been reopened.
+    let mut failed = Vec::new();
+    for attempt in 0..5 {
+        match world.net.net.try_fetch("/whoami", &["--max-time", "5"]) {
+            Ok(body) if body == world.net.exit_public.as_bytes() => {}
+            Ok(body) => failed.push(format!(
+                "{attempt}: the origin saw {}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(error) => failed.push(format!("{attempt}: {error}")),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "the exit at its new address did not carry the client: {failed:#?}\n{}",
+        world.diagnostics()
+    );
+    assert_eq!(
+        exit_downs(&world.node.node),
+        downs,
+        "the exit went down\n{}",
+        world.diagnostics()
+    );
+}
+
 /// An exit whose endpoint name gives two addresses fails over: when the
 /// first stops answering (gone from the exit, the name unchanged), the
 /// exit goes down, the tunnel is reopened toward the second, and the exit

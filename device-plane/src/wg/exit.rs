@@ -66,6 +66,10 @@ pub enum ExitError {
     /// The UDP socket or the TUN queue cannot be opened.
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
+    /// Descriptors a predecessor handed over are of another exit
+    /// configuration (the endpoint changed at the deploy).
+    #[error("the handed-over exit is stale: {0}")]
+    Stale(String),
 }
 
 /// A live exit session; [`super::exits::Exits`] keeps it to hand its
@@ -191,9 +195,21 @@ fn next_address(addresses: &[SocketAddr], failed: Option<SocketAddr>) -> Option<
     }
 }
 
-/// The session on a predecessor's descriptors.
-fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitError> {
+/// The session on a predecessor's descriptors, if they still fit the exit
+/// as configured now: its UDP socket connected to an address its `Endpoint`
+/// gives, its queue one of its TUN device (a deploy may have changed the
+/// endpoint, or renumbered the exits and so their devices).
+async fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitError> {
     let udp = std::net::UdpSocket::from(inherited.udp);
+    let connected = udp
+        .peer_addr()
+        .map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
+    if !resolve(&exit.file.peer.endpoint).await.contains(&connected) {
+        return Err(ExitError::Stale(format!(
+            "its UDP socket sends to {connected}, which the endpoint {} no longer gives",
+            exit.file.peer.endpoint
+        )));
+    }
     udp.set_nonblocking(true)
         .map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
     let udp =
@@ -271,7 +287,15 @@ pub async fn run(
     let mut toward = Toward::First;
     loop {
         let opened = match inherited.take() {
-            Some(fds) => reopen(&exit, fds),
+            Some(fds) => match reopen(&exit, fds).await {
+                Ok(session) => Ok(session),
+                // Closed: the queue detaches from whatever device it was
+                // of, and the exit is opened afresh.
+                Err(error) => {
+                    tracing::warn!(exit = %route.name, %error, "the predecessor's descriptors do not fit the exit as configured: opening it afresh");
+                    open(&exit, toward).await
+                }
+            },
             None => open(&exit, toward).await,
         };
         match opened {

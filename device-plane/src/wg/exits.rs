@@ -167,8 +167,12 @@ impl Exits {
             tracing::warn!(exit = %message.exit, "ExitQueues without its descriptors: ignored");
             return;
         };
-        if self.routes.get(&message.exit).is_none() {
-            tracing::warn!(exit = %message.exit, "descriptors of an exit this plane does not have: closed");
+        if self
+            .routes
+            .exits()
+            .all(|(route, _)| route.name != message.exit)
+        {
+            tracing::warn!(exit = %message.exit, "descriptors of an exit this plane does not have (or not as a WireGuard exit): closed");
             return;
         }
         let mut inherited = lock(&self.inherited);

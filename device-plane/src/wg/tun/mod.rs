@@ -137,19 +137,27 @@ impl TunQueue {
     /// Takes over a queue another device plane attached and handed over (its
     /// fd arrived by SCM_RIGHTS). The queue was never detached, so packets the
     /// kernel queued on it are still there to read. Refused unless the fd is a
-    /// multi-queue TUN queue.
+    /// queue of the multi-queue TUN device `name` (a deploy that renamed or
+    /// renumbered devices hands over queues of others; closing a refused one
+    /// detaches it).
     pub fn adopt(fd: OwnedFd, name: &str) -> io::Result<TunQueue> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(io::Error::other(
                 "TunQueue::adopt must be called inside a Tokio runtime",
             ));
         }
-        let flags = sys::device_flags(fd.as_fd()).map_err(|error| {
+        let (device, flags) = sys::device_of(fd.as_fd()).map_err(|error| {
             io::Error::new(
                 error.kind(),
                 format!("a handed-over fd is not a TUN queue: {error}"),
             )
         })?;
+        if device != name {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a handed-over queue is of TUN device {device}, not {name}"),
+            ));
+        }
         if flags & libc::IFF_MULTI_QUEUE == 0 || flags & libc::IFF_TUN == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -106,6 +106,11 @@ pub(super) fn attach_queue(fd: BorrowedFd<'_>, name: &str, offload: bool) -> io:
 /// `TUNGETIFF`: the TUN flags of the device `fd` is a queue of (they include
 /// `IFF_PERSIST` for a persistent device).
 pub(super) fn device_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    device_of(fd).map(|(_, flags)| flags)
+}
+
+/// `TUNGETIFF`: the name and the TUN flags of the device `fd` is a queue of.
+pub(super) fn device_of(fd: BorrowedFd<'_>) -> io::Result<(String, libc::c_int)> {
     let mut request = zeroed_request();
     // SAFETY: as in `attach_queue`: an open borrowed descriptor and a valid
     // `ifreq` on this stack frame that `TUNGETIFF` overwrites with the
@@ -117,8 +122,19 @@ pub(super) fn device_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     // SAFETY: reading a union field: `TUNGETIFF` stored the flags in
     // `ifru_flags`, and any bit pattern is a valid `c_short` anyway.
     let flags = unsafe { request.ifr_ifru.ifru_flags };
+    // The name the kernel wrote, up to its NUL (it always writes one within
+    // IFNAMSIZ; without one, the whole array).
+    let name: Vec<u8> = request
+        .ifr_name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     // Reinterpret the 16 bits as flags (IFF_TUN_EXCL is the sign bit).
-    Ok(libc::c_int::from(flags as u16))
+    Ok((
+        String::from_utf8_lossy(&name).into_owned(),
+        libc::c_int::from(flags as u16),
+    ))
 }
 
 /// `TUNSETOFFLOAD`: lets the kernel hand TCP super-packets with partial
