@@ -22,6 +22,7 @@ use blipless_config::store_url::{self, StoreUrl};
 
 pub mod credentials;
 pub mod policy;
+mod quota_window;
 pub mod redis;
 pub mod sqlite;
 #[cfg(any(test, feature = "test-support"))]
@@ -405,8 +406,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<ClientLimits, StoreError>;
     /// Adds `bytes` to the client's quota count for `window` (a quota
     /// period's key, [`blipless_config::client_limits::Window::key`]) and
-    /// returns the count. A count kept for another window is replaced: the
-    /// period rolled over. Every node adds to the one count, so a quota is
+    /// returns the count. A count kept for an earlier window of the same
+    /// period (`day:N` before `day:N+1`) is replaced: the period rolled
+    /// over. A count kept for a later one is kept, and the bytes are added
+    /// to it: the adding node's clock lags (skew between nodes, a clock
+    /// stepped back), and its add must neither restart the fleet's count
+    /// nor be lost. A count of another period (the quota changed) is
+    /// replaced. Every node adds to the one count, so a quota is
     /// fleet-wide. `StoreError::NotFound` if there is no such client.
     ///
     /// Not deduplicated across calls like [`Store::add_usage`]: a caller

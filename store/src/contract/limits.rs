@@ -103,6 +103,31 @@ pub(crate) async fn quota_counts_add_roll_over_and_reset(store: Arc<dyn Store>) 
         store.add_quota_usage("u", "day:2", 7).await.expect("roll"),
         7
     );
+    // An add for the window before (a node whose clock lags) neither
+    // restarts the count nor is lost: it goes to the later window kept.
+    assert_eq!(
+        store
+            .add_quota_usage("u", "day:1", 3)
+            .await
+            .expect("late add"),
+        10
+    );
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 0).await.expect("read"),
+        10
+    );
+    // Another period altogether (the quota changed): replaced.
+    assert_eq!(
+        store
+            .add_quota_usage("u", "week:1", 5)
+            .await
+            .expect("new period"),
+        5
+    );
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 2).await.expect("back"),
+        2
+    );
     assert_eq!(
         store
             .add_quota_usage("u", "day:2", u64::MAX)

@@ -67,8 +67,10 @@ pub(super) fn update_limits(
     Ok(limits)
 }
 
-/// Adds `bytes` to `name`'s count in `window` (starting it at zero if the
-/// count kept is another window's) and returns the count.
+/// Adds `bytes` to `name`'s count in `window` and returns the count: the
+/// count starts at zero unless the one kept is this window's or a later
+/// one of the same period ([`crate::Store::add_quota_usage`]; the same
+/// rule as the Redis store's script).
 pub(super) fn add_quota_usage(
     conn: &mut Connection,
     name: &str,
@@ -89,6 +91,19 @@ pub(super) fn add_quota_usage(
     if exists.is_none() {
         return Err(StoreError::NotFound(name.to_owned()));
     }
+    let kept: Option<String> = tx
+        .query_row(
+            "SELECT window FROM quota_usage WHERE name = ?1",
+            params![name],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(db("reading the quota window"))?;
+    // A later window kept (this node's clock lags) takes the bytes.
+    let window = match kept {
+        Some(kept) if crate::quota_window::is_later(&kept, window) => kept,
+        _ => window.to_owned(),
+    };
     let count: i64 = tx
         .query_row(
             "INSERT INTO quota_usage (name, window, bytes) VALUES (?1, ?2, ?3) \
