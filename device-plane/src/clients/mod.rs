@@ -59,6 +59,18 @@ impl Meter {
             .saturating_add(self.down.load(Ordering::Relaxed))
     }
 
+    /// Bytes (both ways) of a taken delta whose add failed and is held for
+    /// the next flush: counted nowhere in the store yet.
+    pub fn held_bytes(&self) -> u64 {
+        self.unflushed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |(_, usage)| {
+                usage.bytes_up.saturating_add(usage.bytes_down)
+            })
+    }
+
     /// Takes the counts accumulated since the last take.
     pub fn take(&self) -> Usage {
         Usage {

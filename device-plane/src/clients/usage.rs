@@ -123,8 +123,12 @@ impl Directory {
         match self.store.add_quota_usage(name, &window.key, bytes).await {
             Ok(used) => {
                 let was_over = client.limiter.is_over_quota();
-                // What moved since the flush took the meter is in neither count.
-                let since = client.meter.pending_bytes();
+                // What moved since the flush took the meter is in neither
+                // count, nor is a batch whose add failed and waits.
+                let since = client
+                    .meter
+                    .pending_bytes()
+                    .saturating_add(client.meter.held_bytes());
                 client.limiter.quota_counted_under(
                     generation,
                     used.saturating_add(since),
