@@ -364,10 +364,14 @@ impl PacketPath {
                 .as_ref()
                 .and_then(|dns| Some((dns, dns.query(packet)?)))
             {
-                if client
-                    .as_ref()
-                    .is_some_and(|client| !admit(client, Way::Up, packet.len()))
-                {
+                // A query of no client this plane knows (one removed here,
+                // its peer not yet gone from the ingress) is not answered:
+                // the answer would be unmetered, like its other packets.
+                let Some(asking) = &client else {
+                    self.counters.denied.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if !admit(asking, Way::Up, packet.len()) {
                     self.counters.limited.fetch_add(1, Ordering::Relaxed);
                 } else {
                     // The answer comes down to the client: its download
@@ -385,10 +389,12 @@ impl PacketPath {
                 }
                 continue;
             }
-            let to_dns_over_tcp = self
-                .dns
-                .as_ref()
-                .is_some_and(|dns| dns.carries_tcp_query(packet));
+            // Only a client this plane knows reaches the gateway over TCP.
+            let to_dns_over_tcp = client.is_some()
+                && self
+                    .dns
+                    .as_ref()
+                    .is_some_and(|dns| dns.carries_tcp_query(packet));
             // An ICMP error about another client's flow would pass the
             // node's connection tracking as related to that flow.
             let permitted = to_dns_over_tcp
@@ -693,6 +699,27 @@ mod tests {
         path.to_tun(&batch).await;
         assert_eq!(path.counters.denied.load(Ordering::Relaxed), 1);
         assert_eq!(path.pending.lock().await.packets.len(), 1, "her own passes");
+    }
+
+    /// A DNS query of a client this plane does not know gets no answer from
+    /// the gateway: the answer would come down unmetered.
+    #[tokio::test]
+    async fn a_dns_query_of_no_known_client_is_denied_not_answered() {
+        let (directory, _folder) = alice_at_10_64_0_5().await;
+        let gateway = std::sync::Arc::new(crate::wg::dns::DnsGateway::new(
+            std::net::Ipv4Addr::new(10, 64, 0, 1),
+            &["127.0.0.1:9".parse().expect("addr")],
+        ));
+        let path = path(directory).with_dns(Some(gateway.clone()));
+        // A UDP query from 10.64.0.9 (no client) to the gateway's port 53.
+        let mut query = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0];
+        query.extend_from_slice(&[10, 64, 0, 9, 10, 64, 0, 1]);
+        query.extend_from_slice(&[0x30, 0x39, 0, 53, 0, 8, 0, 0]);
+        assert!(gateway.query(&query).is_some(), "a query for the gateway");
+        let mut batch = Packets::new(0);
+        assert!(batch.try_push(&query));
+        path.to_tun(&batch).await;
+        assert_eq!(path.counters.denied.load(Ordering::Relaxed), 1);
     }
 
     /// A batch of a client this plane does not know (one removed here
