@@ -286,18 +286,31 @@ pub async fn run(
     // exit was down there, else where the last one was.
     let mut toward = Toward::First;
     loop {
-        let opened = match inherited.take() {
-            Some(fds) => match reopen(&exit, fds).await {
-                Ok(session) => Ok(session),
-                // Closed: the queue detaches from whatever device it was
-                // of, and the exit is opened afresh.
-                Err(error) => {
-                    tracing::warn!(exit = %route.name, %error, "the predecessor's descriptors do not fit the exit as configured: opening it afresh");
-                    open(&exit, toward).await
-                }
-            },
-            None => open(&exit, toward).await,
+        let opening = async {
+            match inherited.take() {
+                Some(fds) => match reopen(&exit, fds).await {
+                    Ok(session) => Ok(session),
+                    // Closed: the queue detaches from whatever device it
+                    // was of, and the exit is opened afresh.
+                    Err(error) => {
+                        tracing::warn!(exit = %route.name, %error, "the predecessor's descriptors do not fit the exit as configured: opening it afresh");
+                        open(&exit, toward).await
+                    }
+                },
+                None => open(&exit, toward).await,
+            }
         };
+        // A stop (a handover) while the endpoint is looked up ends the
+        // opening: finished after the handover gave up on this exit, it
+        // would attach a stray queue to the exit's device and handshake
+        // from a socket about to close, taking the exit from the successor.
+        let opened = tokio::select! {
+            opened = opening => opened,
+            () = stop.cancelled() => return,
+        };
+        if stop.is_cancelled() {
+            return;
+        }
         match opened {
             Ok(session) => {
                 let address = session.udp.peer_addr().ok();
