@@ -169,10 +169,14 @@ impl PacketPath {
         path
     }
 
-    /// Gives the path the exits to run while it holds queues (starting them
-    /// now if it does).
+    /// Gives the path the exits to run, starting them now if it holds
+    /// queues or is a first plane (one with no predecessor to hand exits
+    /// over). A successor starts them when its queues come, or when it gives
+    /// up waiting for them ([`Self::expect_inherited`]). Exits carry
+    /// proxied streams too, so they run whether or not the client TUN
+    /// device could be attached.
     pub fn set_exits(&self, exits: Arc<super::exits::Exits>) {
-        if self.has_queues() {
+        if self.has_queues() || !self.inherit {
             exits.start();
         }
         *self
@@ -292,6 +296,11 @@ impl PacketPath {
             if !path.has_queues() {
                 tracing::warn!("no TUN queues came from a predecessor: attaching our own");
                 path.open_queues();
+                // Attached or not, the exits run (install started them if
+                // it could attach): they carry proxied streams too.
+                if let Some(exits) = path.exits() {
+                    exits.start();
+                }
             }
         });
     }
