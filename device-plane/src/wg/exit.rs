@@ -197,14 +197,18 @@ fn next_address(addresses: &[SocketAddr], failed: Option<SocketAddr>) -> Option<
 
 /// The session on a predecessor's descriptors, if they still fit the exit
 /// as configured now: its UDP socket connected to an address its `Endpoint`
-/// gives, its queue one of its TUN device (a deploy may have changed the
-/// endpoint, or renumbered the exits and so their devices).
+/// gives (when it resolves), its queue one of its TUN device (a deploy may
+/// have changed the endpoint, or renumbered the exits and so their
+/// devices).
 async fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, ExitError> {
     let udp = std::net::UdpSocket::from(inherited.udp);
     let connected = udp
         .peer_addr()
         .map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
-    if !resolve(&exit.file.peer.endpoint).await.contains(&connected) {
+    // A name that does not resolve just now (a resolver hiccup during the
+    // deploy) says nothing: the socket is kept.
+    let addresses = resolve(&exit.file.peer.endpoint).await;
+    if !addresses.is_empty() && !addresses.contains(&connected) {
         return Err(ExitError::Stale(format!(
             "its UDP socket sends to {connected}, which the endpoint {} no longer gives",
             exit.file.peer.endpoint
