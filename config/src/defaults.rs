@@ -117,6 +117,7 @@ pub(crate) fn placeholder() -> Config {
             header_bytes: 0,
             connections: 0,
             tunnels_per_client: 0,
+            udp_associations_per_client: 0,
             tls_handshakes: 0,
             client_defaults: crate::client_limits::ClientLimits::default(),
         },

@@ -415,6 +415,12 @@ pub(crate) static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
             "Tunnels (SOCKS5 and HTTP CONNECT) one client may have open at once on a device plane (0: no cap); over it SOCKS5 reply 2, HTTP 429.",
             |c| &mut c.limits.tunnels_per_client,
         ),
+        Key::new::<Cap>(
+            "limits.udp_associations_per_client",
+            Text("64"),
+            "SOCKS5 UDP associations one client may have open at once on a device plane (0: no cap); each holds two of the host's UDP ports; over it SOCKS5 reply 2.",
+            |c| &mut c.limits.udp_associations_per_client,
+        ),
         Key::new::<Capacity>(
             "limits.tls_handshakes",
             Text("4096"),

@@ -280,6 +280,11 @@ pub struct LimitsConfig {
     /// a device plane; 0: no cap. Over it: SOCKS5 reply 2, HTTP 429. A
     /// client's own `max_connections` (docs/LIMITS.md) wins over it.
     pub tunnels_per_client: u64,
+    /// SOCKS5 UDP associations one client has open at once on a device
+    /// plane; 0: no cap. Each holds two UDP ports of the host, so without a
+    /// cap one client could take every ephemeral port. Over it: SOCKS5
+    /// reply 2. They count as tunnels too.
+    pub udp_associations_per_client: u64,
     /// TLS handshakes the ingress runs at once on the HTTPS listener, each
     /// holding a descriptor until it completes or times out; a connection
     /// over it is closed at once.

@@ -559,6 +559,41 @@ fn a_rate_limited_clients_first_datagram_passes() {
     );
 }
 
+/// At `limits.udp_associations_per_client` a client's next UDP ASSOCIATE
+/// gets reply 2 (its associations hold two of the host's UDP ports each);
+/// once one of its associations ends, it may open another. Counted.
+#[test]
+fn a_client_at_its_association_cap_gets_reply_2_until_one_ends() {
+    use std::io::Write as _;
+    let mut node = Node::new("[limits]\nudp_associations_per_client = 2\n");
+    let (_ingress, _device, client) = node.start();
+    let first = associate(node.socks, &client, 0);
+    let _second = associate(node.socks, &client, 0);
+    let try_third = || {
+        let mut control = blipless_tests::raw::connect(node.socks);
+        assert_eq!(
+            blipless_tests::raw::socks5_login(&mut control, &client.name, &client.secret),
+            0
+        );
+        control
+            .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
+            .expect("UDP ASSOCIATE");
+        let reply = blipless_tests::raw::read_exact(&mut control, 10);
+        (reply[1], control)
+    };
+    let (refused, mut control) = try_third();
+    assert_eq!(refused, 2, "the third association");
+    assert!(blipless_tests::raw::closed(&mut control));
+    let series = "blipless_socks5_udp_associations_refused_total";
+    wait_until(Duration::from_secs(10), series, || {
+        node.metric(series) >= 1.0
+    });
+    drop(first);
+    wait_until(Duration::from_secs(10), "a place once one ended", || {
+        try_third().0 == 0
+    });
+}
+
 /// A rollback to a plane built before associations moved at a deploy
 /// (one that would take a UDP association's Migrate for garbage and lose its
 /// channel): the ingress passes it none, and the draining plane serves its

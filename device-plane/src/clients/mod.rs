@@ -38,6 +38,9 @@ pub struct Meter {
     /// Tunnels open now on this plane (not flushed: a live count, for
     /// `limits.tunnels_per_client`).
     pub live_tunnels: AtomicU64,
+    /// SOCKS5 UDP associations open now on this plane (a live count, for
+    /// `limits.udp_associations_per_client`).
+    pub live_udp_associations: AtomicU64,
     /// A delta taken for the store whose add failed, with its batch number: it is
     /// sent again, alone and unchanged, until the store takes it (a repeat of an
     /// add that did land counts nothing, see `Store::add_usage`).

@@ -46,6 +46,8 @@ pub struct Caps {
     pub connections: u64,
     /// Tunnels per client at once; 0: no cap.
     pub tunnels_per_client: u64,
+    /// SOCKS5 UDP associations per client at once; 0: no cap.
+    pub udp_associations_per_client: u64,
     refused_connections: AtomicU64,
     refused_tunnels: AtomicU64,
     refused_over_quota: AtomicU64,
@@ -59,6 +61,22 @@ impl Caps {
             tunnels_per_client,
             ..Self::default()
         }
+    }
+
+    /// With a cap on each client's SOCKS5 UDP associations (0: none).
+    pub fn with_udp_associations_per_client(mut self, cap: u64) -> Self {
+        self.udp_associations_per_client = cap;
+        self
+    }
+
+    /// Whether `meter`'s client may open one more UDP association: the
+    /// count it returns is the association's, held until it ends. Counted
+    /// before it is judged, as [`Caps::check_tunnel`] does. The refusal is
+    /// counted by the caller (with the UDP relays' counts).
+    pub fn check_udp_association(&self, meter: &Arc<Meter>) -> Option<UdpAssociationCount> {
+        let (counted, here) = UdpAssociationCount::counting(meter.clone());
+        let cap = self.udp_associations_per_client;
+        (cap == 0 || here <= cap).then_some(counted)
     }
 
     /// Whether a new connection may be served with `open` connections now;
@@ -164,6 +182,30 @@ impl TunnelCount {
 impl Drop for TunnelCount {
     fn drop(&mut self) {
         self.0.live_tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One SOCKS5 UDP association of a client, counted in its meter while held.
+#[derive(Debug)]
+pub struct UdpAssociationCount(Arc<Meter>);
+
+impl UdpAssociationCount {
+    /// Counts an association of the client with this meter until dropped.
+    pub fn new(meter: Arc<Meter>) -> Self {
+        Self::counting(meter).0
+    }
+
+    /// [`UdpAssociationCount::new`], and the client's open associations
+    /// with this one.
+    pub fn counting(meter: Arc<Meter>) -> (Self, u64) {
+        let before = meter.live_udp_associations.fetch_add(1, Ordering::Relaxed);
+        (Self(meter), before.saturating_add(1))
+    }
+}
+
+impl Drop for UdpAssociationCount {
+    fn drop(&mut self) {
+        self.0.live_udp_associations.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

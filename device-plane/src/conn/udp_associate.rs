@@ -40,7 +40,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::Instant;
 
-use super::caps::TunnelCount;
+use super::caps::{TunnelCount, UdpAssociationCount};
 use super::context::Context;
 use crate::clients::Client;
 use crate::egress::{canonical, canonical_addr};
@@ -100,6 +100,8 @@ pub struct Counters {
     /// Refused by the kernel's send, either way (a destination port 0, an
     /// unreachable network, a firewall's reject).
     pub send_failed: AtomicU64,
+    /// UDP ASSOCIATE requests refused at the client's association cap.
+    pub refused_at_cap: AtomicU64,
 }
 
 impl Counters {
@@ -114,6 +116,7 @@ impl Counters {
             foreign: load(&self.foreign),
             rate_limited: load(&self.rate_limited),
             send_failed: load(&self.send_failed),
+            refused_at_cap: load(&self.refused_at_cap),
         }
     }
 }
@@ -144,13 +147,25 @@ pub async fn serve(
             return;
         }
     };
+    // Each association holds two of the host's UDP ports: one client must
+    // not take them all (limits.udp_associations_per_client).
+    let Some(udp_counted) = context.caps.check_udp_association(&client.meter) else {
+        drop(counted);
+        context
+            .udp_counters
+            .refused_at_cap
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(id, client = %name, cap = context.caps.udp_associations_per_client, "udp associate refused: the client's association cap");
+        super::socks::refuse(control, &failure(Reply::NotAllowed)).await;
+        return;
+    };
     let sockets = open_sockets(&control, &context, &name).await;
     let (relay, egress) = match sockets {
         Ok(sockets) => sockets,
         Err(error) => {
             tracing::warn!(id, client = %name, %error, "udp associate failed: no sockets");
             // Out of sockets: this connection is not held on to.
-            drop(counted);
+            drop((counted, udp_counted));
             let _ = control.write_all(&failure(Reply::GeneralFailure)).await;
             let _ = control.shutdown().await;
             return;
@@ -187,7 +202,15 @@ pub async fn serve(
             announced_port,
         },
     };
-    run(context, id, client, association, true, Some(counted)).await;
+    run(
+        context,
+        id,
+        client,
+        association,
+        true,
+        Some((counted, udp_counted)),
+    )
+    .await;
 }
 
 /// The relay's address as a UDP ASSOCIATE reply names it: `bound`, or
@@ -328,15 +351,16 @@ enum End {
 
 /// Relays `association` until it ends or is handed to the successor (in
 /// this handover only if `may_hand_over`, [`Context::handover_slot_when`]).
-/// `counted`: the count its admission took; None for
-/// an adopted association, counted here.
+/// `counted`: the counts its admission took (as a tunnel, as an
+/// association); None for an adopted association, counted here (never
+/// refused).
 pub async fn run(
     context: Arc<Context>,
     id: u64,
     client: Arc<Client>,
     mut association: Association,
     mut may_hand_over: bool,
-    counted: Option<TunnelCount>,
+    counted: Option<(TunnelCount, UdpAssociationCount)>,
 ) {
     let name = client.record.name.clone();
     // An adopted association is held to this plane's configuration, as a
@@ -348,7 +372,12 @@ pub async fn run(
         tracing::info!(id, client = %name, policy = %client.record.egress, "adopted udp association closed: this client's UDP no longer leaves directly");
         return;
     }
-    let _counted = counted.unwrap_or_else(|| TunnelCount::new(client.meter.clone()));
+    let _counted = counted.unwrap_or_else(|| {
+        (
+            TunnelCount::new(client.meter.clone()),
+            UdpAssociationCount::new(client.meter.clone()),
+        )
+    });
     let Ok(control_peer) = association.control.peer_addr() else {
         return;
     };

@@ -170,10 +170,13 @@ pub(super) async fn warm_up(
         .with_fds(fds)
         .with_dns_counters(dns.as_ref().map(|gateway| gateway.counters.clone()))
         .with_packet_counters(packets.counters.clone())
-        .with_caps(crate::conn::caps::Caps::new(
-            config.limits.connections,
-            config.limits.tunnels_per_client,
-        )),
+        .with_caps(
+            crate::conn::caps::Caps::new(
+                config.limits.connections,
+                config.limits.tunnels_per_client,
+            )
+            .with_udp_associations_per_client(config.limits.udp_associations_per_client),
+        ),
     );
     let exits = Arc::new(crate::wg::exits::Exits::new(
         routes,

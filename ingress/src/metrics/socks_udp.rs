@@ -1,6 +1,6 @@
 //! The SOCKS5 UDP relays' metrics ([`UdpMetrics`]), summed from what the
-//! device planes report: associations opened, and datagrams dropped by
-//! reason (docs/METRICS.md).
+//! device planes report: associations opened and refused at the cap, and
+//! datagrams dropped by reason (docs/METRICS.md).
 
 use blipless_protocol::channel::UdpCounts;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,6 +19,7 @@ struct ReasonLabel {
 #[derive(Debug, Clone, Default)]
 pub struct UdpMetrics {
     opened: Counter,
+    refused_at_cap: Counter,
     dropped: Family<ReasonLabel, Counter>,
 }
 
@@ -46,6 +47,11 @@ impl UdpMetrics {
             metrics.opened.clone(),
         );
         registry.register(
+            "socks5_udp_associations_refused",
+            "SOCKS5 UDP ASSOCIATE requests the device planes refused at limits.udp_associations_per_client (reply 2)",
+            metrics.refused_at_cap.clone(),
+        );
+        registry.register(
             "socks5_udp_dropped",
             "Datagrams the SOCKS5 UDP relays dropped, by reason: a fragment (FRAG not 0), a bad header, a destination or sender the egress policy refuses, a sender not the customer, over the client's rate limit, refused by the kernel's send",
             metrics.dropped.clone(),
@@ -57,6 +63,7 @@ impl UdpMetrics {
     pub(super) fn count(&self, previous: UdpCounts, report: UdpCounts) {
         let added = report.since(previous);
         self.opened.inc_by(added.opened);
+        self.refused_at_cap.inc_by(added.refused_at_cap);
         for (reason, count) in [
             ("fragment", added.fragment),
             ("bad_header", added.bad_header),

@@ -244,6 +244,10 @@ pub struct UdpCounts {
     /// older plane): 0.
     #[serde(default)]
     pub send_failed: u64,
+    /// UDP ASSOCIATE requests refused at `limits.udp_associations_per_client`.
+    /// Absent (an older plane): 0.
+    #[serde(default)]
+    pub refused_at_cap: u64,
 }
 
 impl UdpCounts {
@@ -257,6 +261,7 @@ impl UdpCounts {
             foreign: self.foreign.saturating_sub(before.foreign),
             rate_limited: self.rate_limited.saturating_sub(before.rate_limited),
             send_failed: self.send_failed.saturating_sub(before.send_failed),
+            refused_at_cap: self.refused_at_cap.saturating_sub(before.refused_at_cap),
         }
     }
 }

@@ -259,6 +259,7 @@ fn to_ingress_samples() -> Vec<ToIngress<'static>> {
                 foreign: 34,
                 rate_limited: 35,
                 send_failed: 39,
+                refused_at_cap: 40,
             },
             wg_packets: WgPacketCounts {
                 denied: 36,
