@@ -408,11 +408,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// period's key, [`blipless_config::client_limits::Window::key`]) and
     /// returns the count. A count kept for an earlier window of the same
     /// period (`day:N` before `day:N+1`) is replaced: the period rolled
-    /// over. A count kept for a later one is kept, and the bytes are added
+    /// over. A count kept for the next one is kept, and the bytes are added
     /// to it: the adding node's clock lags (skew between nodes, a clock
     /// stepped back), and its add must neither restart the fleet's count
-    /// nor be lost. A count of another period (the quota changed) is
-    /// replaced. Every node adds to the one count, so a quota is
+    /// nor be lost. A count kept for a window further ahead is replaced (a
+    /// node whose clock was years ahead must not pin the count), as is one
+    /// of another period (the quota changed). Every node adds to the one count, so a quota is
     /// fleet-wide. `StoreError::NotFound` if there is no such client.
     ///
     /// Not deduplicated across calls like [`Store::add_usage`]: a caller

@@ -116,6 +116,19 @@ pub(crate) async fn quota_counts_add_roll_over_and_reset(store: Arc<dyn Store>) 
         store.add_quota_usage("u", "day:2", 0).await.expect("read"),
         10
     );
+    // A window far ahead (a node whose clock was years ahead) does not pin
+    // the count: the next add of the right window replaces it.
+    assert_eq!(
+        store
+            .add_quota_usage("u", "day:900", 4)
+            .await
+            .expect("far ahead"),
+        4
+    );
+    assert_eq!(
+        store.add_quota_usage("u", "day:2", 10).await.expect("back"),
+        10
+    );
     // Another period altogether (the quota changed): replaced.
     assert_eq!(
         store

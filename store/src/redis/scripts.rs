@@ -194,8 +194,8 @@ return 1
 });
 
 /// Adds bytes to a client's quota count in one window, starting the count at
-/// zero when the one kept is another window's (but not a later window of the
-/// same period: that one takes the bytes), saturating at `i64::MAX`,
+/// zero when the one kept is another window's (but not the next window of
+/// the same period: that one takes the bytes), saturating at `i64::MAX`,
 /// so that repeating the call counts once: the count an add of bytes
 /// returned is kept under the call's receipt key for a while, and a call
 /// that finds its receipt answers with it (the Cluster client re-sends a
@@ -215,16 +215,20 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local kept_window = redis.call('HGET', KEYS[2], 'window')
 if kept_window ~= ARGV[1] then
-  -- A later window of the same period kept (the adding node's clock lags)
-  -- takes the bytes; anything else is replaced (quota_window::is_later).
-  local later = false
+  -- The next window of the same period kept (the adding node's clock lags)
+  -- takes the bytes; anything else is replaced (quota_window::is_next:
+  -- indexes of 1 to 15 digits, exact in a double).
+  local next_one = false
   if kept_window then
     local kept_period, kept_index = string.match(kept_window, '^(.*):(%-?%d+)$')
     local period, index = string.match(ARGV[1], '^(.*):(%-?%d+)$')
-    later = kept_period ~= nil and period ~= nil and kept_period == period
-      and tonumber(kept_index) > tonumber(index)
+    if kept_period ~= nil and period ~= nil and kept_period == period
+      and #string.gsub(kept_index, '%-', '') <= 15
+      and #string.gsub(index, '%-', '') <= 15 then
+      next_one = tonumber(kept_index) == tonumber(index) + 1
+    end
   end
-  if not later then
+  if not next_one then
     redis.call('HSET', KEYS[2], 'window', ARGV[1], 'bytes', 0)
   end
 end

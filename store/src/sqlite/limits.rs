@@ -68,7 +68,7 @@ pub(super) fn update_limits(
 }
 
 /// Adds `bytes` to `name`'s count in `window` and returns the count: the
-/// count starts at zero unless the one kept is this window's or a later
+/// count starts at zero unless the one kept is this window's or the next
 /// one of the same period ([`crate::Store::add_quota_usage`]; the same
 /// rule as the Redis store's script).
 pub(super) fn add_quota_usage(
@@ -99,9 +99,9 @@ pub(super) fn add_quota_usage(
         )
         .optional()
         .map_err(db("reading the quota window"))?;
-    // A later window kept (this node's clock lags) takes the bytes.
+    // The next window kept (this node's clock lags) takes the bytes.
     let window = match kept {
-        Some(kept) if crate::quota_window::is_later(&kept, window) => kept,
+        Some(kept) if crate::quota_window::is_next(&kept, window) => kept,
         _ => window.to_owned(),
     };
     let count: i64 = tx
