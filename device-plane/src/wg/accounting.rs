@@ -1,9 +1,9 @@
 //! WireGuard clients' packets against their limits (docs/LIMITS.md): each
 //! packet is found its client by its tunnel address (the source of a packet
 //! from the client, the destination of one to it), metered into the client's
-//! usage, counted against its quota, and policed by its rate: a packet the
-//! client's bucket has no tokens for, or any packet while the client is over
-//! its quota, is dropped. Policing, not queueing: one reader serves every
+//! usage, counted against its quota, and policed by its rate: a packet that
+//! finds the client's bucket a read's worth or more in debt, or any packet
+//! while the client is over its quota, is dropped. Policing, not queueing: one reader serves every
 //! client, so a packet never waits for another client's tokens.
 
 use std::sync::atomic::Ordering;
