@@ -80,6 +80,9 @@ pub struct Session {
     queue: TunQueue,
     /// Datagrams from the exit that boringtun accepted.
     received: std::sync::atomic::AtomicU64,
+    /// Of those, handshake responses (WireGuard message type 2): what a
+    /// probe's latency is timed by (a busy exit's data comes sooner).
+    handshake_responses: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Session {
@@ -195,6 +198,13 @@ fn next_address(addresses: &[SocketAddr], failed: Option<SocketAddr>) -> Option<
     }
 }
 
+/// The first byte of a WireGuard handshake response.
+const HANDSHAKE_RESPONSE: u8 = 2;
+
+/// Longest a successor looks the endpoint up before it takes over an exit's
+/// descriptors; packets queue on the exit's TUN queue meanwhile.
+const REOPEN_LOOKUP: Duration = Duration::from_millis(500);
+
 /// The session on a predecessor's descriptors, if they still fit the exit
 /// as configured now: its UDP socket connected to an address its `Endpoint`
 /// gives (when it resolves), its queue one of its TUN device (a deploy may
@@ -206,8 +216,11 @@ async fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, E
         .peer_addr()
         .map_err(|e| ExitError::Io("taking the exit's UDP socket", e))?;
     // A name that does not resolve just now (a resolver hiccup during the
-    // deploy) says nothing: the socket is kept.
-    let addresses = resolve(&exit.file.peer.endpoint).await;
+    // deploy), or not within [`REOPEN_LOOKUP`] (the queue is unread
+    // meanwhile), says nothing: the socket is kept.
+    let addresses = tokio::time::timeout(REOPEN_LOOKUP, resolve(&exit.file.peer.endpoint))
+        .await
+        .unwrap_or_default();
     if !addresses.is_empty() && !addresses.contains(&connected) {
         return Err(ExitError::Stale(format!(
             "its UDP socket sends to {connected}, which the endpoint {} no longer gives",
@@ -225,6 +238,7 @@ async fn reopen(exit: &WireguardExit, inherited: Inherited) -> Result<Session, E
         udp,
         queue,
         received: std::sync::atomic::AtomicU64::new(0),
+        handshake_responses: std::sync::atomic::AtomicU64::new(0),
     })
 }
 
@@ -253,6 +267,7 @@ async fn open(exit: &WireguardExit, toward: Toward) -> Result<Session, ExitError
         udp,
         queue,
         received: std::sync::atomic::AtomicU64::new(0),
+        handshake_responses: std::sync::atomic::AtomicU64::new(0),
     })
 }
 
@@ -451,6 +466,11 @@ async fn inbound(session: Arc<Session>) {
                 session
                     .received
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if datagram.first() == Some(&HANDSHAKE_RESPONSE) {
+                    session
+                        .handshake_responses
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             match result {
                 TunnResult::WriteToNetwork(d) => {
@@ -520,24 +540,29 @@ async fn health(route: Arc<Route>, session: Arc<Session>, probe: ExitProbe, endp
         }
         let started = Instant::now();
         let before = session.received.load(Relaxed);
+        let responses = session.handshake_responses.load(Relaxed);
         session.initiate().await;
-        // The answer is the exit's handshake response (or any datagram from
-        // it) that boringtun accepts. (Not `time_since_last_handshake`:
-        // boringtun stamps it with the clock of its last timer tick, up to
-        // a tick before the handshake began.)
+        // The answer is the exit's handshake response that boringtun
+        // accepts: it times the latency. Other datagrams (a busy exit's
+        // data, which comes sooner) only show it is up. (Not
+        // `time_since_last_handshake`: boringtun stamps it with the clock of
+        // its last timer tick, up to a tick before the handshake began.)
         let answered = loop {
             tokio::time::sleep(Duration::from_millis(2)).await;
-            if session.received.load(Relaxed) > before {
+            if session.handshake_responses.load(Relaxed) > responses {
                 break true;
             }
             if started.elapsed() >= probe.timeout {
                 break false;
             }
         };
+        let heard = session.received.load(Relaxed) > before;
         seen = session.received.load(Relaxed);
         if answered {
             let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             route.succeeded(rtt.max(1), None);
+        } else if heard {
+            route.reached(None);
         } else {
             route.failed(
                 probe.failures,
