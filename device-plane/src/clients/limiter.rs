@@ -7,9 +7,9 @@
 //! first, so that a client's first packet is not dropped on an unused
 //! bucket, and what queued during a handover's pause (a UDP association's
 //! datagrams above all, which are policed, not delayed) mostly passes. A
-//! deploy thus gives a client at most about two reads more than its rate
-//! (this one, and the old plane's debt it forgives), about what the
-//! handover's pause held back.
+//! deploy thus gives a client at most about three reads and a packet more
+//! than its rate (this one, and the old plane's debt it forgives), about
+//! what the handover's pause held back.
 //!
 //! The bucket may go into debt: a relay whose socket is readable takes one
 //! read's worth of tokens ([`Bucket::take`]: 50 ms of the rate) as soon as
@@ -18,13 +18,15 @@
 //! ([`Bucket::admit_packet`]) passes while the debt is under one read, so
 //! packets go first: they cannot wait (they are dropped, not queued), reads
 //! can. A client's light packets (its DNS, a call) pass beside its own bulk
-//! tunnel, which takes what they leave; packets at or over the client's
-//! rate leave its tunnels nothing, which is the client's own traffic over
-//! its own rate. (With one threshold for both, a relay waking exactly when
-//! the debt was paid took every turn, and dropped about 98% of the
-//! client's packets.) Tokens are taken before the bytes move, so however
+//! tunnel, which takes what they leave. (With one threshold for both, a
+//! relay waking exactly when the debt was paid took every turn, and dropped
+//! about 98% of the client's packets.) Packets at or over the client's rate
+//! (its own, or an outsider's sent to its UDP association) would leave its
+//! tunnels nothing: a take that packets kept out for [`TAKE_STARVED`]
+//! (100 ms) goes first, taking while the debt is under one read, so the
+//! tunnels keep a share. Tokens are taken before the bytes move, so however
 //! many tunnels share the bucket, in any window of time *t* at most
-//! *rate × t* + the burst + one read + one packet passes.
+//! *rate × t* + the burst + two reads + one packet passes.
 //!
 //! An unlimited direction costs one atomic load per read.
 
@@ -55,13 +57,32 @@ fn chunk(rate: u64) -> f64 {
     (rate / CHUNK_TIME_DIVISOR).clamp(MIN_CHUNK as u64, MAX_CHUNK) as f64
 }
 
+/// How long a take may be kept out by packets before it goes first: a
+/// client's packets at or over its rate (its own, or an outsider's sent to
+/// its UDP association) would otherwise leave its tunnels nothing.
+const TAKE_STARVED: Duration = Duration::from_millis(100);
+
 /// A token bucket in bytes.
 #[derive(Debug, Default)]
 pub struct Bucket {
-    /// Bytes per second; 0: unlimited.
+    /// Bytes per second; 0: unlimited. Changed under `state`'s lock.
     rate: AtomicU64,
-    /// Tokens (may be negative: debt) and when they were last counted.
-    state: Mutex<Option<(f64, Instant)>>,
+    /// Its level, once used.
+    state: Mutex<Option<Level>>,
+}
+
+/// A bucket's level.
+#[derive(Debug, Clone, Copy)]
+struct Level {
+    /// Tokens; negative: debt.
+    tokens: f64,
+    /// When `tokens` was last refilled.
+    counted_at: Instant,
+    /// When a take last succeeded (or the bucket was first used).
+    last_take: Instant,
+    /// Whether a packet passed since then: only packets keep a take out
+    /// long enough to make it go first.
+    packet_since_take: bool,
 }
 
 impl Bucket {
@@ -78,14 +99,17 @@ impl Bucket {
     /// Sets the rate (bytes per second; 0: unlimited). What was saved up is
     /// kept, within the new burst.
     pub fn set_rate(&self, bytes_per_second: u64) {
+        // Under the lock: a take or packet judged at the old rate is judged
+        // wholly before the change, or wholly after.
+        let mut state = self.lock();
         let old = self.rate.swap(bytes_per_second, Ordering::Relaxed);
         // A debt run up at the old rate (a read of up to 256 KiB) would
         // take minutes to pay at a much lower one: at most one read of the
         // new rate is kept. (Only when it changes: a record read again with
         // the same rate forgives nothing.)
         if bytes_per_second > 0 && bytes_per_second != old {
-            if let Some((tokens, _)) = self.lock().as_mut() {
-                *tokens = tokens.max(-chunk(bytes_per_second));
+            if let Some(level) = state.as_mut() {
+                level.tokens = level.tokens.max(-chunk(bytes_per_second));
             }
         }
     }
@@ -95,19 +119,27 @@ impl Bucket {
         (rate as f64 * BURST.as_secs_f64()).max(chunk(rate))
     }
 
-    /// The tokens now, refilled for the time since last counted.
-    fn refill(state: &mut Option<(f64, Instant)>, rate: u64, now: Instant) -> f64 {
-        let (tokens, last) = state.get_or_insert((chunk(rate), now));
-        let elapsed = now.saturating_duration_since(*last).as_secs_f64();
-        *tokens = (*tokens + elapsed * rate as f64).min(Self::capacity(rate));
-        *last = now;
-        *tokens
+    /// The level now, refilled for the time since last counted.
+    fn refill(state: &mut Option<Level>, rate: u64, now: Instant) -> &mut Level {
+        let level = state.get_or_insert(Level {
+            tokens: chunk(rate),
+            counted_at: now,
+            last_take: now,
+            packet_since_take: false,
+        });
+        let elapsed = now
+            .saturating_duration_since(level.counted_at)
+            .as_secs_f64();
+        level.tokens = (level.tokens + elapsed * rate as f64).min(Self::capacity(rate));
+        level.counted_at = now;
+        level
     }
 
     /// One read's worth of tokens (50 ms of the rate, from [`MIN_CHUNK`] to
     /// [`MAX_CHUNK`]), taken from the bucket: waits until the bucket is out
-    /// of debt (cancel-safe: nothing is taken until the wait is over).
-    /// `None`: unlimited.
+    /// of debt, or (kept out by packets for [`TAKE_STARVED`]) until its debt
+    /// is under one read (cancel-safe: nothing is taken until the wait is
+    /// over). `None`: unlimited.
     pub async fn take(&self) -> Option<usize> {
         loop {
             match self.try_take()? {
@@ -120,22 +152,40 @@ impl Bucket {
     /// [`Bucket::take`] without waiting: `Ok(tokens taken)`, or `Err(how
     /// long until they are there)`; `None`: unlimited.
     pub fn try_take(&self) -> Option<Result<usize, Duration>> {
+        // An unlimited bucket costs one atomic load; a limited one reads its
+        // rate again under the lock (`set_rate` changes it there).
+        if self.rate() == 0 {
+            return None;
+        }
+        let mut state = self.lock();
         let rate = self.rate();
         if rate == 0 {
             return None;
         }
         let chunk = chunk(rate);
-        let mut state = self.lock();
-        let tokens = Self::refill(&mut state, rate, Instant::now());
-        if tokens >= 0.0 {
-            if let Some((tokens, _)) = state.as_mut() {
-                *tokens -= chunk;
-            }
+        let now = Instant::now();
+        let level = Self::refill(&mut state, rate, now);
+        let starved = level.packet_since_take
+            && now.saturating_duration_since(level.last_take) >= TAKE_STARVED;
+        if level.tokens >= 0.0 || (starved && level.tokens >= -chunk) {
+            level.tokens -= chunk;
+            level.last_take = now;
+            level.packet_since_take = false;
             // A whole number of bytes below the buffer's size.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             return Some(Ok(chunk as usize));
         }
-        let wait = Duration::from_secs_f64(-tokens / rate as f64);
+        let rate = rate as f64;
+        let paid = Duration::from_secs_f64(-level.tokens / rate);
+        // Packets passing meanwhile may make it go first sooner: it looks
+        // again then (a packet's arrival does not wake it).
+        let wait = if level.packet_since_take {
+            let under_one_read = Duration::from_secs_f64((-chunk - level.tokens).max(0.0) / rate);
+            let starving = (level.last_take + TAKE_STARVED).saturating_duration_since(now);
+            paid.min(under_one_read.max(starving))
+        } else {
+            paid.min(TAKE_STARVED)
+        };
         Some(Err(wait.max(Duration::from_millis(1))))
     }
 
@@ -145,8 +195,8 @@ impl Bucket {
             return;
         }
         let mut state = self.lock();
-        if let Some((tokens, _)) = state.as_mut() {
-            *tokens += unused as f64;
+        if let Some(level) = state.as_mut() {
+            level.tokens += unused as f64;
         }
     }
 
@@ -154,25 +204,28 @@ impl Bucket {
     /// is under one read, false (nothing charged) if it must be dropped. A
     /// packet may deepen the debt, which the next packets and reads wait
     /// out: a packet larger than the bucket can ever hold (a 4 KiB DNS
-    /// answer at a low rate) passes too, and a read a tunnel took does not
-    /// keep the client's packets out (module docs).
+    /// answer at a low rate) passes while the debt is under one read, and a
+    /// read a tunnel took does not keep the client's packets out (module
+    /// docs).
     pub fn admit_packet(&self, bytes: usize) -> bool {
+        if self.rate() == 0 {
+            return true;
+        }
+        let mut state = self.lock();
         let rate = self.rate();
         if rate == 0 {
             return true;
         }
-        let mut state = self.lock();
-        let tokens = Self::refill(&mut state, rate, Instant::now());
-        if tokens < -chunk(rate) {
+        let level = Self::refill(&mut state, rate, Instant::now());
+        if level.tokens < -chunk(rate) {
             return false;
         }
-        if let Some((tokens, _)) = state.as_mut() {
-            *tokens -= bytes as f64;
-        }
+        level.tokens -= bytes as f64;
+        level.packet_since_take = true;
         true
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(f64, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Level>> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -570,19 +623,59 @@ mod tests {
         assert!(passed >= 95, "{passed} of 100 light packets passed");
     }
 
-    /// A rate lowered while a read of the old rate was taken keeps at most
-    /// one read of debt at the new rate: the client is not frozen while a
-    /// debt of the old rate is paid at the new one.
+    /// A rate lowered while a read of the old rate was taken keeps one
+    /// read of debt at the new rate, no more and no less: the client is not
+    /// frozen while a debt of the old rate is paid at the new one.
     #[tokio::test(start_paused = true)]
-    async fn a_lowered_rate_keeps_at_most_one_read_of_debt() {
+    async fn a_lowered_rate_keeps_one_read_of_debt() {
         let bucket = Bucket::default();
         bucket.set_rate(125_000_000);
         let taken = bucket.take().await;
         assert_eq!(taken, Some(256 * 1024));
         let _ = bucket.take().await;
         bucket.set_rate(8_000);
-        tokio::time::sleep(Duration::from_millis(190)).await;
-        assert!(bucket.admit_packet(100), "1,500 bytes of debt at 8,000 B/s");
+        // 1,500 bytes of debt at 8,000 B/s: 187.5 ms until a read.
+        match bucket.try_take() {
+            Some(Err(wait)) => assert!(
+                (Duration::from_millis(100)..=Duration::from_millis(190)).contains(&wait),
+                "{wait:?}"
+            ),
+            other => panic!("a read at once: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(180)).await;
+        assert!(
+            matches!(bucket.try_take(), Some(Err(_))),
+            "a read before the debt is paid"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            matches!(bucket.try_take(), Some(Ok(1500))),
+            "paid at 187.5 ms"
+        );
+    }
+
+    /// Packets at or over the client's rate (its own, or an outsider's sent
+    /// to its UDP association) do not keep its tunnels from the bucket for
+    /// good: a take kept out for 100 ms goes first.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_packets_leaves_the_tunnels_their_turns() {
+        let bucket = Bucket::default();
+        bucket.set_rate(100_000);
+        let flood = async {
+            loop {
+                let _ = bucket.admit_packet(1228);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let takes = tokio::time::timeout(Duration::from_secs(2), async {
+            for _ in 0..10 {
+                bucket.take().await;
+            }
+        });
+        tokio::select! {
+            taken = takes => assert!(taken.is_ok(), "the tunnel got no turn in 2 s"),
+            () = flood => {}
+        }
     }
 
     #[test]

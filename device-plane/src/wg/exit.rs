@@ -17,12 +17,13 @@
 //! the same endpoint, and no queued packet is purged.
 //!
 //! Health: every `egress.probe.interval` the exit is up if it sent us
-//! anything since the last check; if it did not, a probe forces a handshake
-//! and times its answer (the route's latency), and `egress.probe.failures`
-//! probes in a row without an answer within `egress.probe.timeout` mark it
-//! down. So a busy exit is never probed, an idle one costs a handshake per
-//! interval, and a dead one is down within about `failures × interval +
-//! timeout`. While it is down, each failed probe looks the endpoint's name
+//! anything since the last check (once a probe has measured its latency);
+//! if it did not, a probe forces a handshake and times the handshake
+//! response (the route's latency; other datagrams heard meanwhile show it
+//! up, unmeasured), and `egress.probe.failures` probes in a row hearing
+//! nothing within `egress.probe.timeout` mark it down. So a busy measured
+//! exit is not probed, an idle one costs a handshake per interval, and a
+//! dead one is down within about `failures × interval + timeout`. While it is down, each failed probe looks the endpoint's name
 //! up again: if it names another address now (the provider moved the
 //! exit), the tunnel is reopened toward that one; if it names several, the
 //! tunnel is reopened toward the next after the one that failed (the last
@@ -466,7 +467,7 @@ async fn inbound(session: Arc<Session>) {
                 session
                     .received
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if datagram.first() == Some(&HANDSHAKE_RESPONSE) {
+                if length > 0 && datagram[0] == HANDSHAKE_RESPONSE {
                     session
                         .handshake_responses
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
