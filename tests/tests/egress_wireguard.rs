@@ -100,6 +100,29 @@ fn back_through_the_exit(world: &ExitWorld) -> Option<Duration> {
     })
 }
 
+/// Fetches the origin's `/whoami` `attempts` times as the WireGuard client
+/// (each within `seconds`): the attempts that failed or did not leave
+/// through the exit.
+fn fetches_not_through_the_exit(world: &ExitWorld, attempts: usize, seconds: u32) -> Vec<String> {
+    let max_time = seconds.to_string();
+    let mut failed = Vec::new();
+    for attempt in 0..attempts {
+        match world
+            .net
+            .net
+            .try_fetch("/whoami", &["--max-time", &max_time])
+        {
+            Ok(body) if body == world.net.exit_public.as_bytes() => {}
+            Ok(body) => failed.push(format!(
+                "{attempt}: the origin saw {}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(error) => failed.push(format!("{attempt}: {error}")),
+        }
+    }
+    failed
+}
+
 /// Asserts `body` is exactly the origin's `/bytes/{size}`.
 fn assert_pattern(body: &[u8], size: usize, what: &str) {
     assert_eq!(body.len(), size, "{what}: every byte arrives");
@@ -512,17 +535,7 @@ fn exit_descriptors_that_come_late_do_not_strand_flows() {
     // queues: the successor has opened it afresh by then.
     let (device, _) = world.node.node.deploy(&mut world.node.device);
     world.node.device = device;
-    let mut failed = Vec::new();
-    for attempt in 0..12 {
-        match world.net.net.try_fetch("/whoami", &["--max-time", "10"]) {
-            Ok(body) if body == world.net.exit_public.as_bytes() => {}
-            Ok(body) => failed.push(format!(
-                "{attempt}: the origin saw {}",
-                String::from_utf8_lossy(&body)
-            )),
-            Err(error) => failed.push(format!("{attempt}: {error}")),
-        }
-    }
+    let failed = fetches_not_through_the_exit(&world, 12, 10);
     assert!(
         failed.is_empty(),
         "new connections after the late handover failed: {failed:#?}\n{}",
@@ -640,17 +653,7 @@ fn a_deploy_that_changes_an_exits_endpoint_opens_it_toward_the_new_one() {
     assert!(up.is_some(), "no exit tunnel\n{}", world.diagnostics());
     remove_first_exit_address(&world);
     // At once, not after the exit has gone down and been reopened.
-    let mut failed = Vec::new();
-    for attempt in 0..5 {
-        match world.net.net.try_fetch("/whoami", &["--max-time", "5"]) {
-            Ok(body) if body == world.net.exit_public.as_bytes() => {}
-            Ok(body) => failed.push(format!(
-                "{attempt}: the origin saw {}",
-                String::from_utf8_lossy(&body)
-            )),
-            Err(error) => failed.push(format!("{attempt}: {error}")),
-        }
-    }
+    let failed = fetches_not_through_the_exit(&world, 5, 5);
     assert!(
         failed.is_empty(),
         "the exit at its new address did not carry the client: {failed:#?}\n{}",

@@ -235,38 +235,32 @@ async fn open_sockets(
     let reached = canonical(control.local_addr()?.ip());
     let relay = UdpSocket::bind(SocketAddr::new(reached, 0)).await?;
     context.identities.touch(client);
-    // Nothing is opened for a client removed meanwhile.
-    let Some((held, _)) = context
-        .identities
-        .open_known(&context.directory, client)
-        .await
-    else {
-        return Err(std::io::Error::other(format!(
-            "client {client} was removed"
-        )));
+    // Nothing is opened for a client removed meanwhile: no identity is
+    // saved for it.
+    let source = || async {
+        match context
+            .identities
+            .open_known(&context.directory, client)
+            .await
+        {
+            Some((held, _)) => Ok(held.identity.source),
+            None => Err(std::io::Error::other(format!(
+                "client {client} was removed"
+            ))),
+        }
     };
-    let egress = match egress_socket(held.identity.source).await {
+    let first = source().await?;
+    let egress = match egress_socket(first).await {
         // The source address is no longer the host's: the identity is
         // evicted and the socket opened once more from a new one, as a TCP
         // connect does (`Context::connect_direct`).
         Err(error) if error.kind() == std::io::ErrorKind::AddrNotAvailable => {
             tracing::warn!(client, %error, "egress identity unusable; evicting it");
-            match held.identity.source {
-                Some(source) => context.identities.source_unusable(client, source).await,
+            match first {
+                Some(unusable) => context.identities.source_unusable(client, unusable).await,
                 None => context.identities.evict(client).await,
             }
-            // open_known, as above: a client removed meanwhile must not get
-            // a new identity saved for it.
-            let Some((held, _)) = context
-                .identities
-                .open_known(&context.directory, client)
-                .await
-            else {
-                return Err(std::io::Error::other(format!(
-                    "client {client} was removed"
-                )));
-            };
-            egress_socket(held.identity.source).await?
+            egress_socket(source().await?).await?
         }
         other => other?,
     };
