@@ -7,7 +7,7 @@
 //! first, so that a client's first packet is not dropped on an unused
 //! bucket, and what queued during a handover's pause (a UDP association's
 //! datagrams above all, which are policed, not delayed) mostly passes. A
-//! deploy thus gives a client at most about three reads and a packet more
+//! deploy thus gives a client at most about four reads and a packet more
 //! than its rate (this one, and the old plane's debt it forgives), about
 //! what the handover's pause held back.
 //!
@@ -22,11 +22,13 @@
 //! relay waking exactly when the debt was paid took every turn, and dropped
 //! about 98% of the client's packets.) Packets at or over the client's rate
 //! (its own, or an outsider's sent to its UDP association) would leave its
-//! tunnels nothing: a take that packets kept out for [`TAKE_STARVED`]
-//! (100 ms) goes first, taking while the debt is under one read, so the
-//! tunnels keep a share. Tokens are taken before the bytes move, so however
-//! many tunnels share the bucket, in any window of time *t* at most
-//! *rate × t* + the burst + two reads + one packet passes.
+//! tunnels nothing: a take that packets kept out (for [`TAKE_STARVED`],
+//! 100 ms, packets having taken a read's worth meanwhile) goes first,
+//! taking while the debt is under two reads, a level packets cannot keep it
+//! above; the tunnels keep about half the rate. Tokens are taken before the
+//! bytes move, so however many tunnels share the bucket, in any window of
+//! time *t* at most *rate × t* + the burst + three reads + one packet
+//! passes.
 //!
 //! An unlimited direction costs one atomic load per read.
 
@@ -59,7 +61,10 @@ fn chunk(rate: u64) -> f64 {
 
 /// How long a take may be kept out by packets before it goes first: a
 /// client's packets at or over its rate (its own, or an outsider's sent to
-/// its UDP association) would otherwise leave its tunnels nothing.
+/// its UDP association) would otherwise leave its tunnels nothing. Kept out
+/// means: this long since the last take, and packets took at least one
+/// read's worth meanwhile (a few light packets beside a slow bulk tunnel do
+/// not make its takes go first, which would drop the packets after them).
 const TAKE_STARVED: Duration = Duration::from_millis(100);
 
 /// A token bucket in bytes.
@@ -80,9 +85,9 @@ struct Level {
     counted_at: Instant,
     /// When a take last succeeded (or the bucket was first used).
     last_take: Instant,
-    /// Whether a packet passed since then: only packets keep a take out
-    /// long enough to make it go first.
-    packet_since_take: bool,
+    /// Bytes of packets that passed since then: packets that took a read's
+    /// worth keep a take out long enough to make it go first.
+    packet_bytes_since_take: f64,
 }
 
 impl Bucket {
@@ -125,7 +130,7 @@ impl Bucket {
             tokens: chunk(rate),
             counted_at: now,
             last_take: now,
-            packet_since_take: false,
+            packet_bytes_since_take: 0.0,
         });
         let elapsed = now
             .saturating_duration_since(level.counted_at)
@@ -165,12 +170,15 @@ impl Bucket {
         let chunk = chunk(rate);
         let now = Instant::now();
         let level = Self::refill(&mut state, rate, now);
-        let starved = level.packet_since_take
-            && now.saturating_duration_since(level.last_take) >= TAKE_STARVED;
-        if level.tokens >= 0.0 || (starved && level.tokens >= -chunk) {
+        let kept_out = level.packet_bytes_since_take >= chunk;
+        let starved = kept_out && now.saturating_duration_since(level.last_take) >= TAKE_STARVED;
+        // A starved take goes while the debt is under two reads: a level
+        // packets (which pass while it is under one) keep it above, however
+        // densely they come.
+        if level.tokens >= 0.0 || (starved && level.tokens >= -2.0 * chunk) {
             level.tokens -= chunk;
             level.last_take = now;
-            level.packet_since_take = false;
+            level.packet_bytes_since_take = 0.0;
             // A whole number of bytes below the buffer's size.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             return Some(Ok(chunk as usize));
@@ -178,11 +186,13 @@ impl Bucket {
         let rate = rate as f64;
         let paid = Duration::from_secs_f64(-level.tokens / rate);
         // Packets passing meanwhile may make it go first sooner: it looks
-        // again then (a packet's arrival does not wake it).
-        let wait = if level.packet_since_take {
-            let under_one_read = Duration::from_secs_f64((-chunk - level.tokens).max(0.0) / rate);
+        // again then (a packet's arrival does not wake it), or at least every
+        // TAKE_STARVED.
+        let wait = if kept_out {
+            let under_two_reads =
+                Duration::from_secs_f64((-2.0 * chunk - level.tokens).max(0.0) / rate);
             let starving = (level.last_take + TAKE_STARVED).saturating_duration_since(now);
-            paid.min(under_one_read.max(starving))
+            paid.min(under_two_reads.max(starving))
         } else {
             paid.min(TAKE_STARVED)
         };
@@ -221,7 +231,7 @@ impl Bucket {
             return false;
         }
         level.tokens -= bytes as f64;
-        level.packet_since_take = true;
+        level.packet_bytes_since_take += bytes as f64;
         true
     }
 
@@ -623,6 +633,35 @@ mod tests {
         assert!(passed >= 95, "{passed} of 100 light packets passed");
     }
 
+    /// The same at a low rate, where a read takes longer than 100 ms to
+    /// earn (8,000 B/s: 187 ms): a few light packets do not make the
+    /// tunnel's takes go first, which would drop the packets after them.
+    #[tokio::test(start_paused = true)]
+    async fn at_a_low_rate_a_busy_tunnel_leaves_light_packets_their_way() {
+        let bucket = Bucket::default();
+        bucket.set_rate(8_000);
+        let tunnel = async {
+            loop {
+                bucket.take().await;
+            }
+        };
+        let packets = async {
+            let mut passed = 0;
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if bucket.admit_packet(80) {
+                    passed += 1;
+                }
+            }
+            passed
+        };
+        let passed = tokio::select! {
+            passed = packets => passed,
+            () = tunnel => unreachable!("the tunnel takes for ever"),
+        };
+        assert!(passed >= 95, "{passed} of 100 light packets passed");
+    }
+
     /// A rate lowered while a read of the old rate was taken keeps one
     /// read of debt at the new rate, no more and no less: the client is not
     /// frozen while a debt of the old rate is paid at the new one.
@@ -667,6 +706,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         };
+        // 2 s of the rate is 40 reads of 5,000 bytes: a share of a quarter.
         let takes = tokio::time::timeout(Duration::from_secs(2), async {
             for _ in 0..10 {
                 bucket.take().await;
