@@ -22,10 +22,11 @@
 //! relay waking exactly when the debt was paid took every turn, and dropped
 //! about 98% of the client's packets.) Packets at or over the client's rate
 //! (its own, or an outsider's sent to its UDP association) would leave its
-//! tunnels nothing: a take that packets kept out (for [`TAKE_STARVED`],
-//! 100 ms, packets having taken a read's worth meanwhile) goes first,
-//! taking while the debt is under two reads, a level packets cannot keep it
-//! above; the tunnels keep about half the rate. Tokens are taken before the
+//! tunnels nothing: a take that packets kept out ([`take_starved`]: the
+//! time two reads take to earn, packets having taken a read's worth
+//! meanwhile and the take being paid but for them) goes first, taking while
+//! the debt is under two reads, a level packets cannot keep it above; the
+//! tunnels keep a share (about half in a model of the bucket). Tokens are taken before the
 //! bytes move, so however many tunnels share the bucket, in any window of
 //! time *t* at most *rate × t* + the burst + three reads + one packet
 //! passes.
@@ -59,13 +60,18 @@ fn chunk(rate: u64) -> f64 {
     (rate / CHUNK_TIME_DIVISOR).clamp(MIN_CHUNK as u64, MAX_CHUNK) as f64
 }
 
-/// How long a take may be kept out by packets before it goes first: a
-/// client's packets at or over its rate (its own, or an outsider's sent to
-/// its UDP association) would otherwise leave its tunnels nothing. Kept out
-/// means: this long since the last take, and packets took at least one
-/// read's worth meanwhile (a few light packets beside a slow bulk tunnel do
-/// not make its takes go first, which would drop the packets after them).
-const TAKE_STARVED: Duration = Duration::from_millis(100);
+/// How long a take may be kept out by packets before it goes first: the
+/// time two reads take to earn (100 ms at most rates; less where a read is
+/// capped at [`MAX_CHUNK`], so that tunnels keep their share there too).
+/// A client's packets at or over its rate (its own, or an outsider's sent
+/// to its UDP association) would otherwise leave its tunnels nothing. Kept
+/// out means: this long since the last take, packets took at least one
+/// read's worth meanwhile, and without them the take would be paid (so a
+/// few light packets, or one large one, beside a slow bulk tunnel do not
+/// make its takes go first, which would drop the packets after them).
+fn take_starved(rate: u64) -> Duration {
+    Duration::from_secs_f64(2.0 * chunk(rate) / rate.max(1) as f64)
+}
 
 /// A token bucket in bytes.
 #[derive(Debug, Default)]
@@ -142,8 +148,8 @@ impl Bucket {
 
     /// One read's worth of tokens (50 ms of the rate, from [`MIN_CHUNK`] to
     /// [`MAX_CHUNK`]), taken from the bucket: waits until the bucket is out
-    /// of debt, or (kept out by packets for [`TAKE_STARVED`]) until its debt
-    /// is under one read (cancel-safe: nothing is taken until the wait is
+    /// of debt, or (kept out by packets, [`take_starved`]) until its debt is
+    /// under two reads (cancel-safe: nothing is taken until the wait is
     /// over). `None`: unlimited.
     pub async fn take(&self) -> Option<usize> {
         loop {
@@ -170,8 +176,11 @@ impl Bucket {
         let chunk = chunk(rate);
         let now = Instant::now();
         let level = Self::refill(&mut state, rate, now);
+        let starving_time = take_starved(rate);
         let kept_out = level.packet_bytes_since_take >= chunk;
-        let starved = kept_out && now.saturating_duration_since(level.last_take) >= TAKE_STARVED;
+        let starved = kept_out
+            && level.tokens + level.packet_bytes_since_take >= 0.0
+            && now.saturating_duration_since(level.last_take) >= starving_time;
         // A starved take goes while the debt is under two reads: a level
         // packets (which pass while it is under one) keep it above, however
         // densely they come.
@@ -187,14 +196,17 @@ impl Bucket {
         let paid = Duration::from_secs_f64(-level.tokens / rate);
         // Packets passing meanwhile may make it go first sooner: it looks
         // again then (a packet's arrival does not wake it), or at least every
-        // TAKE_STARVED.
+        // `starving_time`.
         let wait = if kept_out {
             let under_two_reads =
                 Duration::from_secs_f64((-2.0 * chunk - level.tokens).max(0.0) / rate);
-            let starving = (level.last_take + TAKE_STARVED).saturating_duration_since(now);
-            paid.min(under_two_reads.max(starving))
+            let paid_but_for_packets = Duration::from_secs_f64(
+                (-(level.tokens + level.packet_bytes_since_take)).max(0.0) / rate,
+            );
+            let starving = (level.last_take + starving_time).saturating_duration_since(now);
+            paid.min(under_two_reads.max(starving).max(paid_but_for_packets))
         } else {
-            paid.min(TAKE_STARVED)
+            paid.min(starving_time)
         };
         Some(Err(wait.max(Duration::from_millis(1))))
     }
@@ -660,6 +672,75 @@ mod tests {
             () = tunnel => unreachable!("the tunnel takes for ever"),
         };
         assert!(passed >= 95, "{passed} of 100 light packets passed");
+    }
+
+    /// At a high rate, where a read is capped at 256 KiB (less than 50 ms
+    /// of 125 MB/s), a flood still leaves the tunnels a share: a take goes
+    /// first after two reads' time (4 ms), not a fixed 100 ms.
+    #[tokio::test(start_paused = true)]
+    async fn at_a_high_rate_a_flood_leaves_the_tunnels_a_share() {
+        let bucket = Bucket::default();
+        bucket.set_rate(125_000_000);
+        let flood = async {
+            loop {
+                for _ in 0..100 {
+                    let _ = bucket.admit_packet(1400);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let tunnel = async {
+            let mut taken = 0usize;
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(1) {
+                taken += bucket.take().await.unwrap_or(0);
+            }
+            taken
+        };
+        let taken = tokio::select! {
+            taken = tunnel => taken,
+            () = flood => unreachable!("the flood goes on"),
+        };
+        assert!(
+            taken >= 25_000_000,
+            "the tunnel moved {taken} bytes in 1 s of a 125 MB/s rate"
+        );
+    }
+
+    /// At a low rate one large datagram beside a bulk tunnel does not make
+    /// the tunnel's next take go first: the light packets after it pass.
+    #[tokio::test(start_paused = true)]
+    async fn at_a_low_rate_one_large_datagram_does_not_make_the_tunnel_go_first() {
+        let bucket = Bucket::default();
+        bucket.set_rate(8_000);
+        let tunnel = async {
+            loop {
+                bucket.take().await;
+            }
+        };
+        let packets = async {
+            let (mut light, mut passed) = (0, 0);
+            for tick in 0..100 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if tick % 10 == 0 {
+                    let _ = bucket.admit_packet(1500);
+                } else {
+                    light += 1;
+                    if bucket.admit_packet(80) {
+                        passed += 1;
+                    }
+                }
+            }
+            (light, passed)
+        };
+        let (light, passed) = tokio::select! {
+            counted = packets => counted,
+            () = tunnel => unreachable!("the tunnel takes for ever"),
+        };
+        assert!(
+            passed * 10 >= light * 8,
+            "{passed} of {light} light packets passed"
+        );
     }
 
     /// A rate lowered while a read of the old rate was taken keeps one

@@ -2,8 +2,8 @@
 //! packet is found its client by its tunnel address (the source of a packet
 //! from the client, the destination of one to it), metered into the client's
 //! usage, counted against its quota, and policed by its rate: a packet that
-//! finds the client's bucket a read's worth or more in debt, or any packet
-//! while the client is over its quota, is dropped. Policing, not queueing: one reader serves every
+//! finds the client's bucket more than a read's worth in debt, or any
+//! packet while the client is over its quota, is dropped. Policing, not queueing: one reader serves every
 //! client, so a packet never waits for another client's tokens.
 
 use std::sync::atomic::Ordering;
